@@ -1,0 +1,3 @@
+from spanlm.cli import main
+
+raise SystemExit(main())

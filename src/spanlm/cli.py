@@ -1,0 +1,57 @@
+"""The `spanlm` command: one subcommand table; user errors are one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from spanlm.config import load_recipe
+    from spanlm.data.prepare import prepare
+    from spanlm.data.shards import read_meta
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    directory = prepare(recipe, force=args.force, log=lambda message: print(message, file=sys.stderr))
+    meta = read_meta(directory)
+    summary = {key: meta[key] for key in ("n_documents", "n_sentences", "n_words", "n_tokens", "vocab_size", "dtype", "words")}
+    summary["tokens_per_word"] = round(meta["n_tokens"] / max(meta["n_words"], 1), 3)
+    summary["stats"] = meta["stats"]
+    summary["prepared_dir"] = str(directory)
+    print(json.dumps(summary, ensure_ascii=False))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from spanlm import __version__
+
+    parser = argparse.ArgumentParser(prog="spanlm", description="spanlm: span-, word- and character-aware pretraining and span-extraction fine-tuning for BERT-family encoders.")
+    parser.add_argument("--version", action="version", version=f"spanlm {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    prepare = commands.add_parser("prepare", help="raw text → tokenizer + token shards (reused when up to date)",
+                                  description="Tokenize a corpus into memmappable shards with word starts, sentence and document offsets.")
+    prepare.add_argument("recipe", help="a YAML recipe (its data and tokenizer sections are used)")
+    prepare.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.inputs=[a.txt] tokenizer.vocab_size=16000")
+    prepare.add_argument("--force", action="store_true", help="rebuild even when the prepared directory is up to date")
+    prepare.set_defaults(run=_prepare)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from spanlm.errors import SpanlmError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except SpanlmError as error:
+        print(f"spanlm {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"spanlm {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

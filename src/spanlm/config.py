@@ -1,0 +1,147 @@
+"""Typed configuration: one small dataclass per component, YAML recipes and dotted overrides.
+
+A recipe is a YAML file whose top-level keys are the sections of :class:`Recipe`. Values are checked
+against the dataclass field types; unknown keys and wrong types are rejected with the full key path
+and the allowed keys, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from spanlm.data.corpus import DataConfig
+from spanlm.data.tokenizer import TokenizerConfig
+from spanlm.errors import ConfigError
+
+
+@dataclasses.dataclass
+class Recipe:
+    """Everything one spanlm run needs; every section has defaults so a recipe only states differences."""
+
+    seed: int = 0
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp`` and return it (nested dataclasses are built)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key '{key}' must be a mapping of {tp.__name__} fields, got {value!r}")
+        return from_dict(tp, value, prefix=key + ".")
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _convert(value, arg, key)
+            except ConfigError as error:
+                errors.append(str(error))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"config key '{key}': {value!r} matches none of {tp}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"config key '{key}' must be one of {_type_name(tp)}, got {value!r}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"config key '{key}' must be a list, got {value!r}")
+        return [_convert(item, args[0], f"{key}[{i}]") for i, item in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key '{key}' must be a mapping, got {value!r}")
+        return {k: _convert(v, args[1], f"{key}.{k}") for k, v in value.items()}
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is Any:
+        return value
+    # bool is a subclass of int: reject True for an int field and 1 for a bool field alike.
+    if not isinstance(value, tp) or (tp is not bool and isinstance(value, bool)):
+        raise ConfigError(f"config key '{key}' must be {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from ``data``, rejecting unknown keys and wrong types."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        allowed = ", ".join(prefix + name for name in fields)
+        raise ConfigError(f"unknown config key '{prefix}{unknown[0]}' (allowed: {allowed})")
+    kwargs = {name: _convert(value, hints[name], prefix + name) for name, value in data.items()}
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as error:  # __post_init__ validation or a missing required field
+        raise ConfigError(f"config section '{prefix.rstrip('.') or cls.__name__}': {error}") from None
+
+
+def to_dict(config: Any) -> dict:
+    return dataclasses.asdict(config)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``train.max_steps=200`` → (["train", "max_steps"], 200); the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' must look like section.key=value")
+    key, raw = text.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"override '{text}' has an empty key part")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = data
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override '{text}': '{part}' is not a section")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"recipe {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise ConfigError(f"recipe {path} is not valid YAML: {error}".replace("\n", " ")) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"recipe {path} must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def load_recipe(path: str | Path | None, overrides: list[str] = (), cls: type = Recipe) -> Any:
+    """Read a YAML recipe (or start from defaults when ``path`` is None) and apply dotted overrides."""
+    data = read_yaml(path) if path is not None else {}
+    return from_dict(cls, apply_overrides(data, list(overrides)))
+
+
+def save_config(config: Any, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False, allow_unicode=True), encoding="utf-8")

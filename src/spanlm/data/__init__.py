@@ -1,0 +1,1 @@
+"""Corpus reading, tokenizers, word boundaries, prepared token shards and pretraining blocks."""

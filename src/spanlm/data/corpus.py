@@ -1,0 +1,203 @@
+"""Reading raw text corpora (.txt / .jsonl / .parquet, optionally .gz) into sentences and documents.
+
+Validation happens here, at the edge: missing, empty and binary files, invalid UTF-8, broken JSON and
+over-long lines all produce an :class:`InputError` naming the file and line, or are skipped and counted
+when ``on_bad_line: skip``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import gzip
+import json
+import os
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+from spanlm.errors import InputError
+
+TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
+
+
+@dataclasses.dataclass
+class DataConfig:
+    """Where the corpus is and how it becomes token shards and pretraining blocks."""
+
+    inputs: list[str] = dataclasses.field(default_factory=list)  # files or glob patterns
+    prepared_dir: str = "runs/prepared"  # output of `spanlm prepare`, input of pretraining
+    text_field: str = "text"  # the text column of .jsonl / .parquet records
+    # Word boundaries for whole-word / span masking: "tokenizer" = the fast tokenizer's pre-tokenized
+    # words (any family); "jieba" = jieba segmentation, so a multi-character Chinese word is one unit.
+    words: Literal["tokenizer", "jieba"] = "tokenizer"
+    max_line_chars: int = 100_000  # longer lines are split at whitespace into several sentences
+    on_bad_line: Literal["error", "skip"] = "error"  # invalid UTF-8 / broken JSON: stop, or skip and count
+    num_proc: int = 1  # processes for datasets.map (the tokenizer itself is multi-threaded)
+    max_len: int = 128  # pretraining block length including [CLS] and [SEP]
+
+    def __post_init__(self) -> None:
+        if self.max_line_chars < 16:
+            raise ValueError("max_line_chars must be at least 16")
+        if self.max_len < 8:
+            raise ValueError("max_len must be at least 8")
+        if self.num_proc < 1:
+            raise ValueError("num_proc must be at least 1")
+
+
+def resolve_inputs(patterns: list[str]) -> list[Path]:
+    """Expand globs, check every file exists, is a supported kind, is not empty and is not binary."""
+    if not patterns:
+        raise InputError("no input files: set data.inputs (files or glob patterns)")
+    files: list[Path] = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(os.path.expanduser(pattern))) if glob.has_magic(pattern) else [pattern]
+        if not matches:
+            raise InputError(f"{pattern}: no file matches this pattern")
+        files.extend(Path(m) for m in matches)
+    for path in files:
+        if not path.is_file():
+            raise InputError(f"{path}: no such file")
+        if input_kind(path) is None:
+            raise InputError(f"{path}: unsupported file type (expected one of {', '.join(TEXT_SUFFIXES)}, optionally .gz)")
+        if path.stat().st_size == 0:
+            raise InputError(f"{path}: file is empty")
+        if input_kind(path) != "parquet":
+            head = _open_binary(path).read(8192)
+            if not head:
+                raise InputError(f"{path}: file is empty")
+            if b"\x00" in head:
+                raise InputError(f"{path}: looks like a binary file (NUL bytes), not text")
+    return files
+
+
+def input_kind(path: Path) -> str | None:
+    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    for suffix in TEXT_SUFFIXES:
+        if name.endswith(suffix):
+            return suffix[1:]
+    return None
+
+
+def _open_binary(path: Path):
+    try:
+        return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+    except OSError as error:
+        raise InputError(f"{path}: cannot open: {error.strerror or error}") from None
+
+
+def split_long_line(line: str, limit: int) -> list[str]:
+    """Split ``line`` into pieces of at most ``limit`` characters, at the last whitespace where there is one."""
+    pieces = []
+    while len(line) > limit:
+        cut = line.rfind(" ", limit // 2, limit + 1)
+        cut = limit if cut <= 0 else cut
+        pieces.append(line[:cut])
+        line = line[cut:].lstrip(" ")
+    pieces.append(line)
+    return pieces
+
+
+class CorpusReader:
+    """Yields ``(document_index, sentence)`` for every sentence of every input, in order.
+
+    Units: in .txt files every non-blank line is a sentence (or paragraph) and a blank line ends a
+    document; in .jsonl / .parquet every record is a document whose text field is split into lines the
+    same way. Each file starts a new document. ``stats`` counts what was skipped or split.
+    """
+
+    def __init__(self, files: list[Path], config: DataConfig):
+        self.files = files
+        self.config = config
+        self.stats: Counter[str] = Counter()
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        document = 0
+        for path in self.files:
+            kind = input_kind(path)
+            records = self._txt(path) if kind == "txt" else self._jsonl(path) if kind == "jsonl" else self._parquet(path)
+            started = False
+            for line, new_document in records:
+                if new_document and started:
+                    document += 1
+                    started = False
+                line = line.strip()
+                if not line:
+                    if kind == "txt" and started:  # a blank line ends a document
+                        document += 1
+                        started = False
+                    continue
+                pieces = split_long_line(line, self.config.max_line_chars)
+                self.stats["lines_split"] += len(pieces) > 1
+                for piece in pieces:
+                    started = True
+                    self.stats["sentences"] += 1
+                    yield document, piece
+            if started:
+                document += 1
+
+    def _bad(self, path: Path, lineno: int, problem: str) -> None:
+        if self.config.on_bad_line == "error":
+            raise InputError(f"{path}:{lineno}: {problem} (set data.on_bad_line=skip to skip such lines and count them)")
+        self.stats["bad_lines_skipped"] += 1
+
+    def _decoded_lines(self, path: Path) -> Iterator[tuple[int, str]]:
+        with _open_binary(path) as handle:
+            try:
+                for lineno, raw in enumerate(handle, 1):
+                    try:
+                        # utf-8-sig on the first line drops a byte-order mark (common in Gutenberg files).
+                        yield lineno, raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+                    except UnicodeDecodeError as error:
+                        self._bad(path, lineno, f"invalid UTF-8 at byte {error.start} of the line")
+            except (OSError, EOFError) as error:  # e.g. a truncated .gz file
+                raise InputError(f"{path}: cannot read: {error}") from None
+
+    def _txt(self, path: Path) -> Iterator[tuple[str, bool]]:
+        for _, line in self._decoded_lines(path):
+            yield line, False
+
+    def _jsonl(self, path: Path) -> Iterator[tuple[str, bool]]:
+        field = self.config.text_field
+        for lineno, line in self._decoded_lines(path):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                self._bad(path, lineno, f"invalid JSON: {error.msg} at column {error.colno}")
+                continue
+            if not isinstance(record, dict) or not isinstance(record.get(field), str):
+                keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
+                self._bad(path, lineno, f"record has no string field '{field}' (has: {keys}); set data.text_field")
+                continue
+            yield from _record_lines(record[field])
+
+    def _parquet(self, path: Path) -> Iterator[tuple[str, bool]]:
+        import pyarrow.parquet as pq
+
+        try:
+            parquet = pq.ParquetFile(path)
+        except Exception as error:  # pyarrow raises several types for corrupt files
+            raise InputError(f"{path}: not a readable parquet file: {error}") from None
+        field = self.config.text_field
+        if field not in parquet.schema_arrow.names:
+            raise InputError(f"{path}: no column '{field}' (has: {', '.join(parquet.schema_arrow.names)}); set data.text_field")
+        row = 0
+        for batch in parquet.iter_batches(columns=[field], batch_size=4096):
+            for text in batch.column(0).to_pylist():
+                row += 1
+                if not isinstance(text, str):
+                    self._bad(path, row, f"row has no text in column '{field}'")
+                    continue
+                yield from _record_lines(text)
+
+
+def _record_lines(text: str) -> Iterator[tuple[str, bool]]:
+    """A record is one document: its first line opens it, the rest follow (blank lines are dropped)."""
+    first = True
+    for line in text.split("\n"):
+        if line.strip():
+            yield line, first
+            first = False

@@ -1,0 +1,176 @@
+"""`spanlm prepare`: raw text → tokenizer + memmappable token shards (see :mod:`spanlm.data.shards`).
+
+Steps: resolve and validate the inputs; reuse the output when the inputs (path, size, mtime) and
+settings are unchanged; otherwise train or load the tokenizer, read the corpus into a `datasets`
+Arrow table, tokenize it with ``map(batched=True, num_proc=N)``, and write the arrays into a
+temporary directory that is renamed into place when complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from spanlm.data.corpus import CorpusReader, resolve_inputs
+from spanlm.data.shards import FORMAT_VERSION, ids_dtype, read_meta, replace_directory
+from spanlm.data.tokenizer import load_tokenizer, tokenizer_fingerprint, train_tokenizer
+from spanlm.data.words import encode_sentences
+from spanlm.errors import InputError, SpanlmError
+
+MAP_BATCH_SIZE = 1000
+
+
+def input_fingerprint(recipe, files: list[Path]) -> str:
+    """Hash of everything that decides the shards' content (not where they go or how fast they are made)."""
+    data = dataclasses.asdict(recipe.data)
+    for irrelevant in ("prepared_dir", "num_proc", "max_len", "inputs"):
+        data.pop(irrelevant)
+    tokenizer = dataclasses.asdict(recipe.tokenizer)
+    if recipe.tokenizer.path:  # a loaded tokenizer: its files decide the ids
+        tokenizer["files"] = [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(Path(recipe.tokenizer.path).glob("*")) if p.is_file()]
+    stamp = [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+    blob = json.dumps({"v": FORMAT_VERSION, "data": data, "tokenizer": tokenizer, "files": stamp}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _make_tmp_dir(final: Path) -> Path:
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    except OSError as error:
+        raise InputError(f"{final}: cannot write the output directory: {error.strerror or error}") from None
+
+
+def prepare(recipe, *, force: bool = False, log=print) -> Path:
+    """Prepare ``recipe.data.inputs`` into ``recipe.data.prepared_dir``; returns that directory."""
+    from spanlm.config import save_config
+
+    config = recipe.data
+    files = resolve_inputs(config.inputs)
+    final = Path(config.prepared_dir)
+    fingerprint = input_fingerprint(recipe, files)
+    existing = read_meta(final)
+    if existing and existing.get("fingerprint") == fingerprint and not force:
+        log(f"{final}: up to date with its inputs, reusing it")
+        return final
+    if final.exists() and not final.is_dir():
+        raise InputError(f"{final}: exists and is not a directory")
+    tmp = _make_tmp_dir(final)
+    try:
+        if recipe.tokenizer.path:
+            tokenizer = load_tokenizer(recipe.tokenizer.path)
+        else:
+            log(f"training a {recipe.tokenizer.kind} tokenizer (vocab {recipe.tokenizer.vocab_size}) on {len(files)} file(s)")
+            tokenizer = train_tokenizer((text for _, text in CorpusReader(files, config)), recipe.tokenizer)
+        tokenizer.save_pretrained(str(tmp / "tokenizer"))
+        reader = CorpusReader(files, config)
+        table = _tokenize(reader, tokenizer, config, tmp / "cache")
+        meta = _write_arrays(table, tokenizer, tmp)
+        shutil.rmtree(tmp / "cache", ignore_errors=True)
+        meta.update(
+            format_version=FORMAT_VERSION,
+            fingerprint=fingerprint,
+            tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+            words=config.words,
+            inputs=[str(p) for p in files],
+            stats=dict(reader.stats),
+        )
+        save_config(recipe, tmp / "config.yaml")
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        replace_directory(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def _tokenize(reader: CorpusReader, tokenizer, config, cache_dir: Path):
+    """Corpus → Arrow table with one row per sentence: document index, token ids, word-start flags."""
+    import datasets
+    import pyarrow as pa
+
+    def generate():
+        for document, text in reader:
+            yield {"document": document, "text": text}
+
+    def encode(batch: pa.Table) -> pa.Table:
+        ids, word_starts, lengths = encode_sentences(tokenizer, batch.column("text").to_pylist(), config.words)
+        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]), type=pa.int64())
+        return pa.table({
+            "document": batch.column("document"),
+            "ids": pa.LargeListArray.from_arrays(offsets, pa.array(ids.astype(np.uint32))),
+            "word_starts": pa.LargeListArray.from_arrays(offsets, pa.array(word_starts)),
+        })
+
+    features = datasets.Features({"document": datasets.Value("int64"), "text": datasets.Value("string")})
+    try:
+        dataset = datasets.Dataset.from_generator(generate, features=features, cache_dir=str(cache_dir))
+    except datasets.exceptions.DatasetGenerationError as error:
+        # The reader's own one-line error (file:line: problem) is the cause; show that, not the wrapper.
+        cause = error.__cause__
+        while cause is not None and not isinstance(cause, SpanlmError):
+            cause = cause.__cause__ or cause.__context__
+        raise (cause or error) from None
+    if len(dataset) == 0:
+        raise InputError(f"{', '.join(map(str, reader.files))}: no text found (every line is blank or was skipped)")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true" if config.num_proc == 1 else "false")
+    tokenized = dataset.with_format("arrow").map(
+        encode, batched=True, batch_size=MAP_BATCH_SIZE, num_proc=config.num_proc if config.num_proc > 1 else None,
+        remove_columns=["text"], cache_file_name=str(cache_dir / "tokenized.arrow"), desc="tokenizing",
+        new_fingerprint=hashlib.sha256(str(cache_dir).encode()).hexdigest()[:16],
+    )
+    return tokenized.data.table if hasattr(tokenized.data, "table") else tokenized.data
+
+
+def _write_arrays(table, tokenizer, out: Path) -> dict:
+    """Flatten the per-sentence Arrow lists into the .npy arrays; returns the counts for meta.json."""
+    import pyarrow.compute as pc
+
+    vocab_size = len(tokenizer)
+    lengths = pc.list_value_length(table.column("ids")).to_numpy(zero_copy_only=False).astype(np.int64)
+    documents = table.column("document").to_numpy()
+    keep = lengths > 0  # a line of only unknown/removed characters tokenizes to nothing: not a sentence
+    lengths, documents = lengths[keep], documents[keep]
+    n_tokens = int(lengths.sum())
+    if n_tokens == 0:
+        raise InputError("the corpus tokenizes to no tokens at all")
+    sentence_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    document_starts = np.flatnonzero(np.concatenate([[True], documents[1:] != documents[:-1]]))
+    document_offsets = np.concatenate([document_starts, [len(lengths)]]).astype(np.int64)
+
+    dtype = ids_dtype(vocab_size)
+    ids = np.lib.format.open_memmap(out / "ids.npy", mode="w+", dtype=dtype, shape=(n_tokens,))
+    word_starts = np.lib.format.open_memmap(out / "word_starts.npy", mode="w+", dtype=np.bool_, shape=(n_tokens,))
+    token_counts = np.zeros(vocab_size, dtype=np.int64)
+    position = 0
+    for id_chunk, start_chunk in zip(table.column("ids").chunks, table.column("word_starts").chunks):
+        chunk_ids = id_chunk.flatten().to_numpy()
+        chunk_starts = start_chunk.flatten().to_numpy(zero_copy_only=False)
+        ids[position:position + len(chunk_ids)] = chunk_ids
+        word_starts[position:position + len(chunk_ids)] = chunk_starts
+        token_counts += np.bincount(chunk_ids, minlength=vocab_size)[:vocab_size]
+        position += len(chunk_ids)
+    ids.flush()
+    word_starts.flush()
+    del ids, word_starts
+    np.save(out / "sentence_offsets.npy", sentence_offsets)
+    np.save(out / "document_offsets.npy", document_offsets)
+    np.save(out / "token_counts.npy", token_counts)
+    special = {role: getattr(tokenizer, f"{role}_token_id") for role in ("pad", "unk", "cls", "sep", "mask")}
+    return {
+        "vocab_size": vocab_size,
+        "dtype": dtype.name,
+        "n_tokens": n_tokens,
+        "n_words": int(np.load(out / "word_starts.npy", mmap_mode="r").sum()),
+        "n_sentences": int(len(lengths)),
+        "n_documents": int(len(document_offsets) - 1),
+        "special_ids": special,
+        "all_special_ids": sorted(int(i) for i in tokenizer.all_special_ids),
+    }

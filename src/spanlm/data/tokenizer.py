@@ -1,0 +1,112 @@
+"""Train a tokenizer on the corpus with `tokenizers`, or load an existing Hugging Face tokenizer.
+
+Either way the result is a fast tokenizer saved beside the prepared shards, so every later step
+(pretraining, export, NER) loads exactly the same one, and `AutoTokenizer` loads it too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+from spanlm.errors import InputError
+
+# Special tokens per family, in id order, named after the models that use each family:
+# WordPiece like BERT/ELECTRA, byte-level BPE like RoBERTa, Unigram like DeBERTa-V3 (SentencePiece).
+SPECIAL_TOKENS = {
+    "wordpiece": {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"},
+    "bpe": {"cls": "<s>", "pad": "<pad>", "sep": "</s>", "unk": "<unk>", "mask": "<mask>"},
+    "unigram": {"pad": "[PAD]", "cls": "[CLS]", "sep": "[SEP]", "unk": "[UNK]", "mask": "[MASK]"},
+}
+
+
+@dataclasses.dataclass
+class TokenizerConfig:
+    """Load a Hugging Face tokenizer directory (``path``) or train one of ``kind`` on the corpus."""
+
+    path: str | None = None  # an existing tokenizer / checkpoint directory; None trains a new one
+    kind: Literal["wordpiece", "bpe", "unigram"] = "wordpiece"
+    vocab_size: int = 8000
+    lowercase: bool = True
+    min_frequency: int = 2
+    extra_special_tokens: list[str] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.vocab_size < 100:
+            raise ValueError("vocab_size must be at least 100")
+
+
+def train_tokenizer(texts: Iterable[str], config: TokenizerConfig):
+    """Train a fast tokenizer of ``config.kind`` on ``texts`` and wrap it for transformers."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    names = SPECIAL_TOKENS[config.kind]
+    specials = list(names.values()) + list(config.extra_special_tokens)
+    if config.kind == "wordpiece":
+        tokenizer = Tokenizer(models.WordPiece(unk_token=names["unk"]))
+        tokenizer.normalizer = normalizers.BertNormalizer(lowercase=config.lowercase, strip_accents=config.lowercase)
+        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tokenizer.decoder = decoders.WordPiece()
+        trainer = trainers.WordPieceTrainer(vocab_size=config.vocab_size, min_frequency=config.min_frequency, special_tokens=specials)
+    elif config.kind == "bpe":
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.normalizer = normalizers.Lowercase() if config.lowercase else None
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=config.vocab_size, min_frequency=config.min_frequency, special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
+    else:
+        tokenizer = Tokenizer(models.Unigram())
+        steps = [normalizers.NFKC()] + ([normalizers.Lowercase()] if config.lowercase else [])
+        tokenizer.normalizer = normalizers.Sequence(steps)
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+        tokenizer.decoder = decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=config.vocab_size, special_tokens=specials, unk_token=names["unk"])
+    tokenizer.train_from_iterator(texts, trainer)
+    cls_id, sep_id = tokenizer.token_to_id(names["cls"]), tokenizer.token_to_id(names["sep"])
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{names['cls']} $A {names['sep']}",
+        pair=f"{names['cls']} $A {names['sep']} $B:1 {names['sep']}:1",
+        special_tokens=[(names["cls"], cls_id), (names["sep"], sep_id)],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        **{f"{role}_token": token for role, token in names.items()},
+        additional_special_tokens=list(config.extra_special_tokens) or None,
+    )
+
+
+def load_tokenizer(path: str | Path):
+    """Load a fast tokenizer from a local directory, with a clear error when it cannot serve pretraining."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not path.is_dir():
+        raise InputError(f"{path}: tokenizer directory does not exist")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as error:  # transformers raises OSError/ValueError/... for unusable directories
+        raise InputError(f"{path}: cannot load a tokenizer: {error}".split("\n")[0]) from None
+    check_tokenizer(tokenizer, str(path))
+    return tokenizer
+
+
+def check_tokenizer(tokenizer, where: str) -> None:
+    if not getattr(tokenizer, "is_fast", False) or not hasattr(tokenizer, "backend_tokenizer"):
+        raise InputError(f"{where}: spanlm needs a fast (tokenizers-backed) tokenizer for word ids and offsets")
+    missing = [role for role in ("cls", "sep", "pad", "mask") if getattr(tokenizer, f"{role}_token_id") is None]
+    if missing:
+        raise InputError(f"{where}: tokenizer has no {', '.join(missing)} token")
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A hash of everything that decides token ids, stored in meta.json to detect vocab mismatches."""
+    digest = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode("utf-8"))
+    digest.update(repr(sorted(tokenizer.all_special_ids)).encode())
+    return digest.hexdigest()[:16]
