@@ -110,6 +110,7 @@ def _tokenize(reader: CorpusReader, tokenizer, config, cache_dir: Path):
         })
 
     features = datasets.Features({"document": datasets.Value("int64"), "text": datasets.Value("string")})
+    no_text = InputError(f"{', '.join(map(str, reader.files))}: no text found (every line is blank or was skipped)")
     try:
         dataset = datasets.Dataset.from_generator(generate, features=features, cache_dir=str(cache_dir))
     except datasets.exceptions.DatasetGenerationError as error:
@@ -118,8 +119,12 @@ def _tokenize(reader: CorpusReader, tokenizer, config, cache_dir: Path):
         while cause is not None and not isinstance(cause, SpanlmError):
             cause = cause.__cause__ or cause.__context__
         raise (cause or error) from None
+    except ValueError:  # datasets refuses a generator that yielded nothing
+        if reader.stats["sentences"] == 0:
+            raise no_text from None
+        raise
     if len(dataset) == 0:
-        raise InputError(f"{', '.join(map(str, reader.files))}: no text found (every line is blank or was skipped)")
+        raise no_text
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true" if config.num_proc == 1 else "false")
     tokenized = dataset.with_format("arrow").map(
         encode, batched=True, batch_size=MAP_BATCH_SIZE, num_proc=config.num_proc if config.num_proc > 1 else None,

@@ -51,7 +51,7 @@ def train_tokenizer(texts: Iterable[str], config: TokenizerConfig):
         tokenizer.normalizer = normalizers.BertNormalizer(lowercase=config.lowercase, strip_accents=config.lowercase)
         tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tokenizer.decoder = decoders.WordPiece()
-        trainer = trainers.WordPieceTrainer(vocab_size=config.vocab_size, min_frequency=config.min_frequency, special_tokens=specials)
+        trainer = trainers.WordPieceTrainer(vocab_size=config.vocab_size, min_frequency=config.min_frequency, special_tokens=specials, show_progress=False)
     elif config.kind == "bpe":
         tokenizer = Tokenizer(models.BPE())
         tokenizer.normalizer = normalizers.Lowercase() if config.lowercase else None
@@ -59,7 +59,7 @@ def train_tokenizer(texts: Iterable[str], config: TokenizerConfig):
         tokenizer.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
             vocab_size=config.vocab_size, min_frequency=config.min_frequency, special_tokens=specials,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
         )
     else:
         tokenizer = Tokenizer(models.Unigram())
@@ -67,7 +67,7 @@ def train_tokenizer(texts: Iterable[str], config: TokenizerConfig):
         tokenizer.normalizer = normalizers.Sequence(steps)
         tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
         tokenizer.decoder = decoders.Metaspace()
-        trainer = trainers.UnigramTrainer(vocab_size=config.vocab_size, special_tokens=specials, unk_token=names["unk"])
+        trainer = trainers.UnigramTrainer(vocab_size=config.vocab_size, special_tokens=specials, unk_token=names["unk"], show_progress=False)
     tokenizer.train_from_iterator(texts, trainer)
     cls_id, sep_id = tokenizer.token_to_id(names["cls"]), tokenizer.token_to_id(names["sep"])
     tokenizer.post_processor = processors.TemplateProcessing(

@@ -1,0 +1,108 @@
+"""Blocks: packing invariants, seeded order (seed 0 included), exact resume, disjoint ranks."""
+
+import numpy as np
+import pytest
+
+from spanlm.data.blocks import BlockDataset, BlockSampler, build_block_index, collate_blocks
+from spanlm.data.shards import PreparedCorpus
+
+
+def random_layout(rng, n_documents=40, capacity=30):
+    """Sentence and document offsets with some sentences longer than a block."""
+    sentences_per_document = rng.integers(1, 8, n_documents)
+    lengths = rng.integers(1, 2 * capacity, sentences_per_document.sum())
+    sentence_offsets = np.concatenate([[0], np.cumsum(lengths)])
+    document_offsets = np.concatenate([[0], np.cumsum(sentences_per_document)])
+    return sentence_offsets, document_offsets
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_block_invariants(seed):
+    capacity = 30
+    sentence_offsets, document_offsets = random_layout(np.random.default_rng(seed), capacity=capacity)
+    blocks = build_block_index(sentence_offsets, document_offsets, capacity)
+    lengths = blocks[:, 1] - blocks[:, 0]
+    assert (lengths >= 1).all() and (lengths <= capacity).all()
+    # no token lost or repeated: the blocks tile the corpus in order
+    assert blocks[0, 0] == 0 and blocks[-1, 1] == sentence_offsets[-1] and (blocks[1:, 0] == blocks[:-1, 1]).all()
+    # no block crosses a document boundary
+    document_starts = sentence_offsets[document_offsets[:-1]]
+    for start, end in blocks:
+        assert not ((document_starts > start) & (document_starts < end)).any()
+    # a block boundary is a sentence boundary unless it cuts an over-long sentence into capacity pieces
+    sentence_of = np.searchsorted(sentence_offsets, blocks[:, 0], side="right") - 1
+    inside = blocks[:, 0] != sentence_offsets[sentence_of]
+    assert ((blocks[inside, 0] - sentence_offsets[sentence_of[inside]]) % capacity == 0).all()
+    assert inside.any()  # the layout really has over-long sentences
+    # greedy: a block could not have taken the first unit of the next block when both share a document
+    document_of = np.searchsorted(document_starts, blocks[:, 0], side="right") - 1
+    same_document = document_of[1:] == document_of[:-1]
+    first_unit = np.minimum(capacity, sentence_offsets[sentence_of + 1] - blocks[:, 0])
+    assert (lengths[:-1][same_document] + first_unit[1:][same_document] > capacity).all()
+
+
+def test_greedy_packing_by_hand():
+    # sentences of 3, 4, 2 tokens in one document, then a 9-token sentence in a second; capacity 7
+    sentence_offsets = np.array([0, 3, 7, 9, 18])
+    document_offsets = np.array([0, 3, 4])
+    assert build_block_index(sentence_offsets, document_offsets, 7).tolist() == [[0, 7], [7, 9], [9, 16], [16, 18]]
+
+
+def test_block_dataset_items(embedded_prepared):
+    corpus = PreparedCorpus(embedded_prepared)
+    dataset = BlockDataset(corpus, max_len=64)
+    special = corpus.special_ids
+    for i in [0, 1, len(dataset) // 2, len(dataset) - 1]:
+        block = dataset[i]
+        assert len(block.ids) <= 64 and block.ids[0] == special["cls"] and block.ids[-1] == special["sep"]
+        assert block.word_starts[[0, 1, -1]].all()
+        start, end = dataset.index[i]
+        assert np.array_equal(block.ids[1:-1], corpus.ids[start:end])
+    assert sum(len(dataset[i].ids) - 2 for i in range(len(dataset))) == len(corpus.ids)
+
+
+def test_collate_pads_and_marks_specials(embedded_prepared):
+    corpus = PreparedCorpus(embedded_prepared)
+    dataset = BlockDataset(corpus, max_len=64)
+    short = int(np.argmin(dataset.index[:, 1] - dataset.index[:, 0]))
+    blocks = [dataset[0], dataset[short]]
+    batch = collate_blocks(blocks, pad_id=corpus.special_ids["pad"])
+    assert batch.input_ids.shape == (2, len(blocks[0].ids))
+    n = len(blocks[1].ids)
+    assert (batch.input_ids[1, n:] == corpus.special_ids["pad"]).all() and not batch.attention_mask[1, n:].any()
+    assert batch.special_mask[1, [0, n - 1]].all() and batch.special_mask[1, n:].all()
+    assert not batch.special_mask[1, 1:n - 1].any()
+
+
+def test_same_seed_same_order_and_seed_zero_shuffles():
+    a, b = list(BlockSampler(100, seed=0)), list(BlockSampler(100, seed=0))
+    assert a == b and a != list(range(100)) and sorted(a) == list(range(100))
+    assert a != list(BlockSampler(100, seed=1))
+    sampler = BlockSampler(100, seed=0)
+    sampler.set_epoch(1)
+    assert list(sampler) != a
+
+
+def test_resume_continues_exactly():
+    uninterrupted = BlockSampler(50, seed=3)
+    uninterrupted.set_epoch(2)
+    expected = list(uninterrupted)
+    sampler = BlockSampler(50, seed=3)
+    sampler.set_epoch(2)
+    iterator = iter(sampler)
+    seen = [next(iterator) for _ in range(17)]
+    state = sampler.state_dict()
+    restored = BlockSampler(50, seed=3)
+    restored.load_state_dict(state)
+    assert seen + list(restored) == expected
+    with pytest.raises(ValueError):
+        BlockSampler(50, seed=4).load_state_dict(state)
+
+
+def test_ranks_read_disjoint_equal_parts():
+    parts = [list(BlockSampler(103, seed=0, rank=r, world_size=4)) for r in range(4)]
+    assert len({len(p) for p in parts}) == 1 and len(parts[0]) == 25
+    flat = [i for p in parts for i in p]
+    assert len(set(flat)) == len(flat) == 100
+    with pytest.raises(ValueError):
+        BlockSampler(3, world_size=4)

@@ -1,0 +1,69 @@
+"""Word-start flags come from the tokenizer's own word segmentation (or jieba), for every family."""
+
+import jieba
+import numpy as np
+import pytest
+
+from spanlm.data.tokenizer import TokenizerConfig, train_tokenizer
+from spanlm.data.words import encode_sentences
+
+# ASCII text so that character offsets in the normalised and the original string coincide.
+SENTENCES = ["unbelievably backhanded compliments, extraordinarily intricate mechanisms!", "the  cat sat"]
+# The sentences are in the training text once (so every character is known); with a vocabulary of 100
+# their long words are still split into several pieces.
+TRAINING = ["the cat sat on the mat", "a dog and a cat", "hello there, general kenobi"] * 20 + SENTENCES
+
+
+def word_groups(text, word_starts, offsets):
+    """The text covered by each run of tokens that starts with a word-start flag."""
+    starts = list(np.flatnonzero(word_starts)) + [len(word_starts)]
+    return [text[offsets[a][0]:offsets[b - 1][1]].strip() for a, b in zip(starts[:-1], starts[1:])]
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_word_starts_match_the_pre_tokenizer_words(kind):
+    tokenizer = train_tokenizer(TRAINING, TokenizerConfig(kind=kind, vocab_size=100, min_frequency=1))
+    ids, word_starts, lengths = encode_sentences(tokenizer, SENTENCES, "tokenizer")
+    assert len(ids) == len(word_starts) == lengths.sum()
+    backend = tokenizer.backend_tokenizer
+    assert len(word_starts) - word_starts.sum() >= 10  # meaningful only if words really have several pieces
+    position = 0
+    for text, length in zip(SENTENCES, lengths):
+        encoding = backend.encode(text, add_special_tokens=False)
+        assert list(ids[position:position + length]) == encoding.ids
+        flags = word_starts[position:position + length]
+        position += length
+        normalized = backend.normalizer.normalize_str(text)
+        expected = [normalized[a:b].strip() for _, (a, b) in backend.pre_tokenizer.pre_tokenize_str(normalized)]
+        assert word_groups(normalized, flags, encoding.offsets) == expected
+
+
+def test_added_tokens_are_words_of_their_own():
+    tokenizer = train_tokenizer(TRAINING, TokenizerConfig(vocab_size=100, min_frequency=1))
+    ids, word_starts, _ = encode_sentences(tokenizer, ["cat[MASK]mat"], "tokenizer")
+    mask_at = list(ids).index(tokenizer.mask_token_id)
+    assert word_starts[mask_at] and word_starts[mask_at + 1]
+
+
+def test_jieba_words_are_whole_units():
+    texts = ["我们在北京大学学习自然语言处理。", "他来到了网易杭研大厦"]
+    tokenizer = train_tokenizer(texts * 5, TokenizerConfig(vocab_size=100, min_frequency=1))
+    ids, word_starts, lengths = encode_sentences(tokenizer, texts, "jieba")
+    tokens = tokenizer.convert_ids_to_tokens(ids.tolist())
+    assert all(len(t) == 1 for t in tokens)  # BERT-style: one token per Chinese character
+    boundaries = np.cumsum(lengths)[:-1]
+    groups = []
+    for sentence_tokens, sentence_starts in zip(np.split(np.array(tokens), boundaries), np.split(word_starts, boundaries)):
+        cuts = np.flatnonzero(sentence_starts)[1:]
+        groups += ["".join(g) for g in np.split(sentence_tokens, cuts)]
+    expected = [w for text in texts for w in jieba.lcut(text)]
+    assert groups == expected
+    assert "北京大学" in groups or "北京" in groups
+    assert any(len(g) >= 2 for g in groups)
+
+
+def test_tokenizer_words_for_chinese_are_characters():
+    texts = ["北京大学"]
+    tokenizer = train_tokenizer(texts * 5, TokenizerConfig(vocab_size=100, min_frequency=1))
+    _, word_starts, _ = encode_sentences(tokenizer, texts, "tokenizer")
+    assert word_starts.all()

@@ -1,0 +1,32 @@
+"""Test helpers (importable as `helpers`: tests/ is on pytest's pythonpath)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spanlm.config import Recipe, from_dict
+
+REPO = Path(__file__).resolve().parents[1]
+EMBEDDED_CORPUS = REPO / "data" / "corpus"
+
+ENGLISH = (
+    "The unbelievable backhanded compliment surprised everyone at the Bohemian embassy.\n"
+    "Holmes examined the extraordinarily intricate mechanism without saying a word.\n"
+    "\n"
+    "Watson wrote everything down, although the handwriting was nearly unreadable.\n"
+    "Dr. Frankenstein's laboratory smelled of ozone and impossibility.\n"
+    "It's 3.14159 o'clock — naïve café owners don't care!\n"
+)
+
+
+def make_recipe(tmp_path: Path, files: dict[str, str | bytes], **sections) -> Recipe:
+    """Write ``files`` into ``tmp_path/in`` and return a recipe preparing them into ``tmp_path/prepared``."""
+    inputs = []
+    for name, content in files.items():
+        path = tmp_path / "in" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+        inputs.append(str(path))
+    data = {"inputs": inputs, "prepared_dir": str(tmp_path / "prepared"), **sections.pop("data", {})}
+    tokenizer = {"vocab_size": 300, "min_frequency": 1, **sections.pop("tokenizer", {})}
+    return from_dict(Recipe, {"data": data, "tokenizer": tokenizer, **sections})

@@ -1,0 +1,82 @@
+import dataclasses
+from typing import Literal
+
+import pytest
+
+from spanlm.config import Recipe, apply_overrides, from_dict, load_recipe, save_config
+from spanlm.errors import ConfigError
+
+
+def test_recipe_with_overrides(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("data:\n  inputs: [a.txt]\n  max_len: 64\ntokenizer:\n  kind: bpe\n")
+    recipe = load_recipe(path, ["data.max_len=256", "tokenizer.vocab_size=16000", "seed=0", "data.inputs=[x.txt, y.txt]"])
+    assert recipe.data.max_len == 256 and recipe.tokenizer.vocab_size == 16000
+    assert recipe.tokenizer.kind == "bpe" and recipe.data.inputs == ["x.txt", "y.txt"] and recipe.seed == 0
+
+
+def test_defaults_without_a_file():
+    assert load_recipe(None) == Recipe()
+
+
+def test_unknown_key_names_full_path_and_allowed_keys():
+    with pytest.raises(ConfigError) as error:
+        load_recipe(None, ["data.max_lenn=3"])
+    message = str(error.value)
+    assert "data.max_lenn" in message and "data.max_len" in message and "data.inputs" in message
+
+
+def test_unknown_section_is_rejected():
+    with pytest.raises(ConfigError, match="unknown config key 'trian'.*allowed: seed, data, tokenizer"):
+        load_recipe(None, ["trian.max_steps=3"])
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("data.max_len=abc", "'data.max_len' must be int"),
+    ("data.max_len=true", "'data.max_len' must be int"),
+    ("tokenizer.lowercase=1", "'tokenizer.lowercase' must be bool"),
+    ("tokenizer.kind=sentencepiece", "'tokenizer.kind' must be one of 'wordpiece' | 'bpe' | 'unigram'"),
+    ("data.inputs=a.txt", "'data.inputs' must be a list"),
+    ("data.inputs=[1]", "'data.inputs[0]' must be str"),
+    ("data=3", "'data' must be a mapping"),
+    ("data.max_len=2", "data"),  # __post_init__ validation, named by section
+    ("nodots", "section.key=value"),
+])
+def test_wrong_values_are_rejected(override, fragment):
+    with pytest.raises(ConfigError, match=None) as error:
+        load_recipe(None, [override])
+    assert fragment in str(error.value)
+
+
+def test_float_accepts_int_and_optional_accepts_none():
+    @dataclasses.dataclass
+    class Section:
+        rate: float = 0.5
+        path: str | None = "x"
+        mode: Literal["a", "b"] = "a"
+
+    section = from_dict(Section, {"rate": 1, "path": None, "mode": "b"})
+    assert section.rate == 1.0 and isinstance(section.rate, float) and section.path is None
+
+
+def test_override_creates_nested_keys_and_rejects_scalar_parent():
+    assert apply_overrides({}, ["a.b.c=1"]) == {"a": {"b": {"c": 1}}}
+    with pytest.raises(ConfigError, match="not a section"):
+        apply_overrides({"a": 3}, ["a.b=1"])
+
+
+def test_saved_config_loads_back(tmp_path):
+    recipe = load_recipe(None, ["data.inputs=[a.txt]", "tokenizer.kind=unigram"])
+    save_config(recipe, tmp_path / "config.yaml")
+    assert load_recipe(tmp_path / "config.yaml") == recipe
+
+
+def test_bad_recipe_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_recipe(tmp_path / "missing.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_recipe(tmp_path / "list.yaml")
+    (tmp_path / "broken.yaml").write_text("data: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_recipe(tmp_path / "broken.yaml")
