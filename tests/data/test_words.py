@@ -23,7 +23,7 @@ def word_groups(text, word_starts, offsets):
 @pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
 def test_word_starts_match_the_pre_tokenizer_words(kind):
     tokenizer = train_tokenizer(TRAINING, TokenizerConfig(kind=kind, vocab_size=100, min_frequency=1))
-    ids, word_starts, lengths = encode_sentences(tokenizer, SENTENCES, "tokenizer")
+    ids, word_starts, lengths = encode_sentences(tokenizer, SENTENCES, "none")
     assert len(ids) == len(word_starts) == lengths.sum()
     backend = tokenizer.backend_tokenizer
     assert len(word_starts) - word_starts.sum() >= 10  # meaningful only if words really have several pieces
@@ -40,7 +40,7 @@ def test_word_starts_match_the_pre_tokenizer_words(kind):
 
 def test_added_tokens_are_words_of_their_own():
     tokenizer = train_tokenizer(TRAINING, TokenizerConfig(vocab_size=100, min_frequency=1))
-    ids, word_starts, _ = encode_sentences(tokenizer, ["cat[MASK]mat"], "tokenizer")
+    ids, word_starts, _ = encode_sentences(tokenizer, ["cat[MASK]mat"], "none")
     mask_at = list(ids).index(tokenizer.mask_token_id)
     assert word_starts[mask_at] and word_starts[mask_at + 1]
 
@@ -65,5 +65,5 @@ def test_jieba_words_are_whole_units():
 def test_tokenizer_words_for_chinese_are_characters():
     texts = ["北京大学"]
     tokenizer = train_tokenizer(texts * 5, TokenizerConfig(vocab_size=100, min_frequency=1))
-    _, word_starts, _ = encode_sentences(tokenizer, texts, "tokenizer")
+    _, word_starts, _ = encode_sentences(tokenizer, texts, "none")
     assert word_starts.all()

@@ -29,9 +29,10 @@ class DataConfig:
     inputs: list[str] = dataclasses.field(default_factory=list)  # files or glob patterns
     prepared_dir: str = "runs/prepared"  # output of `spanlm prepare`, input of pretraining
     text_field: str = "text"  # the text column of .jsonl / .parquet records
-    # Word boundaries for whole-word / span masking: "tokenizer" = the fast tokenizer's pre-tokenized
-    # words (any family); "jieba" = jieba segmentation, so a multi-character Chinese word is one unit.
-    words: Literal["tokenizer", "jieba"] = "tokenizer"
+    # Word boundaries for whole-word / span masking: "none" = no segmenter, the fast tokenizer's own
+    # pre-tokenized words (any family); "jieba" = jieba segmentation, so a multi-character Chinese word
+    # is one unit although BERT tokenizes Chinese per character.
+    words: Literal["none", "jieba"] = "none"
     max_line_chars: int = 100_000  # longer lines are split at whitespace into several sentences
     on_bad_line: Literal["error", "skip"] = "error"  # invalid UTF-8 / broken JSON: stop, or skip and count
     num_proc: int = 1  # processes for datasets.map (the tokenizer itself is multi-threaded)

@@ -22,7 +22,7 @@ from spanlm.data.corpus import CorpusReader, resolve_inputs
 from spanlm.data.shards import FORMAT_VERSION, ids_dtype, read_meta, replace_directory
 from spanlm.data.tokenizer import load_tokenizer, tokenizer_fingerprint, train_tokenizer
 from spanlm.data.words import encode_sentences
-from spanlm.errors import InputError, SpanlmError
+from spanlm.errors import InputError
 
 MAP_BATCH_SIZE = 1000
 
@@ -91,14 +91,42 @@ def prepare(recipe, *, force: bool = False, log=print) -> Path:
     return final
 
 
-def _tokenize(reader: CorpusReader, tokenizer, config, cache_dir: Path):
-    """Corpus → Arrow table with one row per sentence: document index, token ids, word-start flags."""
+READ_BATCH_SIZE = 10_000
+
+
+def _read_corpus(reader: CorpusReader, path: Path):
+    """Corpus → a memory-mapped `datasets.Dataset` of (document, text) rows, one per sentence.
+
+    Rows are written as Arrow record batches (the IPC stream format `datasets` itself uses), so the
+    corpus never has to fit in memory and no per-row Python dict is built.
+    """
     import datasets
     import pyarrow as pa
 
-    def generate():
+    schema = pa.schema([("document", pa.int64()), ("text", pa.string())])
+    documents, texts = [], []
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        def flush():
+            writer.write_batch(pa.record_batch([pa.array(documents, pa.int64()), pa.array(texts, pa.string())], schema=schema))
+            documents.clear()
+            texts.clear()
+
         for document, text in reader:
-            yield {"document": document, "text": text}
+            documents.append(document)
+            texts.append(text)
+            if len(texts) == READ_BATCH_SIZE:
+                flush()
+        if texts:
+            flush()
+    if reader.stats["sentences"] == 0:
+        raise InputError(f"{', '.join(map(str, reader.files))}: no text found (every line is blank or was skipped)")
+    return datasets.Dataset.from_file(str(path))
+
+
+def _tokenize(reader: CorpusReader, tokenizer, config, cache_dir: Path):
+    """Corpus → Arrow table with one row per sentence: document index, token ids, word-start flags."""
+    import pyarrow as pa
 
     def encode(batch: pa.Table) -> pa.Table:
         ids, word_starts, lengths = encode_sentences(tokenizer, batch.column("text").to_pylist(), config.words)
@@ -109,22 +137,7 @@ def _tokenize(reader: CorpusReader, tokenizer, config, cache_dir: Path):
             "word_starts": pa.LargeListArray.from_arrays(offsets, pa.array(word_starts)),
         })
 
-    features = datasets.Features({"document": datasets.Value("int64"), "text": datasets.Value("string")})
-    no_text = InputError(f"{', '.join(map(str, reader.files))}: no text found (every line is blank or was skipped)")
-    try:
-        dataset = datasets.Dataset.from_generator(generate, features=features, cache_dir=str(cache_dir))
-    except datasets.exceptions.DatasetGenerationError as error:
-        # The reader's own one-line error (file:line: problem) is the cause; show that, not the wrapper.
-        cause = error.__cause__
-        while cause is not None and not isinstance(cause, SpanlmError):
-            cause = cause.__cause__ or cause.__context__
-        raise (cause or error) from None
-    except ValueError:  # datasets refuses a generator that yielded nothing
-        if reader.stats["sentences"] == 0:
-            raise no_text from None
-        raise
-    if len(dataset) == 0:
-        raise no_text
+    dataset = _read_corpus(reader, cache_dir / "corpus.arrow")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true" if config.num_proc == 1 else "false")
     tokenized = dataset.with_format("arrow").map(
         encode, batched=True, batch_size=MAP_BATCH_SIZE, num_proc=config.num_proc if config.num_proc > 1 else None,
