@@ -23,6 +23,30 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pretrain(args: argparse.Namespace) -> int:
+    from spanlm.config import load_recipe
+    from spanlm.train.loop import pretrain
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    run_dir = pretrain(recipe, resume=args.resume, log=lambda message: print(message, file=sys.stderr))
+    print(json.dumps({"run_dir": str(run_dir)}))
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from spanlm.train.export import export_checkpoint
+
+    print(json.dumps({"exported": str(export_checkpoint(args.checkpoint, args.out))}))
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from spanlm.train.report import write_report
+
+    print(json.dumps({"report": str(write_report(args.run_dir))}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from spanlm import __version__
 
@@ -36,6 +60,23 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.inputs=[a.txt] tokenizer.vocab_size=16000")
     prepare.add_argument("--force", action="store_true", help="rebuild even when the prepared directory is up to date")
     prepare.set_defaults(run=_prepare)
+
+    pretrain = commands.add_parser("pretrain", help="pretrain with a recipe's objective (one process or torchrun)",
+                                   description="Train; under torchrun every process runs this same command.")
+    pretrain.add_argument("recipe", help="a YAML recipe, e.g. configs/pretrain/spanbert.yaml")
+    pretrain.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.max_steps=200")
+    pretrain.add_argument("--resume", default=None, metavar="auto|PATH",
+                          help="auto: the latest complete checkpoint of train.output_dir; or a checkpoint / run directory")
+    pretrain.set_defaults(run=_pretrain)
+
+    export = commands.add_parser("export", help="checkpoint → Hugging Face directory (+ heads) that AutoModel loads")
+    export.add_argument("checkpoint", help="a checkpoint directory, or a run directory (its latest checkpoint)")
+    export.add_argument("--out", required=True, help="the directory to write")
+    export.set_defaults(run=_export)
+
+    report = commands.add_parser("report", help="plots and an HTML summary of a run directory")
+    report.add_argument("run_dir")
+    report.set_defaults(run=_report)
     return parser
 
 

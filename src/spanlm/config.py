@@ -18,6 +18,8 @@ import yaml
 from spanlm.data.corpus import DataConfig
 from spanlm.data.tokenizer import TokenizerConfig
 from spanlm.errors import ConfigError
+from spanlm.objectives.config import ObjectiveConfig
+from spanlm.train.config import LoggingConfig, TrainConfig
 
 
 @dataclasses.dataclass
@@ -27,6 +29,9 @@ class Recipe:
     seed: int = 0
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
+    objective: ObjectiveConfig = dataclasses.field(default_factory=ObjectiveConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
 
 
 def _type_name(tp: Any) -> str:

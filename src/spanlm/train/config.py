@@ -1,0 +1,48 @@
+"""Typed configuration of the training engine."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Optimisation, evaluation, checkpointing and distribution of one run."""
+
+    output_dir: str = "runs/pretrain"
+    max_steps: int = 200  # optimiser steps
+    batch_size: int = 16  # blocks per process per micro-batch
+    grad_accum: int = 1  # micro-batches per optimiser step
+    optimizer: Literal["adamw", "lamb"] = "adamw"  # LAMB for large batches, as MacBERT used
+    lr: float = 5e-4
+    betas: list[float] = dataclasses.field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-6
+    weight_decay: float = 0.01  # not applied to biases and LayerNorm weights
+    warmup_steps: int = 20
+    schedule: Literal["linear", "cosine", "constant"] = "linear"  # decay after warmup
+    max_grad_norm: float = 1.0  # 0 disables clipping
+    precision: Literal["fp32", "bf16"] = "fp32"  # bf16 = autocast; weights and optimiser stay fp32
+    compile: bool = False  # torch.compile the objective's forward
+    eval_every: int = 50  # steps; 0 disables periodic evaluation
+    eval_blocks: int = 64  # held-out blocks (never trained on)
+    save_every: int = 100  # steps; a final checkpoint is always written
+    keep_last: int = 2  # complete checkpoints kept
+    log_every: int = 10
+    num_workers: int = 1  # DataLoader worker processes running the masker
+    distributed: Literal["ddp", "fsdp"] = "ddp"  # FSDP2 (fully_shard) for models that do not fit
+    nonfinite: Literal["stop", "skip"] = "stop"  # non-finite loss / grad norm: halt, or skip the step
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps", "batch_size", "grad_accum", "keep_last", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if len(self.betas) != 2:
+            raise ValueError("betas must be two numbers")
+
+
+@dataclasses.dataclass
+class LoggingConfig:
+    tensorboard: bool = True  # used when the tensorboard package is installed
+    progress: bool = True  # a progress bar on rank 0

@@ -1,0 +1,102 @@
+"""Training data: blocks → masked batches in DataLoader workers, deterministic and resumable.
+
+Each batch is a pure function of (seed, rank, epoch, batch number): the sampler yields a *key* per
+batch, and the dataset builds the whole batch from it — reading the blocks, padding them, and masking
+them with ``np.random.default_rng([seed, rank, epoch, batch])``. So the masks do not depend on the
+number of workers or on prefetching, and torchdata's StatefulDataLoader only has to remember how far
+the sampler got to resume exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from spanlm.data.blocks import BlockDataset, BlockSampler, collate_blocks
+
+
+def split_blocks(n_blocks: int, eval_blocks: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A fixed held-out set of blocks (never trained on) and the training blocks."""
+    eval_blocks = min(eval_blocks, n_blocks // 10)
+    order = np.random.default_rng([seed, 7919]).permutation(n_blocks)
+    return np.sort(order[eval_blocks:]), np.sort(order[:eval_blocks])
+
+
+class BatchKeySampler:
+    """Yields ``(epoch, batch, block_indices)`` for this rank forever, epoch after epoch.
+
+    Stateful (``state_dict`` / ``load_state_dict``), which StatefulDataLoader snapshots in step with
+    the batches it has handed out, prefetching included.
+    """
+
+    def __init__(self, blocks: np.ndarray, batch_size: int, seed: int, rank: int, world_size: int):
+        self.blocks = blocks
+        self.batch_size = batch_size
+        self.order = BlockSampler(len(blocks), seed=seed, rank=rank, world_size=world_size)
+        if len(self.order) < batch_size:
+            raise ValueError(f"{len(blocks)} training blocks over {world_size} process(es) is less than one batch of {batch_size}")
+        self.epoch, self.batch = 0, 0
+
+    def batches_per_epoch(self) -> int:
+        return len(self.order) // self.batch_size
+
+    def __iter__(self):
+        while True:
+            order = self.blocks[self.order.order(self.epoch)]
+            while self.batch < self.batches_per_epoch():
+                start = self.batch * self.batch_size
+                key = (self.epoch, self.batch, order[start:start + self.batch_size])
+                self.batch += 1
+                yield key
+            self.epoch, self.batch = self.epoch + 1, 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "batch": self.batch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
+
+
+class MaskedBatches(torch.utils.data.Dataset):
+    """Map-style dataset keyed by batch: key → masked batch as a dict of tensors."""
+
+    def __init__(self, blocks: BlockDataset, masker, pad_id: int, seed: int, rank: int):
+        self.blocks, self.masker, self.pad_id, self.seed, self.rank = blocks, masker, pad_id, seed, rank
+
+    def __getitem__(self, key) -> dict[str, torch.Tensor]:
+        epoch, batch, indices = key
+        block_batch = collate_blocks([self.blocks[int(i)] for i in indices], self.pad_id)
+        rng = np.random.default_rng([self.seed, self.rank, epoch, batch])
+        return self.masker(block_batch, rng).to_torch()
+
+
+def _single(batch):
+    return batch
+
+
+def build_train_loader(blocks: BlockDataset, train_blocks: np.ndarray, masker, config, seed: int, rank: int, world_size: int) -> StatefulDataLoader:
+    sampler = BatchKeySampler(train_blocks, config.batch_size, seed, rank, world_size)
+    dataset = MaskedBatches(blocks, masker, blocks.corpus.special_ids["pad"], seed, rank)
+    return StatefulDataLoader(
+        dataset, sampler=sampler, batch_size=None, collate_fn=_single, num_workers=config.num_workers,
+        persistent_workers=config.num_workers > 0, prefetch_factor=4 if config.num_workers > 0 else None,
+        # Its own generator: creating an iterator must not draw from the global torch RNG, which the
+        # model's dropout uses and a resumed run restores (a draw there would break bit-exact resume).
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+EVAL_EPOCH = 2**31 - 1  # the RNG key of held-out batches: never a training epoch
+
+
+def eval_batches(blocks: BlockDataset, eval_blocks: np.ndarray, masker, batch_size: int, seed: int, rank: int, world_size: int):
+    """This rank's held-out blocks, masked with fixed RNGs so every evaluation sees the same batches.
+
+    Every rank gets the same number of batches (the held-out set is trimmed to a multiple of the
+    world size), so the metrics can be reduced across ranks.
+    """
+    dataset = MaskedBatches(blocks, masker, blocks.corpus.special_ids["pad"], seed, rank)
+    mine = eval_blocks[: len(eval_blocks) - len(eval_blocks) % world_size][rank::world_size]
+    for number, start in enumerate(range(0, len(mine), batch_size)):
+        yield dataset[(EVAL_EPOCH, number, mine[start:start + batch_size])]

@@ -1,0 +1,68 @@
+"""One code path for 1 process, `torchrun --nproc_per_node N` and `torchrun --nnodes M`.
+
+torchrun sets RANK / WORLD_SIZE / LOCAL_RANK; without them this is a single process and no process
+group is created. nccl on GPUs, gloo on CPUs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+
+@dataclasses.dataclass
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(device: str = "auto") -> DistEnv:
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        target = torch.device("cuda", local_rank)
+    else:
+        target = torch.device("cpu")
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(minutes=30))
+    return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=target)
+
+
+def shutdown(env: DistEnv) -> None:
+    if env.enabled and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier(env: DistEnv) -> None:
+    if env.enabled:
+        dist.barrier()
+
+
+def all_reduce(values: torch.Tensor, env: DistEnv, op: str = "mean") -> torch.Tensor:
+    """Reduce a tensor of metrics over ranks (mean, sum or max); a no-op on one process."""
+    if not env.enabled:
+        return values
+    values = values.clone()
+    dist.all_reduce(values, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return values / env.world_size if op == "mean" else values
+
+
+def any_rank(flag: bool, env: DistEnv) -> bool:
+    """True on every rank when the flag is set on any rank (signals, non-finite values)."""
+    return bool(all_reduce(torch.tensor([float(flag)], device=env.device), env, op="max").item())

@@ -1,0 +1,314 @@
+"""The training loop — the same for every objective, on one process or many (torchrun).
+
+Read top to bottom: set up processes → data → objective → optimiser → resume → train steps (micro-
+batches, clipping, non-finite guard, schedule) → log / evaluate / checkpoint / stop on a signal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from spanlm.data.blocks import BlockDataset
+from spanlm.data.shards import PreparedCorpus
+from spanlm.errors import SpanlmError
+from spanlm.train import checkpoint as ckpt
+from spanlm.train.data import build_train_loader, eval_batches, split_blocks
+from spanlm.train.dist import DistEnv, all_reduce, any_rank, barrier, init_distributed, shutdown
+from spanlm.train.metrics import MetricsLogger
+from spanlm.train.optim import build_optimizer, build_scheduler
+
+
+class TrainingHalted(SpanlmError):
+    """Training stopped on purpose (non-finite values) with a message naming the step."""
+
+
+class StopSignal:
+    """SIGTERM / SIGINT set a flag; the loop finishes the step, saves and exits cleanly."""
+
+    def __init__(self):
+        self.received = None
+        self.previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.received = signal.Signals(signum).name
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def pretrain(recipe, resume: str | None = None, log=print) -> Path:
+    """Train ``recipe``'s objective; returns the run directory. ``resume``: None, "auto" or a path."""
+    env = init_distributed(recipe.train.device)
+    try:
+        return Trainer(recipe, env, log).run(resume)
+    finally:
+        shutdown(env)
+
+
+class Trainer:
+    def __init__(self, recipe, env: DistEnv, log=print):
+        from spanlm.config import save_config
+        from spanlm.data.prepare import prepare
+        from spanlm.objectives import build_objective
+
+        self.recipe, self.env, self.config = recipe, env, recipe.train
+        self.log = log if env.is_main else (lambda *_: None)
+        self.output_dir = Path(self.config.output_dir)
+
+        # Data: rank 0 prepares the corpus (or finds it up to date); the others wait and read it.
+        if env.is_main:
+            prepare(recipe, log=self.log)
+        barrier(env)
+        self.corpus = PreparedCorpus(recipe.data.prepared_dir)
+        self.blocks = BlockDataset(self.corpus, recipe.data.max_len)
+        self.train_blocks, self.eval_blocks = split_blocks(len(self.blocks), self.config.eval_blocks, recipe.seed)
+
+        # Model: the same seed on every rank gives identical initial weights.
+        torch.manual_seed(recipe.seed)
+        self.objective = build_objective(recipe, self.corpus).to(env.device)
+        self.model = self._wrap(self.objective)
+        self.optimizer = build_optimizer(self.objective, self.config)
+        self.scheduler = build_scheduler(self.optimizer, self.config)
+        self.loader = build_train_loader(self.blocks, self.train_blocks, self.objective.masker, self.config,
+                                         recipe.seed, env.rank, env.world_size)
+        torch.manual_seed(recipe.seed + env.rank)  # dropout differs across ranks, reproducibly
+        self.step = 0
+        if env.is_main:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            save_config(recipe, self.output_dir / "config.yaml")
+
+    # -- distribution ---------------------------------------------------------------------------
+    def _wrap(self, objective):
+        if self.config.compile:
+            objective.forward = torch.compile(objective.forward)
+        if not self.env.enabled:
+            return objective
+        if self.config.distributed == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            for unit in objective.shard_units():
+                fully_shard(unit)
+            fully_shard(objective)
+            return objective
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [self.env.device.index] if self.env.device.type == "cuda" else None
+        return DistributedDataParallel(objective, device_ids=device_ids)
+
+    def _no_sync(self, last_micro_batch: bool):
+        if last_micro_batch or not self.env.enabled:
+            return contextlib.nullcontext()
+        if self.config.distributed == "fsdp":
+            self.objective.set_requires_gradient_sync(False)
+            return _RestoreGradientSync(self.objective)
+        return self.model.no_sync()
+
+    def _autocast(self):
+        if self.config.precision == "bf16":
+            return torch.autocast(self.env.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def _alias_names(self) -> set[str]:
+        every = {name for name, _ in self.objective.named_parameters(remove_duplicate=False)}
+        return every - {name for name, _ in self.objective.named_parameters()}
+
+    def save(self) -> Path:
+        from safetensors.torch import save_file
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        weights = get_model_state_dict(self.model, options=options)
+        optimizer = get_optimizer_state_dict(self.model, self.optimizer, options=options)
+        rng, loader = ckpt.rng_state(), self.loader.state_dict()
+        if self.env.enabled:  # every rank's RNG and data position, written by rank 0
+            rngs, loaders = [None] * self.env.world_size, [None] * self.env.world_size
+            dist.all_gather_object(rngs, rng)
+            dist.all_gather_object(loaders, loader)
+        else:
+            rngs, loaders = [rng], [loader]
+        path = None
+        if self.env.is_main:
+            aliases = self._alias_names()  # tied weights (decoder = embedding) are stored once
+            tensors = {k: v.contiguous() for k, v in weights.items() if k not in aliases}
+            trainer_state = {"step": self.step, "scheduler": self.scheduler.state_dict(), "loaders": loaders,
+                             "world_size": self.env.world_size, "seed": self.recipe.seed}
+            from spanlm.config import save_config
+
+            files = {
+                "model.safetensors": lambda p: save_file(tensors, str(p)),
+                "optimizer.pt": lambda p: torch.save(optimizer, p),
+                "trainer_state.pt": lambda p: torch.save(trainer_state, p),
+                "config.yaml": lambda p: save_config(self.recipe, p),
+            }
+            for rank, state in enumerate(rngs):
+                files[f"rng-rank{rank}.pt"] = lambda p, state=state: torch.save(state, p)
+            path = ckpt.write_checkpoint(self.output_dir, self.step, files, self.config.keep_last)
+        barrier(self.env)
+        return path
+
+    def load(self, path: Path) -> None:
+        from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+        trainer_state = ckpt.load_file(path / "trainer_state.pt")
+        if trainer_state["world_size"] != self.env.world_size:
+            raise SpanlmError(f"{path} was written by {trainer_state['world_size']} process(es); resume it with the same number "
+                              f"(now {self.env.world_size}) so every rank continues its own data exactly")
+        weights = load_file(str(path / "model.safetensors"))
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        result = set_model_state_dict(self.model, weights, options=options)
+        missing = set(result.missing_keys) - self._alias_names()
+        if missing or result.unexpected_keys:
+            raise SpanlmError(f"{path}: weights do not fit this objective (missing {sorted(missing)[:5]}, unexpected {sorted(result.unexpected_keys)[:5]})")
+        set_optimizer_state_dict(self.model, self.optimizer, ckpt.load_file(path / "optimizer.pt"), options=StateDictOptions(full_state_dict=True))
+        self.scheduler.load_state_dict(trainer_state["scheduler"])
+        self.loader.load_state_dict(trainer_state["loaders"][self.env.rank])
+        ckpt.set_rng_state(ckpt.load_file(path / f"rng-rank{self.env.rank}.pt"))
+        self.step = int(trainer_state["step"])
+
+    # -- evaluation -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.objective.eval()
+        sums, batches = defaultdict(float), 0
+        for batch in eval_batches(self.blocks, self.eval_blocks, self.objective.masker, self.config.batch_size,
+                                  self.recipe.seed, self.env.rank, self.env.world_size):
+            with self._autocast():
+                output = self.model(_to(batch, self.env.device))
+            for key, value in output.items():
+                sums[key] += float(value)
+            batches += 1
+        self.objective.train()
+        if not sums:
+            return {}
+        keys = sorted(sums)
+        means = all_reduce(torch.tensor([sums[k] / batches for k in keys], dtype=torch.float64, device=self.env.device), self.env)
+        return dict(zip(keys, means.tolist()))
+
+    # -- the loop -----------------------------------------------------------------------------------
+    def run(self, resume: str | None) -> Path:
+        config, env = self.config, self.env
+        checkpoint = ckpt.resolve_resume(resume, self.output_dir)
+        if checkpoint is not None:
+            self.load(checkpoint)
+            self.log(f"resumed from {checkpoint} at step {self.step}")
+        logger = MetricsLogger(self.output_dir, self.step if checkpoint else None, self.recipe.logging.tensorboard) if env.is_main else None
+        progress = _progress_bar(config.max_steps, self.step, env.is_main and self.recipe.logging.progress)
+        batches = iter(self.loader)
+        sums, counted, tokens, started, skipped = defaultdict(float), 0, 0, time.perf_counter(), 0
+        self.objective.train()
+        try:
+            with StopSignal() as stop:
+                while self.step < config.max_steps:
+                    parts, step_tokens = self._train_step(batches)
+                    nonfinite = any_rank(not all(math.isfinite(v) for v in parts.values()), env)
+                    if nonfinite:
+                        message = (f"non-finite loss or gradient norm at step {self.step + 1} "
+                                   f"({', '.join(f'{k}={v:.4g}' for k, v in sorted(parts.items()))})")
+                        if config.nonfinite == "stop":
+                            raise TrainingHalted(message + "; stopped without updating the weights (nonfinite=skip skips such steps)")
+                        self.log(message + "; step skipped")
+                        skipped += 1
+                        self.optimizer.zero_grad(set_to_none=True)
+                        self.scheduler.step()
+                    else:
+                        self.optimizer.step()
+                        self.scheduler.step()
+                        self.optimizer.zero_grad(set_to_none=True)
+                        for key, value in parts.items():
+                            sums[key] += value
+                        counted += 1
+                    self.step += 1
+                    tokens += step_tokens
+                    progress.update(1)
+
+                    if self.step % config.log_every == 0 or self.step == config.max_steps:
+                        record = self._log_record(sums, counted, tokens, started, skipped)
+                        if logger:
+                            logger.log(record)
+                        progress.set_postfix(loss=f"{record.get('loss', float('nan')):.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+                        sums, counted, tokens, started = defaultdict(float), 0, 0, time.perf_counter()
+                    if config.eval_every and (self.step % config.eval_every == 0 or self.step == config.max_steps):
+                        evaluation = self.evaluate()
+                        if logger and evaluation:
+                            logger.log({"kind": "eval", "step": self.step, **evaluation})
+                    if any_rank(stop.received is not None, env):
+                        self.log(f"received {stop.received or 'a stop signal on another rank'}: saved step {self.step}, exiting")
+                        self.save()
+                        return self.output_dir
+                    if self.step % config.save_every == 0 and self.step < config.max_steps:
+                        self.save()
+            self.save()
+            return self.output_dir
+        finally:
+            progress.close()
+            if logger:
+                logger.close()
+
+    def _train_step(self, batches) -> tuple[dict[str, float], int]:
+        """One optimiser step's forward/backward over ``grad_accum`` micro-batches; returns its metrics."""
+        config = self.config
+        parts, tokens = defaultdict(float), 0
+        for micro in range(config.grad_accum):
+            batch = _to(next(batches), self.env.device)
+            tokens += int(batch["attention_mask"].sum())
+            with self._no_sync(micro == config.grad_accum - 1):
+                with self._autocast():
+                    output = self.model(batch)
+                (output["loss"] / config.grad_accum).backward()
+            for key, value in output.items():
+                parts[key] += float(value.detach()) / config.grad_accum
+        max_norm = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.objective.parameters(), max_norm)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2 returns a DTensor
+            grad_norm = grad_norm.full_tensor()
+        parts["grad_norm"] = float(grad_norm)
+        return dict(parts), tokens
+
+    def _log_record(self, sums, counted, tokens, started, skipped) -> dict:
+        """Means over the steps since the last record (skipped steps excluded), reduced over ranks."""
+        env = self.env
+        keys = sorted(sums)
+        values = torch.tensor([sums[k] / max(counted, 1) for k in keys] + [tokens], dtype=torch.float64, device=env.device)
+        means = all_reduce(values, env)
+        record = {"kind": "train", "step": self.step, **dict(zip(keys, means[:-1].tolist()))}
+        record["lr"] = self.scheduler.get_last_lr()[0]
+        record["tokens_per_s"] = float(means[-1]) * env.world_size / max(time.perf_counter() - started, 1e-9)
+        record["skipped_steps"] = skipped
+        return record
+
+
+class _RestoreGradientSync:
+    def __init__(self, module):
+        self.module = module
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.module.set_requires_gradient_sync(True)
+
+
+def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def _progress_bar(total: int, initial: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, disable=not enabled, desc="pretrain", unit="step", dynamic_ncols=True)

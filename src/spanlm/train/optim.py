@@ -1,0 +1,87 @@
+"""Optimiser and learning-rate schedule.
+
+Weight decay is not applied to biases and LayerNorm weights (BERT, SpanBERT, ELECTRA all exclude
+them). LAMB (You et al. 2020) is provided for the large-batch setting MacBERT used.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from spanlm.train.config import TrainConfig
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Split trainable parameters into decayed (matrices) and not decayed (biases, norms, 1-d)."""
+    no_decay_ids = set()
+    for module in model.modules():
+        if isinstance(module, (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d)) or "LayerNorm" in type(module).__name__:
+            no_decay_ids.update(id(p) for p in module.parameters(recurse=False))
+    decay, no_decay, seen = [], [], set()
+    for name, parameter in model.named_parameters():
+        if not parameter.requires_grad or id(parameter) in seen:  # tied weights appear once
+            continue
+        seen.add(id(parameter))
+        if parameter.ndim < 2 or id(parameter) in no_decay_ids or name.endswith(".bias"):
+            no_decay.append(parameter)
+        else:
+            decay.append(parameter)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB: Adam's update rescaled per parameter tensor by the trust ratio ‖w‖ / ‖update‖."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0):
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                step = state["step"].item()
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                exp_avg.mul_(beta1).add_(p.grad, alpha=1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                update = (exp_avg / (1 - beta1**step)) / ((exp_avg_sq / (1 - beta2**step)).sqrt() + group["eps"])
+                if group["weight_decay"]:
+                    update.add_(p, alpha=group["weight_decay"])
+                weight_norm, update_norm = p.norm(), update.norm()
+                trust = torch.where((weight_norm > 0) & (update_norm > 0), weight_norm / update_norm, torch.ones_like(weight_norm))
+                p.add_(update * trust, alpha=-group["lr"])
+        return loss
+
+
+def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    groups = parameter_groups(model, config.weight_decay)
+    if config.optimizer == "lamb":
+        return Lamb(groups, lr=config.lr, betas=config.betas, eps=config.eps)
+    return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps)
+
+
+def lr_factor(step: int, config: TrainConfig) -> float:
+    """Linear warmup to the peak, then linear or cosine decay to 0 at max_steps (or constant)."""
+    if config.warmup_steps and step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    if config.schedule == "constant":
+        return 1.0
+    progress = (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps)
+    progress = min(max(progress, 0.0), 1.0)
+    return 1.0 - progress if config.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config))

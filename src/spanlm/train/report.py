@@ -1,0 +1,75 @@
+"""`spanlm report RUN_DIR`: PNG plots of a run's metrics.jsonl and an HTML summary page."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+from spanlm.errors import InputError
+from spanlm.train.metrics import read_metrics
+
+# Which columns go on which plot; a plot is drawn when the run logged any of its columns.
+PLOTS = {
+    "loss.png": ("Training loss", lambda key: key == "loss" or key.endswith("_loss"), "train"),
+    "lr.png": ("Learning rate", lambda key: key == "lr", "train"),
+    "throughput.png": ("Throughput (tokens/s)", lambda key: key == "tokens_per_s", "train"),
+    "grad_norm.png": ("Gradient norm", lambda key: key == "grad_norm", "train"),
+    "eval.png": ("Held-out evaluation", lambda key: key != "step" and key != "kind", "eval"),
+}
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Write the plots and ``report.html`` into ``run_dir``; returns the HTML path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    records = read_metrics(run_dir)
+    if not records:
+        raise InputError(f"{run_dir}: no metrics.jsonl records (is this a spanlm run directory?)")
+    plots = []
+    for filename, (title, wanted, kind) in PLOTS.items():
+        rows = [r for r in records if r.get("kind", "train") == kind]
+        keys = sorted({k for r in rows for k, v in r.items() if wanted(k) and isinstance(v, (int, float))})
+        if not keys:
+            continue
+        figure, axis = plt.subplots(figsize=(6.4, 3.6), dpi=100)
+        for key in keys:
+            points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+            axis.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None, label=key)
+        axis.set_title(title)
+        axis.set_xlabel("step")
+        axis.grid(alpha=0.3)
+        if len(keys) > 1:
+            axis.legend(fontsize=8)
+        figure.tight_layout()
+        figure.savefig(run_dir / filename)
+        plt.close(figure)
+        plots.append((title, filename))
+
+    final = {kind: next((r for r in reversed(records) if r.get("kind", "train") == kind), None) for kind in ("train", "eval")}
+    config = (run_dir / "config.yaml").read_text(encoding="utf-8") if (run_dir / "config.yaml").is_file() else "(no config.yaml)"
+    page = ["<!doctype html><html><head><meta charset='utf-8'><title>spanlm run report</title>",
+            "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}table{border-collapse:collapse}"
+            "td,th{border:1px solid #ccc;padding:.3em .6em;text-align:right}img{max-width:100%}</style></head><body>",
+            f"<h1>spanlm run: {html.escape(str(run_dir))}</h1>", "<h2>Final metrics</h2>"]
+    for kind, record in final.items():
+        if record:
+            cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{_format(v)}</td></tr>" for k, v in record.items() if k != "kind")
+            page.append(f"<h3>{kind}</h3><table>{cells}</table>")
+    page.append("<h2>Plots</h2>")
+    page += [f"<h3>{html.escape(title)}</h3><img src='{filename}' alt='{html.escape(title)}'>" for title, filename in plots]
+    page.append(f"<h2>Configuration</h2><pre>{html.escape(config)}</pre></body></html>")
+    out = run_dir / "report.html"
+    out.write_text("\n".join(page), encoding="utf-8")
+    (run_dir / "summary.json").write_text(json.dumps(final, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def _format(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return html.escape(str(value))

@@ -1,0 +1,65 @@
+"""The same code path under `torchrun --nproc_per_node 2` (gloo on CPU): DDP and FSDP2, exact resume."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from helpers import REPO
+from spanlm.config import save_config
+from spanlm.train import checkpoint as ckpt
+from spanlm.train.metrics import read_metrics
+
+from toy_objective import losses, toy_recipe
+
+
+def torchrun(recipe_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               str(REPO / "tests" / "launch_toy.py"), "pretrain", str(recipe_path), *extra]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_resume_exactly(prepared, tmp_path, strategy):
+    def recipe(name: str) -> Path:
+        path = tmp_path / f"{name}.yaml"
+        save_config(toy_recipe(prepared, tmp_path / name, max_steps=6, save_every=3, batch_size=8, distributed=strategy,
+                               eval_every=3), path)
+        return path
+
+    torchrun(recipe("full"))
+    torchrun(recipe("resumed"), "--resume", str(ckpt.step_dir(tmp_path / "full", 3)))
+    full, resumed = losses(tmp_path / "full"), losses(tmp_path / "resumed")
+    assert sorted(full) == list(range(1, 7)) and {s: full[s] for s in (4, 5, 6)} == resumed
+    a = load_file(str(ckpt.step_dir(tmp_path / "full", 6) / "model.safetensors"))
+    b = load_file(str(ckpt.step_dir(tmp_path / "resumed", 6) / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    state = torch.load(ckpt.step_dir(tmp_path / "full", 6) / "trainer_state.pt", weights_only=True)
+    assert state["world_size"] == 2 and len(state["loaders"]) == 2
+    assert (ckpt.step_dir(tmp_path / "full", 6) / "rng-rank1.pt").is_file()
+    assert any(r["kind"] == "eval" for r in read_metrics(tmp_path / "full"))
+
+
+@pytest.mark.slow
+def test_ranks_train_on_disjoint_blocks(prepared, tmp_path):
+    from spanlm.data.blocks import BlockDataset
+    from spanlm.data.shards import PreparedCorpus
+    from spanlm.train.data import BatchKeySampler, split_blocks
+
+    train, _ = split_blocks(len(BlockDataset(PreparedCorpus(prepared), 32)), 8, 0)
+    seen = []
+    for rank in range(2):
+        sampler = iter(BatchKeySampler(train, 4, seed=0, rank=rank, world_size=2))
+        seen.append({int(i) for _ in range(10) for i in next(sampler)[2]})
+    assert not seen[0] & seen[1] and len(seen[0]) == len(seen[1]) == 40

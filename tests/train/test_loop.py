@@ -1,0 +1,154 @@
+"""The training engine: bit-exact resume, data position, atomic checkpoints, signals, NaN guard."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import toy_objective
+from helpers import REPO
+from spanlm.data.blocks import BlockDataset
+from spanlm.data.shards import PreparedCorpus
+from spanlm.train import checkpoint as ckpt
+from spanlm.train.data import build_train_loader, split_blocks
+from spanlm.train.loop import TrainingHalted, pretrain
+from spanlm.train.metrics import read_metrics
+
+from toy_objective import losses, toy_recipe
+
+QUIET = {"log": lambda *_: None}
+
+
+def batches_per_epoch(prepared: Path, batch_size: int) -> int:
+    blocks = BlockDataset(PreparedCorpus(prepared), 32)
+    train, _ = split_blocks(len(blocks), 8, 0)
+    return len(train) // batch_size
+
+
+def test_eval_blocks_are_held_out_and_fixed():
+    train, held_out = split_blocks(1000, 64, seed=0)
+    assert len(held_out) == 64 and not set(train) & set(held_out) and len(train) + len(held_out) == 1000
+    assert (split_blocks(1000, 64, seed=0)[1] == held_out).all()
+
+
+@pytest.mark.parametrize("where", ["mid_epoch", "epoch_edge"])
+def test_resume_is_bit_exact(prepared, tmp_path, where):
+    """2N steps == N steps + resume + N steps: the same losses and `torch.equal` parameters."""
+    batch_size = 64  # a few batches per epoch, so the epoch edge is reachable quickly
+    per_epoch = batches_per_epoch(prepared, batch_size)
+    n = 2 if where == "mid_epoch" else per_epoch
+    assert where == "epoch_edge" or n < per_epoch
+    full = pretrain(toy_recipe(prepared, tmp_path / "full", max_steps=2 * n, batch_size=batch_size, save_every=n), **QUIET)
+    half = ckpt.step_dir(full, n)
+    assert (half / ckpt.MARKER).is_file()
+    resumed = pretrain(toy_recipe(prepared, tmp_path / "resumed", max_steps=2 * n, batch_size=batch_size, save_every=n),
+                       resume=str(half), **QUIET)
+    assert {s: v for s, v in losses(full).items() if s > n} == losses(resumed)
+    final_full = load_file(str(ckpt.step_dir(full, 2 * n) / "model.safetensors"))
+    final_resumed = load_file(str(ckpt.step_dir(resumed, 2 * n) / "model.safetensors"))
+    assert final_full.keys() == final_resumed.keys()
+    assert all(torch.equal(final_full[k], final_resumed[k]) for k in final_full)
+
+
+def test_resume_auto_continues_the_same_run(prepared, tmp_path):
+    pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=4, save_every=2), **QUIET)
+    reference = losses(tmp_path / "run")
+    # the same run, longer: auto-resume from step 4, metrics.jsonl keeps steps 1..4 and appends
+    pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=6, save_every=2), resume="auto", **QUIET)
+    after = losses(tmp_path / "run")
+    assert sorted(after) == [1, 2, 3, 4, 5, 6] and {s: after[s] for s in reference} == reference
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_restored_loader_yields_the_same_next_batches(prepared, workers):
+    corpus = PreparedCorpus(prepared)
+    blocks = BlockDataset(corpus, 32)
+    train, _ = split_blocks(len(blocks), 8, 0)
+    masker = toy_objective.ToyMasker(corpus.special_ids["mask"])
+    config = toy_recipe(prepared, Path("unused")).train
+    config.num_workers = workers
+    loader = build_train_loader(blocks, train, masker, config, seed=0, rank=0, world_size=1)
+    iterator = iter(loader)
+    for _ in range(5):
+        next(iterator)
+    state = loader.state_dict()
+    expected = [next(iterator) for _ in range(4)]
+    fresh = build_train_loader(blocks, train, masker, config, seed=0, rank=0, world_size=1)
+    fresh.load_state_dict(state)
+    got = [batch for batch, _ in zip(fresh, range(4))]
+    for a, b in zip(expected, got):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_checkpoint_files_load_with_weights_only(prepared, tmp_path):
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), **QUIET)
+    latest = ckpt.latest_checkpoint(run)
+    for name in ("optimizer.pt", "trainer_state.pt", "rng-rank0.pt"):
+        torch.load(latest / name, weights_only=True)
+    assert (latest / "config.yaml").is_file() and (run / "config.yaml").is_file()
+
+
+def test_a_partial_checkpoint_is_ignored(prepared, tmp_path, monkeypatch):
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), **QUIET)
+    good = ckpt.latest_checkpoint(run)
+
+    def killed(path):  # the process dies while writing the optimiser state
+        raise KeyboardInterrupt
+
+    original = ckpt.write_checkpoint
+
+    def write_then_die(output_dir, step, files, keep_last):
+        return original(output_dir, step, {**files, "optimizer.pt": killed}, keep_last)
+
+    monkeypatch.setattr(ckpt, "write_checkpoint", write_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=4), resume="auto", **QUIET)
+    assert ckpt.latest_checkpoint(run) == good
+    # a renamed directory whose COMPLETE marker never got written does not count either
+    (ckpt.step_dir(run, 9)).mkdir()
+    assert ckpt.latest_checkpoint(run) == good
+    assert ckpt.resolve_resume("auto", run) == good
+
+
+def test_nonfinite_loss_halts_naming_the_step(prepared, tmp_path, monkeypatch):
+    monkeypatch.setenv("TOY_NAN_AFTER", "3")
+    with pytest.raises(TrainingHalted, match="non-finite loss or gradient norm at step 4"):
+        pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=8), **QUIET)
+
+
+def test_nonfinite_skip_policy_skips_and_counts(prepared, tmp_path, monkeypatch):
+    monkeypatch.setenv("TOY_NAN_AFTER", "6")
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=8, nonfinite="skip"), **QUIET)
+    records = [r for r in read_metrics(run) if r["kind"] == "train"]
+    assert records[-1]["skipped_steps"] == 2 and all(r["loss"] is not None for r in records[:6])
+
+
+def test_sigterm_saves_and_exits_zero(prepared, tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    config = toy_recipe(prepared, tmp_path / "run", max_steps=100000)
+    from spanlm.config import save_config
+
+    save_config(config, recipe)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen([sys.executable, str(REPO / "tests" / "launch_toy.py"), "pretrain", str(recipe)], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 3):
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    latest = ckpt.latest_checkpoint(tmp_path / "run")
+    step = torch.load(latest / "trainer_state.pt", weights_only=True)["step"]
+    assert step >= 3 and f"saved step {step}" in err
+    assert json.loads(out.strip().splitlines()[-1])["run_dir"] == str(tmp_path / "run")
