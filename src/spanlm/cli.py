@@ -47,6 +47,15 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _preview(args: argparse.Namespace) -> int:
+    from spanlm.config import load_recipe
+    from spanlm.masking.preview import preview
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    preview(recipe, n=args.n, stats_blocks=args.stats_blocks, jsonl=args.jsonl, log=lambda message: print(message, file=sys.stderr))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from spanlm import __version__
 
@@ -60,6 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.inputs=[a.txt] tokenizer.vocab_size=16000")
     prepare.add_argument("--force", action="store_true", help="rebuild even when the prepared directory is up to date")
     prepare.set_defaults(run=_prepare)
+
+    preview = commands.add_parser("preview", help="show masked blocks and masking statistics for a recipe",
+                                  description="Mask a few blocks with the recipe's masking scheme, print them decoded "
+                                              "(targets and noised tokens marked), then one JSON line of statistics.")
+    preview.add_argument("recipe", help="a YAML recipe (data, tokenizer and masking sections), e.g. configs/masking/spanbert.yaml")
+    preview.add_argument("overrides", nargs="*", help="dotted overrides, e.g. masking.span.p=0.3 data.max_len=256")
+    preview.add_argument("--n", type=int, default=4, help="blocks to show (default 4)")
+    preview.add_argument("--stats-blocks", type=int, default=256, help="blocks the statistics cover (default 256)")
+    preview.add_argument("--jsonl", default=None, metavar="FILE", help="also write the raw masked batches, one JSON line per batch")
+    preview.set_defaults(run=_preview)
 
     pretrain = commands.add_parser("pretrain", help="pretrain with a recipe's objective (one process or torchrun)",
                                    description="Train; under torchrun every process runs this same command.")

@@ -18,6 +18,8 @@ import yaml
 from spanlm.data.corpus import DataConfig
 from spanlm.data.tokenizer import TokenizerConfig
 from spanlm.errors import ConfigError
+from spanlm.masking.base import MaskingConfig
+from spanlm.models.backbone import BackboneConfig
 from spanlm.objectives.config import ObjectiveConfig
 from spanlm.train.config import LoggingConfig, TrainConfig
 
@@ -29,6 +31,8 @@ class Recipe:
     seed: int = 0
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
+    model: BackboneConfig = dataclasses.field(default_factory=BackboneConfig)
+    masking: MaskingConfig = dataclasses.field(default_factory=MaskingConfig)
     objective: ObjectiveConfig = dataclasses.field(default_factory=ObjectiveConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)

@@ -152,3 +152,11 @@ def test_sigterm_saves_and_exits_zero(prepared, tmp_path):
     step = torch.load(latest / "trainer_state.pt", weights_only=True)["step"]
     assert step >= 3 and f"saved step {step}" in err
     assert json.loads(out.strip().splitlines()[-1])["run_dir"] == str(tmp_path / "run")
+
+
+def test_a_new_run_never_overwrites_an_existing_one(prepared, tmp_path):
+    from spanlm.errors import SpanlmError
+
+    pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), **QUIET)
+    with pytest.raises(SpanlmError, match="already holds a run.*--resume auto"):
+        pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), **QUIET)

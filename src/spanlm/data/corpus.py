@@ -37,8 +37,19 @@ class DataConfig:
     on_bad_line: Literal["error", "skip"] = "error"  # invalid UTF-8 / broken JSON: stop, or skip and count
     num_proc: int = 1  # processes for datasets.map (the tokenizer itself is multi-threaded)
     max_len: int = 128  # pretraining block length including [CLS] and [SEP]
+    # MacBERT similar-word table (similar_words.npz, see spanlm.data.similar_words): "word2vec" trains
+    # gensim Word2Vec on the corpus; "synonyms" reads a TSV of word<TAB>synonym...; "vectors" reads a
+    # word2vec-format vector file. similar_words_file is the TSV / vector file.
+    similar_words: Literal["none", "word2vec", "synonyms", "vectors"] = "none"
+    similar_words_file: str | None = None
+    similar_words_k: int = 10  # neighbours kept per word (same token count)
+    similar_words_min_count: int = 5  # words rarer than this get no neighbours (and no word2vec vector)
 
     def __post_init__(self) -> None:
+        if self.similar_words in ("synonyms", "vectors") and not self.similar_words_file:
+            raise ValueError(f"similar_words: {self.similar_words} needs similar_words_file")
+        if self.similar_words_k < 1 or self.similar_words_min_count < 1:
+            raise ValueError("similar_words_k and similar_words_min_count must be at least 1")
         if self.max_line_chars < 16:
             raise ValueError("max_line_chars must be at least 16")
         if self.max_len < 8:

@@ -20,6 +20,7 @@ import numpy as np
 
 from spanlm.data.corpus import CorpusReader, resolve_inputs
 from spanlm.data.shards import FORMAT_VERSION, ids_dtype, read_meta, replace_directory
+from spanlm.data.similar_words import build_similar_words
 from spanlm.data.tokenizer import load_tokenizer, tokenizer_fingerprint, train_tokenizer
 from spanlm.data.words import encode_sentences
 from spanlm.errors import InputError
@@ -36,6 +37,9 @@ def input_fingerprint(recipe, files: list[Path]) -> str:
     if recipe.tokenizer.path:  # a loaded tokenizer: its files decide the ids
         tokenizer["files"] = [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(Path(recipe.tokenizer.path).glob("*")) if p.is_file()]
     stamp = [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+    if recipe.data.similar_words_file and Path(recipe.data.similar_words_file).is_file():  # its content decides the table
+        similar = Path(recipe.data.similar_words_file)
+        data["similar_words_file_stamp"] = [similar.stat().st_size, similar.stat().st_mtime_ns]
     blob = json.dumps({"v": FORMAT_VERSION, "data": data, "tokenizer": tokenizer, "files": stamp}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -73,6 +77,7 @@ def prepare(recipe, *, force: bool = False, log=print) -> Path:
         reader = CorpusReader(files, config)
         table = _tokenize(reader, tokenizer, config, tmp / "cache")
         meta = _write_arrays(table, tokenizer, tmp)
+        meta.update(build_similar_words(tmp, tokenizer, config, log=log))
         shutil.rmtree(tmp / "cache", ignore_errors=True)
         meta.update(
             format_version=FORMAT_VERSION,

@@ -9,9 +9,14 @@ the sampler got to resume exactly.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
+
+# torchdata 0.11 calls a torch API that torch 2.13 deprecated, once per loader; nothing to act on.
+warnings.filterwarnings("ignore", message=".set_vital. is deprecated", category=UserWarning)
 
 from spanlm.data.blocks import BlockDataset, BlockSampler, collate_blocks
 

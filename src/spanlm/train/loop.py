@@ -204,6 +204,10 @@ class Trainer:
     def run(self, resume: str | None) -> Path:
         config, env = self.config, self.env
         checkpoint = ckpt.resolve_resume(resume, self.output_dir)
+        existing = ckpt.latest_checkpoint(self.output_dir)
+        if checkpoint is None and existing is not None and resume != "auto":
+            raise SpanlmError(f"{self.output_dir} already holds a run (latest checkpoint {existing.name}); "
+                              "pass --resume auto to continue it, or set another train.output_dir")
         if checkpoint is not None:
             self.load(checkpoint)
             self.log(f"resumed from {checkpoint} at step {self.step}")

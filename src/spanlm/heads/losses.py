@@ -1,0 +1,81 @@
+"""Token-level cross-entropy losses of the masked-LM objectives, normalised per target token.
+
+SpanBERT (Joshi et al. 2020, arXiv 1907.10529, §3.2) sums the MLM and SBO losses of every masked
+token. The authors' criterion (facebookresearch/SpanBERT, pretraining/fairseq/criterions/
+spanbert_loss.py) normalises each part per target token: the MLM sum by the number of MLM targets and
+the SBO sum by the number of SBO targets plus one (the +1 is theirs; it keeps a batch without SBO
+targets finite). Their MLM denominator has no such guard — zero MLM targets there give 0/0 = NaN;
+here the MLM part is 0 then::
+
+    L = MLM_sum / n_mlm + w_sbo · SBO_sum / (n_sbo + 1)
+
+w_sbo = 1.0 is the paper's setting; the authors' argparse default of 0.0 would switch SBO off.
+
+Cross-entropy is computed in float32 with autocast disabled: under bf16 autocast the logits arrive
+in bf16, whose 8-bit significand makes a log-softmax over a 30k vocabulary visibly coarse.
+Rows labelled ``IGNORE_INDEX`` are not targets (heads normally see only real targets, so there are none).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+IGNORE_INDEX = -100
+
+
+@dataclasses.dataclass
+class TokenLoss:
+    """Un-normalised cross-entropy of a set of target rows: the parts a caller normalises or all-reduces."""
+
+    total: Tensor  # float32 scalar: summed cross-entropy
+    count: Tensor  # int64 scalar: number of targets
+    correct: Tensor  # int64 scalar: targets whose arg-max prediction is the label (no gradient)
+
+    @property
+    def accuracy(self) -> Tensor:
+        return self.correct.float() / self.count.clamp(min=1)
+
+
+def token_cross_entropy(logits: Tensor, labels: Tensor) -> TokenLoss:
+    """Summed float32 cross-entropy of ``logits`` (N, V) against ``labels`` (N,); N may be 0."""
+    valid = labels != IGNORE_INDEX
+    with torch.autocast(device_type=logits.device.type, enabled=False):
+        # A sum over an empty set is 0 (with a gradient of 0), never the NaN of 0/0 a mean would give.
+        total = F.cross_entropy(logits.float(), labels, reduction="sum", ignore_index=IGNORE_INDEX)
+    with torch.no_grad():
+        correct = ((logits.argmax(dim=-1) == labels) & valid).sum()
+    return TokenLoss(total=total, count=valid.sum(), correct=correct)
+
+
+def masked_lm_loss(logits: Tensor, labels: Tensor) -> dict[str, Tensor]:
+    """MLM loss per target token, ``MLM_sum / n_mlm`` (0 when there is no target), and its metrics."""
+    mlm = token_cross_entropy(logits, labels)
+    loss = mlm.total / mlm.count.clamp(min=1)
+    return {"loss": loss, "mlm_loss": loss.detach(), "n_mlm": mlm.count, "mlm_accuracy": mlm.accuracy}
+
+
+def span_bert_loss(mlm_logits: Tensor, mlm_labels: Tensor, sbo_logits: Tensor, sbo_labels: Tensor,
+                   w_sbo: float = 1.0) -> dict[str, Tensor]:
+    """SpanBERT's ``MLM_sum / n_mlm + w_sbo · SBO_sum / (n_sbo + 1)`` and its parts.
+
+    Returns ``loss`` (with gradient), the two normalised parts ``mlm_loss`` and ``sbo_loss`` (before
+    ``w_sbo``; detached, for logging), the target counts ``n_mlm`` / ``n_sbo`` and the masked-token
+    accuracies ``mlm_accuracy`` / ``sbo_accuracy``. Zero MLM targets make the MLM part 0, not NaN.
+    """
+    mlm = token_cross_entropy(mlm_logits, mlm_labels)
+    sbo = token_cross_entropy(sbo_logits, sbo_labels)
+    mlm_part = mlm.total / mlm.count.clamp(min=1)
+    sbo_part = sbo.total / (sbo.count + 1)
+    return {
+        "loss": mlm_part + w_sbo * sbo_part,
+        "mlm_loss": mlm_part.detach(),
+        "sbo_loss": sbo_part.detach(),
+        "n_mlm": mlm.count,
+        "n_sbo": sbo.count,
+        "mlm_accuracy": mlm.accuracy,
+        "sbo_accuracy": sbo.accuracy,
+    }

@@ -1,0 +1,312 @@
+"""Masking configuration, the :class:`MaskedBatch` every masker returns, and the masker registry.
+
+A masker corrupts a :class:`~spanlm.data.blocks.BlockBatch` (B×L token ids with word starts) for one
+pretraining objective and says what the model must predict::
+
+    masker = build_masker(recipe.masking, corpus)
+    masked = masker(block_batch, np.random.default_rng(seed))
+
+Targets are *flat* positions into the B×L batch (``row * L + column``), so heads gather exactly the rows
+they need (DESIGN.md: "heads compute only where there is a target") and an empty batch is just empty
+arrays. Every random choice goes through the ``np.random.Generator`` passed in: the same generator
+state gives the same batch, seed 0 included.
+
+Schemes and their configuration sections (``masking.<section>.<field>`` in a recipe):
+
+=========  ===========================  =====================================================
+scheme     section                      what is selected (REFERENCE.md)
+=========  ===========================  =====================================================
+mlm        :class:`MlmConfig`           15% of tokens; 80/10/10 per token (BERT, §1)
+wwm        :class:`WholeWordConfig`     whole words up to 15% of tokens (§2)
+span       :class:`SpanConfig`          geometric word spans, SBO targets (SpanBERT, §3)
+ngram      :class:`NgramConfig`         1–4-gram words, similar-word correction (MacBERT, §4)
+noise      :class:`NoiseConfig`         character noise + NLM + whole-word MLM (CharBERT, §7)
+=========  ===========================  =====================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import TYPE_CHECKING, Literal, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from spanlm.data.blocks import BlockBatch
+    from spanlm.data.shards import PreparedCorpus
+
+# What happened to a target position (MaskedBatch.target_kind).
+MASK, RANDOM, KEPT, SIMILAR = 0, 1, 2, 3
+KIND_NAMES = ("mask", "random", "kept", "similar")
+
+
+@dataclasses.dataclass
+class Proportions:
+    """How a selected unit (token, word or span) is corrupted; the four shares sum to 1.
+
+    BERT's 80/10/10 is ``mask=0.8, random=0.1, keep=0.1``; MacBERT's "MLM as correction" replaces the
+    [MASK] share by similar words: ``mask=0, similar=0.8, random=0.1, keep=0.1``.
+    """
+
+    mask: float = 0.8
+    random: float = 0.1
+    keep: float = 0.1
+    similar: float = 0.0
+
+    def __post_init__(self) -> None:
+        shares = (self.mask, self.random, self.keep, self.similar)
+        if min(shares) < 0:
+            raise ValueError("corruption proportions must be non-negative")
+        if abs(sum(shares) - 1.0) > 1e-6:
+            raise ValueError(f"corruption proportions mask+random+keep+similar must sum to 1, got {sum(shares):g}")
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` independent kinds (int8 MASK / SIMILAR / RANDOM / KEPT) with these probabilities."""
+        edges = np.cumsum([self.mask, self.similar, self.random])
+        kinds = np.array([MASK, SIMILAR, RANDOM, KEPT], dtype=np.int8)
+        return kinds[np.searchsorted(edges, rng.random(n), side="right")]
+
+
+def _check_rate(rate: float, name: str = "rate") -> None:
+    if not 0.0 < rate < 1.0:
+        raise ValueError(f"{name} must be in (0, 1), got {rate}")
+
+
+def _no_similar(proportions: Proportions, scheme: str) -> None:
+    if proportions.similar:
+        raise ValueError(f"similar-word replacement needs a neighbour table: only the ngram (MacBERT) scheme has one, not {scheme}")
+
+
+@dataclasses.dataclass
+class MlmConfig:
+    """BERT MLM: ``round(rate × n)`` of a block's n non-special tokens, chosen uniformly, 80/10/10 per token."""
+
+    rate: float = 0.15
+    proportions: Proportions = dataclasses.field(default_factory=Proportions)
+    # Random replacements: "uniform" over normal (non-special) ids as in BERT, or the corpus "unigram"
+    # distribution (token_counts.npy with special ids zeroed).
+    random_source: Literal["uniform", "unigram"] = "uniform"
+
+    def __post_init__(self) -> None:
+        _check_rate(self.rate)
+        _no_similar(self.proportions, "mlm")
+
+
+@dataclasses.dataclass
+class WholeWordConfig:
+    """Whole-word masking: words in random order until ``round(rate × n)`` tokens are covered.
+
+    As in BERT's create_pretraining_data.py, a word that would overshoot the budget is skipped and the
+    next one tried, so the budget is met exactly whenever some remaining word fits.
+    """
+
+    rate: float = 0.15
+    proportions: Proportions = dataclasses.field(default_factory=Proportions)
+    random_source: Literal["uniform", "unigram"] = "uniform"
+    # One 80/10/10 draw per "word" (all its pieces share it) or per "token" (Google's WWM code).
+    replacement: Literal["word", "token"] = "word"
+
+    def __post_init__(self) -> None:
+        _check_rate(self.rate)
+        _no_similar(self.proportions, "wwm")
+
+
+@dataclasses.dataclass
+class SpanConfig:
+    """SpanBERT masking and SBO targets (Joshi et al. 2020, §3.1; the authors' flags in brackets)."""
+
+    rate: float = 0.15  # budget ceil(rate × n) tokens [--mask_ratio]
+    p: float = 0.2  # geometric parameter of the span length in words [--geometric_p; argparse default 0.3]
+    max_span: int = 10  # lengths clipped to 1..max_span and renormalised [--span_upper]
+    # One 80/10/10 draw per merged "span" (paper) or per "token" (authors' default "word_piece")
+    # [--replacement_method].
+    replacement: Literal["span", "token"] = "span"
+    proportions: Proportions = dataclasses.field(default_factory=Proportions)
+    random_source: Literal["uniform", "unigram"] = "unigram"  # the authors sample the corpus distribution
+    # SBO boundaries: "external" (s-1, e+1) as in the paper, or "internal" (s, e) [--endpoints].
+    endpoints: Literal["external", "internal"] = "external"
+    max_targets: int = 15  # SBO targets per span: paper runs 15, code default 20 [--max_pair_targets]
+
+    def __post_init__(self) -> None:
+        _check_rate(self.rate)
+        _no_similar(self.proportions, "span")
+        if not 0.0 < self.p <= 1.0:
+            raise ValueError(f"p must be in (0, 1], got {self.p}")
+        if self.max_span < 1 or self.max_targets < 1:
+            raise ValueError("max_span and max_targets must be at least 1")
+
+
+@dataclasses.dataclass
+class NgramConfig:
+    """MacBERT: ``round(rate × w)`` of a block's w words as 1..4-grams, corrected by similar words.
+
+    ``ngram_probs[i]`` is the probability of an (i+1)-gram. Similar words come from the table that
+    ``spanlm prepare`` builds when ``data.similar_words`` is set; a word without a same-length
+    neighbour gets random tokens instead (counted as a fallback).
+    """
+
+    rate: float = 0.15
+    ngram_probs: list[float] = dataclasses.field(default_factory=lambda: [0.4, 0.3, 0.2, 0.1])
+    proportions: Proportions = dataclasses.field(default_factory=lambda: Proportions(mask=0.0, similar=0.8, random=0.1, keep=0.1))
+    random_source: Literal["uniform", "unigram"] = "uniform"
+
+    def __post_init__(self) -> None:
+        _check_rate(self.rate)
+        probs = self.ngram_probs
+        if not probs or min(probs) < 0 or abs(sum(probs) - 1.0) > 1e-6:
+            raise ValueError(f"ngram_probs must be non-negative and sum to 1, got {probs}")
+
+
+@dataclasses.dataclass
+class NoiseConfig:
+    """CharBERT noisy LM plus its whole-word MLM (Ma et al. 2020, §3.3).
+
+    Each word of the term vocabulary is noised with probability ``word_prob``: a word of fewer than
+    ``short_word`` characters gets a random character inserted; a longer one loses the character at an
+    index in [1, len-2] (probability ``delete_prob``) or has the characters at i and i+1 swapped, i in
+    [1, len-2]. The noised word is re-tokenised; its NLM target is the original lower-cased word's id in
+    the term vocabulary (the ``term_vocab_size`` most frequent words of the corpus). The MLM part is
+    whole-word masking (``mlm``, rate 0.10) that never selects a noised word.
+    """
+
+    word_prob: float = 0.10
+    short_word: int = 4
+    delete_prob: float = 0.5
+    insert_chars: int = 81  # inserted characters: the most frequent letters/digits (authors: 81 chars)
+    term_vocab_size: int = 30000
+    # Noised words usually take more tokens (~1.45 more per word with a 30k WordPiece vocabulary), so
+    # rows may grow up to max_len (the model's limit); a row that would outgrow it drops its last
+    # words. Build the noise objective's blocks ~12% shorter than max_len to lose (almost) nothing.
+    max_len: int = 512
+    mlm: WholeWordConfig = dataclasses.field(default_factory=lambda: WholeWordConfig(rate=0.10))
+
+    def __post_init__(self) -> None:
+        _check_rate(self.word_prob, "word_prob")
+        if not 0.0 <= self.delete_prob <= 1.0:
+            raise ValueError("delete_prob must be in [0, 1]")
+        if self.short_word < 3:
+            raise ValueError("short_word must be at least 3 (deletion/swap need an inner character)")
+        if self.insert_chars < 1 or self.term_vocab_size < 1:
+            raise ValueError("insert_chars and term_vocab_size must be at least 1")
+        if self.max_len < 3:
+            raise ValueError("max_len must leave room for [CLS], [SEP] and one token")
+
+
+@dataclasses.dataclass
+class MaskingConfig:
+    """Which masker a run uses (``scheme``) and every scheme's settings."""
+
+    scheme: Literal["mlm", "wwm", "span", "ngram", "noise"] = "mlm"
+    mlm: MlmConfig = dataclasses.field(default_factory=MlmConfig)
+    wwm: WholeWordConfig = dataclasses.field(default_factory=WholeWordConfig)
+    span: SpanConfig = dataclasses.field(default_factory=SpanConfig)
+    ngram: NgramConfig = dataclasses.field(default_factory=NgramConfig)
+    noise: NoiseConfig = dataclasses.field(default_factory=NoiseConfig)
+
+
+def _empty(dtype=np.int64) -> np.ndarray:
+    return np.zeros(0, dtype=dtype)
+
+
+@dataclasses.dataclass
+class MaskedBatch:
+    """One corrupted batch and everything the objective's heads predict.
+
+    All ``*_index``, ``sbo_left`` and ``sbo_right`` are flat positions into the B×L ``input_ids``.
+    """
+
+    input_ids: np.ndarray  # (B, L) int64: the corrupted input
+    attention_mask: np.ndarray  # (B, L) bool: real tokens
+    target_index: np.ndarray  # (N,) int64, ascending: positions the MLM head predicts
+    target_labels: np.ndarray  # (N,) int64: their original ids
+    target_kind: np.ndarray  # (N,) int8: MASK / RANDOM / KEPT / SIMILAR
+    # SpanBERT span-boundary objective: target sbo_index[i] of a span [s, e] is predicted from the
+    # boundary tokens sbo_left[i], sbo_right[i] and its 0-based position sbo_relative[i] in the span.
+    sbo_index: np.ndarray = dataclasses.field(default_factory=_empty)  # (M,)
+    sbo_left: np.ndarray = dataclasses.field(default_factory=_empty)  # (M,)
+    sbo_right: np.ndarray = dataclasses.field(default_factory=_empty)  # (M,)
+    sbo_relative: np.ndarray = dataclasses.field(default_factory=_empty)  # (M,)
+    sbo_labels: np.ndarray = dataclasses.field(default_factory=_empty)  # (M,)
+    # CharBERT noisy LM: every token of a noised word, labelled with the original word's term id.
+    nlm_index: np.ndarray = dataclasses.field(default_factory=_empty)  # (K,)
+    nlm_labels: np.ndarray = dataclasses.field(default_factory=_empty)  # (K,)
+    # The masking units as sampled, before any merging: a word (wwm, noise), a SpanBERT span, a MacBERT
+    # n-gram. Tokens [span_start, span_end) flat, covering span_words words. For statistics and tests.
+    span_start: np.ndarray = dataclasses.field(default_factory=_empty)  # (S,)
+    span_end: np.ndarray = dataclasses.field(default_factory=_empty)  # (S,)
+    span_words: np.ndarray = dataclasses.field(default_factory=_empty)  # (S,)
+    # Scheme-specific event counts (similar-word fallbacks, noise operations, ...).
+    counters: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    ARRAYS = ("input_ids", "attention_mask", "target_index", "target_labels", "target_kind",
+              "sbo_index", "sbo_left", "sbo_right", "sbo_relative", "sbo_labels", "nlm_index", "nlm_labels",
+              "span_start", "span_end", "span_words")
+
+    @property
+    def batch_size(self) -> int:
+        return self.input_ids.shape[0]
+
+    def to_torch(self) -> dict:
+        """Every array as a tensor (sharing memory where possible); ``counters`` are statistics, not inputs."""
+        import torch
+
+        return {name: torch.from_numpy(np.ascontiguousarray(getattr(self, name))) for name in self.ARRAYS}
+
+    def to_json_dict(self) -> dict:
+        """Plain lists, for ``spanlm preview --jsonl``."""
+        data = {name: getattr(self, name).tolist() for name in self.ARRAYS}
+        data["counters"] = {key: int(value) for key, value in self.counters.items()}
+        return data
+
+
+class Masker(Protocol):
+    """``masker(batch, rng) -> MaskedBatch``: vectorised NumPy, all randomness from ``rng``."""
+
+    def __call__(self, batch: BlockBatch, rng: np.random.Generator) -> MaskedBatch: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Vocabulary:
+    """What a masker needs to know about the token ids: size, [MASK], specials, corpus frequencies."""
+
+    size: int
+    mask_id: int
+    special_ids: tuple[int, ...]
+    token_counts: np.ndarray | None = None  # (size,) int64 corpus frequency, for unigram sampling
+
+    @classmethod
+    def from_corpus(cls, corpus: PreparedCorpus) -> Vocabulary:
+        return cls(
+            size=corpus.vocab_size,
+            mask_id=int(corpus.special_ids["mask"]),
+            special_ids=tuple(int(i) for i in corpus.meta["all_special_ids"]),
+            token_counts=np.asarray(corpus.token_counts),
+        )
+
+
+# scheme -> (module, class); each class has ``from_corpus(section_config, corpus)``.
+MASKERS = {
+    "mlm": ("spanlm.masking.mlm", "MlmMasker"),
+    "wwm": ("spanlm.masking.wwm", "WholeWordMasker"),
+    "span": ("spanlm.masking.span", "SpanMasker"),
+    "ngram": ("spanlm.masking.ngram", "NgramMasker"),
+    "noise": ("spanlm.masking.noise", "NoiseMasker"),
+}
+
+
+def build_masker(config: MaskingConfig, corpus: PreparedCorpus) -> Masker:
+    """The masker of ``config.scheme``, set up from its config section and the prepared corpus."""
+    module, name = MASKERS[config.scheme]
+    masker_class = getattr(importlib.import_module(module), name)
+    return masker_class.from_corpus(getattr(config, config.scheme), corpus)
+
+
+def make_rng(seed: int, *stream: int) -> np.random.Generator:
+    """A generator for one data stream: ``make_rng(seed, rank, worker, epoch)``.
+
+    Distinct ``stream`` tuples give independent generators (NumPy SeedSequence spawning by entropy
+    words), so DataLoader workers and ranks never repeat each other's masks; ``make_rng(seed)`` is
+    ``np.random.default_rng(seed)``.
+    """
+    return np.random.default_rng([seed, *stream] if stream else seed)

@@ -1,0 +1,293 @@
+"""CharBERT noisy LM (NLM) and its whole-word MLM (Ma et al. 2020, §3.3; REFERENCE.md §7).
+
+Per word, with probability 0.10: a word of fewer than 4 characters gets a random character inserted;
+a longer word loses one character or has two adjacent characters swapped (50/50, index in
+[1, len-2]). The noised word is re-tokenised and every one of its tokens is an NLM target: the
+original lower-cased word's id in a term vocabulary of the ~30k most frequent words. The MLM part masks
+whole words at rate 0.10 (80/10/10) and never picks a noised word.
+
+**Dynamic noise, from pre-tokenised variants.** The authors noise the raw text as it is read, so every
+pass over the data sees fresh noise; static noise written at preparation time would show the model the
+same misspellings every epoch and cost a second copy of the corpus. Re-tokenising strings per batch
+would be far too slow for a DataLoader worker, but the set of possible noised forms of a word is small
+and known in advance: len-2 deletions, len-2 swaps, and (position × character) insertions for short
+words. So :class:`NoiseTables` enumerates *every* variant of every term-vocabulary word once, when the
+masker is built, tokenizes them in one batch, and the masker then draws the operation, index and
+character per occurrence exactly as the paper does and looks the variant's ids up — paper-exact and
+fully vectorised. Words outside the term vocabulary (rare ones, and words holding [UNK]) are not
+noised: their NLM target would be "unknown", which teaches nothing.
+
+Details the paper leaves open follow the authors' ``create_adv_word``: insertion before an index in
+[0, len-1], characters from a fixed alphabet (theirs: the first 81 entries of the character vocabulary;
+here the ``insert_chars`` most frequent letters and digits of the term vocabulary); a noising that
+leaves the tokens unchanged (swapping two equal letters) does not count as noised. Neither does one
+the tokenizer can only spell with [UNK] (it would hide every character from CharBERT's char channel);
+both are counted in ``counters["noise_unusable"]``. Noised words change
+a block's length: blocks keep their width, and a block that grows loses its last words (counted in
+``counters["noise_dropped_words"]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import numpy as np
+
+from spanlm.data.similar_words import count_word_types, decode_types, word_hash
+from spanlm.masking.base import MaskedBatch, NoiseConfig, Vocabulary
+from spanlm.masking.ops import TokenSampler, Words, ragged_arange, round_budget, units
+from spanlm.masking.wwm import mask_words, select_words
+
+INSERT, DELETE, SWAP = 0, 1, 2
+
+
+def noise_variants(word: str, alphabet: str, short_word: int) -> list[str]:
+    """Every noised form of ``word``, in the order the masker indexes them.
+
+    Short words: insertion of ``alphabet[c]`` before index p at ``p * len(alphabet) + c``, p in
+    [0, len-1]. Longer words: deletion of index i at ``i - 1``, then swap of (i, i+1) at
+    ``len - 2 + i - 1``, i in [1, len-2].
+    """
+    n = len(word)
+    if n < short_word:
+        return [word[:p] + c + word[p:] for p in range(n) for c in alphabet]
+    deletions = [word[:i] + word[i + 1:] for i in range(1, n - 1)]
+    swaps = [word[:i] + word[i + 1] + word[i] + word[i + 2:] for i in range(1, n - 1)]
+    return deletions + swaps
+
+
+@dataclasses.dataclass
+class NoiseTables:
+    """Term vocabulary and every noised variant of its words, keyed by word hash (token ids)."""
+
+    hashes: np.ndarray  # (T,) int64 word_hash, sorted: word types of the term vocabulary
+    lengths: np.ndarray  # (T,) int64 tokens per type
+    term: np.ndarray  # (T,) int64 term id of each type
+    chars: np.ndarray  # (T,) int64 characters of the word
+    variant_first: np.ndarray  # (T,) int64 index of the type's first variant
+    variant_offsets: np.ndarray  # (V+1,) int64 variant v's ids are variant_tokens[offsets[v]:offsets[v+1]]
+    variant_tokens: np.ndarray  # (X,) int64
+    variant_usable: np.ndarray  # (V,) bool: tokenizes differently from the word and without [UNK]
+    terms: list[str]  # term id -> lower-cased word
+    alphabet: str  # characters that insertion draws from
+
+    @classmethod
+    def build(cls, corpus, config: NoiseConfig) -> NoiseTables:
+        tokenizer = corpus.tokenizer
+        types = count_word_types(corpus.ids, corpus.word_starts, corpus.sentence_offsets)
+        keys, prefixes, valid = decode_types(tokenizer, corpus.ids, types, corpus.meta["all_special_ids"])
+
+        # Term vocabulary: the most frequent lower-cased words (ties broken alphabetically, so the
+        # ids do not depend on hash order).
+        term_counts: Counter[str] = Counter()
+        for key, count, ok in zip(keys, types.counts.tolist(), valid.tolist()):
+            if ok:
+                term_counts[key.lower()] += count
+        terms = sorted(term_counts, key=lambda t: (-term_counts[t], t))[: config.term_vocab_size]
+        term_id = {t: i for i, t in enumerate(terms)}
+        members = [i for i in range(len(types)) if valid[i] and keys[i].lower() in term_id]
+
+        # Insertion alphabet: the most frequent letters and digits of the term words.
+        letters: Counter[str] = Counter()
+        for t in terms:
+            for ch in t:
+                if ch.isalnum():
+                    letters[ch] += term_counts[t]
+        alphabet = "".join(sorted(letters, key=lambda ch: (-letters[ch], ch))[: config.insert_chars])
+        if not alphabet:
+            raise ValueError("the corpus has no letters or digits to build the noise alphabet from")
+
+        # Every variant of every member type, tokenized in one batch.
+        texts, first, chars = [], [], []
+        for i in members:  # one step per word type, when the masker is built
+            first.append(len(texts))
+            chars.append(len(keys[i]))
+            texts.extend(prefixes[i] + v for v in noise_variants(keys[i], alphabet, config.short_word))
+        encodings = tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False) if texts else []
+        counts = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+        tokens = np.fromiter((i for e in encodings for i in e.ids), dtype=np.int64, count=int(counts.sum()))
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        members_array = np.asarray(members, dtype=np.int64)
+        owner = np.repeat(members_array, np.diff(np.append(first, len(texts))).astype(np.int64))
+        hashes = np.zeros(len(texts), dtype=np.int64)
+        nonempty = counts > 0
+        hashes[nonempty] = word_hash(tokens, offsets[:-1][nonempty], counts[nonempty])
+        changed = nonempty & ((hashes != types.hashes[owner]) | (counts != types.lengths[owner]))
+        # A variant the tokenizer can only spell with [UNK] (WordPiece maps a word it cannot piece
+        # together to [UNK]) would hide every character from the char channel: not usable as noise.
+        special = np.isin(tokens, corpus.meta["all_special_ids"])
+        has_special = np.bincount(np.repeat(np.arange(len(texts)), counts), weights=special, minlength=len(texts)) > 0
+        return cls(
+            hashes=types.hashes[members_array],
+            lengths=types.lengths[members_array],
+            term=np.array([term_id[keys[i].lower()] for i in members], dtype=np.int64),
+            chars=np.asarray(chars, dtype=np.int64),
+            variant_first=np.asarray(first, dtype=np.int64),
+            variant_offsets=offsets,
+            variant_tokens=tokens,
+            variant_usable=changed & ~has_special,
+            terms=terms,
+            alphabet=alphabet,
+        )
+
+    def lookup(self, hashes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Row of every word in the tables, -1 for words outside the term vocabulary."""
+        if len(self.hashes) == 0:
+            return np.full(len(hashes), -1, dtype=np.int64)
+        row = np.minimum(np.searchsorted(self.hashes, hashes), len(self.hashes) - 1)
+        return np.where((self.hashes[row] == hashes) & (self.lengths[row] == lengths), row, -1)
+
+
+class NoiseMasker:
+    def __init__(self, config: NoiseConfig, vocab: Vocabulary, tables: NoiseTables, pad_id: int):
+        self.config = config
+        self.vocab = vocab
+        self.tables = tables
+        self.pad_id = pad_id
+        self.sampler = TokenSampler(vocab, config.mlm.random_source)
+
+    @classmethod
+    def from_corpus(cls, config: NoiseConfig, corpus) -> NoiseMasker:
+        return cls(config, Vocabulary.from_corpus(corpus), NoiseTables.build(corpus, config), int(corpus.special_ids["pad"]))
+
+    @property
+    def terms(self) -> list[str]:
+        """The NLM label names (term id -> word)."""
+        return self.tables.terms
+
+    def __call__(self, batch, rng: np.random.Generator) -> MaskedBatch:
+        flat_ids = batch.input_ids.reshape(-1)
+        unit_start, unit_length = units(batch.word_starts, batch.special_mask)
+        words = Words.from_units(unit_start, unit_length, batch.special_mask)
+
+        # --- which words are noised, and how: a coin per word, then one operation, index and character
+        # per noised word, as drawn by the authors' create_adv_word. Only words that drew noise are
+        # looked up in the term vocabulary (the coin does not depend on it), which keeps this cheap.
+        drawn = np.flatnonzero(rng.random(len(words)) < self.config.word_prob)
+        table_row = self._table_rows(flat_ids, words, drawn)
+        target, row = drawn[table_row >= 0], table_row[table_row >= 0]  # (Z,) word, (Z,) table row
+        n_chars = self.tables.chars[row]
+        short = n_chars < self.config.short_word
+        insert_at = (rng.random(len(target)) * n_chars).astype(np.int64)  # [0, len-1]
+        insert_char = rng.integers(0, len(self.tables.alphabet), size=len(target))
+        delete = rng.random(len(target)) < self.config.delete_prob
+        index = 1 + (rng.random(len(target)) * np.maximum(n_chars - 2, 1)).astype(np.int64)  # [1, len-2]
+        offset = np.where(short, insert_at * len(self.tables.alphabet) + insert_char, np.where(delete, 0, n_chars - 2) + index - 1)
+        variant = self.tables.variant_first[row] + offset
+        operation = np.where(short, INSERT, np.where(delete, DELETE, SWAP))
+        # Swapping the two l's of "hello" is no noise, and a variant spelt with [UNK] is no use.
+        usable = self.tables.variant_usable[variant]
+        target, row, variant, operation = target[usable], row[usable], variant[usable], operation[usable]
+
+        layout = self._splice(batch, unit_start, unit_length, target, variant)
+        noisy, noisy_words = _Layout(layout["input_ids"], layout["attention_mask"]), layout["words"]
+
+        # --- NLM targets: every token of every noised word that still fits in its block.
+        new_index = layout["new_word"][target]  # (Z,) index among the noisy batch's words, -1 if dropped
+        survived = new_index >= 0
+        new_index = new_index[survived]
+        nlm_index = ragged_arange(noisy_words.start[new_index], noisy_words.length[new_index])
+        nlm_labels = np.repeat(self.tables.term[row[survived]], noisy_words.length[new_index])
+
+        # --- MLM: whole words at rate 0.10 over the noisy block, never a noised word.
+        eligible = np.ones(len(noisy_words), dtype=bool)
+        eligible[new_index] = False
+        budget = round_budget(self.config.mlm.rate, np.maximum(noisy.attention_mask.sum(axis=1) - 2, 0))  # no [CLS]/[SEP]
+        chosen = select_words(noisy_words, budget, rng, eligible)
+        masked = mask_words(noisy, noisy_words, chosen, self.config.mlm, self.sampler, self.vocab.mask_id, rng)
+        masked.nlm_index, masked.nlm_labels = nlm_index, nlm_labels
+        op_counts = np.bincount(operation[survived], minlength=3)
+        masked.counters = {
+            "words": len(words),
+            "noised_words": int(survived.sum()),
+            "noise_insert": int(op_counts[INSERT]),
+            "noise_delete": int(op_counts[DELETE]),
+            "noise_swap": int(op_counts[SWAP]),
+            "noise_out_of_vocabulary": int((table_row < 0).sum()),
+            "noise_unusable": int((~usable).sum()),
+            "noise_dropped_words": layout["dropped_words"],
+        }
+        return masked
+
+    def _table_rows(self, flat_ids: np.ndarray, words: Words, which: np.ndarray) -> np.ndarray:
+        """Table row of the words ``which`` (-1: not in the term vocabulary)."""
+        length = words.length[which]
+        tokens = flat_ids[ragged_arange(words.start[which], length)]  # their ids, word after word
+        return self.tables.lookup(word_hash(tokens, np.cumsum(length) - length, length), length)
+
+    def _splice(self, batch, unit_start: np.ndarray, unit_length: np.ndarray, target: np.ndarray, variant: np.ndarray) -> dict:
+        """Rebuild the batch with the noised words' variant ids in place of their own.
+
+        Every row is its units in order — [CLS], the words, [SEP] — each copied from the original ids
+        or from a variant, at the running offset within the row. Rows may grow up to ``max_len``
+        tokens; a row that would outgrow it drops its last words (the [SEP] always stays).
+        """
+        batch_size, width = batch.input_ids.shape
+        special = batch.special_mask.reshape(-1)
+        # Real units in flat order: [CLS], the words, [SEP] of every row. Their words are those of
+        # Words.from_units on the same units, so the j-th word unit is word j.
+        real = batch.attention_mask.reshape(-1)[unit_start]
+        unit_start, unit_length = unit_start[real], unit_length[real]
+        is_word = ~special[unit_start]
+        unit_row = unit_start // width
+        row_change = unit_row[1:] != unit_row[:-1]
+        is_first, is_last = np.append(True, row_change), np.append(row_change, True)  # [CLS], [SEP]
+        first_unit = np.flatnonzero(is_first)  # (B,) every row has its [CLS]
+        noised_unit = np.flatnonzero(is_word)[target]
+        is_noised = np.zeros(len(unit_start), dtype=bool)
+        is_noised[noised_unit] = True
+        new_length = unit_length.copy()
+        new_length[noised_unit] = self.tables.variant_offsets[variant + 1] - self.tables.variant_offsets[variant]
+
+        # Offsets within each row; every unit but [SEP] must end by out_width - 1, and since offsets
+        # grow along the row the units that fit are a prefix of it.
+        offset = np.cumsum(new_length) - new_length
+        offset -= np.repeat(offset[first_unit], np.diff(np.append(first_unit, len(offset))))
+        end = offset + new_length
+        out_width = int(min(self.config.max_len, end[is_last].max(initial=2)))
+        fits = end <= out_width - 1
+        last_fit = first_unit + np.add.reduceat(fits & ~is_last, first_unit) - 1  # (B,) the [CLS] always fits
+        sep_offset = end[last_fit]
+        fits[is_last] = True
+        offset[is_last] = sep_offset
+        destination = unit_row * out_width + offset  # (units,) flat position in the new batch
+
+        # Copy the kept original units token by token (each token moves by its unit's shift), then
+        # paste the variants' ids.
+        input_ids = np.full(batch_size * out_width, self.pad_id, dtype=np.int64)
+        copy = np.repeat(fits & ~is_noised, unit_length)  # (real tokens,)
+        source = np.flatnonzero(batch.attention_mask.reshape(-1))[copy]
+        input_ids[source + np.repeat(destination - unit_start, unit_length)[copy]] = batch.input_ids.reshape(-1)[source]
+        paste = fits[noised_unit]
+        pasted = noised_unit[paste]
+        input_ids[ragged_arange(destination[pasted], new_length[pasted])] = \
+            self.tables.variant_tokens[ragged_arange(self.tables.variant_offsets[variant[paste]], new_length[pasted])]
+
+        row_length = np.zeros(batch_size, dtype=np.int64)
+        row_length[unit_row[first_unit]] = sep_offset + 1
+        attention = np.arange(out_width)[None, :] < row_length[:, None]  # (B, L')
+
+        # The noisy batch's words are the kept word units where they landed; new_word maps every
+        # original word to its index among them (-1 when dropped at the block end).
+        kept = fits & is_word
+        kept_words = fits[is_word]
+        row = unit_row[kept]
+        words = Words(start=destination[kept], length=new_length[kept], row=row,
+                      row_first=np.searchsorted(row, np.arange(batch_size)), row_count=np.bincount(row, minlength=batch_size),
+                      n_tokens=batch_size * out_width)
+        return {
+            "input_ids": input_ids.reshape(batch_size, out_width),
+            "attention_mask": attention,
+            "words": words,
+            "new_word": np.where(kept_words, np.cumsum(kept_words) - 1, -1),
+            "dropped_words": int((~kept_words).sum()),
+        }
+
+
+@dataclasses.dataclass
+class _Layout:
+    """The noisy batch, as much of a BlockBatch as the whole-word step reads."""
+
+    input_ids: np.ndarray  # (B, L')
+    attention_mask: np.ndarray  # (B, L')

@@ -1,0 +1,115 @@
+"""Masked-LM objectives: BERT MLM, whole-word MLM and MacBERT — one model, different maskers.
+
+Model: a backbone + BERT's MLM head (transform + decoder tied to the input embeddings), computed only
+at the target rows: at 15% masking, projecting every position onto the vocabulary would be ~6.7×
+wasted work (DESIGN.md). Loss: ``MLM_sum / n_targets`` over the original tokens of the targets.
+
+- ``mlm``: any masker the recipe chooses (``masking.scheme``); BERT (Devlin et al. 2019) with ``mlm``.
+- ``wwm``: whole-word masking (``masking.scheme: wwm``), words from the prepared shards (jieba for Chinese).
+- ``macbert``: N-gram masking with similar-word correction (``masking.scheme: ngram``; Cui et al. 2020):
+  the model reads similar words in place of [MASK] and predicts the original tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from spanlm.errors import ConfigError
+from spanlm.heads.losses import masked_lm_loss
+from spanlm.heads.mlm import MLMHead
+from spanlm.masking.base import build_masker
+from spanlm.models.backbone import build_backbone, hidden_size, input_embeddings
+from spanlm.objectives import register
+from spanlm.objectives.base import Objective
+
+HEADS_FILE = "heads.safetensors"
+OBJECTIVE_FILE = "spanlm_objective.json"
+
+
+def encode(backbone, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The backbone's last hidden states (B, L, H) for a masked batch."""
+    return backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"].long()).last_hidden_state
+
+
+def gather_rows(hidden: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
+    """Rows of ``hidden`` (B, L, H) at flat positions b·L + t → (N, H)."""
+    return hidden.flatten(0, 1).index_select(0, flat_index)
+
+
+def heads_state(objective: Objective) -> dict[str, torch.Tensor]:
+    """The heads' own weights: everything but the backbone, tied decoder weights excluded."""
+    backbone_ids = {id(p) for p in objective.backbone.parameters()}
+    return {name: tensor.detach().contiguous() for name, tensor in objective.named_parameters()
+            if not name.startswith("backbone.") and id(tensor) not in backbone_ids}
+
+
+def export_with_heads(objective: Objective, directory: Path) -> None:
+    """The backbone as a Hugging Face directory, and the heads beside it so pretraining can continue."""
+    from safetensors.torch import save_file
+
+    objective.backbone.save_pretrained(str(directory))
+    save_file(heads_state(objective), str(directory / HEADS_FILE))
+    (directory / OBJECTIVE_FILE).write_text(json.dumps({"objective": objective.name}) + "\n", encoding="utf-8")
+
+
+def load_heads_if_present(objective: Objective, model_path: str | None) -> None:
+    """Continued pretraining from a spanlm export restores its heads too (a plain HF checkpoint has none)."""
+    if not model_path or not (Path(model_path) / HEADS_FILE).is_file():
+        return
+    from safetensors.torch import load_file
+
+    expected = heads_state(objective)
+    saved = load_file(str(Path(model_path) / HEADS_FILE))
+    if saved.keys() != expected.keys():
+        return  # heads of another objective: start this objective's heads fresh
+    objective.load_state_dict(saved, strict=False)
+
+
+class MaskedLM(Objective):
+    def __init__(self, name: str, backbone, masker, layer_norm_eps: float):
+        super().__init__()
+        self.name = name
+        self.backbone = backbone
+        self.masker = masker
+        self.mlm_head = MLMHead(hidden_size(backbone), input_embeddings(backbone), layer_norm_eps=layer_norm_eps)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        hidden = encode(self.backbone, batch)  # (B, L, H)
+        logits = self.mlm_head(gather_rows(hidden, batch["target_index"]))  # (N, V): targets only
+        return masked_lm_loss(logits, batch["target_labels"])
+
+    def export(self, directory: Path, tokenizer) -> None:
+        export_with_heads(self, directory)
+
+    def shard_units(self):
+        return backbone_layers(self.backbone)
+
+
+def backbone_layers(backbone) -> list:
+    encoder = getattr(backbone, "encoder", None)
+    return list(getattr(encoder, "layer", []))
+
+
+def layer_norm_eps(backbone) -> float:
+    return float(getattr(backbone.config, "layer_norm_eps", 1e-12))
+
+
+def _builder(name: str, schemes: tuple[str, ...]):
+    def build(recipe, corpus) -> MaskedLM:
+        if recipe.masking.scheme not in schemes:
+            raise ConfigError(f"objective '{name}' needs masking.scheme {' or '.join(schemes)}, "
+                              f"not '{recipe.masking.scheme}'")
+        backbone = build_backbone(recipe.model, corpus)
+        objective = MaskedLM(name, backbone, build_masker(recipe.masking, corpus), layer_norm_eps(backbone))
+        load_heads_if_present(objective, recipe.model.path)
+        return objective
+
+    return build
+
+
+register("mlm")(_builder("mlm", ("mlm", "wwm", "ngram", "span")))
+register("wwm")(_builder("wwm", ("wwm",)))
+register("macbert")(_builder("macbert", ("ngram",)))

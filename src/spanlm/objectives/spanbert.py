@@ -1,0 +1,59 @@
+"""SpanBERT (Joshi et al. 2020, arXiv 1907.10529): span masking + MLM + the Span Boundary Objective.
+
+Every masked token of a span [s, e] is predicted twice: by the MLM head from its own hidden state, and
+by the SBO head from the span's boundary tokens x_{s-1}, x_{e+1} and its relative position. Loss
+(the authors' criterion): ``MLM_sum / n_mlm + w_sbo · SBO_sum / (n_sbo + 1)``, each part logged.
+Both heads decode through the input embeddings (tied) and run only on their real targets.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from spanlm.errors import ConfigError
+from spanlm.heads.losses import span_bert_loss
+from spanlm.heads.mlm import MLMHead
+from spanlm.heads.sbo import SBOHead
+from spanlm.masking.base import build_masker
+from spanlm.models.backbone import build_backbone, hidden_size, input_embeddings
+from spanlm.objectives import register
+from spanlm.objectives.base import Objective
+from spanlm.objectives.masked_lm import backbone_layers, encode, export_with_heads, gather_rows, layer_norm_eps, load_heads_if_present
+
+
+class SpanBERT(Objective):
+    name = "spanbert"
+
+    def __init__(self, backbone, masker, max_targets: int, sbo_weight: float, eps: float):
+        super().__init__()
+        self.backbone = backbone
+        self.masker = masker
+        self.sbo_weight = sbo_weight
+        embedding = input_embeddings(backbone)
+        self.mlm_head = MLMHead(hidden_size(backbone), embedding, layer_norm_eps=eps)
+        self.sbo_head = SBOHead(hidden_size(backbone), embedding, max_targets=max_targets, layer_norm_eps=eps)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        hidden = encode(self.backbone, batch)  # (B, L, H)
+        mlm_logits = self.mlm_head(gather_rows(hidden, batch["target_index"]))  # (N, V)
+        sbo_logits = self.sbo_head(hidden, batch["sbo_left"], batch["sbo_right"], batch["sbo_relative"])  # (M, V)
+        return span_bert_loss(mlm_logits, batch["target_labels"], sbo_logits, batch["sbo_labels"], self.sbo_weight)
+
+    def export(self, directory: Path, tokenizer) -> None:
+        export_with_heads(self, directory)
+
+    def shard_units(self):
+        return backbone_layers(self.backbone)
+
+
+@register("spanbert")
+def build_spanbert(recipe, corpus) -> SpanBERT:
+    if recipe.masking.scheme != "span":
+        raise ConfigError(f"objective 'spanbert' needs masking.scheme span (SBO targets), not '{recipe.masking.scheme}'")
+    backbone = build_backbone(recipe.model, corpus)
+    objective = SpanBERT(backbone, build_masker(recipe.masking, corpus), recipe.masking.span.max_targets,
+                         recipe.objective.sbo_weight, layer_norm_eps(backbone))
+    load_heads_if_present(objective, recipe.model.path)
+    return objective

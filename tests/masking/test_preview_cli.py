@@ -1,0 +1,77 @@
+"""`spanlm preview`: decoded blocks with marked targets, statistics as JSON, raw batches as JSONL."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from helpers import REPO
+from spanlm.cli import main
+from spanlm.config import load_recipe
+
+
+@pytest.fixture
+def recipe_file(tmp_path, english_recipe):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({**english_recipe, "seed": 3}), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("scheme, marks, keys", [
+    ("mlm", ["[M:", "[R:", "[K:"], []),
+    ("wwm", ["[M:"], ["mean_span_words"]),
+    ("span", ["[M:"], ["mean_span_words", "mean_span_tokens", "span_words_histogram"]),
+    ("ngram", ["[S:"], ["ngram_mix", "similar_fallback_rate", "word_mask_ratio"]),
+    ("noise", ["~"], ["noised_word_ratio", "noise_operations", "nlm_targets_per_block"]),
+])
+def test_preview_prints_blocks_and_statistics(scheme, marks, keys, recipe_file, tmp_path, capsys):
+    jsonl = tmp_path / "batches.jsonl"
+    code = main(["preview", str(recipe_file), f"masking.scheme={scheme}", "--n", "3", "--stats-blocks", "64", "--jsonl", str(jsonl)])
+    assert code == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0].startswith("legend:")
+    assert sum(line.startswith("[block ") for line in out) == 3
+    shown = "\n".join(out[1:-1])
+    assert all(mark in shown for mark in marks)
+    assert "[CLS]" in shown and "[SEP]" in shown
+    stats = json.loads(out[-1])
+    assert stats["scheme"] == scheme and stats["blocks"] == 64
+    expected_rate = 0.10 if scheme == "noise" else 0.15
+    assert stats["mask_ratio"] == pytest.approx(expected_rate, abs=0.02)
+    assert sum(stats["replacement"].values()) == pytest.approx(1.0, abs=1e-3)
+    assert (stats["sbo_targets_per_block"] > 0) == (scheme == "span")
+    for key in keys:
+        assert key in stats
+    batches = [json.loads(line) for line in jsonl.read_text(encoding="utf-8").splitlines()]
+    assert len(batches) == 2  # 64 blocks in batches of 32
+    assert sum(len(b["input_ids"]) for b in batches) == 64
+    assert {"input_ids", "target_index", "target_labels", "target_kind", "sbo_left", "nlm_labels", "counters"} <= set(batches[0])
+
+
+def test_preview_is_reproducible(recipe_file, capsys):
+    main(["preview", str(recipe_file), "masking.scheme=span", "--n", "2", "--stats-blocks", "32"])
+    first = capsys.readouterr().out
+    main(["preview", str(recipe_file), "masking.scheme=span", "--n", "2", "--stats-blocks", "32"])
+    assert capsys.readouterr().out == first
+    main(["preview", str(recipe_file), "masking.scheme=span", "seed=4", "--n", "2", "--stats-blocks", "32"])
+    assert capsys.readouterr().out != first
+
+
+def test_preview_errors_are_one_line(recipe_file, capsys):
+    assert main(["preview", str(recipe_file), "masking.span.geometric_p=0.3"]) == 2
+    assert "unknown config key 'masking.span.geometric_p'" in capsys.readouterr().err
+    assert main(["preview", str(recipe_file), "--n", "-1"]) == 2
+    assert "--n >= 0" in capsys.readouterr().err
+
+
+def test_masking_recipes_load():
+    schemes = {}
+    for path in sorted((REPO / "configs" / "masking").glob("*.yaml")):
+        recipe = load_recipe(path)
+        schemes[path.stem] = recipe.masking.scheme
+        assert recipe.data.inputs and all((REPO / p).is_file() for p in recipe.data.inputs)
+    assert schemes == {"mlm": "mlm", "wwm": "wwm", "spanbert": "span", "macbert": "ngram", "charbert_noise": "noise"}
+    macbert = load_recipe(REPO / "configs" / "masking" / "macbert.yaml")
+    assert macbert.data.similar_words == "word2vec" and macbert.data.words == "jieba"
