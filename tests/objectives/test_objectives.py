@@ -16,7 +16,7 @@ from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import ConfigError, InputError
 from spanlm.objectives import build_objective
 
-OBJECTIVES = {"mlm": "mlm", "wwm": "wwm", "spanbert": "span"}
+OBJECTIVES = {"mlm": "mlm", "wwm": "wwm", "spanbert": "span", "macbert": "ngram"}
 TINY_MODEL = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128, "max_position_embeddings": 64,
               "hidden_dropout": 0.0, "attention_dropout": 0.0}
 
@@ -30,7 +30,8 @@ def prepared(tmp_path_factory) -> Path:
 
 def tiny_recipe(prepared: Path, objective: str, output_dir: Path, **model) -> Recipe:
     return from_dict(Recipe, {
-        "data": {"inputs": [str(EMBEDDED_CORPUS / "alice_in_wonderland.txt")], "prepared_dir": str(prepared), "max_len": 48},
+        "data": {"inputs": [str(EMBEDDED_CORPUS / "alice_in_wonderland.txt")], "prepared_dir": str(prepared), "max_len": 48,
+                 "similar_words": "word2vec", "similar_words_min_count": 2},
         "tokenizer": {"vocab_size": 600},
         "model": {**TINY_MODEL, **model},
         "masking": {"scheme": OBJECTIVES.get(objective, "mlm")},

@@ -160,3 +160,46 @@ def test_a_new_run_never_overwrites_an_existing_one(prepared, tmp_path):
     pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), **QUIET)
     with pytest.raises(SpanlmError, match="already holds a run.*--resume auto"):
         pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), **QUIET)
+
+
+def test_options_bf16_lamb_cosine_accumulation(prepared, tmp_path):
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=4, precision="bf16", optimizer="lamb",
+                              schedule="cosine", grad_accum=2, max_grad_norm=0.0, eval_every=2), **QUIET)
+    records = read_metrics(run)
+    train = [r for r in records if r["kind"] == "train"]
+    assert all(r["loss"] is not None and r["loss"] > 0 for r in train)
+    assert train[-1]["lr"] == pytest.approx(0.0, abs=1e-12)  # cosine decays to 0 at max_steps
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [2, 4]
+
+
+@pytest.mark.slow
+def test_torch_compile_option(prepared, tmp_path):
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2, compile=True), **QUIET)
+    assert len(losses(run)) == 2
+
+
+def test_report_writes_plots_and_html(prepared, tmp_path):
+    from spanlm.cli import main
+
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=4, eval_every=2), **QUIET)
+    assert main(["report", str(run)]) == 0
+    page = (run / "report.html").read_text()
+    for name in ("loss.png", "lr.png", "throughput.png", "eval.png"):
+        assert (run / name).stat().st_size > 1000 and name in page
+    assert "Final metrics" in page and "Configuration" in page and "mlm_accuracy" in page
+    assert main(["report", str(tmp_path)]) == 2  # not a run directory: a clear error, no traceback
+
+
+def test_lr_schedule_shapes():
+    from spanlm.train.config import TrainConfig
+    from spanlm.train.optim import lr_factor, parameter_groups
+
+    linear = TrainConfig(max_steps=110, warmup_steps=10)
+    assert [lr_factor(s, linear) for s in (0, 4, 9)] == [0.1, 0.5, 1.0]
+    assert lr_factor(60, linear) == pytest.approx(0.5) and lr_factor(110, linear) == 0.0
+    cosine = TrainConfig(max_steps=110, warmup_steps=10, schedule="cosine")
+    assert lr_factor(60, cosine) == pytest.approx(0.5) and lr_factor(10, cosine) == 1.0
+    model = toy_objective.Toy(50, 4)
+    decay, no_decay = parameter_groups(model, 0.01)
+    assert {id(p) for p in decay["params"]} == {id(model.embedding.weight), *(id(l[0].weight) for l in model.layers)}
+    assert id(model.norm.weight) in {id(p) for p in no_decay["params"]} and no_decay["weight_decay"] == 0.0

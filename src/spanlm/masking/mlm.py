@@ -36,10 +36,8 @@ class MlmMasker:
         selected = (keys <= kth[:, None]) & (n_select > 0)[:, None]  # (B, L)
 
         positions = np.flatnonzero(selected)
-        input_ids = batch.input_ids.copy()
-        flat = input_ids.reshape(-1)  # view: corrupt() writes through it
-        labels = flat[positions].copy()
-        kind = corrupt(flat, positions, np.arange(len(positions)), self.config.proportions, self.sampler, self.vocab.mask_id, rng)
+        input_ids, labels, kind = corrupt(batch.input_ids, positions, np.arange(len(positions)), self.config.proportions,
+                                          self.sampler, self.vocab.mask_id, rng)
         return MaskedBatch(
             input_ids=input_ids,
             attention_mask=batch.attention_mask.copy(),

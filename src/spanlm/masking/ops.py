@@ -128,26 +128,30 @@ class TokenSampler:
 
 
 def corrupt(
-    ids: np.ndarray,
+    input_ids: np.ndarray,
     positions: np.ndarray,
     unit: np.ndarray,
     proportions: Proportions,
     sampler: TokenSampler,
     mask_id: int,
     rng: np.random.Generator,
-) -> np.ndarray:
-    """Apply one [MASK] / random / keep draw per *unit* to ``ids`` (flat, modified in place).
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One [MASK] / random / keep draw per *unit* over the flat target ``positions`` of ``input_ids`` (B, L).
 
-    ``unit`` (non-decreasing, 0-based) groups the target ``positions``: a word, a span, or each token
-    alone. Returns the per-position kinds. (Similar-word replacement needs a neighbour table: the
-    n-gram masker does its own corruption, and the other schemes' configs reject a similar share.)
+    ``unit`` (non-decreasing, 0-based) groups the targets: a word, a span, or each token alone. Returns
+    the corrupted copy (B, L), the original ids at ``positions`` (the labels) and the per-position
+    kinds. (Similar-word replacement needs a neighbour table: the n-gram masker does its own
+    corruption, and the other schemes' configs reject a similar share.)
     """
+    corrupted = input_ids.copy()
+    flat = corrupted.reshape(-1)  # a view: the writes below land in `corrupted`
+    labels = flat[positions].copy()
     n_units = int(unit[-1]) + 1 if len(unit) else 0
     kind = proportions.draw(rng, n_units)[unit]
-    ids[positions[kind == MASK]] = mask_id
+    flat[positions[kind == MASK]] = mask_id
     random_positions = positions[kind == RANDOM]
-    ids[random_positions] = sampler.sample(rng, len(random_positions))
-    return kind
+    flat[random_positions] = sampler.sample(rng, len(random_positions))
+    return corrupted, labels, kind
 
 
 def whole_word_targets(words: Words, chosen: np.ndarray, per_word: bool) -> tuple[np.ndarray, np.ndarray]:

@@ -146,12 +146,9 @@ class SpanMasker:
         run_id = np.cumsum(run_begins) - 1  # (T,) merged span of each target
         run_start = positions[run_begins]
         run_end = positions[np.append(run_begins[1:], True)] if len(positions) else positions  # inclusive
-        input_ids = batch.input_ids.copy()
-        flat = input_ids.reshape(-1)  # view: corrupt() writes through it
-        labels = flat[positions].copy()
         sbo = self._sbo_targets(run_start, run_end, special, batch.input_ids.reshape(-1), width)
         unit = run_id if self.config.replacement == "span" else np.arange(len(positions))
-        kind = corrupt(flat, positions, unit, self.config.proportions, self.sampler, self.vocab.mask_id, rng)
+        input_ids, labels, kind = corrupt(batch.input_ids, positions, unit, self.config.proportions, self.sampler, self.vocab.mask_id, rng)
         return MaskedBatch(
             input_ids=input_ids,
             attention_mask=batch.attention_mask.copy(),

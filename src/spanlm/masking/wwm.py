@@ -90,10 +90,7 @@ class WholeWordMasker:
 def mask_words(batch, words: Words, chosen: np.ndarray, config: WholeWordConfig, sampler: TokenSampler, mask_id: int, rng) -> MaskedBatch:
     """Corrupt the ``chosen`` words of ``batch`` 80/10/10 (per word or per token) into a MaskedBatch."""
     positions, unit = whole_word_targets(words, chosen, per_word=config.replacement == "word")
-    input_ids = batch.input_ids.copy()
-    flat = input_ids.reshape(-1)  # view: corrupt() writes through it
-    labels = flat[positions].copy()
-    kind = corrupt(flat, positions, unit, config.proportions, sampler, mask_id, rng)
+    input_ids, labels, kind = corrupt(batch.input_ids, positions, unit, config.proportions, sampler, mask_id, rng)
     return MaskedBatch(
         input_ids=input_ids,
         attention_mask=batch.attention_mask.copy(),
