@@ -38,9 +38,11 @@ Timing: fresh models per sequence length (same seed), ``--warmup`` untimed steps
 ``--steps`` timed steps per side, alternating step by step (the order flips every step: A B B A …).
 tokens/s = tokens per step ÷ median step time; ``ratio`` = spanlm ÷ peer tokens/s at the smallest
 sequence length of ``--seqs`` (128 by default; ``ratio_min`` is the smaller ratio over all lengths).
+Per length, ``ratio_paired_median`` is the median over steps of peer time ÷ spanlm time of the same
+step pair (robust to a load burst on this shared machine hitting a few steps).
 ``torch.set_num_threads`` is left at its default.
 
-FLOPs and MFU. FLOPs per token of an encoder MLM training step (BENCHMARKS / BASELINES.md)::
+FLOPs and MFU. FLOPs per token of an encoder MLM training step (../shared/BASELINES.md)::
 
     6·(N_encoder + N_head) + 12·layers·seq·hidden,    N_encoder = layers·(4H² + 2H·I)
 
@@ -51,14 +53,18 @@ FLOPs and MFU. FLOPs per token of an encoder MLM training step (BENCHMARKS / BAS
 with T the tokens of the batch, n_mlm / n_sbo the MLM / SBO targets (SBO term: the Span Boundary head
 of spanlm, a position table of width 200). Embedding lookups, LayerNorms, softmax and the optimiser
 are not counted. The matmul peak is measured in the same process: ``torch.mm`` of two
-``--peak-size``² matrices (fp32; bf16 too with ``--bf16``), best of a few repetitions, before and after
-the runs (the higher is used). ``mfu`` = spanlm's FLOPs actually executed (masked-only formula) per
-second ÷ peak at the ``ratio`` sequence length; ``mfu_dense_formula`` credits spanlm with the dense-head
-FLOPs (the work the peer does for the same tokens). Every side and length carries both.
+``--peak-size``² matrices (fp32; bf16 too with ``--bf16``, whose MFU is then against the bf16 peak),
+best of 10 repetitions, before the runs and after each sequence length (the highest is used: load
+bursts only lower it). ``mfu`` = spanlm's FLOPs actually executed (masked-only formula) per second ÷
+peak at the ``ratio`` sequence length; ``mfu_dense_formula`` credits spanlm with the dense-head FLOPs
+(the work the peer does for the same tokens). Every side and length carries both.
+
+With ``--compile`` the warm-up is at least ``--batches`` + 1 steps (the target counts differ between
+batches, so spanlm's forward recompiles once with a dynamic target count during the warm-up).
 
 Output: one JSON line on stdout (anything printed meanwhile goes to stderr).
 
-    python bench/train_step.py [--steps 12,4] [--warmup 2,1] [--seqs 128,512] [--batch 16]
+    python bench/train_step.py [--steps 16,6] [--warmup 2,1] [--seqs 128,512] [--batch 16]
                                [--batches 4] [--compile] [--bf16] [--seed 0] [--data DIR]
 """
 
@@ -87,7 +93,7 @@ SBO_POSITION_SIZE = 200  # spanlm.heads.sbo.POSITION_SIZE
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", default="12,4",
+    parser.add_argument("--steps", default="16,6",
                         help="timed steps per side, one number for every length or one per --seqs entry")
     parser.add_argument("--warmup", default="2,1", help="untimed steps per side before timing (same form as --steps)")
     parser.add_argument("--seqs", default="128,512", help="sequence lengths (block max_len, [CLS]/[SEP] included)")
@@ -245,7 +251,7 @@ def sbo_head_params(vocab: int) -> int:
     return (2 * HIDDEN + SBO_POSITION_SIZE) * HIDDEN + HIDDEN**2 + HIDDEN * vocab
 
 
-def matmul_peak(size: int, dtype: torch.dtype, reps: int = 5) -> float:
+def matmul_peak(size: int, dtype: torch.dtype, reps: int = 10) -> float:
     """Best FLOP/s of torch.mm on two size×size matrices of ``dtype``."""
     a = torch.randn(size, size).to(dtype)
     b = torch.randn(size, size).to(dtype)
@@ -343,6 +349,8 @@ def run_length(args, seq: int, steps: int, warmup: int, recipe_dict: dict, corpu
             "loss_first_last": [round(losses[name][0], 3), round(losses[name][-1], 3)],
         }
     result["ratio"] = round(result["spanlm"]["tokens_per_s"] / result["peer"]["tokens_per_s"], 3)
+    # Each step's pair ran back to back: the median of the per-pair ratios resists load bursts that hit one pair.
+    result["ratio_paired_median"] = round(statistics.median(p / s for s, p in zip(times["spanlm"], times["peer"])), 3)
     result["spanlm"].update(targets_mlm=n_mlm, targets_sbo=n_sbo,
                             flops_per_token_executed=round(spanlm_masked), flops_per_token_dense_formula=round(dense))
     result["peer"].update(targets_mlm=n_peer, flops_per_token_executed=round(dense),
@@ -371,14 +379,17 @@ def main() -> None:
         corpus = PreparedCorpus(prepared)
 
         peak_dtype = torch.bfloat16 if args.bf16 else torch.float32
-        peaks = {"fp32": [matmul_peak(args.peak_size, torch.float32)]}
-        if args.bf16:
-            peaks["bf16"] = [matmul_peak(args.peak_size, torch.bfloat16)]
-        results = [run_length(args, seq, steps, warmup, recipe_dict, corpus)
-                   for seq, steps, warmup in zip(args.seqs, args.steps, args.warmup)]
-        peaks["fp32"].append(matmul_peak(args.peak_size, torch.float32))
-        if args.bf16:
-            peaks["bf16"].append(matmul_peak(args.peak_size, torch.bfloat16))
+        peaks = {"fp32": []} | ({"bf16": []} if args.bf16 else {})
+
+        def measure_peaks():
+            for name in peaks:
+                peaks[name].append(matmul_peak(args.peak_size, torch.float32 if name == "fp32" else torch.bfloat16))
+
+        measure_peaks()
+        results = []
+        for seq, steps, warmup in zip(args.seqs, args.steps, args.warmup):
+            results.append(run_length(args, seq, steps, warmup, recipe_dict, corpus))
+            measure_peaks()
     peak = max(peaks["bf16" if args.bf16 else "fp32"])
 
     for r in results:
@@ -397,12 +408,14 @@ def main() -> None:
         "mfu_dense_formula": headline["spanlm"]["mfu_dense_formula"],
         "ratio_seq": headline["seq"],
         "ratio_min": min(r["ratio"] for r in results),
+        "ratio_paired_median": headline["ratio_paired_median"],
         "spanlm_tokens_per_s": headline["spanlm"]["tokens_per_s"],
         "peer_tokens_per_s": headline["peer"]["tokens_per_s"],
         "results": results,
         "peak_gflops": {k: [round(v / 1e9, 1) for v in vs] for k, vs in peaks.items()},
         "peak_used_gflops": round(peak / 1e9, 1),
-        "peak_method": f"torch.mm {args.peak_size}x{args.peak_size} {peak_dtype}, best of 5, before and after the runs; the higher",
+        "peak_method": (f"torch.mm {args.peak_size}x{args.peak_size} {peak_dtype}, best of 10, "
+                        "before the runs and after each length; the highest"),
         "flop_formula": ("per token: 6*(N_encoder + N_head) + 12*layers*seq*hidden; N_encoder = layers*(4H^2 + 2H*I); "
                          "dense head N_head = H^2 + H*V; masked-only heads N_head = (n_mlm/T)*(H^2 + H*V) "
                          "+ (n_sbo/T)*((2H+200)*H + H^2 + H*V) (SBO head, spanlm only); "
