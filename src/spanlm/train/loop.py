@@ -7,11 +7,14 @@ batches, clipping, non-finite guard, schedule) → log / evaluate / checkpoint /
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import signal
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -19,6 +22,7 @@ import torch.distributed as dist
 from spanlm.data.blocks import BlockDataset
 from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import SpanlmError
+from spanlm.objectives.base import Objective
 from spanlm.train import checkpoint as ckpt
 from spanlm.train.data import build_train_loader, eval_batches, split_blocks
 from spanlm.train.dist import DistEnv, all_reduce, any_rank, barrier, init_distributed, shutdown
@@ -50,41 +54,74 @@ class StopSignal:
             signal.signal(sig, handler)
 
 
-def pretrain(recipe, resume: str | None = None, log=print) -> Path:
-    """Train ``recipe``'s objective; returns the run directory. ``resume``: None, "auto" or a path."""
+@dataclasses.dataclass
+class TrainingSetup:
+    """What a task hands the loop: the seam between pretraining / fine-tuning data and the one loop.
+
+    ``loader`` yields dicts of tensors (with ``attention_mask``, whose sum counts the tokens) forever
+    and is resumable (``state_dict`` / ``load_state_dict``, e.g. torchdata's StatefulDataLoader).
+    ``eval_batches()`` yields this rank's held-out batches, the same ones at every call; their mean
+    output parts are the evaluation losses. ``evaluate(model)``, when given, adds task metrics computed
+    by the task itself (e.g. NER F1), already reduced over ranks.
+    """
+
+    objective: Objective
+    loader: Any
+    eval_batches: Callable[[], Iterable[dict[str, torch.Tensor]]]
+    evaluate: Callable[[torch.nn.Module], dict[str, float]] | None = None
+
+
+def pretraining_setup(recipe, env: DistEnv, log=print) -> TrainingSetup:
+    """Prepared shards → blocks → the objective's masker in DataLoader workers."""
+    from spanlm.data.prepare import prepare
+    from spanlm.objectives import build_objective
+
+    # Rank 0 prepares the corpus (or finds it up to date); the others wait and read it.
+    if env.is_main:
+        prepare(recipe, log=log)
+    barrier(env)
+    corpus = PreparedCorpus(recipe.data.prepared_dir)
+    blocks = BlockDataset(corpus, recipe.data.max_len)
+    train_blocks, held_out = split_blocks(len(blocks), recipe.train.eval_blocks, recipe.seed)
+    torch.manual_seed(recipe.seed)  # the same seed on every rank gives identical initial weights
+    objective = build_objective(recipe, corpus).to(env.device)
+    loader = build_train_loader(blocks, train_blocks, objective.masker, recipe.train, recipe.seed, env.rank, env.world_size)
+    return TrainingSetup(objective, loader, lambda: eval_batches(blocks, held_out, objective.masker, recipe.train.batch_size,
+                                                                 recipe.seed, env.rank, env.world_size))
+
+
+def train(recipe, build_setup: Callable[..., TrainingSetup], resume: str | None = None, log=print) -> Path:
+    """Train what ``build_setup(recipe, env, log)`` sets up; returns the run directory.
+
+    ``recipe`` is any typed recipe with ``seed``, ``train`` (TrainConfig) and ``logging`` sections.
+    ``resume``: None, "auto" or a checkpoint / run directory.
+    """
     env = init_distributed(recipe.train.device)
     try:
-        return Trainer(recipe, env, log).run(resume)
+        return Trainer(recipe, env, build_setup, log).run(resume)
     finally:
         shutdown(env)
 
 
+def pretrain(recipe, resume: str | None = None, log=print) -> Path:
+    """Train ``recipe``'s pretraining objective; returns the run directory."""
+    return train(recipe, pretraining_setup, resume, log)
+
+
 class Trainer:
-    def __init__(self, recipe, env: DistEnv, log=print):
+    def __init__(self, recipe, env: DistEnv, build_setup: Callable[..., TrainingSetup] = pretraining_setup, log=print):
         from spanlm.config import save_config
-        from spanlm.data.prepare import prepare
-        from spanlm.objectives import build_objective
 
         self.recipe, self.env, self.config = recipe, env, recipe.train
         self.log = log if env.is_main else (lambda *_: None)
         self.output_dir = Path(self.config.output_dir)
 
-        # Data: rank 0 prepares the corpus (or finds it up to date); the others wait and read it.
-        if env.is_main:
-            prepare(recipe, log=self.log)
-        barrier(env)
-        self.corpus = PreparedCorpus(recipe.data.prepared_dir)
-        self.blocks = BlockDataset(self.corpus, recipe.data.max_len)
-        self.train_blocks, self.eval_blocks = split_blocks(len(self.blocks), self.config.eval_blocks, recipe.seed)
-
-        # Model: the same seed on every rank gives identical initial weights.
-        torch.manual_seed(recipe.seed)
-        self.objective = build_objective(recipe, self.corpus).to(env.device)
+        self.setup = build_setup(recipe, env, self.log)
+        self.objective = self.setup.objective.to(env.device)
         self.model = self._wrap(self.objective)
         self.optimizer = build_optimizer(self.objective, self.config)
         self.scheduler = build_scheduler(self.optimizer, self.config)
-        self.loader = build_train_loader(self.blocks, self.train_blocks, self.objective.masker, self.config,
-                                         recipe.seed, env.rank, env.world_size)
+        self.loader = self.setup.loader
         torch.manual_seed(recipe.seed + env.rank)  # dropout differs across ranks, reproducibly
         self.step = 0
         if env.is_main:
@@ -186,19 +223,22 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         self.objective.eval()
         sums, batches = defaultdict(float), 0
-        for batch in eval_batches(self.blocks, self.eval_blocks, self.objective.masker, self.config.batch_size,
-                                  self.recipe.seed, self.env.rank, self.env.world_size):
+        for batch in self.setup.eval_batches():
             with self._autocast():
                 output = self.model(_to(batch, self.env.device))
             for key, value in output.items():
                 sums[key] += float(value)
             batches += 1
+        metrics = {}
+        if sums:
+            keys = sorted(sums)
+            means = all_reduce(torch.tensor([sums[k] / batches for k in keys], dtype=torch.float64, device=self.env.device), self.env)
+            metrics = dict(zip(keys, means.tolist()))
+        if self.setup.evaluate is not None:
+            with self._autocast():
+                metrics.update(self.setup.evaluate(self.model))
         self.objective.train()
-        if not sums:
-            return {}
-        keys = sorted(sums)
-        means = all_reduce(torch.tensor([sums[k] / batches for k in keys], dtype=torch.float64, device=self.env.device), self.env)
-        return dict(zip(keys, means.tolist()))
+        return metrics
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self, resume: str | None) -> Path:
