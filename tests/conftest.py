@@ -22,3 +22,21 @@ def embedded_prepared(tmp_path_factory) -> Path:
         "tokenizer": {"vocab_size": 2000},
     })
     return prepare(recipe, log=lambda *_: None)
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder_dir(embedded_prepared, tmp_path_factory) -> Path:
+    """A tiny BERT (hidden 32, 2 layers) with the embedded corpus's tokenizer, saved as a Hugging Face directory."""
+    import torch
+
+    from spanlm.data.shards import PreparedCorpus
+    from spanlm.models import BackboneConfig, build_backbone
+
+    corpus = PreparedCorpus(embedded_prepared)
+    torch.manual_seed(0)
+    model = build_backbone(BackboneConfig(family="bert", hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                                          max_position_embeddings=128), corpus)
+    out = tmp_path_factory.mktemp("tiny_encoder")
+    model.save_pretrained(str(out))
+    corpus.tokenizer.save_pretrained(str(out))
+    return out

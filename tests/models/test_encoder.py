@@ -1,0 +1,58 @@
+"""Fine-tuning encoders load from any Hugging Face directory; random init keeps the architecture only."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from spanlm.errors import ConfigError, InputError
+from spanlm.models.encoder import EncoderConfig, load_encoder
+
+
+def test_loads_saved_weights_and_runs(tiny_encoder_dir):
+    from transformers import AutoModel
+
+    encoder = load_encoder(EncoderConfig(path=str(tiny_encoder_dir)))
+    reference = AutoModel.from_pretrained(str(tiny_encoder_dir)).eval()
+    encoder.eval()
+    ids = torch.tensor([encoder.tokenizer("Alice was beginning to get very tired")["input_ids"]])
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    hidden = encoder(batch)
+    assert hidden.shape == (1, ids.shape[1], encoder.hidden_size) == (1, ids.shape[1], 32)
+    torch.testing.assert_close(hidden, reference(**batch).last_hidden_state, atol=1e-5, rtol=1e-5)
+
+
+def test_random_init_keeps_architecture_not_weights(tiny_encoder_dir):
+    pretrained = load_encoder(EncoderConfig(path=str(tiny_encoder_dir)))
+    torch.manual_seed(1)
+    random = load_encoder(EncoderConfig(path=str(tiny_encoder_dir), init="random"))
+    shapes = {k: v.shape for k, v in pretrained.state_dict().items()}
+    assert shapes == {k: v.shape for k, v in random.state_dict().items()}
+    weight = "model.embeddings.word_embeddings.weight"
+    assert not torch.equal(pretrained.state_dict()[weight], random.state_dict()[weight])
+
+
+def test_dropout_override(tiny_encoder_dir):
+    encoder = load_encoder(EncoderConfig(path=str(tiny_encoder_dir), dropout=0.0))
+    assert encoder.model.config.hidden_dropout_prob == 0.0
+
+
+def test_errors_name_the_directory(tiny_encoder_dir, tmp_path):
+    with pytest.raises(ConfigError, match="model.path is required"):
+        load_encoder(EncoderConfig())
+    with pytest.raises(InputError, match="no config.json"):
+        load_encoder(EncoderConfig(path=str(tmp_path)))
+    # A tokenizer with more tokens than the embedding has rows belongs to another checkpoint.
+    broken = tmp_path / "mismatch"
+    shutil.copytree(tiny_encoder_dir, broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["vocab_size"] = 100
+    (broken / "config.json").write_text(json.dumps(config))
+    from transformers import AutoConfig, AutoModel
+
+    AutoModel.from_config(AutoConfig.from_pretrained(str(broken))).save_pretrained(str(broken))
+    with pytest.raises(InputError, match=r"mismatch: the tokenizer has \d+ tokens but the model's embedding has 100 rows"):
+        load_encoder(EncoderConfig(path=str(broken)))
