@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from spanlm.heads import IGNORE_INDEX, masked_lm_loss, span_bert_loss
+from spanlm.heads import IGNORE_INDEX, TiedDecoder, decoded_cross_entropy, masked_lm_loss, span_bert_loss, token_cross_entropy
 
 LN2 = math.log(2.0)
 # Two logit rows over a 3-token vocabulary with simple softmaxes:
@@ -24,22 +24,26 @@ def hand_batch():
     return mlm_logits, mlm_labels, sbo_logits, sbo_labels
 
 
+def loss_of(mlm_logits, mlm_labels, sbo_logits, sbo_labels, w_sbo=1.0):
+    return span_bert_loss(token_cross_entropy(mlm_logits, mlm_labels), token_cross_entropy(sbo_logits, sbo_labels), w_sbo)
+
+
 def test_span_bert_loss_on_a_hand_built_batch():
-    out = span_bert_loss(*hand_batch())
+    out = loss_of(*hand_batch())
     assert out["mlm_loss"].item() == pytest.approx(4 * LN2 / 3)
     assert out["sbo_loss"].item() == pytest.approx(3 * LN2 / 3)  # the "+1": not the mean 1.5·ln2
     assert out["loss"].item() == pytest.approx(7 * LN2 / 3)
     assert out["n_mlm"].item() == 3 and out["n_sbo"].item() == 2
     assert out["mlm_accuracy"].item() == pytest.approx(2 / 3)
     assert out["sbo_accuracy"].item() == pytest.approx(1 / 2)
-    weighted = span_bert_loss(*hand_batch(), w_sbo=0.5)
+    weighted = loss_of(*hand_batch(), w_sbo=0.5)
     assert weighted["loss"].item() == pytest.approx(4 * LN2 / 3 + 0.5 * LN2)
     assert weighted["sbo_loss"].item() == pytest.approx(LN2)  # logged before the weight
 
 
 def test_gradient_is_that_of_the_normalised_sums():
     mlm_logits, mlm_labels, sbo_logits, sbo_labels = hand_batch()
-    span_bert_loss(mlm_logits, mlm_labels, sbo_logits, sbo_labels)["loss"].backward()
+    loss_of(mlm_logits, mlm_labels, sbo_logits, sbo_labels)["loss"].backward()
     # d CE / d logits = softmax − onehot, scaled by 1/3 for MLM rows and 1/(2+1) for SBO rows
     expected_mlm = (torch.softmax(mlm_logits.detach(), -1) - F.one_hot(mlm_labels, 3)) / 3
     expected_sbo = (torch.softmax(sbo_logits.detach(), -1) - F.one_hot(sbo_labels, 3)) / 3
@@ -52,23 +56,23 @@ def test_zero_targets_give_a_finite_zero_loss_and_gradient():
     mlm_logits = torch.zeros(0, vocab, requires_grad=True)
     sbo_logits = torch.zeros(0, vocab, requires_grad=True)
     empty = torch.zeros(0, dtype=torch.long)
-    out = span_bert_loss(mlm_logits, empty, sbo_logits, empty)
+    out = loss_of(mlm_logits, empty, sbo_logits, empty)
     assert out["loss"].item() == 0.0 and out["mlm_loss"].item() == 0.0 and out["sbo_loss"].item() == 0.0
     assert out["mlm_accuracy"].item() == 0.0
     out["loss"].backward()
     assert mlm_logits.grad.shape == (0, vocab)
     # zero MLM targets next to real SBO targets: only the SBO part counts
     _, _, sbo_logits, sbo_labels = hand_batch()
-    out = span_bert_loss(torch.zeros(0, 3), empty, sbo_logits, sbo_labels)
+    out = loss_of(torch.zeros(0, 3), empty, sbo_logits, sbo_labels)
     assert out["loss"].item() == pytest.approx(LN2)
-    assert masked_lm_loss(torch.zeros(0, 3), empty)["loss"].item() == 0.0
+    assert masked_lm_loss(token_cross_entropy(torch.zeros(0, 3), empty))["loss"].item() == 0.0
 
 
 def test_ignored_rows_do_not_count():
     mlm_logits, mlm_labels, _, _ = hand_batch()
     labels = torch.cat([mlm_labels, torch.tensor([IGNORE_INDEX])])
     logits = torch.cat([mlm_logits, torch.tensor([[9.0, 0.0, 0.0]])])
-    out = masked_lm_loss(logits, labels)
+    out = masked_lm_loss(token_cross_entropy(logits, labels))
     assert out["loss"].item() == pytest.approx(4 * LN2 / 3)
     assert out["n_mlm"].item() == 3 and out["mlm_accuracy"].item() == pytest.approx(2 / 3)
 
@@ -81,10 +85,50 @@ def test_cross_entropy_is_float32_under_bf16_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = hidden @ weight.T
         assert logits.dtype == torch.bfloat16
-        out = span_bert_loss(logits, labels, logits[:10], labels[:10])
+        out = loss_of(logits, labels, logits[:10], labels[:10])
     assert out["loss"].dtype == torch.float32
     reference = F.cross_entropy(logits.float(), labels, reduction="sum") / 64 \
         + F.cross_entropy(logits[:10].float(), labels[:10], reduction="sum") / 11
     assert out["loss"].item() == pytest.approx(reference.item(), rel=1e-6)
     out["loss"].backward()
     assert torch.isfinite(weight.grad).all()
+
+
+def _decoder_case(n_rows: int, ignored: int = 0, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    embedding = torch.nn.Embedding(50, 8)
+    torch.nn.init.normal_(embedding.weight, generator=generator)
+    decoder = TiedDecoder(embedding)
+    torch.nn.init.normal_(decoder.bias, generator=generator)
+    features = torch.randn(n_rows, 8, generator=generator, requires_grad=True)
+    labels = torch.randint(0, 50, (n_rows,), generator=generator)
+    labels[:ignored] = IGNORE_INDEX
+    return embedding, decoder, features, labels
+
+
+@pytest.mark.parametrize("n_rows, ignored", [(12, 0), (12, 3), (0, 0)])
+def test_decoded_cross_entropy_equals_logits_then_cross_entropy(n_rows, ignored):
+    results = []
+    for fused in (False, True):
+        embedding, decoder, features, labels = _decoder_case(n_rows, ignored)
+        loss = decoded_cross_entropy(features, decoder, labels) if fused else token_cross_entropy(decoder(features), labels)
+        (loss.total * 0.37).backward()  # a non-unit upstream gradient
+        results.append((loss, features.grad, embedding.weight.grad, decoder.bias.grad))
+    (reference, *reference_grads), (fused, *fused_grads) = results
+    torch.testing.assert_close(fused.total, reference.total, atol=1e-5, rtol=1e-6)
+    assert fused.count.item() == reference.count.item() == n_rows - ignored
+    assert fused.correct.item() == reference.correct.item()
+    for got, expected in zip(fused_grads, reference_grads):
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_decoded_cross_entropy_under_bf16_autocast():
+    embedding, decoder, features, labels = _decoder_case(16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fused = decoded_cross_entropy(features, decoder, labels)
+        reference = token_cross_entropy(decoder(features), labels)
+    assert fused.total.dtype == torch.float32
+    assert fused.total.item() == pytest.approx(reference.total.item(), rel=1e-5)
+    fused.total.backward()
+    assert features.grad.dtype == torch.float32 and embedding.weight.grad.dtype == torch.float32
+    assert torch.isfinite(features.grad).all() and torch.isfinite(embedding.weight.grad).all()

@@ -1,6 +1,6 @@
 """Pretraining heads: pure torch modules applied to gathered target rows, decoders tied to the embedding."""
 
-from spanlm.heads.losses import IGNORE_INDEX, TokenLoss, masked_lm_loss, span_bert_loss, token_cross_entropy
+from spanlm.heads.losses import IGNORE_INDEX, TokenLoss, decoded_cross_entropy, masked_lm_loss, span_bert_loss, token_cross_entropy
 from spanlm.heads.mlm import MLMHead, TiedDecoder
 from spanlm.heads.sbo import SBOHead, span_targets
 
@@ -10,6 +10,7 @@ __all__ = [
     "SBOHead",
     "TiedDecoder",
     "TokenLoss",
+    "decoded_cross_entropy",
     "masked_lm_loss",
     "span_bert_loss",
     "span_targets",

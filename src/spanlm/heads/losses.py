@@ -14,6 +14,11 @@ w_sbo = 1.0 is the paper's setting; the authors' argparse default of 0.0 would s
 Cross-entropy is computed in float32 with autocast disabled: under bf16 autocast the logits arrive
 in bf16, whose 8-bit significand makes a log-softmax over a 30k vocabulary visibly coarse.
 Rows labelled ``IGNORE_INDEX`` are not targets (heads normally see only real targets, so there are none).
+
+Training computes the heads' vocabulary projection and the cross-entropy in one autograd function,
+:func:`decoded_cross_entropy`: the gradient of the logits (softmax − one-hot) is formed in the forward
+pass, in place over the log-probabilities, so neither the (N, V) logits nor autograd's separate
+log-softmax and NLL backward passes over them are kept or run (bench/train_step.py).
 """
 
 from __future__ import annotations
@@ -51,23 +56,67 @@ def token_cross_entropy(logits: Tensor, labels: Tensor) -> TokenLoss:
     return TokenLoss(total=total, count=valid.sum(), correct=correct)
 
 
-def masked_lm_loss(logits: Tensor, labels: Tensor) -> dict[str, Tensor]:
+class _DecodedCrossEntropy(torch.autograd.Function):
+    """Summed cross-entropy of ``features @ weightᵀ + bias`` against ``labels``, and the correct count.
+
+    Forward keeps only the logits' gradient G = softmax − one-hot (rows of ignored labels zero), built in
+    place over the float32 log-probabilities; backward is then two matmuls: ∂features = g·G·W and
+    ∂W = g·Gᵀ·features (∂bias = g·ΣG), in the dtype the projection ran in (bf16 under autocast).
+    """
+
+    @staticmethod
+    def forward(ctx, features: Tensor, weight: Tensor, bias: Tensor, labels: Tensor):
+        logits = torch.addmm(bias, features, weight.t())  # (N, V); bf16 under autocast
+        ctx.compute_dtype = logits.dtype
+        log_probs = torch.log_softmax(logits.float(), dim=-1)  # (N, V) float32
+        del logits
+        valid = labels != IGNORE_INDEX
+        safe = labels.clamp(min=0)
+        rows = torch.arange(labels.shape[0], device=labels.device)
+        total = -(log_probs[rows, safe] * valid).sum()
+        correct = ((log_probs.argmax(dim=-1) == labels) & valid).sum()
+        gradient = log_probs.exp_()  # softmax, in place
+        gradient[rows, safe] -= valid.to(gradient.dtype)  # − one-hot
+        if not bool(valid.all()):
+            gradient.mul_(valid[:, None])
+        ctx.save_for_backward(features, weight, gradient)
+        ctx.mark_non_differentiable(correct)
+        return total, correct
+
+    @staticmethod
+    def backward(ctx, grad_total: Tensor, grad_correct: Tensor):
+        features, weight, gradient = ctx.saved_tensors
+        compute = gradient.to(ctx.compute_dtype)
+        grad_features = (compute @ weight.to(ctx.compute_dtype)).to(features.dtype) * grad_total  # (N, E)
+        grad_weight = (compute.t() @ features.to(ctx.compute_dtype)).to(weight.dtype) * grad_total  # (V, E)
+        grad_bias = gradient.sum(0).to(weight.dtype) * grad_total  # (V,)
+        return grad_features, grad_weight, grad_bias, None
+
+
+def decoded_cross_entropy(features: Tensor, decoder, labels: Tensor) -> TokenLoss:
+    """:func:`token_cross_entropy` of ``decoder(features)`` without materialising the logits for autograd.
+
+    ``features`` (N, E) are a head's rows before its vocabulary projection; ``decoder`` has ``weight``
+    (V, E) and ``bias`` (V,) (:class:`~spanlm.heads.mlm.TiedDecoder`). Equal to
+    ``token_cross_entropy(decoder(features), labels)`` in value and gradients.
+    """
+    total, correct = _DecodedCrossEntropy.apply(features, decoder.weight, decoder.bias, labels)
+    return TokenLoss(total=total, count=(labels != IGNORE_INDEX).sum(), correct=correct)
+
+
+def masked_lm_loss(mlm: TokenLoss) -> dict[str, Tensor]:
     """MLM loss per target token, ``MLM_sum / n_mlm`` (0 when there is no target), and its metrics."""
-    mlm = token_cross_entropy(logits, labels)
     loss = mlm.total / mlm.count.clamp(min=1)
     return {"loss": loss, "mlm_loss": loss.detach(), "n_mlm": mlm.count, "mlm_accuracy": mlm.accuracy}
 
 
-def span_bert_loss(mlm_logits: Tensor, mlm_labels: Tensor, sbo_logits: Tensor, sbo_labels: Tensor,
-                   w_sbo: float = 1.0) -> dict[str, Tensor]:
+def span_bert_loss(mlm: TokenLoss, sbo: TokenLoss, w_sbo: float = 1.0) -> dict[str, Tensor]:
     """SpanBERT's ``MLM_sum / n_mlm + w_sbo · SBO_sum / (n_sbo + 1)`` and its parts.
 
     Returns ``loss`` (with gradient), the two normalised parts ``mlm_loss`` and ``sbo_loss`` (before
     ``w_sbo``; detached, for logging), the target counts ``n_mlm`` / ``n_sbo`` and the masked-token
     accuracies ``mlm_accuracy`` / ``sbo_accuracy``. Zero MLM targets make the MLM part 0, not NaN.
     """
-    mlm = token_cross_entropy(mlm_logits, mlm_labels)
-    sbo = token_cross_entropy(sbo_logits, sbo_labels)
     mlm_part = mlm.total / mlm.count.clamp(min=1)
     sbo_part = sbo.total / (sbo.count + 1)
     return {

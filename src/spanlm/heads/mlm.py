@@ -84,7 +84,10 @@ class MLMHead(nn.Module):
         """The vocabulary projection: the very Parameter of the input embedding (V, E)."""
         return self.decoder.weight
 
+    def features(self, hidden_at_targets: Tensor) -> Tensor:
+        """``hidden_at_targets`` (N, H) → the transformed rows (N, E) the decoder projects."""
+        return self.layer_norm(self.activation(self.dense(hidden_at_targets)))
+
     def forward(self, hidden_at_targets: Tensor) -> Tensor:
         """``hidden_at_targets`` (N, H): final hidden states at the N target positions → logits (N, V)."""
-        hidden = self.layer_norm(self.activation(self.dense(hidden_at_targets)))  # (N, E)
-        return self.decoder(hidden)  # (N, V)
+        return self.decoder(self.features(hidden_at_targets))  # (N, V)

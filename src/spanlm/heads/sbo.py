@@ -85,7 +85,11 @@ class SBOHead(nn.Module):
         return self.decoder.weight
 
     def forward(self, hidden: Tensor, left: Tensor, right: Tensor, relative: Tensor) -> Tensor:
-        """Logits (M, V) for M span targets.
+        """Logits (M, V) for M span targets (arguments as :meth:`features`)."""
+        return self.decoder(self.features(hidden, left, right, relative))  # (M, V)
+
+    def features(self, hidden: Tensor, left: Tensor, right: Tensor, relative: Tensor) -> Tensor:
+        """The rows (M, E) the decoder projects, for M span targets.
 
         Args:
             hidden: encoder output (B, L, H).
@@ -104,8 +108,7 @@ class SBOHead(nn.Module):
             self.position_embeddings(relative),  # (M, 200) p_{i-s+1}
         ], dim=-1)  # (M, 2H + 200)
         h1 = self.layer_norm1(self.activation(self.dense1(h0)))  # (M, H)
-        y = self.layer_norm2(self.activation(self.dense2(h1)))  # (M, E)
-        return self.decoder(y)  # (M, V)
+        return self.layer_norm2(self.activation(self.dense2(h1)))  # (M, E)
 
 
 def span_targets(batch_index: Tensor, starts: Tensor, ends: Tensor, length: int,

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from spanlm.errors import ConfigError
-from spanlm.heads.losses import span_bert_loss
+from spanlm.heads.losses import decoded_cross_entropy, span_bert_loss
 from spanlm.heads.mlm import MLMHead
 from spanlm.heads.sbo import SBOHead
 from spanlm.masking.base import build_masker
@@ -37,9 +37,11 @@ class SpanBERT(Objective):
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         hidden = encode(self.backbone, batch)  # (B, L, H)
-        mlm_logits = self.mlm_head(gather_rows(hidden, batch["target_index"]))  # (N, V)
-        sbo_logits = self.sbo_head(hidden, batch["sbo_left"], batch["sbo_right"], batch["sbo_relative"])  # (M, V)
-        return span_bert_loss(mlm_logits, batch["target_labels"], sbo_logits, batch["sbo_labels"], self.sbo_weight)
+        mlm_rows = self.mlm_head.features(gather_rows(hidden, batch["target_index"]))  # (N, E)
+        sbo_rows = self.sbo_head.features(hidden, batch["sbo_left"], batch["sbo_right"], batch["sbo_relative"])  # (M, E)
+        mlm = decoded_cross_entropy(mlm_rows, self.mlm_head.decoder, batch["target_labels"])
+        sbo = decoded_cross_entropy(sbo_rows, self.sbo_head.decoder, batch["sbo_labels"])
+        return span_bert_loss(mlm, sbo, self.sbo_weight)
 
     def export(self, directory: Path, tokenizer) -> None:
         export_with_heads(self, directory)

@@ -69,7 +69,10 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimi
     groups = parameter_groups(model, config.weight_decay)
     if config.optimizer == "lamb":
         return Lamb(groups, lr=config.lr, betas=config.betas, eps=config.eps)
-    return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps)
+    # The fused kernel (one pass over each parameter, CPU and CUDA) is what Hugging Face's Trainer uses
+    # by default; FSDP2's sharded DTensor parameters keep the multi-tensor (foreach) implementation.
+    fused = config.distributed != "fsdp"
+    return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, fused=fused)
 
 
 def lr_factor(step: int, config: TrainConfig) -> float:
