@@ -91,7 +91,7 @@ def test_extra_overrides_the_family_defaults_and_rejects_unknown_keys(corpus):
     model = build_backbone(tiny("deberta-v2", extra={"relative_attention": False, "position_biased_input": True}), corpus)
     assert model.config.relative_attention is False
     assert model.embeddings.position_embeddings.num_embeddings == 64
-    with pytest.raises(ConfigError, match=r"backbone\.extra\.relative_atention"):
+    with pytest.raises(ConfigError, match=r"model\.extra\.relative_atention"):
         build_backbone(tiny("deberta-v2", extra={"relative_atention": False}), corpus)
     with pytest.raises(ConfigError, match="extra may not set vocab_size"):
         from_dict(BackboneConfig, {"extra": {"vocab_size": 10}})
@@ -191,7 +191,7 @@ def test_check_vocabulary_accepts_a_padded_embedding_and_rejects_another_pad_id(
 
 def test_wrong_family_and_missing_checkpoint_give_clear_errors(corpus, tmp_path):
     path = save_checkpoint(build_backbone(tiny("electra"), corpus), tmp_path / "electra")
-    with pytest.raises(InputError, match="holds a 'electra' model but backbone.family is 'bert'; set backbone.family: electra"):
+    with pytest.raises(InputError, match="holds a 'electra' model but model.family is 'bert'; set model.family: electra"):
         build_backbone(BackboneConfig(family="bert", path=str(path)), corpus)
     with pytest.raises(InputError, match="not a Hugging Face checkpoint directory"):
         build_backbone(BackboneConfig(path=str(tmp_path / "nowhere")), corpus)

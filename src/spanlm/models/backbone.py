@@ -187,7 +187,7 @@ def _check_extra(config: BackboneConfig) -> None:
         known |= _DEBERTA_OPTIONAL_KEYS
     unknown = sorted(set(config.extra) - known)
     if unknown:
-        raise ConfigError(f"config key 'backbone.extra.{unknown[0]}' is not a {config.family} config field")
+        raise ConfigError(f"config key 'model.extra.{unknown[0]}' is not a {config.family} config field")
 
 
 def _load_checkpoint(config: BackboneConfig, corpus: PreparedCorpus) -> PreTrainedModel:
@@ -204,8 +204,8 @@ def _load_checkpoint(config: BackboneConfig, corpus: PreparedCorpus) -> PreTrain
     if found not in ATTENTION:
         raise InputError(f"{path} holds a '{found}' model; spanlm pretrains {', '.join(ATTENTION)}")
     if found != config.family:
-        raise InputError(f"{path} holds a '{found}' model but backbone.family is '{config.family}'; "
-                         f"set backbone.family: {found}")
+        raise InputError(f"{path} holds a '{found}' model but model.family is '{config.family}'; "
+                         f"set model.family: {found}")
     kwargs = {"add_pooling_layer": False} if config.family in _HAS_POOLER else {}
     try:
         model = AutoModel.from_pretrained(
