@@ -83,6 +83,8 @@ def load_encoder(config: EncoderConfig) -> nn.Module:
     if not (directory / "config.json").is_file():
         raise InputError(f"{directory}: not a model directory (no config.json); pass a Hugging Face checkpoint "
                          "directory or the output of `spanlm export`")
+    import spanlm.models.charbert  # noqa: F401  (registers the CharBERT loader; it imports this module)
+
     for is_mine, load in ENCODER_LOADERS:
         if is_mine(directory):
             return load(directory, config)

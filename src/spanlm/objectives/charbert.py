@@ -1,0 +1,190 @@
+"""CharBERT (Ma et al. 2020, arXiv 2011.01513): MLM on the token channel + noisy LM on the char channel.
+
+Masking is the noise scheme (:mod:`spanlm.masking.noise`): 10% of the term-vocabulary words are
+misspelt (insert / delete / swap) and re-tokenised, every sub-word of a noised word is an NLM target
+labelled with the original word; whole-word MLM at 10% (80/10/10) never picks a noised word. The
+masker here adds the char inputs (:func:`spanlm.data.chars.char_stream`), spelling every MLM target
+as a single pad char so its characters never leak the answer — [MASK] has no characters anyway, and
+the kept / random 10% + 10% must not show the char channel the original token either.
+
+Model: :class:`~spanlm.models.charbert.DualChannel` over the recipe's backbone (from scratch, or from
+a Hugging Face checkpoint as in the paper, which starts from bert-base / roberta-base), BERT's MLM
+head on the token channel (decoder tied to the word embedding), :class:`~spanlm.heads.nlm.NLMHead` on
+the char channel; both run only on their target rows. Loss::
+
+    L = MLM_sum / n_mlm + w_nlm · NLM_sum / n_nlm      (a part with no targets is 0)
+
+Export: the backbone as a Hugging Face directory (AutoModel loads it: the plain subword model), the
+char channel (charbert.json, charbert.safetensors, chars.json) beside it — which is what
+``load_encoder`` turns into a 2H fine-tuning encoder — and the heads plus the NLM term list so
+pretraining can continue from the export.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from spanlm.data.chars import CharVocab, Spelling, build_char_vocab, char_stream
+from spanlm.errors import ConfigError, InputError
+from spanlm.heads.losses import TokenLoss, decoded_cross_entropy
+from spanlm.heads.mlm import MLMHead
+from spanlm.heads.nlm import NLMHead
+from spanlm.masking.base import MaskedBatch
+from spanlm.masking.noise import NoiseMasker
+from spanlm.models.backbone import build_backbone, input_embeddings
+from spanlm.models.charbert import CharChannelConfig, DualChannel, is_charbert_directory, load_char_weights, read_charbert_config, save_charbert
+from spanlm.objectives import register
+from spanlm.objectives.base import Objective
+from spanlm.objectives.masked_lm import HEADS_FILE, OBJECTIVE_FILE, gather_rows, layer_norm_eps
+
+TERMS_FILE = "nlm_terms.json"
+
+
+def _empty() -> np.ndarray:
+    return np.zeros((0, 0), dtype=np.int64)
+
+
+@dataclasses.dataclass
+class CharMaskedBatch(MaskedBatch):
+    """A noise-masked batch plus its char inputs (see :func:`spanlm.data.chars.char_stream`)."""
+
+    char_ids: np.ndarray = dataclasses.field(default_factory=_empty)  # (B, C)
+    char_lengths: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # (B,)
+    char_first: np.ndarray = dataclasses.field(default_factory=_empty)  # (B, L)
+    char_last: np.ndarray = dataclasses.field(default_factory=_empty)  # (B, L)
+
+    ARRAYS = MaskedBatch.ARRAYS + ("char_ids", "char_lengths", "char_first", "char_last")
+
+
+class CharNoiseMasker:
+    """CharBERT noise + whole-word MLM, then the char stream with every MLM target blanked."""
+
+    def __init__(self, noise: NoiseMasker, spelling: Spelling, pad_id: int):
+        self.noise, self.spelling, self.pad_id = noise, spelling, pad_id
+
+    @property
+    def terms(self) -> list[str]:
+        return self.noise.terms
+
+    def __call__(self, batch, rng: np.random.Generator) -> CharMaskedBatch:
+        masked = self.noise(batch, rng)
+        blank = np.zeros(masked.input_ids.size, dtype=bool)
+        blank[masked.target_index] = True
+        chars = char_stream(masked.input_ids, blank.reshape(masked.input_ids.shape), self.spelling, self.pad_id)
+        fields = {f.name: getattr(masked, f.name) for f in dataclasses.fields(MaskedBatch)}
+        return CharMaskedBatch(**fields, **chars)
+
+
+def charbert_loss(mlm: TokenLoss, nlm: TokenLoss, nlm_weight: float) -> dict[str, torch.Tensor]:
+    """``MLM_sum / n_mlm + w · NLM_sum / n_nlm`` (an empty part is 0, not NaN) and the logged parts."""
+    mlm_part = mlm.total / mlm.count.clamp(min=1)
+    nlm_part = nlm.total / nlm.count.clamp(min=1)
+    return {
+        "loss": mlm_part + nlm_weight * nlm_part,
+        "mlm_loss": mlm_part.detach(),
+        "nlm_loss": nlm_part.detach(),
+        "n_mlm": mlm.count,
+        "n_nlm": nlm.count,
+        "mlm_accuracy": mlm.accuracy,
+        "nlm_accuracy": nlm.accuracy,
+    }
+
+
+class CharBERT(Objective):
+    name = "charbert"
+
+    def __init__(self, model: DualChannel, masker: CharNoiseMasker, char_vocab: CharVocab, nlm_weight: float):
+        super().__init__()
+        self.model = model
+        self.masker = masker
+        self.char_vocab = char_vocab
+        self.nlm_weight = nlm_weight
+        eps = layer_norm_eps(model.backbone)
+        hidden = model.config.hidden_size
+        std = float(model.backbone.config.initializer_range)
+        self.mlm_head = MLMHead(hidden, input_embeddings(model.backbone), layer_norm_eps=eps, initializer_range=std)
+        self.nlm_head = NLMHead(hidden, len(masker.terms), layer_norm_eps=eps, initializer_range=std)
+
+    @property
+    def terms(self) -> list[str]:
+        return self.masker.terms
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        token, char = self.model(batch)  # (B, L, H) each
+        mlm_rows = self.mlm_head.features(gather_rows(token, batch["target_index"]))  # (N, E)
+        nlm_rows = self.nlm_head.features(gather_rows(char, batch["nlm_index"]))  # (K, H)
+        mlm = decoded_cross_entropy(mlm_rows, self.mlm_head.decoder, batch["target_labels"])
+        nlm = decoded_cross_entropy(nlm_rows, self.nlm_head.decoder, batch["nlm_labels"])
+        return charbert_loss(mlm, nlm, self.nlm_weight)
+
+    def heads_state(self) -> dict[str, torch.Tensor]:
+        """MLM and NLM heads' own weights (the MLM decoder's tied weight belongs to the backbone)."""
+        return {name: tensor.detach().contiguous() for name, tensor in self.named_parameters()
+                if name.startswith(("mlm_head.", "nlm_head."))}
+
+    def export(self, directory: Path, tokenizer) -> None:
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        save_charbert(self.model, directory, self.char_vocab)
+        save_file(self.heads_state(), str(directory / HEADS_FILE))
+        (directory / TERMS_FILE).write_text(json.dumps(self.terms, ensure_ascii=False) + "\n", encoding="utf-8")
+        (directory / OBJECTIVE_FILE).write_text(json.dumps({"objective": self.name}) + "\n", encoding="utf-8")
+
+    def shard_units(self):
+        return self.model.shard_units()
+
+
+def _continue_from(objective: CharBERT, directory: Path) -> None:
+    """Continued pretraining from a CharBERT export: its char channel, and its heads when the terms agree."""
+    from safetensors.torch import load_file
+
+    load_char_weights(objective.model, directory)
+    heads, terms = directory / HEADS_FILE, directory / TERMS_FILE
+    if not heads.is_file() or not terms.is_file():
+        return
+    if json.loads(terms.read_text(encoding="utf-8")) != objective.terms:
+        return  # another corpus's term vocabulary: the NLM head starts fresh (and so does the MLM head)
+    saved = load_file(str(heads))
+    if saved.keys() == objective.heads_state().keys():
+        objective.load_state_dict(saved, strict=False)
+
+
+@register("charbert")
+def build_charbert(recipe, corpus) -> CharBERT:
+    if recipe.masking.scheme != "noise":
+        raise ConfigError(f"objective 'charbert' needs masking.scheme noise (NLM targets), not '{recipe.masking.scheme}'")
+    settings = recipe.objective.charbert
+    backbone = build_backbone(recipe.model, corpus)
+    if backbone.config.model_type not in ("bert", "roberta", "electra"):
+        raise ConfigError(f"objective 'charbert' runs over bert, roberta or electra backbones, not '{backbone.config.model_type}'")
+    if int(backbone.config.hidden_size) % 4:
+        raise ConfigError(f"objective 'charbert' needs model.hidden_size divisible by 4 (a BiGRU of H/4 per direction, "
+                          f"read at the first and last char), got {backbone.config.hidden_size}")
+    source = Path(recipe.model.path) if recipe.model.path else None
+    continuing = source is not None and is_charbert_directory(source)
+    if continuing:
+        # The char embedding rows belong to the export's character vocabulary: keep it.
+        char_vocab = CharVocab.load(source)
+        config = read_charbert_config(source)
+    else:
+        char_vocab = build_char_vocab(corpus, settings.char_vocab_size)
+        config = CharChannelConfig(
+            char_vocab_size=char_vocab.size, hidden_size=int(backbone.config.hidden_size),
+            char_embedding_size=settings.char_embedding_size, fusion=settings.fusion,
+            num_layers=int(backbone.config.num_hidden_layers), layer_norm_eps=layer_norm_eps(backbone),
+        )
+    if config.hidden_size != int(backbone.config.hidden_size):
+        raise InputError(f"{source}: charbert.json is for hidden size {config.hidden_size}, the backbone has {backbone.config.hidden_size}")
+    model = DualChannel(backbone, config)
+    noise = NoiseMasker.from_corpus(recipe.masking.noise, corpus)
+    masker = CharNoiseMasker(noise, Spelling.from_tokenizer(corpus.tokenizer, char_vocab), int(corpus.special_ids["pad"]))
+    objective = CharBERT(model, masker, char_vocab, settings.nlm_weight)
+    if continuing:
+        _continue_from(objective, source)
+    return objective
