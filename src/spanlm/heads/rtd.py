@@ -1,0 +1,154 @@
+"""Replaced-token detection (RTD): sampling the replacements, labelling them, the discriminator heads, the loss.
+
+ELECTRA (Clark et al. 2020, arXiv 2003.10555, §2): the generator's softmax at every masked position is
+sampled (Gumbel-max at temperature 1 in the authors' code, *without* gradient: the discriminator's loss
+does not train the generator); the discriminator reads the original tokens with the samples in place
+and labels each token ``replaced = masked & (sample != original)`` — a sample that happens to be the
+original token counts as original. Loss: sigmoid binary cross-entropy averaged over all non-pad tokens.
+
+Heads (both score gathered non-pad rows only, so padded slots cost nothing):
+
+* :class:`ElectraRTDHead` — dense(H) + GeLU → dense(1) (ELECTRA's ``discriminator_predictions``);
+* :class:`DebertaV3RTDHead` — LayerNorm(h_[CLS] + h_i) → dense(H) → GeLU → dense(1) (DeBERTa-V3,
+  He et al. 2021, arXiv 2111.09543; ``LMMaskPredictionHead`` in the authors' code): every token is
+  judged together with the sequence summary at [CLS].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+
+def gumbel_max_sample(logits: Tensor, temperature: float, generator: torch.Generator) -> Tensor:
+    """One token per row of ``logits`` (N, V), distributed as softmax(logits / T); no gradient.
+
+    Gumbel-max: argmax(logits / T + g) with g = −log(E), E ~ Exp(1) — exactly a categorical sample
+    (ELECTRA's ``sample_from_softmax``; DeBERTa-V3's multinomial draw has the same distribution).
+    All noise comes from ``generator``, so a sample is a function of its seed.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    with torch.no_grad():
+        exponential = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_(generator=generator)
+        return (logits.float() / temperature - exponential.log()).argmax(dim=-1)  # (N,)
+
+
+def replace_tokens(input_ids: Tensor, target_index: Tensor, samples: Tensor, originals: Tensor) -> tuple[Tensor, Tensor]:
+    """The discriminator's input and labels.
+
+    Args:
+        input_ids: (B, L) the generator's (corrupted) input; away from the targets it is the original text.
+        target_index: (N,) flat positions b·L + t the generator predicted.
+        samples: (N,) the sampled token at each target; originals: (N,) the original token there.
+
+    Returns ``(ids, replaced)``, both (B, L): the input with every target set to its sample, and
+    ``replaced = masked & (sample != original)``.
+    """
+    flat_ids = input_ids.flatten().index_put((target_index,), samples.to(input_ids.dtype))  # (B·L,)
+    replaced = torch.zeros(input_ids.numel(), dtype=torch.bool, device=input_ids.device)
+    replaced = replaced.index_put((target_index,), samples != originals)  # (B·L,)
+    return flat_ids.view_as(input_ids), replaced.view_as(input_ids)
+
+
+class ElectraRTDHead(nn.Module):
+    """ELECTRA's discriminator head: dense(H→H) + GeLU → dense(H→1), one logit per token."""
+
+    def __init__(self, hidden_size: int, initializer_range: float = 0.02):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.activation = nn.GELU()  # exact (erf) GeLU: ELECTRA's hidden_act "gelu"
+        self.classifier = nn.Linear(hidden_size, 1)
+        self.initializer_range = initializer_range
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # BERT/ELECTRA initialisation: N(0, initializer_range) weights, zero biases.
+        for linear in (self.dense, self.classifier):
+            nn.init.normal_(linear.weight, mean=0.0, std=self.initializer_range)
+            nn.init.zeros_(linear.bias)
+
+    def forward(self, hidden: Tensor, positions: Tensor) -> Tensor:
+        """``hidden`` (B, L, H), ``positions`` (T,) flat b·L + t of the tokens to score → logits (T,)."""
+        rows = hidden.flatten(0, 1).index_select(0, positions)  # (T, H)
+        return self.classifier(self.activation(self.dense(rows))).squeeze(-1)  # (T,)
+
+
+class DebertaV3RTDHead(nn.Module):
+    """DeBERTa-V3's head: LayerNorm(h_[CLS] + h_i) → dense(H→H) → GeLU → dense(H→1)."""
+
+    def __init__(self, hidden_size: int, layer_norm_eps: float = 1e-7, initializer_range: float = 0.02):
+        super().__init__()
+        self.layer_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.activation = nn.GELU()  # DeBERTa-V3's hidden_act "gelu"
+        self.classifier = nn.Linear(hidden_size, 1)
+        self.initializer_range = initializer_range
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for linear in (self.dense, self.classifier):
+            nn.init.normal_(linear.weight, mean=0.0, std=self.initializer_range)
+            nn.init.zeros_(linear.bias)
+        nn.init.ones_(self.layer_norm.weight)
+        nn.init.zeros_(self.layer_norm.bias)
+
+    def forward(self, hidden: Tensor, positions: Tensor) -> Tensor:
+        """``hidden`` (B, L, H), ``positions`` (T,) flat b·L + t of the tokens to score → logits (T,)."""
+        length = hidden.shape[1]
+        rows = hidden.flatten(0, 1).index_select(0, positions)  # (T, H)
+        context = hidden[:, 0].index_select(0, torch.div(positions, length, rounding_mode="floor"))  # (T, H): its row's [CLS]
+        return self.classifier(self.activation(self.dense(self.layer_norm(context + rows)))).squeeze(-1)  # (T,)
+
+
+RTD_HEADS = {"electra": ElectraRTDHead, "deberta_v3": DebertaV3RTDHead}
+
+
+@dataclasses.dataclass
+class RTDLoss:
+    """Summed BCE over the scored tokens and the counts behind accuracy / precision / recall.
+
+    Counts (not ratios) so that sums over batches, steps and ranks give exact corpus-level metrics.
+    """
+
+    total: Tensor  # float32 scalar: summed binary cross-entropy
+    count: Tensor  # int64: tokens scored (non-pad)
+    correct: Tensor  # int64: tokens whose prediction (logit > 0) matches the label
+    replaced: Tensor  # int64: tokens labelled replaced
+    predicted: Tensor  # int64: tokens predicted replaced
+    true_positive: Tensor  # int64: replaced tokens predicted replaced
+
+    @property
+    def mean(self) -> Tensor:
+        return self.total / self.count.clamp(min=1)
+
+    def metrics(self) -> dict[str, Tensor]:
+        return {
+            "rtd_accuracy": self.correct.float() / self.count.clamp(min=1),
+            # Precision and recall of the "replaced" class; 0 where nothing was predicted / replaced.
+            "rtd_precision": self.true_positive.float() / self.predicted.clamp(min=1),
+            "rtd_recall": self.true_positive.float() / self.replaced.clamp(min=1),
+            "n_rtd": self.count,
+            "n_replaced": self.replaced,
+            "n_predicted_replaced": self.predicted,
+            "n_true_replaced": self.true_positive,
+        }
+
+
+def rtd_loss(logits: Tensor, labels: Tensor) -> RTDLoss:
+    """Sigmoid BCE of ``logits`` (T,) against boolean ``labels`` (T,), summed in float32 (T may be 0)."""
+    with torch.autocast(device_type=logits.device.type, enabled=False):
+        total = F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="sum")
+    with torch.no_grad():
+        predicted = logits > 0
+        return RTDLoss(
+            total=total,
+            count=torch.tensor(labels.numel(), device=labels.device),
+            correct=(predicted == labels).sum(),
+            replaced=labels.sum(),
+            predicted=predicted.sum(),
+            true_positive=(predicted & labels).sum(),
+        )

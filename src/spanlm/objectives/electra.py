@@ -1,0 +1,207 @@
+"""ELECTRA replaced-token detection (Clark et al. 2020, arXiv 2003.10555) with DeBERTa-V3 embedding sharing.
+
+A generator G (a small masked LM) predicts the masked tokens; its softmax is sampled at every masked
+position (Gumbel-max, temperature 1, no gradient); a discriminator D reads the original text with the
+samples in place and labels every non-pad token original / replaced (a sample equal to the original is
+original). Loss (ELECTRA §2)::
+
+    L = L_MLM(G) + λ · L_RTD(D)        λ = 50 (ELECTRA), 10 (DeBERTa-V3)
+
+with L_MLM per masked token (plus SpanBERT's SBO part for an ``sbo`` generator) and L_RTD the BCE
+averaged over non-pad tokens. G and D share embeddings as ``objective.electra.sharing`` says
+(:mod:`spanlm.models.sharing`: ``none`` / ``es`` / ``gdes``, He et al. 2021, arXiv 2111.09543).
+
+Sizes: D is the recipe's ``model``; G is the same family scaled by ``generator_width`` (hidden, heads,
+FFN; ELECTRA: 1/4..1/3, same depth) and ``generator_depth`` (DeBERTa-V3: same width, half the layers).
+G's embedding keeps D's embedding width (ELECTRA §3.2 "embeddings the size of the discriminator's
+hidden states"), projected to G's hidden size inside the model (``embedding_size`` of the electra and
+deberta-v2 families).
+
+Randomness: the masker (in DataLoader workers, seeded by the batch key) also draws a 63-bit
+``sample_seed`` per batch; the Gumbel noise comes from a ``torch.Generator`` seeded with it. So the
+replacements are a function of the batch key, like the masks: independent of the global RNG, of the
+number of workers and ranks, and replayed exactly on resume.
+
+Export: D as the downstream encoder (``AutoModel`` loads it) with its effective embedding E_G + E_Δ
+(GDES) or E_G (ES) materialised; G beside it in ``generator/``; the heads in ``heads.safetensors``.
+Setting ``model.path`` to such an export continues pretraining: E_Δ is restored as E_D − E_G.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from spanlm.errors import ConfigError, InputError
+from spanlm.heads.losses import decoded_cross_entropy, masked_lm_loss, span_bert_loss
+from spanlm.heads.mlm import MLMHead
+from spanlm.heads.rtd import RTD_HEADS, DebertaV3RTDHead, gumbel_max_sample, replace_tokens, rtd_loss
+from spanlm.heads.sbo import MAX_TARGETS, SBOHead
+from spanlm.masking.base import MaskedBatch, build_masker
+from spanlm.models.backbone import BackboneConfig, build_backbone, hidden_size, input_embeddings
+from spanlm.models.sharing import materialised_state_dict, share_embeddings
+from spanlm.objectives import register
+from spanlm.objectives.base import Objective
+from spanlm.objectives.config import ElectraConfig
+from spanlm.objectives.masked_lm import HEADS_FILE, OBJECTIVE_FILE, backbone_layers, encode, gather_rows, layer_norm_eps
+
+GENERATOR_DIR = "generator"
+HEAD_PREFIXES = ("mlm_head.", "sbo_head.", "rtd_head.")
+
+
+@dataclasses.dataclass
+class SampledMaskedBatch(MaskedBatch):
+    """A masked batch plus the seed of its replacement sampling."""
+
+    sample_seed: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(1, dtype=np.int64))  # (1,)
+
+    ARRAYS = MaskedBatch.ARRAYS + ("sample_seed",)
+
+
+class SampledMasker:
+    """Any masker, then one draw from the same ``rng`` for the batch's sampling seed (masks unchanged)."""
+
+    def __init__(self, masker):
+        self.masker = masker
+
+    def __call__(self, batch, rng: np.random.Generator) -> SampledMaskedBatch:
+        masked = self.masker(batch, rng)
+        fields = {f.name: getattr(masked, f.name) for f in dataclasses.fields(MaskedBatch)}
+        return SampledMaskedBatch(**fields, sample_seed=rng.integers(0, 2**63 - 1, size=1, dtype=np.int64))
+
+
+def generator_config(model: BackboneConfig, settings: ElectraConfig) -> BackboneConfig:
+    """The generator's backbone: ``model`` scaled by the width / depth ratios, embedding width kept."""
+    width = settings.generator_width
+    hidden, heads = round(model.hidden_size * width), max(1, round(model.num_heads * width))
+    if hidden < 1 or hidden % heads:
+        raise ConfigError(f"objective.electra.generator_width {width} gives a generator of hidden size {hidden} "
+                          f"and {heads} heads (model.hidden_size × width must be a positive multiple of the heads)")
+    changes = {
+        "hidden_size": hidden, "num_heads": heads,
+        "intermediate_size": max(1, round(model.intermediate_size * width)),
+        "num_layers": max(1, round(model.num_layers * settings.generator_depth)),
+    }
+    if model.family in ("electra", "deberta-v2"):
+        changes["embedding_size"] = model.embedding_size or model.hidden_size
+    elif hidden != model.hidden_size and settings.sharing != "none":
+        raise ConfigError(f"model.family {model.family} has no embedding projection, so a generator narrower than the "
+                          f"discriminator (objective.electra.generator_width {width}) cannot share its embedding: use "
+                          f"family electra or deberta-v2, generator_width 1.0, or sharing none")
+    return dataclasses.replace(model, **changes)
+
+
+class Electra(Objective):
+    name = "electra"
+
+    def __init__(self, generator, discriminator, masker, settings: ElectraConfig, sbo_weight: float = 1.0,
+                 max_targets: int = MAX_TARGETS):
+        super().__init__()
+        self.generator, self.discriminator = generator, discriminator
+        self.masker = masker
+        self.settings = settings
+        self.sbo_weight = sbo_weight
+        std = float(generator.config.initializer_range)
+        embedding = input_embeddings(generator)  # E_G: the generator's heads decode through it
+        self.mlm_head = MLMHead(hidden_size(generator), embedding, layer_norm_eps=layer_norm_eps(generator), initializer_range=std)
+        self.sbo_head = None
+        if settings.generator_head == "sbo":
+            self.sbo_head = SBOHead(hidden_size(generator), embedding, max_targets=max_targets,
+                                    layer_norm_eps=layer_norm_eps(generator), initializer_range=std)
+        head = RTD_HEADS[settings.discriminator_head]
+        extra = {"layer_norm_eps": layer_norm_eps(discriminator)} if head is DebertaV3RTDHead else {}
+        self.rtd_head = head(hidden_size(discriminator), initializer_range=float(discriminator.config.initializer_range), **extra)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        # --- generator: a masked LM on the corrupted input
+        hidden = encode(self.generator, batch)  # (B, L, H_G)
+        rows = self.mlm_head.features(gather_rows(hidden, batch["target_index"]))  # (N, E)
+        mlm = decoded_cross_entropy(rows, self.mlm_head.decoder, batch["target_labels"])
+        if self.sbo_head is None:
+            parts = masked_lm_loss(mlm)
+        else:
+            sbo_rows = self.sbo_head.features(hidden, batch["sbo_left"], batch["sbo_right"], batch["sbo_relative"])  # (M, E)
+            parts = span_bert_loss(mlm, decoded_cross_entropy(sbo_rows, self.sbo_head.decoder, batch["sbo_labels"]), self.sbo_weight)
+        generator_loss = parts.pop("loss")
+
+        # --- replacements: sampled from G's softmax at every target, without gradient (ELECTRA §2)
+        with torch.no_grad():
+            logits = self.mlm_head.decoder(rows.detach())  # (N, V)
+            noise = torch.Generator(device=logits.device)
+            noise.manual_seed(int(batch["sample_seed"][0]))
+            samples = gumbel_max_sample(logits, self.settings.temperature, noise)  # (N,)
+            ids, replaced = replace_tokens(batch["input_ids"], batch["target_index"], samples, batch["target_labels"])  # (B, L) each
+            positions = batch["attention_mask"].flatten().nonzero().squeeze(1)  # (T,) non-pad tokens
+            sample_accuracy = (samples == batch["target_labels"]).sum().float() / max(samples.numel(), 1)
+
+        # --- discriminator: original / replaced for every non-pad token
+        d_hidden = self.discriminator(input_ids=ids, attention_mask=batch["attention_mask"].long()).last_hidden_state  # (B, L, H_D)
+        rtd = rtd_loss(self.rtd_head(d_hidden, positions), replaced.flatten().index_select(0, positions))
+        return {
+            "loss": generator_loss + self.settings.rtd_weight * rtd.mean,
+            **parts,
+            "rtd_loss": rtd.mean.detach(),
+            **rtd.metrics(),
+            "sample_accuracy": sample_accuracy,  # share of samples equal to the original (ELECTRA's "sampled MLM accuracy")
+        }
+
+    def heads_state(self) -> dict[str, torch.Tensor]:
+        """The heads' own weights (the tied decoders' weight is E_G, saved with the generator)."""
+        return {name: tensor.detach().contiguous() for name, tensor in self.named_parameters() if name.startswith(HEAD_PREFIXES)}
+
+    def export(self, directory: Path, tokenizer) -> None:
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        self.discriminator.save_pretrained(str(directory), state_dict=materialised_state_dict(self.discriminator))
+        self.generator.save_pretrained(str(directory / GENERATOR_DIR))
+        tokenizer.save_pretrained(str(directory / GENERATOR_DIR))
+        save_file(self.heads_state(), str(directory / HEADS_FILE))
+        record = {"objective": self.name, "sharing": self.settings.sharing, "generator": GENERATOR_DIR}
+        (directory / OBJECTIVE_FILE).write_text(json.dumps(record) + "\n", encoding="utf-8")
+
+    def shard_units(self):
+        return backbone_layers(self.generator) + backbone_layers(self.discriminator)
+
+
+def _load_heads(objective: Electra, directory: Path) -> None:
+    """The export's heads, when they are this configuration's (another head choice starts fresh)."""
+    from safetensors.torch import load_file
+
+    if not (directory / HEADS_FILE).is_file():
+        return
+    saved = load_file(str(directory / HEADS_FILE))
+    if saved.keys() == objective.heads_state().keys():
+        objective.load_state_dict(saved, strict=False)
+
+
+@register("electra")
+def build_electra(recipe, corpus) -> Electra:
+    settings = recipe.objective.electra
+    schemes = ("span",) if settings.generator_head == "sbo" else ("mlm", "wwm", "span")
+    if recipe.masking.scheme not in schemes:
+        raise ConfigError(f"objective 'electra' with generator_head {settings.generator_head} needs masking.scheme "
+                          f"{' or '.join(schemes)}, not '{recipe.masking.scheme}'")
+    source = Path(recipe.model.path) if recipe.model.path else None
+    if source is None:
+        generator_model = generator_config(recipe.model, settings)
+    else:
+        if not (source / GENERATOR_DIR / "config.json").is_file():
+            raise InputError(f"{source}: continuing ELECTRA pretraining needs a spanlm electra export "
+                             f"(the generator in {source / GENERATOR_DIR}/); none found")
+        generator_model = dataclasses.replace(recipe.model, path=str(source / GENERATOR_DIR))
+    generator = build_backbone(generator_model, corpus)
+    discriminator = build_backbone(recipe.model, corpus)
+    try:
+        share_embeddings(generator, discriminator, settings.sharing, keep_discriminator=source is not None)
+    except ValueError as error:
+        raise ConfigError(f"objective.electra.sharing {settings.sharing}: {error}") from None
+    objective = Electra(generator, discriminator, SampledMasker(build_masker(recipe.masking, corpus)), settings,
+                        recipe.objective.sbo_weight, recipe.masking.span.max_targets)
+    if source is not None:
+        _load_heads(objective, source)
+    return objective
