@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def _prepare(args: argparse.Namespace) -> int:
@@ -56,6 +57,14 @@ def _preview(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from spanlm.demo import run_demo
+
+    summary = run_demo(args.out, quick=args.quick, log=lambda message: print(message, file=sys.stderr))
+    print(json.dumps({"report": str(Path(args.out) / "report.html"), "ner_f1": summary["ner"]["micro"]["f1"]}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from spanlm import __version__
 
@@ -96,6 +105,21 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="plots and an HTML summary of a run directory")
     report.add_argument("run_dir")
     report.set_defaults(run=_report)
+
+    demo = commands.add_parser("demo", help="the whole toolkit on the embedded data: pretrain → NER → report",
+                               description="Prepare the embedded corpus, pretrain a tiny SpanBERT, fine-tune GlobalPointer NER on "
+                                           "WNUT-17, evaluate, predict, and write OUT/report.html. Run from the repository.")
+    demo.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
+    demo.add_argument("--quick", action="store_true", help="a one-minute smoke version (a few steps per stage)")
+    demo.set_defaults(run=_demo)
+
+    from spanlm.qa.cli import add_qa_commands
+
+    add_qa_commands(commands)
+
+    from spanlm.ner.cli import add_ner_commands
+
+    add_ner_commands(commands)
     return parser
 
 

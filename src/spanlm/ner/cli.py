@@ -1,0 +1,161 @@
+"""`spanlm ner train|eval|predict`: the subcommands, registered by :func:`add_ner_commands`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from spanlm.config import load_recipe
+    from spanlm.ner.config import NerRecipe
+    from spanlm.ner.task import train_ner
+
+    recipe = load_recipe(args.recipe, args.overrides, cls=NerRecipe)
+    run_dir, scores = train_ner(recipe, resume=args.resume, log=_log)
+    if _is_main():  # the main process reports; the others only trained
+        summary = {"run_dir": str(run_dir), "model_dir": str(run_dir / "model")}
+        if scores is not None:
+            summary.update({"data": scores["data"], **{k: scores["micro"][k] for k in ("precision", "recall", "f1")}})
+            if "cluener_macro_f1" in scores:
+                summary["cluener_macro_f1"] = scores["cluener_macro_f1"]["f1"]
+        print(json.dumps(summary, ensure_ascii=False))
+    return 0
+
+
+def _is_main() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _format(path: str, explicit: str | None, default: str) -> str:
+    """--format, else what the suffix says, else the model's training format."""
+    from spanlm.errors import InputError
+    from spanlm.ner.data import guess_format
+
+    if explicit:
+        return explicit
+    try:
+        return guess_format(path)
+    except InputError:
+        return default
+
+
+def _read(model, path: str, fmt: str, on_bad_record: str | None):
+    import dataclasses
+
+    from spanlm.errors import InputError
+    from spanlm.ner.data import read_documents
+
+    data = model.recipe.data  # the column layout and tag scheme of the training data carry over
+    options = dataclasses.replace(data, format=fmt, labels=list(model.labels), on_bad_record=on_bad_record or data.on_bad_record)
+    documents, report = read_documents(path, options)
+    for line in report.lines():
+        _log(line)
+    if not documents:
+        raise InputError(f"{path}: no usable record ({report.records} read, {len(report.skipped)} skipped)")
+    return documents, report
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from spanlm.ner.data import write_jsonl
+    from spanlm.ner.metrics import format_table
+    from spanlm.ner.predict import NerModel
+    from spanlm.ner.task import evaluate_model
+
+    model = NerModel(args.model, device=args.device)
+    fmt = _format(args.data, args.format, model.recipe.data.format)
+    documents, report = _read(model, args.data, fmt, args.on_bad_record)
+    scores, predicted = evaluate_model(model, documents, cluener=fmt == "cluener", batch_size=args.batch_size)
+    output = Path(args.output) if args.output else Path(args.model) / f"eval-{Path(args.data).stem}.json"
+    output.write_text(json.dumps({"data": args.data, **scores, **report.summary()}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    if args.predictions:
+        write_jsonl(args.predictions, [d for d, _ in predicted])
+    print(format_table(scores))
+    _log(f"wrote {output}")
+    return 0
+
+
+def _texts(args: argparse.Namespace):
+    from spanlm.errors import InputError
+    from spanlm.ner.data import NerDocument, ReadOptions, read_documents
+
+    if args.text is not None:
+        return [NerDocument("0", args.text, [])]
+    path = Path(args.input)
+    if path.suffix.lower() == ".jsonl":
+        # Only the text (and id) is read; entities present in the file are not needed to predict.
+        documents, _ = read_documents(path, ReadOptions(format="jsonl", on_bad_record="error"))
+        return [NerDocument(d.id, d.text, []) for d in documents]
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    try:
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
+    except UnicodeDecodeError as error:
+        raise InputError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    return [NerDocument(str(i), line, []) for i, line in enumerate(lines, 1) if line.strip()]
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from spanlm.ner.data import document_record
+    from spanlm.ner.predict import NerModel
+
+    model = NerModel(args.model, device=args.device)
+    documents = _texts(args)
+    flat = True if args.flat else None
+    lines = [json.dumps(document_record(d, scores), ensure_ascii=False) + "\n"
+             for d, scores in model.predict(documents, args.batch_size, flat=flat, threshold=args.threshold)]
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as handle:
+            handle.writelines(lines)
+        _log(f"wrote {len(lines)} documents to {args.output}")
+    else:
+        sys.stdout.writelines(lines)
+    return 0
+
+
+def add_ner_commands(commands) -> None:
+    """Add ``ner`` with its three subcommands to the ``spanlm`` subcommand table."""
+    from spanlm.ner.data import FORMATS
+
+    ner = commands.add_parser("ner", help="span NER with GlobalPointer (flat and nested): train, eval, predict",
+                              description="Fine-tune an encoder with a GlobalPointer head (ZLPR loss), score it "
+                                          "(micro / per-type P, R, F1; CLUENER's macro F1) and tag new text.")
+    actions = ner.add_subparsers(dest="ner_command", metavar="ACTION", required=True)
+
+    train = actions.add_parser("train", help="fine-tune with a recipe; exports <run>/model/ and scores it on data.dev")
+    train.add_argument("recipe", help="a YAML recipe, e.g. configs/ner/cluener.yaml")
+    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.path=DIR ner.head.kind=standard train.max_steps=200")
+    train.add_argument("--resume", default=None, metavar="auto|PATH",
+                       help="auto: the latest complete checkpoint of train.output_dir; or a checkpoint / run directory")
+    train.set_defaults(run=_train)
+
+    evaluate = actions.add_parser("eval", help="P / R / F1 of an exported model on a labelled file")
+    evaluate.add_argument("model", help="the model/ directory of a `spanlm ner train` run")
+    evaluate.add_argument("--data", required=True, help="a labelled file")
+    evaluate.add_argument("--format", choices=FORMATS, default=None,
+                          help="its format (default: from the suffix, else the model's training format)")
+    evaluate.add_argument("--on-bad-record", choices=["error", "skip"], default=None, help="default: the model's recipe")
+    evaluate.add_argument("--output", default=None, metavar="FILE", help="metrics JSON (default MODEL/eval-<data name>.json)")
+    evaluate.add_argument("--predictions", default=None, metavar="FILE", help="also write the predictions as JSONL")
+    evaluate.set_defaults(run=_eval)
+
+    predict = actions.add_parser("predict", help="tag text: JSONL {\"text\", \"entities\": [{start, end, label, text, score}]}")
+    predict.add_argument("model", help="the model/ directory of a `spanlm ner train` run")
+    source = predict.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", default=None, help="one text to tag")
+    source.add_argument("--input", default=None, metavar="FILE", help=".jsonl ({\"text\"} per line, \"id\" optional) or .txt (one text per line)")
+    predict.add_argument("--output", default=None, metavar="FILE", help="JSONL output (default: stdout)")
+    predict.add_argument("--flat", action="store_true", help="non-overlapping entities (highest score first) instead of nested")
+    predict.add_argument("--threshold", type=float, default=None, help="logit threshold (default: the recipe's, 0)")
+    predict.set_defaults(run=_predict)
+
+    for action in (evaluate, predict):
+        action.add_argument("--batch-size", type=int, default=32, help="windows per forward pass (default 32)")
+        action.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])

@@ -1,0 +1,60 @@
+"""Typed configuration of span NER (GlobalPointer + ZLPR over any encoder)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from spanlm.heads.global_pointer import GlobalPointerConfig
+from spanlm.heads.zlpr import ZlprConfig
+from spanlm.models.encoder import EncoderConfig
+from spanlm.ner.data import ReadOptions
+from spanlm.train.config import LoggingConfig, TrainConfig
+
+
+@dataclasses.dataclass
+class NerDataConfig(ReadOptions):
+    """The files, how they are read (format, columns, tag scheme, label set, bad records) and windowed.
+
+    ``labels``: the label set in this order (the head's type ids); null takes the sorted labels of the
+    training file. A record with a label outside the set is malformed (``on_bad_record``).
+    """
+
+    train: str = ""
+    dev: str = ""  # scored during training (the first eval_docs documents) and in full after it
+    # Tokens per window including the special tokens; longer documents are read through several.
+    max_len: int = 256
+    # Tokens shared by consecutive windows (the overlap; the step is the window's content minus it).
+    stride: int = 64
+    eval_docs: int = 1000  # dev documents scored at each periodic evaluation (0 = all)
+
+    def __post_init__(self) -> None:
+        if self.max_len < 4:
+            raise ValueError("max_len must be at least 4")
+        if self.stride < 0:
+            raise ValueError("stride must be at least 0")
+        if self.eval_docs < 0:
+            raise ValueError("eval_docs must be at least 0")
+        if not self.tag_columns:
+            raise ValueError("tag_columns must name at least one column")
+
+
+@dataclasses.dataclass
+class NerConfig:
+    """The head, its loss and decoding."""
+
+    head: GlobalPointerConfig = dataclasses.field(default_factory=GlobalPointerConfig)
+    loss: ZlprConfig = dataclasses.field(default_factory=ZlprConfig)
+    threshold: float = 0.0  # a (type, start, end) cell is an entity when its logit exceeds this (ZLPR's 0)
+    flat: bool = False  # non-overlapping decoding (highest score first) instead of nested
+
+
+@dataclasses.dataclass
+class NerRecipe:
+    """Everything `spanlm ner train` needs."""
+
+    seed: int = 0
+    model: EncoderConfig = dataclasses.field(default_factory=EncoderConfig)
+    data: NerDataConfig = dataclasses.field(default_factory=NerDataConfig)
+    ner: NerConfig = dataclasses.field(default_factory=NerConfig)
+    train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(output_dir="runs/ner", lr=2e-5, warmup_steps=0))
+    logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)

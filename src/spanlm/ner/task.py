@@ -1,0 +1,224 @@
+"""Span NER fine-tuning on the training engine: objective, data setup, export and final evaluation.
+
+``train_ner(recipe)`` runs :func:`spanlm.train.loop.train` with :func:`ner_setup` (checkpoints, resume,
+metrics.jsonl, signals and distribution come from the engine), then on the main process exports
+``<run>/model/`` from the final checkpoint, scores it on the whole ``data.dev`` and writes
+``<run>/eval.json``.
+
+The model is the encoder + GlobalPointer (Su et al. 2022, arXiv 2208.03054; REFERENCE.md §8): every
+(type, start, end) cell gets a logit, trained with the ZLPR multi-label loss (arXiv 2208.02955), so
+nested and multi-type entities need nothing special.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from spanlm.errors import ConfigError, InputError
+from spanlm.heads.global_pointer import GlobalPointer
+from spanlm.heads.zlpr import global_pointer_loss
+from spanlm.ner.config import NerConfig, NerRecipe
+from spanlm.ner.data import NerDocument, label_set, read_documents
+from spanlm.ner.predict import (HEAD_FILE, LABELS_FILE, RECIPE_FILE, NerModel, Spans, by_length, flat_select, merge,
+                                score_documents, spans_to_documents, window_spans)
+from spanlm.ner.windows import Windows, make_windows
+from spanlm.objectives.base import Objective
+from spanlm.train.data import BatchKeySampler
+from spanlm.train.loop import TrainingSetup, train
+
+
+class NerObjective(Objective):
+    """Encoder + GlobalPointer. ``forward`` returns the ZLPR loss when the batch has ``entity_spans``
+    (training, held-out loss) and the logits (B, types, L, L) otherwise (prediction)."""
+
+    def __init__(self, encoder, n_types: int, config: NerConfig):
+        super().__init__()
+        self.encoder = encoder
+        self.head = GlobalPointer(encoder.hidden_size, n_types, config.head)
+        self.loss_config = config.loss
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        hidden = self.encoder(batch)  # (B, L, H)
+        logits = self.head(hidden, batch["token_mask"])  # (B, T, L, L); special tokens and padding masked
+        if "entity_spans" not in batch:
+            return {"logits": logits}
+        return {"loss": global_pointer_loss(logits, batch["entity_spans"], self.loss_config)}
+
+    def export(self, directory: Path, tokenizer=None) -> None:
+        from safetensors.torch import save_file
+
+        self.encoder.save(directory)
+        save_file({k: v.contiguous() for k, v in self.head.state_dict().items()}, str(directory / HEAD_FILE))
+
+    def shard_units(self) -> list[torch.nn.Module]:
+        return self.encoder.shard_units()
+
+
+class WindowBatches(torch.utils.data.Dataset):
+    """Map-style dataset keyed by batch, as the engine's loaders: (epoch, batch, window indices) → batch."""
+
+    def __init__(self, windows: Windows):
+        self.windows = windows
+
+    def __getitem__(self, key) -> dict[str, torch.Tensor]:
+        _, _, indices = key
+        return self.windows.batch(indices)
+
+
+def _single(batch):
+    return batch
+
+
+def read_split(path: str, recipe: NerRecipe, name: str, labels: list[str] | None, log) -> list[NerDocument]:
+    if not path:
+        raise ConfigError(f"data.{name} is required: a {recipe.data.format} file")
+    documents, report = read_documents(path, dataclasses.replace(recipe.data, labels=labels))
+    for line in report.lines():
+        log(line)
+    if not documents:
+        raise InputError(f"{path}: no usable record ({report.records} read, {len(report.skipped)} skipped)")
+    return documents
+
+
+def featurizer_of(encoder):
+    """The encoder's extra-input featurizer (CharBERT), or None for a plain encoder."""
+    return encoder.featurizer() if hasattr(encoder, "featurizer") else None
+
+
+def ner_setup(recipe: NerRecipe, env, log=print) -> TrainingSetup:
+    """Windows of the training and dev files, a resumable keyed loader, held-out loss and dev P/R/F1.
+
+    The label order (the head's type ids) is written back into ``recipe.data.labels`` so the run's
+    config.yaml and the export record it.
+    """
+    from spanlm.models.encoder import load_encoder
+
+    data = recipe.data
+    train_docs = read_split(data.train, recipe, "train", data.labels, log)  # data errors first: reading is cheap
+    labels = data.labels if data.labels is not None else label_set(train_docs)
+    if not labels:
+        raise InputError(f"{data.train}: no entity in the training file, so no label set; list them in data.labels")
+    data.labels = list(labels)
+    torch.manual_seed(recipe.seed)  # the same seed on every rank gives identical head weights
+    encoder = load_encoder(recipe.model)
+    if data.max_len > encoder.max_length():
+        raise ConfigError(f"data.max_len {data.max_len} exceeds the {encoder.max_length()} positions of {recipe.model.path}")
+    featurizer = featurizer_of(encoder)
+    train_windows, report = make_windows(encoder.tokenizer, train_docs, labels, data.max_len, data.stride, featurizer)
+    for line in report.lines(data.train):
+        log(line)
+    log(f"{data.train}: " + json.dumps(report.summary()))
+    objective = NerObjective(encoder, len(labels), recipe.ner)
+
+    try:
+        sampler = BatchKeySampler(np.arange(len(train_windows)), recipe.train.batch_size, recipe.seed, env.rank, env.world_size)
+    except ValueError as error:
+        raise ConfigError(f"data.train: {error}") from None
+    workers = recipe.train.num_workers
+    loader = StatefulDataLoader(
+        WindowBatches(train_windows), sampler=sampler, batch_size=None, collate_fn=_single, num_workers=workers,
+        persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None,
+        generator=torch.Generator().manual_seed(recipe.seed),  # never draws from the global RNG (exact resume)
+    )
+    if not data.dev:
+        return TrainingSetup(objective, loader, lambda: iter(()))
+
+    dev_docs = read_split(data.dev, recipe, "dev", labels, log)[: data.eval_docs or None]
+    dev_windows, dev_report = make_windows(encoder.tokenizer, dev_docs, labels, data.max_len, data.stride, featurizer)
+    for line in dev_report.lines(data.dev):
+        log(line)
+    batch_size = recipe.train.batch_size
+
+    def held_out():
+        # Every rank the same number of windows, so the loop can average the losses over ranks.
+        mine = np.arange(len(dev_windows) - len(dev_windows) % env.world_size)[env.rank::env.world_size]
+        for first in range(0, len(mine), batch_size):
+            yield dev_windows.batch(mine[first:first + batch_size])
+
+    def evaluate(model: torch.nn.Module) -> dict[str, float]:
+        module = getattr(model, "module", model)  # DDP's wrapper adds nothing at inference
+        mine = by_length(dev_windows, np.arange(len(dev_windows))[env.rank::env.world_size])
+        # Rank 0 holds the most windows; every rank runs that many forward passes (FSDP needs them all).
+        n_batches = -(-len(range(0, len(dev_windows), env.world_size)) // batch_size)
+        spans = window_spans(module, dev_windows, mine, recipe.ner.threshold, batch_size, env.device, n_batches)
+        if env.enabled:
+            every = [None] * env.world_size
+            dist.all_gather_object(every, spans)
+            spans = Spans.concat(every)
+        spans = merge(spans)
+        predicted = spans_to_documents(flat_select(spans) if recipe.ner.flat else spans, dev_docs, labels)
+        scores = score_documents(dev_docs, [d for d, _ in predicted], labels, cluener=data.format == "cluener")
+        metrics = {"precision": scores["micro"]["precision"], "recall": scores["micro"]["recall"], "f1": scores["micro"]["f1"]}
+        if "cluener_macro_f1" in scores:
+            metrics["cluener_macro_f1"] = scores["cluener_macro_f1"]["f1"]
+        return metrics
+
+    return TrainingSetup(objective, loader, held_out, evaluate)
+
+
+def _is_main_process() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def export_model(run_dir: Path, recipe: NerRecipe) -> Path:
+    """``<run>/model/`` from the run's latest checkpoint (written to a temp dir, then renamed)."""
+    from spanlm.config import save_config
+    from spanlm.models.encoder import load_encoder
+    from spanlm.train.checkpoint import latest_checkpoint
+    from spanlm.train.export import load_objective_weights
+
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        raise InputError(f"{run_dir}: no complete checkpoint to export")
+    labels = recipe.data.labels
+    # The architecture only: the checkpoint's weights replace the fresh ones.
+    objective = NerObjective(load_encoder(dataclasses.replace(recipe.model, init="random")), len(labels), recipe.ner)
+    load_objective_weights(objective, checkpoint / "model.safetensors")
+    out = run_dir / "model"
+    tmp = Path(tempfile.mkdtemp(prefix=".model.tmp-", dir=run_dir))
+    try:
+        objective.export(tmp)
+        save_config(recipe, tmp / RECIPE_FILE)
+        (tmp / LABELS_FILE).write_text(json.dumps(labels, ensure_ascii=False) + "\n", encoding="utf-8")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def evaluate_model(model: NerModel, documents: list[NerDocument], cluener: bool, batch_size: int = 32) -> tuple[dict, list]:
+    """Scores of ``model`` on gold ``documents`` and its predictions."""
+    predicted = model.predict(documents, batch_size)
+    return score_documents(documents, [d for d, _ in predicted], model.labels, cluener), predicted
+
+
+def train_ner(recipe: NerRecipe, resume: str | None = None, log=print) -> tuple[Path, dict | None]:
+    """Fine-tune, export ``<run>/model/`` and score it on the whole dev set; returns (run dir, dev scores)."""
+    from spanlm.ner.metrics import format_table
+
+    run_dir = train(recipe, ner_setup, resume, log)
+    if not _is_main_process():
+        return run_dir, None
+    model_dir = export_model(run_dir, recipe)
+    if not recipe.data.dev:
+        return run_dir, None
+    model = NerModel(model_dir, device=recipe.train.device)
+    dev = read_split(recipe.data.dev, recipe, "dev", recipe.data.labels, lambda *_: None)
+    scores, _ = evaluate_model(model, dev, recipe.data.format == "cluener", recipe.train.batch_size)
+    result = {"data": recipe.data.dev, **scores}
+    (run_dir / "eval.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    log(format_table(scores))
+    return run_dir, result
