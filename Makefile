@@ -19,15 +19,10 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
 
 venv: $(VENV)/.installed
 
-# The main job on the embedded data: prepare the corpora, show the masking, pretrain a tiny SpanBERT,
-# then write its report and a Hugging Face export.
+# The main job on the embedded data: prepare the corpus, pretrain a tiny SpanBERT, export it, fine-tune
+# GlobalPointer NER on WNUT-17, evaluate, predict, and write runs/demo/report.html (spanlm demo).
 demo: venv
-	$(BIN)/spanlm prepare configs/prepare/english.yaml
-	$(BIN)/spanlm prepare configs/prepare/chinese.yaml
-	$(BIN)/spanlm preview configs/pretrain/spanbert.yaml --n 1
-	$(BIN)/spanlm pretrain configs/pretrain/spanbert.yaml --resume auto
-	$(BIN)/spanlm report runs/pretrain/spanbert
-	$(BIN)/spanlm export runs/pretrain/spanbert --out runs/export/spanbert
+	$(BIN)/spanlm demo --out runs/demo
 
 test: venv
 	$(BIN)/python -m pytest -q

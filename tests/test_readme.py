@@ -13,15 +13,18 @@ TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "mode
 def test_readme_python_examples_run(tmp_path, monkeypatch, capsys):
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     examples = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
-    assert len(examples) >= 2
+    assert len(examples) >= 3
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").symlink_to(REPO / "data")
+    (tmp_path / "configs").symlink_to(REPO / "configs")
     # the commands the examples rely on, as the README gives them (made tiny)
     assert main(["prepare", str(REPO / "configs/prepare/english.yaml"), "tokenizer.vocab_size=2000"]) == 0
     assert main(["pretrain", str(REPO / "configs/pretrain/spanbert.yaml"), *TINY]) == 0
     assert main(["export", "runs/pretrain/spanbert", "--out", "runs/export/spanbert"]) == 0
+    namespace = {}
     for code in examples:
-        namespace = {}
         exec(compile(code, "README.md", "exec"), namespace)
-    assert "(8, " in capsys.readouterr().out
-    assert namespace["hidden"].shape[-1] == 32
+    printed = capsys.readouterr().out
+    assert "(8, " in printed  # the blocks example
+    assert namespace["hidden"].shape[-1] == 32  # the transformers example
+    assert "'f1': " in printed and (tmp_path / "runs/ner/wnut17-api/model/labels.json").is_file()  # the NER example
