@@ -127,12 +127,12 @@ def read_squad(path: str | Path, repair_window: int = 20, allow_impossible: bool
     report = ReadReport(str(path))
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
         raise InputError(f"{path}: not a SQuAD-format file (expected an object with a 'data' list)")
-    examples = []
+    examples, seen = [], set()
     for i, article in enumerate(data["data"]):
         try:
             paragraphs = _field(article, "paragraphs", list, f"data[{i}]")
         except _Malformed as error:
-            report.skipped.append((f"{path}: {error.where}", error.reason))
+            report.skipped.append((error.where, error.reason))
             continue
         for j, paragraph in enumerate(paragraphs):
             where = f"data[{i}].paragraphs[{j}]"
@@ -142,17 +142,21 @@ def read_squad(path: str | Path, repair_window: int = 20, allow_impossible: bool
             except _Malformed as error:  # every question of the paragraph is lost: count them all
                 lost = paragraph.get("qas") if isinstance(paragraph, dict) and isinstance(paragraph.get("qas"), list) else [None]
                 report.questions += len(lost)
-                report.skipped.extend([(f"{path}: {error.where}", error.reason)] * len(lost))
+                report.skipped.extend([(error.where, error.reason)] * len(lost))
                 continue
             for k, record in enumerate(questions):
                 report.questions += 1
                 try:
                     example = _read_question(record, context, f"{where}.qas[{k}]", repair_window, report)
                 except _Malformed as error:
-                    report.skipped.append((f"{path}: {error.where}", error.reason))
+                    report.skipped.append((error.where, error.reason))
                     continue
+                if example.id in seen:  # scores are kept per question id
+                    report.skipped.append((f"{where}.qas[{k}] (id {example.id})", "duplicate question id"))
+                    continue
+                seen.add(example.id)
                 if example.is_impossible and not allow_impossible:
-                    report.skipped.append((f"{path}: {where}.qas[{k}] (id {example.id})", "no answer, and qa.no_answer is false"))
+                    report.skipped.append((f"{where}.qas[{k}] (id {example.id})", "no answer, and qa.no_answer is false"))
                     continue
                 examples.append(example)
     return examples, report

@@ -114,15 +114,20 @@ def best_threshold(null_margin: np.ndarray, span_scores: np.ndarray, has_answer:
     threshold); ``span_scores[q]`` the EM or F1 the best span would get. Returns (score in %, threshold).
     Sweeping the threshold upwards through the sorted margins turns one more question from "" into its
     span: + its span score if it has an answer, − 1 if it has none (it was right as "").
+    Unlike the official script, a threshold answers *all* questions with a tied margin, so the score
+    returned is the one the threshold really gets.
     """
     order = np.argsort(null_margin, kind="stable")
+    margins = null_margin[order]
     gain = np.where(has_answer[order], span_scores[order], -1.0)
-    running = has_answer.size - has_answer.sum() + np.cumsum(gain)  # score after answering the first k+1
     all_null = float(has_answer.size - has_answer.sum())
+    running = all_null + np.cumsum(gain)  # score after answering the first k+1 questions
+    last_of_tie = np.append(margins[1:] != margins[:-1], True)  # a threshold stops only after a tie group
+    running = np.where(last_of_tie, running, -np.inf)
     best = int(np.argmax(running))
     if running[best] <= all_null:  # answering nothing is best: a threshold below every margin
         return 100.0 * all_null / has_answer.size, float(np.nextafter(null_margin.min(), -np.inf))
-    return 100.0 * float(running[best]) / has_answer.size, float(null_margin[order][best])
+    return 100.0 * float(running[best]) / has_answer.size, float(margins[best])
 
 
 def evaluate(predictions: Mapping[str, str], gold: Mapping[str, list[str]], metric: str,

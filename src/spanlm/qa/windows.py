@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -40,17 +41,25 @@ class Windows:
     example: np.ndarray  # (W,) int64: index of the window's example
     start_positions: np.ndarray  # (W,) int64: answer's first token, 0 ([CLS]) when not in the window
     end_positions: np.ndarray  # (W,) int64: answer's last token (inclusive), 0 when not in the window
+    contexts: list[str] = dataclasses.field(default_factory=list)  # the examples' contexts (for a featurizer)
+    # Encoders with extra inputs (CharBERT) expose featurizer(): (ids, offsets, texts) -> arrays, added to
+    # each batch. It spells [UNK] tokens from their characters; question tokens have no offsets here,
+    # so an [UNK] in the question is spelt empty.
+    featurizer: Callable | None = None
 
     def __len__(self) -> int:
         return len(self.example)
 
-    def batch(self, indices) -> dict[str, torch.Tensor]:
-        """The model inputs and targets of windows ``indices``, cut to the longest of them."""
+    def batch(self, indices, targets: bool = True) -> dict[str, torch.Tensor]:
+        """The model inputs (and targets) of windows ``indices``, cut to the longest of them."""
         indices = np.asarray(indices)
         length = int(self.attention_mask[indices].sum(1).max())
         rows = {name: getattr(self, name)[indices, :length]
                 for name in ("input_ids", "token_type_ids", "attention_mask", "context_mask")}
-        rows["start_positions"], rows["end_positions"] = self.start_positions[indices], self.end_positions[indices]
+        if targets:
+            rows["start_positions"], rows["end_positions"] = self.start_positions[indices], self.end_positions[indices]
+        if self.featurizer is not None:
+            rows.update(self.featurizer(rows["input_ids"], self.offsets[indices, :length], [self.contexts[e] for e in self.example[indices]]))
         return {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in rows.items()}
 
 
@@ -66,7 +75,13 @@ def truncate_questions(tokenizer, questions: list[str], max_query_length: int) -
             for question, offsets in zip(questions, encoded["offset_mapping"])]
 
 
-def make_windows(tokenizer, examples: list[QAExample], max_length: int, doc_stride: int, max_query_length: int) -> Windows:
+def encoder_featurizer(encoder) -> Callable | None:
+    """The encoder's extra-input featurizer (CharBERT's character channel), or None."""
+    return encoder.featurizer() if hasattr(encoder, "featurizer") else None
+
+
+def make_windows(tokenizer, examples: list[QAExample], max_length: int, doc_stride: int, max_query_length: int,
+                 featurizer: Callable | None = None) -> Windows:
     """Tokenize ``examples`` into windows with their offsets and training targets."""
     if not examples:
         raise InputError("no questions to tokenize")
@@ -108,7 +123,8 @@ def make_windows(tokenizer, examples: list[QAExample], max_length: int, doc_stri
     offsets[~context_mask] = 0
     example = np.array([row[0] for row in rows], dtype=np.int64)
     start_positions, end_positions = _targets(examples, example, context_mask, offsets)
-    return Windows(input_ids, token_type_ids, attention_mask, context_mask, offsets, example, start_positions, end_positions)
+    return Windows(input_ids, token_type_ids, attention_mask, context_mask, offsets, example, start_positions, end_positions,
+                   [e.context for e in examples], featurizer)
 
 
 def _targets(examples: list[QAExample], example: np.ndarray, context_mask: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,93 @@
+"""`spanlm qa train|eval|predict`: the subcommands, registered by :func:`add_qa_commands`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from spanlm.config import load_recipe
+    from spanlm.qa.config import QARecipe
+    from spanlm.qa.task import train_qa
+
+    recipe = load_recipe(args.recipe, args.overrides, cls=QARecipe)
+    run_dir, metrics = train_qa(recipe, resume=args.resume, log=_log)
+    if metrics is not None:  # the main process reports; the others only trained
+        print(json.dumps({"run_dir": str(run_dir), "model_dir": str(run_dir / "model"), **metrics}, ensure_ascii=False))
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from spanlm.qa.data import read_squad
+    from spanlm.qa.predict import QAModel, final_answer
+
+    model = QAModel(args.model, device=args.device)
+    examples, report = read_squad(args.data, model.recipe.data.repair_window, allow_impossible=model.recipe.qa.no_answer)
+    for line in report.lines():
+        _log(line)
+    if not examples:
+        from spanlm.errors import InputError
+
+        raise InputError(f"{args.data}: no usable question ({report.questions} read, {len(report.skipped)} skipped)")
+    metrics, predictions = model.evaluate(examples, args.batch_size)
+    if args.predictions:  # the official scripts' input: {question id: answer}
+        answers = {p.id: final_answer(p, model.recipe.qa.no_answer, model.threshold) for p in predictions}
+        with open(args.predictions, "w", encoding="utf-8") as handle:
+            json.dump(answers, handle, ensure_ascii=False, indent=1)
+    print(json.dumps({"data": args.data, "metric": model.recipe.qa.metric, **metrics, "read": report.summary()}, ensure_ascii=False))
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from spanlm.qa.data import read_questions_jsonl
+    from spanlm.qa.predict import QAModel
+
+    model = QAModel(args.model, device=args.device)
+    examples = read_questions_jsonl(args.input)
+    if not examples:
+        _log(f"{args.input}: no questions")
+        return 0
+    lines = [json.dumps(model.answer(p), ensure_ascii=False) + "\n" for p in model.predict(examples, args.batch_size)]
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as handle:
+            handle.writelines(lines)
+        _log(f"wrote {len(lines)} answers to {args.output}")
+    else:
+        sys.stdout.writelines(lines)
+    return 0
+
+
+def add_qa_commands(commands) -> None:
+    """Add ``qa`` with its three subcommands to the ``spanlm`` subcommand table."""
+    qa = commands.add_parser("qa", help="extractive question answering (SQuAD format): train, eval, predict",
+                             description="Fine-tune an encoder for span-extraction QA, score it with the official "
+                                         "SQuAD / CMRC 2018 EM and F1, and answer new questions.")
+    actions = qa.add_subparsers(dest="qa_command", metavar="ACTION", required=True)
+
+    train = actions.add_parser("train", help="fine-tune with a recipe; exports <run>/model/ and scores it on data.dev")
+    train.add_argument("recipe", help="a YAML recipe, e.g. configs/qa/cmrc2018.yaml")
+    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.path=DIR model.init=random train.max_steps=200")
+    train.add_argument("--resume", default=None, metavar="auto|PATH",
+                       help="auto: the latest complete checkpoint of train.output_dir; or a checkpoint / run directory")
+    train.set_defaults(run=_train)
+
+    for name, helptext in (("eval", "EM / F1 of an exported model on a SQuAD-format file"),
+                           ("predict", "answer JSONL questions: {\"question\", \"context\"} per line")):
+        action = actions.add_parser(name, help=helptext)
+        action.add_argument("model", help="the model/ directory of a `spanlm qa train` run")
+        if name == "eval":
+            action.add_argument("--data", required=True, help="a SQuAD v1.1 / v2.0 JSON file")
+            action.add_argument("--predictions", default=None, metavar="FILE", help="also write {question id: answer} as JSON")
+            action.set_defaults(run=_eval)
+        else:
+            action.add_argument("--input", required=True, help="JSONL, one {\"question\", \"context\"} (\"id\" optional) per line")
+            action.add_argument("--output", default=None, help="JSONL answers (default: stdout)")
+            action.set_defaults(run=_predict)
+        action.add_argument("--batch-size", type=int, default=32, help="windows per forward pass (default 32)")
+        action.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
