@@ -80,3 +80,12 @@ def test_bad_recipe_files(tmp_path):
     (tmp_path / "broken.yaml").write_text("data: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_recipe(tmp_path / "broken.yaml")
+
+
+def test_float_in_exponent_notation_without_a_dot():
+    from spanlm.config import Recipe, load_recipe
+
+    recipe = load_recipe(None, ["train.lr=1e-4", "train.eps=2E-8"], cls=Recipe)
+    assert recipe.train.lr == 1e-4 and recipe.train.eps == 2e-8
+    with pytest.raises(ConfigError, match="train.lr"):
+        load_recipe(None, ["train.lr=fast"], cls=Recipe)

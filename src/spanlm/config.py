@@ -76,6 +76,12 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         return {k: _convert(v, args[1], f"{key}.{k}") for k, v in value.items()}
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str):
+        # YAML 1.1 (PyYAML) reads `1e-4` — exponent without a dot — as a string; it is a float here.
+        try:
+            return float(value)
+        except ValueError:
+            pass
     if tp is Any:
         return value
     # bool is a subclass of int: reject True for an int field and 1 for a bool field alike.

@@ -15,14 +15,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spanlm.errors import ConfigError, InputError
 from spanlm.heads.global_pointer import GlobalPointer
@@ -31,19 +28,20 @@ from spanlm.ner.config import NerConfig, NerRecipe
 from spanlm.ner.data import NerDocument, label_set, read_documents
 from spanlm.ner.predict import (HEAD_FILE, LABELS_FILE, RECIPE_FILE, NerModel, Spans, by_length, flat_select, merge,
                                 score_documents, spans_to_documents, window_spans)
-from spanlm.ner.windows import Windows, make_windows
-from spanlm.objectives.base import Objective
-from spanlm.train.data import BatchKeySampler
+from spanlm.ner.windows import make_windows
+from spanlm.objectives.base import EncoderTask
+from spanlm.train.data import build_window_loader
 from spanlm.train.loop import TrainingSetup, train
 
 
-class NerObjective(Objective):
+class NerObjective(EncoderTask):
     """Encoder + GlobalPointer. ``forward`` returns the ZLPR loss when the batch has ``entity_spans``
     (training, held-out loss) and the logits (B, types, L, L) otherwise (prediction)."""
 
     def __init__(self, encoder, n_types: int, config: NerConfig):
         super().__init__()
         self.encoder = encoder
+        self.head_file = HEAD_FILE
         self.head = GlobalPointer(encoder.hidden_size, n_types, config.head)
         self.loss_config = config.loss
 
@@ -53,30 +51,6 @@ class NerObjective(Objective):
         if "entity_spans" not in batch:
             return {"logits": logits}
         return {"loss": global_pointer_loss(logits, batch["entity_spans"], self.loss_config)}
-
-    def export(self, directory: Path, tokenizer=None) -> None:
-        from safetensors.torch import save_file
-
-        self.encoder.save(directory)
-        save_file({k: v.contiguous() for k, v in self.head.state_dict().items()}, str(directory / HEAD_FILE))
-
-    def shard_units(self) -> list[torch.nn.Module]:
-        return self.encoder.shard_units()
-
-
-class WindowBatches(torch.utils.data.Dataset):
-    """Map-style dataset keyed by batch, as the engine's loaders: (epoch, batch, window indices) → batch."""
-
-    def __init__(self, windows: Windows):
-        self.windows = windows
-
-    def __getitem__(self, key) -> dict[str, torch.Tensor]:
-        _, _, indices = key
-        return self.windows.batch(indices)
-
-
-def _single(batch):
-    return batch
 
 
 def read_split(path: str, recipe: NerRecipe, name: str, labels: list[str] | None, log) -> list[NerDocument]:
@@ -120,16 +94,7 @@ def ner_setup(recipe: NerRecipe, env, log=print) -> TrainingSetup:
     log(f"{data.train}: " + json.dumps(report.summary()))
     objective = NerObjective(encoder, len(labels), recipe.ner)
 
-    try:
-        sampler = BatchKeySampler(np.arange(len(train_windows)), recipe.train.batch_size, recipe.seed, env.rank, env.world_size)
-    except ValueError as error:
-        raise ConfigError(f"data.train: {error}") from None
-    workers = recipe.train.num_workers
-    loader = StatefulDataLoader(
-        WindowBatches(train_windows), sampler=sampler, batch_size=None, collate_fn=_single, num_workers=workers,
-        persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None,
-        generator=torch.Generator().manual_seed(recipe.seed),  # never draws from the global RNG (exact resume)
-    )
+    loader = build_window_loader(train_windows, recipe.train, recipe.seed, env.rank, env.world_size)
     if not data.dev:
         return TrainingSetup(objective, loader, lambda: iter(()))
 
@@ -175,7 +140,7 @@ def export_model(run_dir: Path, recipe: NerRecipe) -> Path:
     from spanlm.config import save_config
     from spanlm.models.encoder import load_encoder
     from spanlm.train.checkpoint import latest_checkpoint
-    from spanlm.train.export import load_objective_weights
+    from spanlm.train.export import load_objective_weights, write_directory
 
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:
@@ -184,19 +149,12 @@ def export_model(run_dir: Path, recipe: NerRecipe) -> Path:
     # The architecture only: the checkpoint's weights replace the fresh ones.
     objective = NerObjective(load_encoder(dataclasses.replace(recipe.model, init="random")), len(labels), recipe.ner)
     load_objective_weights(objective, checkpoint / "model.safetensors")
-    out = run_dir / "model"
-    tmp = Path(tempfile.mkdtemp(prefix=".model.tmp-", dir=run_dir))
-    try:
-        objective.export(tmp)
-        save_config(recipe, tmp / RECIPE_FILE)
-        (tmp / LABELS_FILE).write_text(json.dumps(labels, ensure_ascii=False) + "\n", encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    def fill(directory: Path) -> None:
+        objective.export(directory)
+        save_config(recipe, directory / RECIPE_FILE)
+        (directory / LABELS_FILE).write_text(json.dumps(labels, ensure_ascii=False) + "\n", encoding="utf-8")
+
+    return write_directory(run_dir / "model", fill)
 
 
 def evaluate_model(model: NerModel, documents: list[NerDocument], cluener: bool, batch_size: int = 32) -> tuple[dict, list]:

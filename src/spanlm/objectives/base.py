@@ -30,3 +30,24 @@ class Objective(nn.Module):
     def shard_units(self) -> list[nn.Module]:
         """Sub-modules FSDP2 shards one by one (the transformer layers); the rest goes with the root."""
         return []
+
+
+class EncoderTask(Objective):
+    """A fine-tuning objective: ``encoder`` (:mod:`spanlm.models.encoder`) + a task ``head``.
+
+    Its export is the encoder's directory (which ``load_encoder`` and ``AutoModel`` load) with the head's
+    weights beside it in ``head_file``.
+    """
+
+    encoder: nn.Module
+    head: nn.Module
+    head_file: str
+
+    def export(self, directory: Path, tokenizer=None) -> None:
+        from safetensors.torch import save_file
+
+        self.encoder.save(directory)
+        save_file({k: v.contiguous() for k, v in self.head.state_dict().items()}, str(directory / self.head_file))
+
+    def shard_units(self) -> list[nn.Module]:
+        return self.encoder.shard_units()

@@ -11,32 +11,30 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
-from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spanlm.errors import ConfigError, InputError
-from spanlm.objectives.base import Objective
+from spanlm.objectives.base import EncoderTask
 from spanlm.qa.config import QARecipe
 from spanlm.qa.data import QAExample, read_squad
 from spanlm.qa.head import SpanHead, span_loss
 from spanlm.qa.predict import HEAD_FILE, RECIPE_FILE, SETTINGS_FILE, QAModel, evaluate_predictions, predict
-from spanlm.qa.windows import Windows, encoder_featurizer, make_windows
-from spanlm.train.data import BatchKeySampler
+from spanlm.qa.windows import encoder_featurizer, make_windows
+from spanlm.train.data import build_window_loader
 from spanlm.train.loop import TrainingSetup, train
 
 
-class QAObjective(Objective):
+class QAObjective(EncoderTask):
     """Encoder + start/end head. ``forward`` returns the losses when the batch has targets
     (training, held-out loss) and the masked logits otherwise (prediction)."""
 
     def __init__(self, encoder):
         super().__init__()
         self.encoder = encoder
+        self.head_file = HEAD_FILE
         model_config = getattr(getattr(encoder, "model", None), "config", None)
         self.head = SpanHead(encoder.hidden_size, getattr(model_config, "initializer_range", 0.02))
 
@@ -47,30 +45,6 @@ class QAObjective(Objective):
             return {"start_logits": start, "end_logits": end}
         loss, start_loss, end_loss = span_loss(start, end, batch["start_positions"], batch["end_positions"])
         return {"loss": loss, "start_loss": start_loss, "end_loss": end_loss}
-
-    def export(self, directory: Path, tokenizer=None) -> None:
-        from safetensors.torch import save_file
-
-        self.encoder.save(directory)
-        save_file({k: v.contiguous() for k, v in self.head.state_dict().items()}, str(directory / HEAD_FILE))
-
-    def shard_units(self) -> list[torch.nn.Module]:
-        return self.encoder.shard_units()
-
-
-class WindowBatches(torch.utils.data.Dataset):
-    """Map-style dataset keyed by batch, as the engine's loaders: (epoch, batch, window indices) → batch."""
-
-    def __init__(self, windows: Windows):
-        self.windows = windows
-
-    def __getitem__(self, key) -> dict[str, torch.Tensor]:
-        _, _, indices = key
-        return self.windows.batch(indices)
-
-
-def _single(batch):
-    return batch
 
 
 def read_split(path: str, recipe: QARecipe, name: str, log) -> list[QAExample]:
@@ -103,16 +77,7 @@ def qa_setup(recipe: QARecipe, env, log=print) -> TrainingSetup:
     dev_windows = make_windows(tokenizer, dev_examples, data.max_length, data.doc_stride, data.max_query_length, featurizer)
     log(f"{len(train_windows)} training windows from {len(train_examples)} questions, {len(dev_windows)} dev windows")
 
-    try:
-        sampler = BatchKeySampler(np.arange(len(train_windows)), recipe.train.batch_size, recipe.seed, env.rank, env.world_size)
-    except ValueError as error:
-        raise ConfigError(f"data.train: {error}") from None
-    workers = recipe.train.num_workers
-    loader = StatefulDataLoader(
-        WindowBatches(train_windows), sampler=sampler, batch_size=None, collate_fn=_single, num_workers=workers,
-        persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None,
-        generator=torch.Generator().manual_seed(recipe.seed),  # never draws from the global RNG (exact resume)
-    )
+    loader = build_window_loader(train_windows, recipe.train, recipe.seed, env.rank, env.world_size)
 
     def held_out():
         # Every rank the same number of windows, so the loop can average the losses over ranks.
@@ -139,7 +104,7 @@ def export_model(run_dir: Path, recipe: QARecipe, threshold: float = 0.0) -> Pat
     from spanlm.config import save_config
     from spanlm.models.encoder import load_encoder
     from spanlm.train.checkpoint import latest_checkpoint
-    from spanlm.train.export import load_objective_weights
+    from spanlm.train.export import load_objective_weights, write_directory
 
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:
@@ -147,19 +112,12 @@ def export_model(run_dir: Path, recipe: QARecipe, threshold: float = 0.0) -> Pat
     # The architecture only: the checkpoint's weights replace the fresh ones.
     objective = QAObjective(load_encoder(dataclasses.replace(recipe.model, init="random")))
     load_objective_weights(objective, checkpoint / "model.safetensors")
-    out = run_dir / "model"
-    tmp = Path(tempfile.mkdtemp(prefix=".model.tmp-", dir=run_dir))
-    try:
-        objective.export(tmp)
-        save_config(recipe, tmp / RECIPE_FILE)
-        write_threshold(tmp, threshold)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    def fill(directory: Path) -> None:
+        objective.export(directory)
+        save_config(recipe, directory / RECIPE_FILE)
+        write_threshold(directory, threshold)
+
+    return write_directory(run_dir / "model", fill)
 
 
 def write_threshold(model_dir: Path, threshold: float) -> None:

@@ -76,20 +76,47 @@ class MaskedBatches(torch.utils.data.Dataset):
         return self.masker(block_batch, rng).to_torch()
 
 
+class WindowBatches(torch.utils.data.Dataset):
+    """Fine-tuning windows (NER, QA) keyed by batch like the pretraining batches: key → ``windows.batch(indices)``."""
+
+    def __init__(self, windows):
+        self.windows = windows
+
+    def __getitem__(self, key) -> dict[str, torch.Tensor]:
+        _, _, indices = key
+        return self.windows.batch(indices)
+
+
 def _single(batch):
     return batch
+
+
+def keyed_loader(dataset: torch.utils.data.Dataset, sampler: BatchKeySampler, num_workers: int, seed: int) -> StatefulDataLoader:
+    """A StatefulDataLoader over a keyed dataset: each sampler key is one whole batch."""
+    return StatefulDataLoader(
+        dataset, sampler=sampler, batch_size=None, collate_fn=_single, num_workers=num_workers,
+        persistent_workers=num_workers > 0, prefetch_factor=4 if num_workers > 0 else None,
+        # Its own generator: creating an iterator must not draw from the global torch RNG, which the
+        # model's dropout uses and a resumed run restores (a draw there would break bit-exact resume).
+        generator=torch.Generator().manual_seed(seed),
+    )
 
 
 def build_train_loader(blocks: BlockDataset, train_blocks: np.ndarray, masker, config, seed: int, rank: int, world_size: int) -> StatefulDataLoader:
     sampler = BatchKeySampler(train_blocks, config.batch_size, seed, rank, world_size)
     dataset = MaskedBatches(blocks, masker, blocks.corpus.special_ids["pad"], seed, rank)
-    return StatefulDataLoader(
-        dataset, sampler=sampler, batch_size=None, collate_fn=_single, num_workers=config.num_workers,
-        persistent_workers=config.num_workers > 0, prefetch_factor=4 if config.num_workers > 0 else None,
-        # Its own generator: creating an iterator must not draw from the global torch RNG, which the
-        # model's dropout uses and a resumed run restores (a draw there would break bit-exact resume).
-        generator=torch.Generator().manual_seed(seed),
-    )
+    return keyed_loader(dataset, sampler, config.num_workers, seed)
+
+
+def build_window_loader(windows, config, seed: int, rank: int, world_size: int) -> StatefulDataLoader:
+    """The resumable training loader of a fine-tuning task over ``len(windows)`` windows."""
+    from spanlm.errors import ConfigError
+
+    try:
+        sampler = BatchKeySampler(np.arange(len(windows)), config.batch_size, seed, rank, world_size)
+    except ValueError as error:
+        raise ConfigError(f"data.train: {error}") from None
+    return keyed_loader(WindowBatches(windows), sampler, config.num_workers, seed)
 
 
 EVAL_EPOCH = 2**31 - 1  # the RNG key of held-out batches: never a training epoch

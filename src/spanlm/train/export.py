@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from spanlm.errors import InputError
@@ -28,6 +29,24 @@ def load_objective_weights(objective, path: Path) -> None:
                          f"unexpected {sorted(result.unexpected_keys)[:5]})")
 
 
+def write_directory(out: Path, fill: Callable[[Path], None]) -> Path:
+    """Write ``out`` through ``fill(tmp)`` into a temporary sibling, fsync it and swap it into place.
+
+    A crash or error midway leaves the previous ``out`` (if any) as it was and no partial directory.
+    """
+    from spanlm.data.shards import replace_directory
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        fill(tmp)
+        replace_directory(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
 def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
     from spanlm.config import load_recipe, save_config
     from spanlm.data.shards import PreparedCorpus
@@ -44,16 +63,10 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
     objective = build_objective(recipe, corpus)
     load_objective_weights(objective, checkpoint / "model.safetensors")
     objective.eval()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        objective.export(tmp, corpus.tokenizer)
-        corpus.tokenizer.save_pretrained(str(tmp))
-        save_config(recipe, tmp / "config.yaml")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+
+    def fill(directory: Path) -> None:
+        objective.export(directory, corpus.tokenizer)
+        corpus.tokenizer.save_pretrained(str(directory))
+        save_config(recipe, directory / "config.yaml")
+
+    return write_directory(out, fill)

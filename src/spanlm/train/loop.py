@@ -355,4 +355,4 @@ def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch
 def _progress_bar(total: int, initial: int, enabled: bool):
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, disable=not enabled, desc="pretrain", unit="step", dynamic_ncols=True)
+    return tqdm(total=total, initial=initial, disable=not enabled, desc="train", unit="step", dynamic_ncols=True)
