@@ -48,6 +48,13 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from spanlm.train.report import compare_runs
+
+    print(json.dumps({"plot": str(compare_runs(args.run_dirs, args.metric, args.out, args.kind))}))
+    return 0
+
+
 def _preview(args: argparse.Namespace) -> int:
     from spanlm.config import load_recipe
     from spanlm.masking.preview import preview
@@ -105,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="plots and an HTML summary of a run directory")
     report.add_argument("run_dir")
     report.set_defaults(run=_report)
+
+    compare = commands.add_parser("compare", help="one plot of several runs' metrics side by side")
+    compare.add_argument("run_dirs", nargs="+")
+    compare.add_argument("--metric", action="append", required=True, help="a logged key, e.g. mlm_loss (repeatable: one panel each)")
+    compare.add_argument("--kind", choices=["train", "eval"], default="eval", help="which records (default eval)")
+    compare.add_argument("--out", required=True, help="the PNG to write")
+    compare.set_defaults(run=_compare)
 
     demo = commands.add_parser("demo", help="the whole toolkit on the embedded data: pretrain → NER → report",
                                description="Prepare the embedded corpus, pretrain a tiny SpanBERT, fine-tune GlobalPointer NER on "

@@ -189,6 +189,12 @@ def test_report_writes_plots_and_html(prepared, tmp_path):
     assert "Final metrics" in page and "Configuration" in page and "mlm_accuracy" in page
     assert main(["report", str(tmp_path)]) == 2  # not a run directory: a clear error, no traceback
 
+    other = pretrain(toy_recipe(prepared, tmp_path / "other", max_steps=4, eval_every=2, lr=3e-3), **QUIET)
+    plot = tmp_path / "compare.png"
+    assert main(["compare", str(run), str(other), "--metric", "loss", "--metric", "mlm_accuracy", "--out", str(plot)]) == 0
+    assert plot.stat().st_size > 1000
+    assert main(["compare", str(run), "--metric", "no_such_metric", "--out", str(plot)]) == 2
+
 
 def test_lr_schedule_shapes():
     from spanlm.train.config import TrainConfig

@@ -73,3 +73,36 @@ def _format(value) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
     return html.escape(str(value))
+
+
+def compare_runs(run_dirs: list[str | Path], metrics: list[str], out: str | Path, kind: str = "eval") -> Path:
+    """One PNG with a panel per metric, one curve per run (labelled by its directory name)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {Path(d).name: [r for r in read_metrics(Path(d)) if r.get("kind", "train") == kind] for d in run_dirs}
+    for name, rows in runs.items():
+        if not rows:
+            raise InputError(f"{name}: no '{kind}' records in its metrics.jsonl")
+    figure, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 3.6), dpi=100, squeeze=False)
+    for axis, metric in zip(axes[0], metrics):
+        drawn = 0
+        for name, rows in runs.items():
+            points = [(r["step"], r[metric]) for r in rows if isinstance(r.get(metric), (int, float))]
+            if points:
+                axis.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None, label=name)
+                drawn += 1
+        if not drawn:
+            raise InputError(f"no run logged '{metric}' in its '{kind}' records")
+        axis.set_title(f"{metric} ({kind})")
+        axis.set_xlabel("step")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out)
+    plt.close(figure)
+    return out
