@@ -73,13 +73,31 @@ def _eval(args: argparse.Namespace) -> int:
     fmt = _format(args.data, args.format, model.recipe.data.format)
     documents, report = _read(model, args.data, fmt, args.on_bad_record)
     scores, predicted = evaluate_model(model, documents, cluener=fmt == "cluener", batch_size=args.batch_size)
+    result = {"data": args.data, **scores, **report.summary()}
+    if args.noise is not None:  # the same documents again, misspelt (CharBERT's robustness test)
+        from spanlm.ner.attack import attack_documents, format_comparison
+
+        attacked_documents, counts = attack_documents(documents, args.noise, args.noise_seed)
+        attacked, _ = evaluate_model(model, attacked_documents, cluener=fmt == "cluener", batch_size=args.batch_size)
+        result["attacked"] = {"noise": args.noise, "noise_seed": args.noise_seed, **counts.summary(), **attacked}
     output = Path(args.output) if args.output else Path(args.model) / f"eval-{Path(args.data).stem}.json"
-    output.write_text(json.dumps({"data": args.data, **scores, **report.summary()}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    output.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     if args.predictions:
         write_jsonl(args.predictions, [d for d, _ in predicted])
-    print(format_table(scores))
+    print(format_table(scores) if args.noise is None else format_comparison(scores, attacked, args.noise))
     _log(f"wrote {output}")
     return 0
+
+
+def _rate(value: str) -> float:
+    """--noise: a probability (argparse turns the error into a one-line usage message)."""
+    try:
+        rate = float(value)
+    except ValueError:
+        rate = float("nan")
+    if not 0.0 <= rate <= 1.0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a rate in [0, 1]")
+    return rate
 
 
 def _texts(args: argparse.Namespace):
@@ -144,6 +162,10 @@ def add_ner_commands(commands) -> None:
     evaluate.add_argument("--on-bad-record", choices=["error", "skip"], default=None, help="default: the model's recipe")
     evaluate.add_argument("--output", default=None, metavar="FILE", help="metrics JSON (default MODEL/eval-<data name>.json)")
     evaluate.add_argument("--predictions", default=None, metavar="FILE", help="also write the predictions as JSONL")
+    evaluate.add_argument("--noise", type=_rate, default=None, metavar="RATE",
+                          help="also score a copy whose ASCII words are misspelt with probability RATE "
+                               "(drop / add / swap / keyboard typo, as CharBERT's robustness test)")
+    evaluate.add_argument("--noise-seed", type=int, default=0, metavar="N", help="seed of the --noise attack (default 0)")
     evaluate.set_defaults(run=_eval)
 
     predict = actions.add_parser("predict", help="tag text: JSONL {\"text\", \"entities\": [{start, end, label, text, score}]}")
