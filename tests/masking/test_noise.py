@@ -74,15 +74,15 @@ def test_operation_mix_and_noise_rate(masker, english, blocks):
     totals = dict.fromkeys(["words", "noised_words", "noise_insert", "noise_delete", "noise_swap", "noise_unusable", "noise_out_of_vocabulary"], 0)
     batches = blocks(english, 128, 32, 8)
     for epoch in range(6):  # the noise is dynamic: the same blocks get new noise every pass
-        for batch in batches:
-            counters = masker(batch, np.random.default_rng([epoch, id(batch) % 1000])).counters
+        for number, batch in enumerate(batches):
+            counters = masker(batch, np.random.default_rng([epoch, number])).counters
             for key in totals:
                 totals[key] += counters[key]
     drawn = totals["noised_words"] + totals["noise_unusable"] + totals["noise_out_of_vocabulary"]
     assert drawn / totals["words"] == pytest.approx(0.10, abs=0.005)
     assert totals["noise_unusable"] < 0.05 * totals["noised_words"]
     long_words = totals["noise_delete"] + totals["noise_swap"]
-    assert long_words > 5000
+    assert long_words > 4000  # enough draws for the ±0.02 check of the delete / swap split below
     assert totals["noise_delete"] / long_words == pytest.approx(0.5, abs=0.02)
     assert totals["noise_insert"] + long_words == totals["noised_words"]
 
