@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spanlm.errors import InputError
 from spanlm.ner.data import Entity, NerDocument
 from spanlm.ner.windows import Windows, make_windows
 
@@ -150,26 +149,19 @@ class NerModel:
     """An exported NER model: encoder + GlobalPointer head + labels + the recipe it was trained with."""
 
     def __init__(self, directory: str | Path, device: str = "auto"):
-        from safetensors.torch import load_file
-
         from spanlm.config import load_recipe
         from spanlm.models.encoder import EncoderConfig, load_encoder
         from spanlm.ner.config import NerRecipe
         from spanlm.ner.task import NerObjective
+        from spanlm.objectives.base import check_task_directory, ready_for_inference
 
         directory = Path(directory)
-        for name in (RECIPE_FILE, HEAD_FILE, LABELS_FILE):
-            if not (directory / name).is_file():
-                raise InputError(f"{directory}: not a spanlm NER model (no {name}); pass the model/ directory of a `spanlm ner train` run")
+        check_task_directory(directory, (RECIPE_FILE, HEAD_FILE, LABELS_FILE), "NER")
         self.recipe = load_recipe(directory / RECIPE_FILE, cls=NerRecipe)
         self.labels = json.loads((directory / LABELS_FILE).read_text(encoding="utf-8"))
         encoder = load_encoder(EncoderConfig(path=str(directory)))
         self.objective = NerObjective(encoder, len(self.labels), self.recipe.ner)
-        self.objective.head.load_state_dict(load_file(str(directory / HEAD_FILE)))
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
-        self.objective.to(self.device).eval()
+        self.device = ready_for_inference(self.objective, directory, device)
         self.tokenizer = encoder.tokenizer
         self.featurizer = encoder.featurizer() if hasattr(encoder, "featurizer") else None
 

@@ -51,3 +51,24 @@ class EncoderTask(Objective):
 
     def shard_units(self) -> list[nn.Module]:
         return self.encoder.shard_units()
+
+
+def check_task_directory(directory: Path, files: tuple[str, ...], task: str) -> None:
+    """A clear error unless ``directory`` holds every file a fine-tuned ``task`` model is made of."""
+    from spanlm.errors import InputError
+
+    for name in files:
+        if not (directory / name).is_file():
+            raise InputError(f"{directory}: not a spanlm {task} model (no {name}); "
+                             f"pass the model/ directory of a `spanlm {task.lower()} train` run")
+
+
+def ready_for_inference(objective: EncoderTask, directory: Path, device: str) -> torch.device:
+    """Load the head's weights from ``directory``, move ``objective`` to ``device`` (auto: CUDA when present), eval mode."""
+    from safetensors.torch import load_file
+
+    objective.head.load_state_dict(load_file(str(directory / objective.head_file)))
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    objective.to(device).eval()
+    return torch.device(device)

@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spanlm.errors import InputError
 from spanlm.qa.config import QARecipe
 from spanlm.qa.data import QAExample
 from spanlm.qa.metrics import evaluate as score_predictions
@@ -115,26 +114,19 @@ class QAModel:
     """An exported QA model: encoder + span head + the recipe it was trained with + tuned threshold."""
 
     def __init__(self, directory: str | Path, device: str = "auto"):
-        from safetensors.torch import load_file
-
         from spanlm.config import load_recipe
         from spanlm.models.encoder import EncoderConfig, load_encoder
+        from spanlm.objectives.base import check_task_directory, ready_for_inference
         from spanlm.qa.task import QAObjective
 
         directory = Path(directory)
-        for name in (RECIPE_FILE, HEAD_FILE, SETTINGS_FILE):
-            if not (directory / name).is_file():
-                raise InputError(f"{directory}: not a spanlm QA model (no {name}); pass the model/ directory of a `spanlm qa train` run")
+        check_task_directory(directory, (RECIPE_FILE, HEAD_FILE, SETTINGS_FILE), "QA")
         self.recipe = load_recipe(directory / RECIPE_FILE, cls=QARecipe)
         settings = json.loads((directory / SETTINGS_FILE).read_text(encoding="utf-8"))
         self.threshold = float(settings["no_answer_threshold"])
         encoder = load_encoder(EncoderConfig(path=str(directory), dropout=self.recipe.model.dropout))
         self.objective = QAObjective(encoder)
-        self.objective.head.load_state_dict(load_file(str(directory / HEAD_FILE)))
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
-        self.objective.to(self.device).eval()
+        self.device = ready_for_inference(self.objective, directory, device)
         self.tokenizer = encoder.tokenizer
 
     def predict(self, examples: list[QAExample], batch_size: int = 32) -> list[Prediction]:
