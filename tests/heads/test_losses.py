@@ -132,3 +132,14 @@ def test_decoded_cross_entropy_under_bf16_autocast():
     fused.total.backward()
     assert features.grad.dtype == torch.float32 and embedding.weight.grad.dtype == torch.float32
     assert torch.isfinite(features.grad).all() and torch.isfinite(embedding.weight.grad).all()
+
+
+def test_decoded_cross_entropy_samples_from_the_same_rows():
+    from spanlm.heads.rtd import gumbel_max_sample
+
+    embedding, decoder, features, labels = _decoder_case(64)
+    draw = lambda rows: gumbel_max_sample(rows, 0.7, torch.Generator().manual_seed(3))  # noqa: E731
+    fused = decoded_cross_entropy(features, decoder, labels, sampler=draw)
+    assert torch.equal(fused.samples, draw(decoder(features).detach()))  # the row shift leaves the arg-max alone
+    assert fused.total.item() == pytest.approx(decoded_cross_entropy(features, decoder, labels).total.item(), rel=1e-6)
+    assert decoded_cross_entropy(features, decoder, labels).samples is None

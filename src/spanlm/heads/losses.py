@@ -39,6 +39,7 @@ class TokenLoss:
     total: Tensor  # float32 scalar: summed cross-entropy
     count: Tensor  # int64 scalar: number of targets
     correct: Tensor  # int64 scalar: targets whose arg-max prediction is the label (no gradient)
+    samples: Tensor | None = None  # (N,) what ``decoded_cross_entropy``'s ``sampler`` drew from the rows (no gradient)
 
     @property
     def accuracy(self) -> Tensor:
@@ -65,7 +66,7 @@ class _DecodedCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, features: Tensor, weight: Tensor, bias: Tensor, labels: Tensor):
+    def forward(ctx, features: Tensor, weight: Tensor, bias: Tensor, labels: Tensor, sampler):
         logits = torch.addmm(bias, features, weight.t())  # (N, V); bf16 under autocast
         ctx.compute_dtype = logits.dtype
         log_probs = torch.log_softmax(logits.float(), dim=-1)  # (N, V) float32
@@ -75,33 +76,39 @@ class _DecodedCrossEntropy(torch.autograd.Function):
         rows = torch.arange(labels.shape[0], device=labels.device)
         total = -(log_probs[rows, safe] * valid).sum()
         correct = ((log_probs.argmax(dim=-1) == labels) & valid).sum()
+        # Draw from the rows before the buffer becomes the gradient (ELECTRA's generator samples its
+        # replacements from the very distribution it is trained on: no second projection).
+        samples = sampler(log_probs) if sampler is not None else torch.empty(0, dtype=torch.long, device=labels.device)
         gradient = log_probs.exp_()  # softmax, in place
         gradient[rows, safe] -= valid.to(gradient.dtype)  # − one-hot
         if not bool(valid.all()):
             gradient.mul_(valid[:, None])
         ctx.save_for_backward(features, weight, gradient)
-        ctx.mark_non_differentiable(correct)
-        return total, correct
+        ctx.mark_non_differentiable(correct, samples)
+        return total, correct, samples
 
     @staticmethod
-    def backward(ctx, grad_total: Tensor, grad_correct: Tensor):
+    def backward(ctx, grad_total: Tensor, grad_correct: Tensor, grad_samples: Tensor):
         features, weight, gradient = ctx.saved_tensors
         compute = gradient.to(ctx.compute_dtype)
         grad_features = (compute @ weight.to(ctx.compute_dtype)).to(features.dtype) * grad_total  # (N, E)
         grad_weight = (compute.t() @ features.to(ctx.compute_dtype)).to(weight.dtype) * grad_total  # (V, E)
         grad_bias = gradient.sum(0).to(weight.dtype) * grad_total  # (V,)
-        return grad_features, grad_weight, grad_bias, None
+        return grad_features, grad_weight, grad_bias, None, None
 
 
-def decoded_cross_entropy(features: Tensor, decoder, labels: Tensor) -> TokenLoss:
+def decoded_cross_entropy(features: Tensor, decoder, labels: Tensor, sampler=None) -> TokenLoss:
     """:func:`token_cross_entropy` of ``decoder(features)`` without materialising the logits for autograd.
 
     ``features`` (N, E) are a head's rows before its vocabulary projection; ``decoder`` has ``weight``
     (V, E) and ``bias`` (V,) (:class:`~spanlm.heads.mlm.TiedDecoder`). Equal to
-    ``token_cross_entropy(decoder(features), labels)`` in value and gradients.
+    ``token_cross_entropy(decoder(features), labels)`` in value and gradients. ``sampler``, when given,
+    is called without gradient on the float32 log-probabilities (N, V) — the logits shifted per row, so
+    any arg-max over them is the logits' — and its result (N,) is returned as ``samples``.
     """
-    total, correct = _DecodedCrossEntropy.apply(features, decoder.weight, decoder.bias, labels)
-    return TokenLoss(total=total, count=(labels != IGNORE_INDEX).sum(), correct=correct)
+    total, correct, samples = _DecodedCrossEntropy.apply(features, decoder.weight, decoder.bias, labels, sampler)
+    return TokenLoss(total=total, count=(labels != IGNORE_INDEX).sum(), correct=correct,
+                     samples=samples if sampler is not None else None)
 
 
 def masked_lm_loss(mlm: TokenLoss) -> dict[str, Tensor]:

@@ -120,7 +120,13 @@ class Electra(Objective):
         # --- generator: a masked LM on the corrupted input
         hidden = encode(self.generator, batch)  # (B, L, H_G)
         rows = self.mlm_head.features(gather_rows(hidden, batch["target_index"]))  # (N, E)
-        mlm = decoded_cross_entropy(rows, self.mlm_head.decoder, batch["target_labels"])
+        # Replacements: sampled from G's softmax at every target, without gradient (ELECTRA §2), inside
+        # the MLM loss from the same log-probabilities (softmax(logits/T) is unchanged by the row shift).
+        noise = torch.Generator(device=rows.device)
+        noise.manual_seed(int(batch["sample_seed"][0]))
+        temperature = self.settings.temperature
+        mlm = decoded_cross_entropy(rows, self.mlm_head.decoder, batch["target_labels"],
+                                    sampler=lambda log_probs: gumbel_max_sample(log_probs, temperature, noise))
         if self.sbo_head is None:
             parts = masked_lm_loss(mlm)
         else:
@@ -128,12 +134,9 @@ class Electra(Objective):
             parts = span_bert_loss(mlm, decoded_cross_entropy(sbo_rows, self.sbo_head.decoder, batch["sbo_labels"]), self.sbo_weight)
         generator_loss = parts.pop("loss")
 
-        # --- replacements: sampled from G's softmax at every target, without gradient (ELECTRA §2)
+        # --- the discriminator's input: targets replaced by the samples
         with torch.no_grad():
-            logits = self.mlm_head.decoder(rows.detach())  # (N, V)
-            noise = torch.Generator(device=logits.device)
-            noise.manual_seed(int(batch["sample_seed"][0]))
-            samples = gumbel_max_sample(logits, self.settings.temperature, noise)  # (N,)
+            samples = mlm.samples  # (N,)
             ids, replaced = replace_tokens(batch["input_ids"], batch["target_index"], samples, batch["target_labels"])  # (B, L) each
             positions = batch["attention_mask"].flatten().nonzero().squeeze(1)  # (T,) non-pad tokens
             sample_accuracy = (samples == batch["target_labels"]).sum().float() / max(samples.numel(), 1)
