@@ -61,21 +61,31 @@ class _DecodedCrossEntropy(torch.autograd.Function):
     """Summed cross-entropy of ``features @ weightᵀ + bias`` against ``labels``, and the correct count.
 
     Forward keeps only the logits' gradient G = softmax − one-hot (rows of ignored labels zero), built in
-    place over the float32 log-probabilities; backward is then two matmuls: ∂features = g·G·W and
-    ∂W = g·Gᵀ·features (∂bias = g·ΣG), in the dtype the projection ran in (bf16 under autocast).
+    place in the one (N, V) float32 buffer the logits were computed into (log-softmax and exp run in
+    place: a 30k vocabulary makes every extra (N, V) pass or allocation cost as much as a small matmul);
+    backward is then two matmuls: ∂features = g·G·W and ∂W = Gᵀ·(g·features) (∂bias = g·ΣG), in the
+    dtype the projection ran in (bf16 under autocast). The scalar g scales the (N, E) side, never the
+    (V, E) one.
     """
 
     @staticmethod
     def forward(ctx, features: Tensor, weight: Tensor, bias: Tensor, labels: Tensor, sampler):
-        logits = torch.addmm(bias, features, weight.t())  # (N, V); bf16 under autocast
-        ctx.compute_dtype = logits.dtype
-        log_probs = torch.log_softmax(logits.float(), dim=-1)  # (N, V) float32
-        del logits
+        if torch.is_autocast_enabled(features.device.type):  # bf16 logits, rounded as the decoder's addmm rounds them
+            logits = torch.addmm(bias, features, weight.t())
+            ctx.compute_dtype = logits.dtype
+            logits = logits.float()  # (N, V)
+        else:  # float32: addmm would first copy the broadcast bias into the (N, V) output, one pass more
+            ctx.compute_dtype = torch.float32
+            logits = features @ weight.t()  # (N, V)
+            logits += bias
         valid = labels != IGNORE_INDEX
         safe = labels.clamp(min=0)
         rows = torch.arange(labels.shape[0], device=labels.device)
+        # Correct = the label's logit is the row's maximum (a tie with another token counts as correct;
+        # float32 logits of different tokens are practically never equal). One max pass, cheaper than argmax.
+        correct = ((logits[rows, safe] >= logits.amax(dim=-1)) & valid).sum()
+        log_probs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: row-wise, each row read before written
         total = -(log_probs[rows, safe] * valid).sum()
-        correct = ((log_probs.argmax(dim=-1) == labels) & valid).sum()
         # Draw from the rows before the buffer becomes the gradient (ELECTRA's generator samples its
         # replacements from the very distribution it is trained on: no second projection).
         samples = sampler(log_probs) if sampler is not None else torch.empty(0, dtype=torch.long, device=labels.device)
@@ -92,7 +102,8 @@ class _DecodedCrossEntropy(torch.autograd.Function):
         features, weight, gradient = ctx.saved_tensors
         compute = gradient.to(ctx.compute_dtype)
         grad_features = (compute @ weight.to(ctx.compute_dtype)).to(features.dtype) * grad_total  # (N, E)
-        grad_weight = (compute.t() @ features.to(ctx.compute_dtype)).to(weight.dtype) * grad_total  # (V, E)
+        scaled_features = (features * grad_total).to(ctx.compute_dtype)  # (N, E): g applied on the small side
+        grad_weight = (compute.t() @ scaled_features).to(weight.dtype)  # (V, E)
         grad_bias = gradient.sum(0).to(weight.dtype) * grad_total  # (V,)
         return grad_features, grad_weight, grad_bias, None, None
 

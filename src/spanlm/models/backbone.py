@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from torch import nn
 
 from spanlm.errors import ConfigError, InputError
+from spanlm.models.dropout import use_fast_dropout
 
 if TYPE_CHECKING:  # transformers is imported lazily: reading a recipe must not pay for it
     from transformers import PreTrainedModel
@@ -134,7 +135,7 @@ def build_backbone(config: BackboneConfig, corpus: PreparedCorpus) -> PreTrained
 
     model_config = _transformers_config(config, corpus)
     kwargs = {"add_pooling_layer": False} if config.family in _HAS_POOLER else {}
-    return AutoModel.from_config(model_config, attn_implementation=ATTENTION[config.family], **kwargs)
+    return use_fast_dropout(AutoModel.from_config(model_config, attn_implementation=ATTENTION[config.family], **kwargs))
 
 
 def _transformers_config(config: BackboneConfig, corpus: PreparedCorpus):
@@ -214,7 +215,7 @@ def _load_checkpoint(config: BackboneConfig, corpus: PreparedCorpus) -> PreTrain
     except Exception as error:  # missing / corrupt weights, shape mismatches
         raise InputError(f"{path}: cannot load the checkpoint: {error}".split("\n")[0]) from None
     check_vocabulary(model, corpus, path)
-    return model
+    return use_fast_dropout(model)
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spm.model",

@@ -97,6 +97,7 @@ def _load_model(directory: Path, config: EncoderConfig):
     from transformers import AutoConfig, AutoModel
 
     from spanlm.models.backbone import ATTENTION
+    from spanlm.models.dropout import use_fast_dropout
 
     model_config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
     if config.dropout is not None:
@@ -105,11 +106,13 @@ def _load_model(directory: Path, config: EncoderConfig):
     kwargs = {"add_pooling_layer": False} if model_config.model_type in ("bert", "roberta") else {}
     try:
         if config.init == "random":
-            return AutoModel.from_config(model_config, attn_implementation=attention, **kwargs)
-        return AutoModel.from_pretrained(str(directory), config=model_config, local_files_only=True,
-                                         attn_implementation=attention, **kwargs)
+            model = AutoModel.from_config(model_config, attn_implementation=attention, **kwargs)
+        else:
+            model = AutoModel.from_pretrained(str(directory), config=model_config, local_files_only=True,
+                                              attn_implementation=attention, **kwargs)
     except (OSError, ValueError) as error:
         raise InputError(f"{directory}: cannot load the encoder: {error}".replace("\n", " ")) from None
+    return use_fast_dropout(model)
 
 
 def load_fast_tokenizer(directory: Path):

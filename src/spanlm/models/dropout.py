@@ -1,0 +1,115 @@
+"""Dropout whose CPU masks cost a quarter of a random draw per element, and the attention that uses it.
+
+Why: on CPU, ``torch.nn.functional.dropout`` draws one Bernoulli sample per element from the serial
+Mersenne-Twister generator and is the single most expensive non-matmul operation of a small BERT
+training step: 13 dropout calls (embeddings, and attention probabilities, attention output and FFN
+output in every layer) take ~13% of a SpanBERT step at hidden 256 / seq 128, and the attention
+probabilities' dropout alone grows with seq² (bench/train_step.py). Here one 64-bit random word gives
+the keep decisions of four elements: each 16-bit quarter is kept when it is at or above the drop
+threshold, so
+
+    P(drop) = round(p · 2¹⁶) / 2¹⁶       (p = 0.1 → 0.1000061; |error| ≤ 2⁻¹⁷ for every p)
+
+and the kept elements are scaled by 1 / (1 − P(drop)), which keeps the expectation exact. Everything
+else is inverted dropout as in BERT (Devlin et al. 2019; hidden and attention-probability dropout
+0.1). The words come from torch's default generator, like ``nn.Dropout``'s samples, so seeding and
+checkpointed RNG states make runs reproducible exactly as before. On other devices (CUDA's fused
+Philox dropout is already cheap) and at p = 0 or 1 it is ``torch.nn.functional.dropout``.
+
+:func:`use_fast_dropout` puts it into a transformers encoder: every ``nn.Dropout`` module becomes a
+:class:`FastDropout`, and SDPA attention becomes ``"spanlm_sdpa"`` (registered with transformers'
+``AttentionInterface``): PyTorch's fused SDPA kernel whenever attention dropout is off (evaluation,
+inference) and, in training, the same computation PyTorch's SDPA runs on CPU with dropout (its math
+path: scores, softmax, dropout, weighted sum) with this dropout on the probabilities. Neither changes
+a parameter, a state-dict key or the saved ``config.json``: exported models load with stock
+transformers.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+ATTENTION_NAME = "spanlm_sdpa"
+_LEVELS = 1 << 16  # keep decisions are made on 16-bit words
+
+
+def fast_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
+    """Inverted dropout of ``x`` with P(drop) = round(p·2¹⁶)/2¹⁶ (see the module docstring)."""
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu" or not 0.0 < p < 1.0:
+        return F.dropout(x, p, training)
+    dropped_levels = round(p * _LEVELS)
+    if dropped_levels == 0:  # p < 2⁻¹⁷: nothing would ever be dropped
+        return x
+    n = x.numel()
+    # random_() alone would stop below 2⁶³ (the top quarter's sign bit always 0); this range leaves out
+    # only the single pattern 2⁶³ − 1.
+    words = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(1 << 63), (1 << 63) - 1)
+    quarters = words.view(torch.int16)[:n].view(x.shape)  # four uniform signed 16-bit values per word
+    keep = quarters >= (dropped_levels - _LEVELS // 2)  # the lowest `dropped_levels` of 2¹⁶ values drop
+    scale = _LEVELS / (_LEVELS - dropped_levels)
+    # A float multiplier (not a bool mask) keeps the whole thing one plain autograd multiply.
+    return x * torch.where(keep, scale, 0.0).to(x.dtype)
+
+
+class FastDropout(nn.Dropout):
+    """``nn.Dropout`` computed by :func:`fast_dropout` (same ``p``, same ``train()`` / ``eval()`` switch)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return fast_dropout(x, self.p, self.training)
+
+
+def fast_dropout_sdpa_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                                attention_mask: Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                                is_causal: bool | None = None, **kwargs):
+    """transformers' SDPA attention, with :func:`fast_dropout` on the probabilities when training on CPU.
+
+    query / key / value are (B, heads, L, head_dim); returns (B, L, heads, head_dim) and no weights, as
+    ``transformers.integrations.sdpa_attention.sdpa_attention_forward`` does. ``attention_mask`` is what
+    transformers' ``sdpa_mask`` builds: None (nothing masked) or a boolean (B, 1, L, L) that is True
+    where attention is allowed.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
+    plain = key.shape[1] == query.shape[1] and kwargs.get("position_bias") is None  # no GQA, no additive bias
+    if dropout == 0.0 or causal or query.device.type != "cpu" or not plain:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scores = torch.matmul(query * scale, key.transpose(-1, -2))  # (B, heads, L, L)
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + attention_mask
+    probabilities = fast_dropout(torch.softmax(scores, dim=-1), dropout)
+    output = torch.matmul(probabilities, value)  # (B, heads, L, head_dim)
+    return output.transpose(1, 2).contiguous(), None
+
+
+def register_attention() -> None:
+    """Make ``"spanlm_sdpa"`` a transformers attention implementation (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION_NAME, fast_dropout_sdpa_attention)
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)  # the masks SDPA takes
+
+
+def use_fast_dropout(model: nn.Module) -> nn.Module:
+    """Switch ``model``'s dropouts to :class:`FastDropout` and its SDPA attention to ``"spanlm_sdpa"``, in place."""
+    for parent in list(model.modules()):
+        for name, child in parent.named_children():
+            if type(child) is nn.Dropout:
+                replacement = FastDropout(child.p, child.inplace)
+                replacement.train(child.training)
+                setattr(parent, name, replacement)
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "_attn_implementation", None) == "sdpa":
+        register_attention()
+        model.set_attn_implementation(ATTENTION_NAME)
+    return model
