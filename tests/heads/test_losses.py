@@ -143,3 +143,46 @@ def test_decoded_cross_entropy_samples_from_the_same_rows():
     assert torch.equal(fused.samples, draw(decoder(features).detach()))  # the row shift leaves the arg-max alone
     assert fused.total.item() == pytest.approx(decoded_cross_entropy(features, decoder, labels).total.item(), rel=1e-6)
     assert decoded_cross_entropy(features, decoder, labels).samples is None
+
+
+def _reference_gradients(n_rows=12):
+    embedding, decoder, features, labels = _decoder_case(n_rows)
+    token_cross_entropy(decoder(features), labels).total.backward()
+    return features.grad, embedding.weight.grad, decoder.bias.grad
+
+
+def test_decoded_cross_entropy_reuses_its_workspace_across_steps():
+    embedding, decoder, features, labels = _decoder_case(12)
+    pointers = []
+    for _ in range(3):
+        features.grad = embedding.weight.grad = decoder.bias.grad = None
+        loss = decoded_cross_entropy(features, decoder, labels)
+        assert decoder.workspace.busy  # lent to the graph until its backward
+        pointers.append(decoder.workspace.buffer.data_ptr())
+        loss.total.backward()
+        assert not decoder.workspace.busy
+        for got, expected in zip((features.grad, embedding.weight.grad, decoder.bias.grad), _reference_gradients()):
+            torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+    assert len(set(pointers)) == 1
+    with torch.no_grad():
+        decoded_cross_entropy(features, decoder, labels)
+    assert not decoder.workspace.busy  # nothing to backpropagate: not kept
+
+
+def test_decoded_cross_entropy_two_forwards_before_backward_are_both_right():
+    embedding, decoder, features, labels = _decoder_case(12)
+    first = decoded_cross_entropy(features, decoder, labels)
+    second = decoded_cross_entropy(features * 1.0, decoder, labels)  # finds the buffer lent: a fresh tensor
+    (first.total + second.total).backward()
+    for got, expected in zip((features.grad, embedding.weight.grad, decoder.bias.grad), _reference_gradients()):
+        torch.testing.assert_close(got, 2 * expected, atol=1e-6, rtol=1e-5)
+    assert not decoder.workspace.busy
+
+
+def test_a_stale_graph_cannot_read_a_reused_workspace():
+    _, decoder, features, labels = _decoder_case(12)
+    old = decoded_cross_entropy(features, decoder, labels)
+    old.total.backward(retain_graph=True)
+    decoded_cross_entropy(features, decoder, labels)  # writes the buffer the old graph saved
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        old.total.backward()

@@ -57,6 +57,41 @@ def token_cross_entropy(logits: Tensor, labels: Tensor) -> TokenLoss:
     return TokenLoss(total=total, count=valid.sum(), correct=correct)
 
 
+class LogitsWorkspace:
+    """A float32 (N, V) buffer one head's :func:`decoded_cross_entropy` reuses from step to step.
+
+    Why: the projection's output is tens of MB (300 rows × 30k vocabulary: 37 MB); a fresh tensor of
+    that size comes from the allocator as new pages, and the first touch of every page costs a page fault
+    — a third of the projection matmul's time on CPU (bench/train_step.py). The buffer is lent while a
+    backward pass still needs it (``busy``) and returned by that backward; a forward that finds it busy
+    (two forwards before one backward, or a graph that is never backpropagated) gets a fresh tensor, so
+    reuse is only ever an optimisation. Writing into a buffer that an old graph saved bumps its version
+    counter, so a stale backward raises instead of reading overwritten values.
+    """
+
+    def __init__(self) -> None:
+        self.buffer: Tensor | None = None
+        self.busy = False
+
+    def take(self, rows: int, vocab: int, device: torch.device, keep: bool) -> tuple[Tensor, bool]:
+        """An uninitialised float32 (rows, vocab) tensor, and whether it is the lent buffer.
+
+        ``keep``: the caller holds on to it (for a backward pass) and calls :meth:`release` when done,
+        if it was lent.
+        """
+        if self.busy:
+            return torch.empty(rows, vocab, device=device), False
+        buffer = self.buffer
+        if buffer is None or buffer.device != device or buffer.shape[1] != vocab or buffer.shape[0] < rows:
+            # 25% headroom: the number of targets varies from batch to batch.
+            buffer = self.buffer = torch.empty(max(rows + rows // 4, 1), vocab, device=device)
+        self.busy = keep
+        return buffer[:rows], keep  # a leading-rows slice of a row-major buffer is contiguous
+
+    def release(self) -> None:
+        self.busy = False
+
+
 class _DecodedCrossEntropy(torch.autograd.Function):
     """Summed cross-entropy of ``features @ weightᵀ + bias`` against ``labels``, and the correct count.
 
@@ -69,14 +104,23 @@ class _DecodedCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, features: Tensor, weight: Tensor, bias: Tensor, labels: Tensor, sampler):
+    def forward(ctx, features: Tensor, weight: Tensor, bias: Tensor, labels: Tensor, sampler,
+                workspace: LogitsWorkspace | None, keep: bool):
+        # keep: a backward pass will come (grad mode on, an input needs a gradient); the buffer becomes its input
+        lent = False
+        if workspace is not None:
+            logits, lent = workspace.take(features.shape[0], weight.shape[0], features.device, keep)  # (N, V)
+        else:
+            logits = torch.empty(features.shape[0], weight.shape[0], device=features.device)
+        ctx.workspace = workspace if lent else None  # backward returns the buffer
         if torch.is_autocast_enabled(features.device.type):  # bf16 logits, rounded as the decoder's addmm rounds them
-            logits = torch.addmm(bias, features, weight.t())
-            ctx.compute_dtype = logits.dtype
-            logits = logits.float()  # (N, V)
+            projected = torch.addmm(bias, features, weight.t())
+            ctx.compute_dtype = projected.dtype
+            logits.copy_(projected)
+            del projected
         else:  # float32: addmm would first copy the broadcast bias into the (N, V) output, one pass more
             ctx.compute_dtype = torch.float32
-            logits = features @ weight.t()  # (N, V)
+            torch.mm(features, weight.t(), out=logits)
             logits += bias
         valid = labels != IGNORE_INDEX
         safe = labels.clamp(min=0)
@@ -105,19 +149,25 @@ class _DecodedCrossEntropy(torch.autograd.Function):
         scaled_features = (features * grad_total).to(ctx.compute_dtype)  # (N, E): g applied on the small side
         grad_weight = (compute.t() @ scaled_features).to(weight.dtype)  # (V, E)
         grad_bias = gradient.sum(0).to(weight.dtype) * grad_total  # (V,)
-        return grad_features, grad_weight, grad_bias, None, None
+        del gradient, compute
+        if ctx.workspace is not None:
+            ctx.workspace.release()
+        return grad_features, grad_weight, grad_bias, None, None, None, None
 
 
 def decoded_cross_entropy(features: Tensor, decoder, labels: Tensor, sampler=None) -> TokenLoss:
     """:func:`token_cross_entropy` of ``decoder(features)`` without materialising the logits for autograd.
 
     ``features`` (N, E) are a head's rows before its vocabulary projection; ``decoder`` has ``weight``
-    (V, E) and ``bias`` (V,) (:class:`~spanlm.heads.mlm.TiedDecoder`). Equal to
+    (V, E) and ``bias`` (V,) (:class:`~spanlm.heads.mlm.TiedDecoder`), and optionally a ``workspace``
+    (:class:`LogitsWorkspace`) whose buffer the logits are computed into. Equal to
     ``token_cross_entropy(decoder(features), labels)`` in value and gradients. ``sampler``, when given,
     is called without gradient on the float32 log-probabilities (N, V) — the logits shifted per row, so
     any arg-max over them is the logits' — and its result (N,) is returned as ``samples``.
     """
-    total, correct, samples = _DecodedCrossEntropy.apply(features, decoder.weight, decoder.bias, labels, sampler)
+    keep = torch.is_grad_enabled() and any(t.requires_grad for t in (features, decoder.weight, decoder.bias))
+    total, correct, samples = _DecodedCrossEntropy.apply(features, decoder.weight, decoder.bias, labels, sampler,
+                                                         getattr(decoder, "workspace", None), keep)
     return TokenLoss(total=total, count=(labels != IGNORE_INDEX).sum(), correct=correct,
                      samples=samples if sampler is not None else None)
 

@@ -15,6 +15,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from spanlm.heads.losses import LogitsWorkspace
+
 
 class TiedDecoder(nn.Module):
     """Projection onto the vocabulary whose weight *is* the input word embedding, with its own bias.
@@ -33,6 +35,7 @@ class TiedDecoder(nn.Module):
         self.tie(embedding)
         weight = embedding.weight
         self.bias = nn.Parameter(torch.zeros(weight.shape[0], device=weight.device, dtype=weight.dtype))
+        self.workspace = LogitsWorkspace()  # the (N, V) logits buffer decoded_cross_entropy reuses
 
     def tie(self, embedding: nn.Embedding) -> None:
         # object.__setattr__ bypasses nn.Module.__setattr__, which would register `embedding` as a child.
