@@ -4,9 +4,11 @@ What is compared (one optimiser step each: forward, backward, gradient clipping 
 ``zero_grad(set_to_none=True)``; the same tiny encoder on both sides: BERT, hidden 256, 4 layers,
 4 heads, intermediate 1024, vocab 30,522, 512 positions, dropout 0.1, batch 16, seq 128 and 512)
     spanlm      ``build_objective`` on a Recipe with ``objective.name: spanbert``, ``masking.scheme: span``
-                and ``model.family: bert`` of those sizes: the bare BertModel (SDPA attention, no pooler),
-                the MLM head and the Span Boundary Objective head, both computed only at their target
-                rows, decoders tied to the input embedding. Optimiser ``spanlm.train.optim.build_optimizer``
+                and ``model.family: bert`` of those sizes: the bare BertModel (no pooler) as spanlm runs
+                it (``spanlm.models.dropout``: FastDropout for every dropout, attention "spanlm_sdpa" =
+                SDPA's math path with that dropout in training), the MLM head and the Span Boundary
+                Objective head, both computed only at their target rows, decoders tied to the input
+                embedding, projection + cross-entropy fused (``decoded_cross_entropy``). Optimiser ``spanlm.train.optim.build_optimizer``
                 (AdamW as configured by default: no decay on biases / LayerNorm). The step is the body of
                 ``Trainer._train_step`` + ``optimizer.step()`` of spanlm.train.loop, minus the data loader.
     peer        ``transformers.BertForMaskedLM`` with the same config and ``attn_implementation="sdpa"``,
@@ -54,8 +56,10 @@ with T the tokens of the batch, n_mlm / n_sbo the MLM / SBO targets (SBO term: t
 of spanlm, a position table of width 200). Embedding lookups, LayerNorms, softmax and the optimiser
 are not counted. The matmul peak is measured in the same process: ``torch.mm`` of two
 ``--peak-size``² matrices (fp32; bf16 too with ``--bf16``, whose MFU is then against the bf16 peak),
-best of 10 repetitions, before the runs and after each sequence length (the highest is used: load
-bursts only lower it). ``mfu`` = spanlm's FLOPs actually executed (masked-only formula) per second ÷
+best of 10 repetitions before the runs and after each sequence length, and one more product after
+every timed step pair, so the samples span the whole run (the highest is used: a load burst or a slow
+phase of this shared virtual machine only lowers a sample; a peak sampled only at a slow moment once
+gave a "dense formula" MFU above 1). ``mfu`` = spanlm's FLOPs actually executed (masked-only formula) per second ÷
 peak at the ``ratio`` sequence length; ``mfu_dense_formula`` credits spanlm with the dense-head FLOPs
 (the work the peer does for the same tokens). Every side and length carries both.
 
@@ -267,7 +271,7 @@ def matmul_peak(size: int, dtype: torch.dtype, reps: int = 10) -> float:
 # ---------------------------------------------------------------- harness
 
 
-def run_length(args, seq: int, steps: int, warmup: int, recipe_dict: dict, corpus) -> dict:
+def run_length(args, seq: int, steps: int, warmup: int, recipe_dict: dict, corpus, sample_peak) -> dict:
     from transformers import DataCollatorForLanguageModeling
 
     from spanlm.config import Recipe, from_dict
@@ -327,6 +331,7 @@ def run_length(args, seq: int, steps: int, warmup: int, recipe_dict: dict, corpu
             losses[name].append(step(batches[k]))
             times[name].append(time.perf_counter() - start)
         print(f"seq {seq} step {i}: spanlm {times['spanlm'][-1]:.3f}s  peer {times['peer'][-1]:.3f}s", file=sys.stderr)
+        sample_peak()  # untimed: one matmul-peak sample between pairs
 
     step_tokens = statistics.mean(tokens["spanlm"])
     n_mlm = statistics.mean(len(b["target_index"]) for b in spanlm_batches)
@@ -381,14 +386,14 @@ def main() -> None:
         peak_dtype = torch.bfloat16 if args.bf16 else torch.float32
         peaks = {"fp32": []} | ({"bf16": []} if args.bf16 else {})
 
-        def measure_peaks():
+        def measure_peaks(reps: int = 10):
             for name in peaks:
-                peaks[name].append(matmul_peak(args.peak_size, torch.float32 if name == "fp32" else torch.bfloat16))
+                peaks[name].append(matmul_peak(args.peak_size, torch.float32 if name == "fp32" else torch.bfloat16, reps))
 
         measure_peaks()
         results = []
         for seq, steps, warmup in zip(args.seqs, args.steps, args.warmup):
-            results.append(run_length(args, seq, steps, warmup, recipe_dict, corpus))
+            results.append(run_length(args, seq, steps, warmup, recipe_dict, corpus, lambda: measure_peaks(reps=1)))
             measure_peaks()
     peak = max(peaks["bf16" if args.bf16 else "fp32"])
 
@@ -412,10 +417,11 @@ def main() -> None:
         "spanlm_tokens_per_s": headline["spanlm"]["tokens_per_s"],
         "peer_tokens_per_s": headline["peer"]["tokens_per_s"],
         "results": results,
-        "peak_gflops": {k: [round(v / 1e9, 1) for v in vs] for k, vs in peaks.items()},
+        "peak_gflops": {k: {"best": round(max(vs) / 1e9, 1), "median": round(statistics.median(vs) / 1e9, 1),
+                            "worst": round(min(vs) / 1e9, 1), "samples": len(vs)} for k, vs in peaks.items()},
         "peak_used_gflops": round(peak / 1e9, 1),
-        "peak_method": (f"torch.mm {args.peak_size}x{args.peak_size} {peak_dtype}, best of 10, "
-                        "before the runs and after each length; the highest"),
+        "peak_method": (f"torch.mm {args.peak_size}x{args.peak_size} {peak_dtype}: best of 10 before the runs and "
+                        "after each length, and one product after every timed step pair; the highest sample"),
         "flop_formula": ("per token: 6*(N_encoder + N_head) + 12*layers*seq*hidden; N_encoder = layers*(4H^2 + 2H*I); "
                          "dense head N_head = H^2 + H*V; masked-only heads N_head = (n_mlm/T)*(H^2 + H*V) "
                          "+ (n_sbo/T)*((2H+200)*H + H^2 + H*V) (SBO head, spanlm only); "
