@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from spanlm.cli_support import add_training_command, log
+
 
 def _prepare(args: argparse.Namespace) -> int:
     from spanlm.config import load_recipe
@@ -14,7 +16,7 @@ def _prepare(args: argparse.Namespace) -> int:
     from spanlm.data.shards import read_meta
 
     recipe = load_recipe(args.recipe, args.overrides)
-    directory = prepare(recipe, force=args.force, log=lambda message: print(message, file=sys.stderr))
+    directory = prepare(recipe, force=args.force, log=log)
     meta = read_meta(directory)
     summary = {key: meta[key] for key in ("n_documents", "n_sentences", "n_words", "n_tokens", "vocab_size", "dtype", "words")}
     summary["tokens_per_word"] = round(meta["n_tokens"] / max(meta["n_words"], 1), 3)
@@ -29,7 +31,7 @@ def _pretrain(args: argparse.Namespace) -> int:
     from spanlm.train.loop import pretrain
 
     recipe = load_recipe(args.recipe, args.overrides)
-    run_dir = pretrain(recipe, resume=args.resume, log=lambda message: print(message, file=sys.stderr))
+    run_dir = pretrain(recipe, resume=args.resume, log=log)
     print(json.dumps({"run_dir": str(run_dir)}))
     return 0
 
@@ -60,14 +62,14 @@ def _preview(args: argparse.Namespace) -> int:
     from spanlm.masking.preview import preview
 
     recipe = load_recipe(args.recipe, args.overrides)
-    preview(recipe, n=args.n, stats_blocks=args.stats_blocks, jsonl=args.jsonl, log=lambda message: print(message, file=sys.stderr))
+    preview(recipe, n=args.n, stats_blocks=args.stats_blocks, jsonl=args.jsonl, log=log)
     return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
     from spanlm.demo import run_demo
 
-    summary = run_demo(args.out, quick=args.quick, log=lambda message: print(message, file=sys.stderr))
+    summary = run_demo(args.out, quick=args.quick, log=log)
     print(json.dumps({"report": str(Path(args.out) / "report.html"), "ner_f1": summary["ner"]["micro"]["f1"]}))
     return 0
 
@@ -96,13 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     preview.add_argument("--jsonl", default=None, metavar="FILE", help="also write the raw masked batches, one JSON line per batch")
     preview.set_defaults(run=_preview)
 
-    pretrain = commands.add_parser("pretrain", help="pretrain with a recipe's objective (one process or torchrun)",
-                                   description="Train; under torchrun every process runs this same command.")
-    pretrain.add_argument("recipe", help="a YAML recipe, e.g. configs/pretrain/spanbert.yaml")
-    pretrain.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.max_steps=200")
-    pretrain.add_argument("--resume", default=None, metavar="auto|PATH",
-                          help="auto: the latest complete checkpoint of train.output_dir; or a checkpoint / run directory")
-    pretrain.set_defaults(run=_pretrain)
+    add_training_command(commands, "pretrain", "pretrain with a recipe's objective (one process or torchrun)",
+                         "configs/pretrain/spanbert.yaml", "train.max_steps=200", _pretrain,
+                         description="Train; under torchrun every process runs this same command.")
 
     export = commands.add_parser("export", help="checkpoint → Hugging Face directory (+ heads) that AutoModel loads")
     export.add_argument("checkpoint", help="a checkpoint directory, or a run directory (its latest checkpoint)")

@@ -60,48 +60,35 @@ class ElectraRTDHead(nn.Module):
     def __init__(self, hidden_size: int, initializer_range: float = 0.02):
         super().__init__()
         self.dense = nn.Linear(hidden_size, hidden_size)
-        self.activation = nn.GELU()  # exact (erf) GeLU: ELECTRA's hidden_act "gelu"
+        self.activation = nn.GELU()  # exact (erf) GeLU: ELECTRA's and DeBERTa-V3's hidden_act "gelu"
         self.classifier = nn.Linear(hidden_size, 1)
-        self.initializer_range = initializer_range
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
         # BERT/ELECTRA initialisation: N(0, initializer_range) weights, zero biases.
         for linear in (self.dense, self.classifier):
-            nn.init.normal_(linear.weight, mean=0.0, std=self.initializer_range)
+            nn.init.normal_(linear.weight, mean=0.0, std=initializer_range)
             nn.init.zeros_(linear.bias)
+
+    def score(self, rows: Tensor) -> Tensor:
+        """(T, H) → (T,) logits."""
+        return self.classifier(self.activation(self.dense(rows))).squeeze(-1)
 
     def forward(self, hidden: Tensor, positions: Tensor) -> Tensor:
         """``hidden`` (B, L, H), ``positions`` (T,) flat b·L + t of the tokens to score → logits (T,)."""
-        rows = hidden.flatten(0, 1).index_select(0, positions)  # (T, H)
-        return self.classifier(self.activation(self.dense(rows))).squeeze(-1)  # (T,)
+        return self.score(hidden.flatten(0, 1).index_select(0, positions))  # rows (T, H)
 
 
-class DebertaV3RTDHead(nn.Module):
+class DebertaV3RTDHead(ElectraRTDHead):
     """DeBERTa-V3's head: LayerNorm(h_[CLS] + h_i) → dense(H→H) → GeLU → dense(H→1)."""
 
     def __init__(self, hidden_size: int, layer_norm_eps: float = 1e-7, initializer_range: float = 0.02):
-        super().__init__()
-        self.layer_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
-        self.dense = nn.Linear(hidden_size, hidden_size)
-        self.activation = nn.GELU()  # DeBERTa-V3's hidden_act "gelu"
-        self.classifier = nn.Linear(hidden_size, 1)
-        self.initializer_range = initializer_range
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        for linear in (self.dense, self.classifier):
-            nn.init.normal_(linear.weight, mean=0.0, std=self.initializer_range)
-            nn.init.zeros_(linear.bias)
-        nn.init.ones_(self.layer_norm.weight)
-        nn.init.zeros_(self.layer_norm.bias)
+        super().__init__(hidden_size, initializer_range)
+        self.layer_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)  # γ = 1, β = 0
 
     def forward(self, hidden: Tensor, positions: Tensor) -> Tensor:
         """``hidden`` (B, L, H), ``positions`` (T,) flat b·L + t of the tokens to score → logits (T,)."""
         length = hidden.shape[1]
         rows = hidden.flatten(0, 1).index_select(0, positions)  # (T, H)
         context = hidden[:, 0].index_select(0, torch.div(positions, length, rounding_mode="floor"))  # (T, H): its row's [CLS]
-        return self.classifier(self.activation(self.dense(self.layer_norm(context + rows)))).squeeze(-1)  # (T,)
+        return self.score(self.layer_norm(context + rows))
 
 
 RTD_HEADS = {"electra": ElectraRTDHead, "deberta_v3": DebertaV3RTDHead}

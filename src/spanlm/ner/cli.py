@@ -5,12 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr)
+from spanlm.cli_support import add_training_command, log, write_jsonl
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -19,7 +16,7 @@ def _train(args: argparse.Namespace) -> int:
     from spanlm.ner.task import train_ner
 
     recipe = load_recipe(args.recipe, args.overrides, cls=NerRecipe)
-    run_dir, scores = train_ner(recipe, resume=args.resume, log=_log)
+    run_dir, scores = train_ner(recipe, resume=args.resume, log=log)
     if _is_main():  # the main process reports; the others only trained
         summary = {"run_dir": str(run_dir), "model_dir": str(run_dir / "model")}
         if scores is not None:
@@ -57,7 +54,7 @@ def _read(model, path: str, fmt: str, on_bad_record: str | None):
     options = dataclasses.replace(data, format=fmt, labels=list(model.labels), on_bad_record=on_bad_record or data.on_bad_record)
     documents, report = read_documents(path, options)
     for line in report.lines():
-        _log(line)
+        log(line)
     if not documents:
         raise InputError(f"{path}: no usable record ({report.records} read, {len(report.skipped)} skipped)")
     return documents, report
@@ -85,7 +82,7 @@ def _eval(args: argparse.Namespace) -> int:
     if args.predictions:
         write_jsonl(args.predictions, [d for d, _ in predicted])
     print(format_table(scores) if args.noise is None else format_comparison(scores, attacked, args.noise))
-    _log(f"wrote {output}")
+    log(f"wrote {output}")
     return 0
 
 
@@ -129,12 +126,7 @@ def _predict(args: argparse.Namespace) -> int:
     flat = True if args.flat else None
     lines = [json.dumps(document_record(d, scores), ensure_ascii=False) + "\n"
              for d, scores in model.predict(documents, args.batch_size, flat=flat, threshold=args.threshold)]
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as handle:
-            handle.writelines(lines)
-        _log(f"wrote {len(lines)} documents to {args.output}")
-    else:
-        sys.stdout.writelines(lines)
+    write_jsonl(lines, args.output, "documents")
     return 0
 
 
@@ -147,12 +139,8 @@ def add_ner_commands(commands) -> None:
                                           "(micro / per-type P, R, F1; CLUENER's macro F1) and tag new text.")
     actions = ner.add_subparsers(dest="ner_command", metavar="ACTION", required=True)
 
-    train = actions.add_parser("train", help="fine-tune with a recipe; exports <run>/model/ and scores it on data.dev")
-    train.add_argument("recipe", help="a YAML recipe, e.g. configs/ner/cluener.yaml")
-    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.path=DIR ner.head.kind=standard train.max_steps=200")
-    train.add_argument("--resume", default=None, metavar="auto|PATH",
-                       help="auto: the latest complete checkpoint of train.output_dir; or a checkpoint / run directory")
-    train.set_defaults(run=_train)
+    add_training_command(actions, "train", "fine-tune with a recipe; exports <run>/model/ and scores it on data.dev",
+                         "configs/ner/cluener.yaml", "model.path=DIR ner.head.kind=standard train.max_steps=200", _train)
 
     evaluate = actions.add_parser("eval", help="P / R / F1 of an exported model on a labelled file")
     evaluate.add_argument("model", help="the model/ directory of a `spanlm ner train` run")

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr)
+from spanlm.cli_support import add_training_command, log, write_jsonl
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -17,7 +14,7 @@ def _train(args: argparse.Namespace) -> int:
     from spanlm.qa.task import train_qa
 
     recipe = load_recipe(args.recipe, args.overrides, cls=QARecipe)
-    run_dir, metrics = train_qa(recipe, resume=args.resume, log=_log)
+    run_dir, metrics = train_qa(recipe, resume=args.resume, log=log)
     if metrics is not None:  # the main process reports; the others only trained
         print(json.dumps({"run_dir": str(run_dir), "model_dir": str(run_dir / "model"), **metrics}, ensure_ascii=False))
     return 0
@@ -30,7 +27,7 @@ def _eval(args: argparse.Namespace) -> int:
     model = QAModel(args.model, device=args.device)
     examples, report = read_squad(args.data, model.recipe.data.repair_window, allow_impossible=model.recipe.qa.no_answer)
     for line in report.lines():
-        _log(line)
+        log(line)
     if not examples:
         from spanlm.errors import InputError
 
@@ -51,15 +48,10 @@ def _predict(args: argparse.Namespace) -> int:
     model = QAModel(args.model, device=args.device)
     examples = read_questions_jsonl(args.input)
     if not examples:
-        _log(f"{args.input}: no questions")
+        log(f"{args.input}: no questions")
         return 0
     lines = [json.dumps(model.answer(p), ensure_ascii=False) + "\n" for p in model.predict(examples, args.batch_size)]
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as handle:
-            handle.writelines(lines)
-        _log(f"wrote {len(lines)} answers to {args.output}")
-    else:
-        sys.stdout.writelines(lines)
+    write_jsonl(lines, args.output, "answers")
     return 0
 
 
@@ -70,12 +62,8 @@ def add_qa_commands(commands) -> None:
                                          "SQuAD / CMRC 2018 EM and F1, and answer new questions.")
     actions = qa.add_subparsers(dest="qa_command", metavar="ACTION", required=True)
 
-    train = actions.add_parser("train", help="fine-tune with a recipe; exports <run>/model/ and scores it on data.dev")
-    train.add_argument("recipe", help="a YAML recipe, e.g. configs/qa/cmrc2018.yaml")
-    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.path=DIR model.init=random train.max_steps=200")
-    train.add_argument("--resume", default=None, metavar="auto|PATH",
-                       help="auto: the latest complete checkpoint of train.output_dir; or a checkpoint / run directory")
-    train.set_defaults(run=_train)
+    add_training_command(actions, "train", "fine-tune with a recipe; exports <run>/model/ and scores it on data.dev",
+                         "configs/qa/cmrc2018.yaml", "model.path=DIR model.init=random train.max_steps=200", _train)
 
     for name, helptext in (("eval", "EM / F1 of an exported model on a SQuAD-format file"),
                            ("predict", "answer JSONL questions: {\"question\", \"context\"} per line")):

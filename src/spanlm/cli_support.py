@@ -1,0 +1,33 @@
+"""What the `spanlm` subcommand modules (spanlm.cli, spanlm.ner.cli, spanlm.qa.cli) share."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+
+def log(message: str) -> None:
+    """Progress and notices go to stderr; stdout carries only the command's JSON result."""
+    print(message, file=sys.stderr)
+
+
+def add_training_command(actions, name: str, help: str, recipe_example: str, override_examples: str,
+                         run: Callable, description: str | None = None):
+    """A ``NAME RECIPE [OVERRIDES…] [--resume auto|PATH]`` subcommand (pretrain, ner train, qa train)."""
+    command = actions.add_parser(name, help=help, description=description)
+    command.add_argument("recipe", help=f"a YAML recipe, e.g. {recipe_example}")
+    command.add_argument("overrides", nargs="*", help=f"dotted overrides, e.g. {override_examples}")
+    command.add_argument("--resume", default=None, metavar="auto|PATH",
+                         help="auto: the latest complete checkpoint of train.output_dir; or a checkpoint / run directory")
+    command.set_defaults(run=run)
+    return command
+
+
+def write_jsonl(lines: list[str], output: str | None, what: str) -> None:
+    """JSON lines (each ending in a newline) to ``output``, or to stdout when it is None."""
+    if output:
+        with open(output, "w", encoding="utf-8") as handle:
+            handle.writelines(lines)
+        log(f"wrote {len(lines)} {what} to {output}")
+    else:
+        sys.stdout.writelines(lines)
