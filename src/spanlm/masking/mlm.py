@@ -9,19 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from spanlm.masking.base import MaskedBatch, MlmConfig, Vocabulary
-from spanlm.masking.ops import TokenSampler, corrupt, round_budget
+from spanlm.masking.base import MaskedBatch, MlmConfig
+from spanlm.masking.ops import TokenMasker, corrupt, round_budget
 
 
-class MlmMasker:
-    def __init__(self, config: MlmConfig, vocab: Vocabulary):
-        self.config = config
-        self.vocab = vocab
-        self.sampler = TokenSampler(vocab, config.random_source)
-
-    @classmethod
-    def from_corpus(cls, config: MlmConfig, corpus) -> MlmMasker:
-        return cls(config, Vocabulary.from_corpus(corpus))
+class MlmMasker(TokenMasker):
+    config: MlmConfig
 
     def __call__(self, batch, rng: np.random.Generator) -> MaskedBatch:
         batch_size, width = batch.input_ids.shape

@@ -127,6 +127,19 @@ class TokenSampler:
         return np.searchsorted(self.cumulative, rng.integers(0, self.cumulative[-1], size=n), side="right")
 
 
+class TokenMasker:
+    """State every token-corrupting masker has: its config, the vocabulary and a replacement sampler."""
+
+    def __init__(self, config, vocab: Vocabulary):
+        self.config = config
+        self.vocab = vocab
+        self.sampler = TokenSampler(vocab, config.random_source)
+
+    @classmethod
+    def from_corpus(cls, config, corpus):
+        return cls(config, Vocabulary.from_corpus(corpus))
+
+
 def corrupt(
     input_ids: np.ndarray,
     positions: np.ndarray,

@@ -25,7 +25,7 @@ import dataclasses
 import numpy as np
 
 from spanlm.masking.base import MaskedBatch, SpanConfig, Vocabulary
-from spanlm.masking.ops import TokenSampler, Words, ceil_budget, corrupt, ragged_arange, segment_first
+from spanlm.masking.ops import TokenMasker, Words, ceil_budget, corrupt, ragged_arange, segment_first
 
 
 def span_length_distribution(p: float, max_span: int) -> np.ndarray:
@@ -116,18 +116,14 @@ def resolve_spans(words: Words, length: np.ndarray, anchor: np.ndarray, budget: 
     )
 
 
-class SpanMasker:
+class SpanMasker(TokenMasker):
+    config: SpanConfig
+
     def __init__(self, config: SpanConfig, vocab: Vocabulary):
-        self.config = config
-        self.vocab = vocab
-        self.sampler = TokenSampler(vocab, config.random_source)
+        super().__init__(config, vocab)
         probs = span_length_distribution(config.p, config.max_span)
         self.length_cdf = np.cumsum(probs)[:-1]  # searchsorted(u) + 1 is a length; the last edge is 1
         self.mean_length = float((np.arange(1, config.max_span + 1) * probs).sum())
-
-    @classmethod
-    def from_corpus(cls, config: SpanConfig, corpus) -> SpanMasker:
-        return cls(config, Vocabulary.from_corpus(corpus))
 
     def __call__(self, batch, rng: np.random.Generator) -> MaskedBatch:
         batch_size, width = batch.input_ids.shape

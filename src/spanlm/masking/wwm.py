@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from spanlm.masking.base import MaskedBatch, Vocabulary, WholeWordConfig
-from spanlm.masking.ops import TokenSampler, Words, corrupt, round_budget, whole_word_targets
+from spanlm.masking.base import MaskedBatch, WholeWordConfig
+from spanlm.masking.ops import TokenMasker, TokenSampler, Words, corrupt, round_budget, whole_word_targets
 
 
 def greedy_fill(lengths: np.ndarray, budget: np.ndarray) -> np.ndarray:
@@ -70,15 +70,8 @@ def select_words(words: Words, budget: np.ndarray, rng: np.random.Generator, eli
     return np.sort(words.row_first[rows] + order[rows, step])
 
 
-class WholeWordMasker:
-    def __init__(self, config: WholeWordConfig, vocab: Vocabulary):
-        self.config = config
-        self.vocab = vocab
-        self.sampler = TokenSampler(vocab, config.random_source)
-
-    @classmethod
-    def from_corpus(cls, config: WholeWordConfig, corpus) -> WholeWordMasker:
-        return cls(config, Vocabulary.from_corpus(corpus))
+class WholeWordMasker(TokenMasker):
+    config: WholeWordConfig
 
     def __call__(self, batch, rng: np.random.Generator) -> MaskedBatch:
         words = Words.of(batch.word_starts, batch.special_mask)
