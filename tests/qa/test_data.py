@@ -99,7 +99,7 @@ def test_bad_json_and_bad_layout_name_the_file(tmp_path):
     path.write_text('[1, 2]', encoding="utf-8")
     with pytest.raises(InputError, match=r"broken.json: not a SQuAD-format file"):
         read_squad(path)
-    with pytest.raises(InputError, match="does not exist"):
+    with pytest.raises(InputError, match="missing.json: no such file"):
         read_squad(tmp_path / "missing.json")
 
 

@@ -1,4 +1,4 @@
-"""`spanlm ner train|eval|predict`: the subcommands, registered by :func:`add_ner_commands`."""
+"""`spanlm ner train|eval|predict|genia`: the subcommands, registered by :func:`add_ner_commands`."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def _rate(value: str) -> float:
 
 
 def _texts(args: argparse.Namespace):
-    from spanlm.errors import InputError
+    from spanlm.errors import read_text
     from spanlm.ner.data import NerDocument, ReadOptions, read_documents
 
     if args.text is not None:
@@ -108,12 +108,7 @@ def _texts(args: argparse.Namespace):
         # Only the text (and id) is read; entities present in the file are not needed to predict.
         documents, _ = read_documents(path, ReadOptions(format="jsonl", on_bad_record="error"))
         return [NerDocument(d.id, d.text, []) for d in documents]
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
-    try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
-    except UnicodeDecodeError as error:
-        raise InputError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    lines = read_text(path).splitlines()
     return [NerDocument(str(i), line, []) for i, line in enumerate(lines, 1) if line.strip()]
 
 
@@ -130,11 +125,31 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _genia(args: argparse.Namespace) -> int:
+    from spanlm.errors import InputError
+    from spanlm.ner.genia import read_genia, write_genia_split
+
+    splits = Path(args.splits)
+    names = [name for name in ("train", "dev", "test") if (splits / f"{name}.txt").is_file()]
+    if not names:
+        raise InputError(f"{splits}: no train.txt, dev.txt or test.txt (files of MEDLINE ids, one per line)")
+    corpus = read_genia(args.archive)  # read once for every split
+    log(f"read {len(corpus)} articles from {args.archive}")
+    summary = {}
+    for name in names:
+        out = Path(args.out) / f"{name}.jsonlines"
+        counts = write_genia_split(corpus, splits / f"{name}.txt", out)
+        summary[name] = {"sentences": counts.sentences, "entities": counts.entities, "nested": counts.nested}
+        log(f"wrote {counts.sentences} sentences, {counts.entities} entities ({counts.nested} nested) to {out}")
+    print(json.dumps(summary))
+    return 0
+
+
 def add_ner_commands(commands) -> None:
-    """Add ``ner`` with its three subcommands to the ``spanlm`` subcommand table."""
+    """Add ``ner`` with its four subcommands to the ``spanlm`` subcommand table."""
     from spanlm.ner.data import FORMATS
 
-    ner = commands.add_parser("ner", help="span NER with GlobalPointer (flat and nested): train, eval, predict",
+    ner = commands.add_parser("ner", help="span NER with GlobalPointer (flat and nested): train, eval, predict, genia",
                               description="Fine-tune an encoder with a GlobalPointer head (ZLPR loss), score it "
                                           "(micro / per-type P, R, F1; CLUENER's macro F1) and tag new text.")
     actions = ner.add_subparsers(dest="ner_command", metavar="ACTION", required=True)
@@ -165,6 +180,15 @@ def add_ner_commands(commands) -> None:
     predict.add_argument("--flat", action="store_true", help="non-overlapping entities (highest score first) instead of nested")
     predict.add_argument("--threshold", type=float, default=None, help="logit threshold (default: the recipe's, 0)")
     predict.set_defaults(run=_predict)
+
+    genia = actions.add_parser("genia", help="GENIA 3.02 XML archive + document splits → nested jsonlines (yhcc's format)",
+                               description="Convert the official GENIA 3.02 term corpus (GENIAcorpus3.02.tgz) into "
+                                           "yhcc/CNN_Nested_NER's nested jsonlines: DNA, RNA, protein, cell_line, "
+                                           "cell_type; one OUT/<split>.jsonlines per SPLITS/<split>.txt of MEDLINE ids.")
+    genia.add_argument("archive", help="GENIAcorpus3.02.tgz (or the GENIAcorpus3.02.xml inside it)")
+    genia.add_argument("--splits", required=True, metavar="DIR", help="a directory with train.txt / dev.txt / test.txt")
+    genia.add_argument("--out", required=True, metavar="DIR", help="where to write <split>.jsonlines")
+    genia.set_defaults(run=_genia)
 
     for action in (evaluate, predict):
         action.add_argument("--batch-size", type=int, default=32, help="windows per forward pass (default 32)")

@@ -21,7 +21,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from spanlm.errors import InputError
+from spanlm.errors import InputError, read_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,14 +108,10 @@ class _Malformed(Exception):
 
 def load_json(path: str | Path) -> object:
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: file does not exist")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_text(path))
     except json.JSONDecodeError as error:
         raise InputError(f"{path}:{error.lineno}:{error.colno}: not valid JSON: {error.msg}") from None
-    except UnicodeDecodeError as error:
-        raise InputError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
 
 
 def read_squad(path: str | Path, repair_window: int = 20, allow_impossible: bool = True) -> tuple[list[QAExample], ReadReport]:
