@@ -15,6 +15,8 @@ else is inverted dropout as in BERT (Devlin et al. 2019; hidden and attention-pr
 0.1). The words come from torch's default generator, like ``nn.Dropout``'s samples, so seeding and
 checkpointed RNG states make runs reproducible exactly as before. On other devices (CUDA's fused
 Philox dropout is already cheap) and at p = 0 or 1 it is ``torch.nn.functional.dropout``.
+bench/dropout.py: 2.2–2.5× faster than ``F.dropout`` (forward + backward) on a layer's hidden states
+and attention probabilities at seq 128, 1.6–1.7× on 512 × 512 attention probabilities.
 
 :func:`use_fast_dropout` puts it into a transformers encoder: every ``nn.Dropout`` module becomes a
 :class:`FastDropout`, and SDPA attention becomes ``"spanlm_sdpa"`` (registered with transformers'
@@ -56,7 +58,10 @@ def fast_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
 
 
 class FastDropout(nn.Dropout):
-    """``nn.Dropout`` computed by :func:`fast_dropout` (same ``p``, same ``train()`` / ``eval()`` switch)."""
+    """``nn.Dropout`` computed by :func:`fast_dropout` (same ``p``, same ``train()`` / ``eval()`` switch).
+
+    ``inplace`` is kept for the repr but not honoured: the output is always a new tensor.
+    """
 
     def forward(self, x: Tensor) -> Tensor:
         return fast_dropout(x, self.p, self.training)
