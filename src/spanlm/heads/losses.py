@@ -107,11 +107,11 @@ class _DecodedCrossEntropy(torch.autograd.Function):
     def forward(ctx, features: Tensor, weight: Tensor, bias: Tensor, labels: Tensor, sampler,
                 workspace: LogitsWorkspace | None, keep: bool):
         # keep: a backward pass will come (grad mode on, an input needs a gradient); the buffer becomes its input
-        lent = False
+        n, vocab = features.shape[0], weight.shape[0]
         if workspace is not None:
-            logits, lent = workspace.take(features.shape[0], weight.shape[0], features.device, keep)  # (N, V)
+            logits, lent = workspace.take(n, vocab, features.device, keep)  # (N, V)
         else:
-            logits = torch.empty(features.shape[0], weight.shape[0], device=features.device)
+            logits, lent = torch.empty(n, vocab, device=features.device), False
         ctx.workspace = workspace if lent else None  # backward returns the buffer
         if torch.is_autocast_enabled(features.device.type):  # bf16 logits, rounded as the decoder's addmm rounds them
             projected = torch.addmm(bias, features, weight.t())

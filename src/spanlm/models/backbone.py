@@ -130,12 +130,14 @@ class BackboneConfig:
 def build_backbone(config: BackboneConfig, corpus: PreparedCorpus) -> PreTrainedModel:
     """The bare encoder for ``corpus``: built from ``config``, or loaded from ``config.path`` and checked."""
     if config.path is not None:
-        return _load_checkpoint(config, corpus)
-    from transformers import AutoModel
+        model = _load_checkpoint(config, corpus)
+    else:
+        from transformers import AutoModel
 
-    model_config = _transformers_config(config, corpus)
-    kwargs = {"add_pooling_layer": False} if config.family in _HAS_POOLER else {}
-    return use_fast_dropout(AutoModel.from_config(model_config, attn_implementation=ATTENTION[config.family], **kwargs))
+        model_config = _transformers_config(config, corpus)
+        kwargs = {"add_pooling_layer": False} if config.family in _HAS_POOLER else {}
+        model = AutoModel.from_config(model_config, attn_implementation=ATTENTION[config.family], **kwargs)
+    return use_fast_dropout(model)
 
 
 def _transformers_config(config: BackboneConfig, corpus: PreparedCorpus):
@@ -215,7 +217,7 @@ def _load_checkpoint(config: BackboneConfig, corpus: PreparedCorpus) -> PreTrain
     except Exception as error:  # missing / corrupt weights, shape mismatches
         raise InputError(f"{path}: cannot load the checkpoint: {error}".split("\n")[0]) from None
     check_vocabulary(model, corpus, path)
-    return use_fast_dropout(model)
+    return model
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spm.model",
