@@ -42,7 +42,9 @@ tokens/s = tokens per step ÷ median step time; ``ratio`` = spanlm ÷ peer token
 sequence length of ``--seqs`` (128 by default; ``ratio_min`` is the smaller ratio over all lengths).
 Per length, ``ratio_paired_median`` is the median over steps of peer time ÷ spanlm time of the same
 step pair (robust to a load burst on this shared machine hitting a few steps).
-``torch.set_num_threads`` is left at its default.
+``torch.set_num_threads`` is left at its default. The process keeps freed memory for reuse as spanlm's
+training does (``spanlm.train.host_memory.retain_freed_memory``; both sides profit; ``--system-allocator``
+keeps glibc's defaults).
 
 FLOPs and MFU. FLOPs per token of an encoder MLM training step (../shared/BASELINES.md)::
 
@@ -57,11 +59,16 @@ of spanlm, a position table of width 200). Embedding lookups, LayerNorms, softma
 are not counted. The matmul peak is measured in the same process: ``torch.mm`` of two
 ``--peak-size``² matrices (fp32; bf16 too with ``--bf16``, whose MFU is then against the bf16 peak),
 best of 10 repetitions before the runs and after each sequence length, and one more product after
-every timed step pair, so the samples span the whole run (the highest is used: a load burst or a slow
-phase of this shared virtual machine only lowers a sample; a peak sampled only at a slow moment once
-gave a "dense formula" MFU above 1). ``mfu`` = spanlm's FLOPs actually executed (masked-only formula) per second ÷
-peak at the ``ratio`` sequence length; ``mfu_dense_formula`` credits spanlm with the dense-head FLOPs
-(the work the peer does for the same tokens). Every side and length carries both.
+every timed step pair (best of 3), so the samples span the whole run. This virtual machine's speed
+drifts by ±20% within minutes (the samples of one run range from 170 to 330 GFLOP/s; a peak sampled
+only at a slow moment once gave a "dense formula" MFU above 1), so each timed step is compared with
+the machine as it was at that moment: ``mfu`` = the median over the timed steps of spanlm's FLOPs
+actually executed (masked-only formula) per second ÷ the higher of the two peak samples taken right
+before and right after the step's pair, at the ``ratio`` sequence length (per side and length:
+``mfu_executed_adjacent_peak``). ``mfu_best_peak`` (per side: ``mfu_executed``) divides the median
+step's FLOP/s by the highest sample of the whole run instead — a lower bound. ``mfu_dense_formula``
+credits spanlm with the dense-head FLOPs (the work the peer does for the same tokens), against the
+highest sample too.
 
 With ``--compile`` the warm-up is at least ``--batches`` + 1 steps (the target counts differ between
 batches, so spanlm's forward recompiles once with a dynamic target count during the warm-up).
@@ -70,6 +77,7 @@ Output: one JSON line on stdout (anything printed meanwhile goes to stderr).
 
     python bench/train_step.py [--steps 16,6] [--warmup 2,1] [--seqs 128,512] [--batch 16]
                                [--batches 4] [--compile] [--bf16] [--seed 0] [--data DIR]
+                               [--system-allocator]
 """
 
 from __future__ import annotations
@@ -106,6 +114,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--compile", action="store_true", help="torch.compile both sides' forward")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast on both sides (weights stay fp32)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--system-allocator", action="store_true",
+                        help="keep glibc's malloc defaults (spanlm training runs with retain_freed_memory)")
     parser.add_argument("--peak-size", type=int, default=2048, help="matrix size of the matmul-peak measurement")
     parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "english_text"),
                         help="directory searched recursively for *.txt (default: ../shared/data/english_text)")
@@ -323,6 +333,7 @@ def run_length(args, seq: int, steps: int, warmup: int, recipe_dict: dict, corpu
     times = {name: [] for name in sides}
     losses = {name: [] for name in sides}
     order = list(sides)
+    pair_peaks = [sample_peak()]  # one sample before the first pair, then one after every pair
     for i in range(steps):
         k = (warmup + i) % args.batches
         for name in (order if i % 2 == 0 else order[::-1]):
@@ -331,7 +342,7 @@ def run_length(args, seq: int, steps: int, warmup: int, recipe_dict: dict, corpu
             losses[name].append(step(batches[k]))
             times[name].append(time.perf_counter() - start)
         print(f"seq {seq} step {i}: spanlm {times['spanlm'][-1]:.3f}s  peer {times['peer'][-1]:.3f}s", file=sys.stderr)
-        sample_peak()  # untimed: one matmul-peak sample between pairs
+        pair_peaks.append(sample_peak())  # untimed: one matmul-peak sample between pairs
 
     step_tokens = statistics.mean(tokens["spanlm"])
     n_mlm = statistics.mean(len(b["target_index"]) for b in spanlm_batches)
@@ -361,6 +372,12 @@ def run_length(args, seq: int, steps: int, warmup: int, recipe_dict: dict, corpu
     result["peer"].update(targets_mlm=n_peer, flops_per_token_executed=round(dense),
                           flops_per_token_masked_formula=round(peer_masked))
     result["_flops"] = {"spanlm": (spanlm_masked, dense), "peer": (dense, peer_masked)}
+    # The machine's speed drifts within a run: each step is also compared with the matmul peak measured
+    # right before and right after its pair (the higher of the two), and the median over steps is taken.
+    for name, executed in (("spanlm", spanlm_masked), ("peer", dense)):
+        shares = [step_tokens * executed / t / max(pair_peaks[i], pair_peaks[i + 1]) for i, t in enumerate(times[name])]
+        result[name]["mfu_executed_adjacent_peak"] = round(statistics.median(shares), 4)
+    result["adjacent_peak_gflops"] = [round(v / 1e9, 1) for v in pair_peaks]
     result["params"] = {"spanlm": sum(p.numel() for p in objective.parameters()),
                         "peer": sum(p.numel() for p in model.parameters())}
     del sides, objective, model, spanlm_optimizer, peer_optimizer
@@ -378,7 +395,10 @@ def main() -> None:
         from spanlm.config import Recipe, from_dict
         from spanlm.data.prepare import prepare
         from spanlm.data.shards import PreparedCorpus
+        from spanlm.train.host_memory import retain_freed_memory
 
+        # As spanlm's Trainer does (train.retain_freed_memory); process-wide, so the peer runs with it too.
+        retained = False if args.system_allocator else retain_freed_memory()
         recipe_dict = base_recipe(book_inputs(args.data))
         prepared = prepare(from_dict(Recipe, recipe_dict), log=lambda message: print(message, file=sys.stderr))
         corpus = PreparedCorpus(prepared)
@@ -386,14 +406,15 @@ def main() -> None:
         peak_dtype = torch.bfloat16 if args.bf16 else torch.float32
         peaks = {"fp32": []} | ({"bf16": []} if args.bf16 else {})
 
-        def measure_peaks(reps: int = 10):
+        def measure_peaks(reps: int = 10) -> float:
             for name in peaks:
                 peaks[name].append(matmul_peak(args.peak_size, torch.float32 if name == "fp32" else torch.bfloat16, reps))
+            return peaks["bf16" if args.bf16 else "fp32"][-1]
 
         measure_peaks()
         results = []
         for seq, steps, warmup in zip(args.seqs, args.steps, args.warmup):
-            results.append(run_length(args, seq, steps, warmup, recipe_dict, corpus, lambda: measure_peaks(reps=1)))
+            results.append(run_length(args, seq, steps, warmup, recipe_dict, corpus, lambda: measure_peaks(reps=3)))
             measure_peaks()
     peak = max(peaks["bf16" if args.bf16 else "fp32"])
 
@@ -409,7 +430,8 @@ def main() -> None:
     output = {
         "bench": "train_step",
         "ratio": headline["ratio"],
-        "mfu": headline["spanlm"]["mfu_executed"],
+        "mfu": headline["spanlm"]["mfu_executed_adjacent_peak"],
+        "mfu_best_peak": headline["spanlm"]["mfu_executed"],
         "mfu_dense_formula": headline["spanlm"]["mfu_dense_formula"],
         "ratio_seq": headline["seq"],
         "ratio_min": min(r["ratio"] for r in results),
@@ -421,11 +443,13 @@ def main() -> None:
                             "worst": round(min(vs) / 1e9, 1), "samples": len(vs)} for k, vs in peaks.items()},
         "peak_used_gflops": round(peak / 1e9, 1),
         "peak_method": (f"torch.mm {args.peak_size}x{args.peak_size} {peak_dtype}: best of 10 before the runs and "
-                        "after each length, and one product after every timed step pair; the highest sample"),
+                        "after each length, best of 3 before the first and after every timed step pair; mfu: per "
+                        "step against the higher sample adjacent to its pair, median over steps; mfu_best_peak "
+                        "and the dense formula: against the highest sample of the run"),
         "flop_formula": ("per token: 6*(N_encoder + N_head) + 12*layers*seq*hidden; N_encoder = layers*(4H^2 + 2H*I); "
                          "dense head N_head = H^2 + H*V; masked-only heads N_head = (n_mlm/T)*(H^2 + H*V) "
                          "+ (n_sbo/T)*((2H+200)*H + H^2 + H*V) (SBO head, spanlm only); "
-                         "mfu = spanlm executed (masked-only) FLOP/s / peak at ratio_seq; "
+                         "mfu = spanlm executed (masked-only) FLOP/s / adjacent peak at ratio_seq; "
                          "mfu_dense_formula = spanlm tokens/s * dense-head FLOPs / peak"),
         "vocab": corpus.vocab_size,
         "model": {"family": "bert", "hidden": HIDDEN, "layers": LAYERS, "heads": HEADS, "intermediate": INTERMEDIATE,
@@ -439,6 +463,7 @@ def main() -> None:
                        "peer": "torch.optim.AdamW(fused=True) (HF Trainer default adamw_torch_fused)"},
         "peer_collator": "DataCollatorForLanguageModeling(mlm_probability=0.15, whole_word_mask=True)",
         "data": "gutenberg + tinyshakespeare, one document per book, spanlm WordPiece (min_frequency 1), full-length blocks",
+        "retain_freed_memory": retained,
         "threads": torch.get_num_threads(),
         "cpus": len(os.sched_getaffinity(0)),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},

@@ -29,6 +29,11 @@ def test_eval_zero_p_and_odd_shapes():
     assert fast_dropout(x, 0.1, training=False) is x
     assert fast_dropout(x, 0.0) is x
     assert torch.equal(fast_dropout(x, 1.0), torch.zeros_like(x))  # F.dropout's p = 1
+    nearly_one = 1 - 2**-18  # rounds to all 2¹⁶ levels dropped: no finite scale, F.dropout's job
+    torch.manual_seed(2)
+    expected = F.dropout(x, nearly_one)
+    torch.manual_seed(2)
+    assert torch.equal(fast_dropout(x, nearly_one), expected)
     torch.manual_seed(1)
     out = fast_dropout(x, 0.5)  # 105 elements: not a multiple of the four masks per random word
     assert out.shape == x.shape and ((out == 0) | torch.isclose(out, 2 * x)).all()

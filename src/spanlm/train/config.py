@@ -33,6 +33,7 @@ class TrainConfig:
     distributed: Literal["ddp", "fsdp"] = "ddp"  # FSDP2 (fully_shard) for models that do not fit
     nonfinite: Literal["stop", "skip"] = "stop"  # non-finite loss / grad norm: halt, or skip the step
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    retain_freed_memory: bool = True  # glibc keeps freed host memory: no page faults on every step's large tensors
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "batch_size", "grad_accum", "keep_last", "log_every"):

@@ -26,6 +26,7 @@ from spanlm.objectives.base import Objective
 from spanlm.train import checkpoint as ckpt
 from spanlm.train.data import build_train_loader, eval_batches, split_blocks
 from spanlm.train.dist import DistEnv, all_reduce, any_rank, barrier, init_distributed, shutdown
+from spanlm.train.host_memory import retain_freed_memory
 from spanlm.train.metrics import MetricsLogger
 from spanlm.train.optim import build_optimizer, build_scheduler
 
@@ -115,6 +116,8 @@ class Trainer:
         self.recipe, self.env, self.config = recipe, env, recipe.train
         self.log = log if env.is_main else (lambda *_: None)
         self.output_dir = Path(self.config.output_dir)
+        if self.config.retain_freed_memory:
+            retain_freed_memory()
 
         self.setup = build_setup(recipe, env, self.log)
         self.objective = self.setup.objective.to(env.device)
