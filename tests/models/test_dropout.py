@@ -124,3 +124,14 @@ def test_use_fast_dropout_changes_no_weight_and_no_saved_config(tmp_path):
     reloaded = AutoModel.from_pretrained(tmp_path).eval()  # stock transformers, stock attention
     with torch.no_grad():
         torch.testing.assert_close(reloaded(input_ids=ids, attention_mask=mask).last_hidden_state, expected)
+
+
+def test_compiled_graphs_use_pytorch_dropout_without_breaks():
+    def layer(x, q, k, v):
+        probabilities = fast_dropout_sdpa_attention(torch.nn.Module(), q, k, v, None, dropout=0.1)[0]
+        return fast_dropout(x, 0.1) + probabilities.sum()
+
+    x, q = torch.randn(4, 8), torch.randn(1, 2, 4, 8)
+    explanation = torch._dynamo.explain(layer)(x, q, q, q)
+    assert explanation.graph_break_count == 0
+    assert "dropout" in str(explanation.graphs[0].code)
