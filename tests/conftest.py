@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+import helpers
 from helpers import EMBEDDED_CORPUS
 from spanlm.config import Recipe, from_dict
 
@@ -40,3 +41,10 @@ def tiny_encoder_dir(embedded_prepared, tmp_path_factory) -> Path:
     model.save_pretrained(str(out))
     corpus.tokenizer.save_pretrained(str(out))
     return out
+
+
+@pytest.fixture
+def one_torch_thread():
+    """:func:`helpers.one_torch_thread` around a test (``pytestmark = pytest.mark.usefixtures(...)``)."""
+    with helpers.one_torch_thread():
+        yield

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import one_torch_thread
 from spanlm.cli import main
 from spanlm.ner.attack import ADD, DROP, KEYBOARD, KINDS, NEIGHBOURS, SWAP, attack, attack_documents, attack_text, attack_with_counts
 from spanlm.ner.data import Entity, NerDocument
@@ -172,12 +172,8 @@ ner: {{head: {{head_size: 16}}}}
 train: {{output_dir: {out}, max_steps: 3, batch_size: 8, lr: 0.001, warmup_steps: 0, eval_every: 3, save_every: 3, log_every: 3, num_workers: 0, device: cpu}}
 logging: {{tensorboard: false, progress: false}}
 """, encoding="utf-8")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         assert main(["ner", "train", str(recipe)]) == 0
-    finally:
-        torch.set_num_threads(threads)
     return out / "model"
 
 

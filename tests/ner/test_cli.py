@@ -7,19 +7,13 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
 
 from spanlm.cli import main
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ner"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # shared CI cores: one thread is faster for a tiny model
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: see helpers.one_torch_thread
 
 
 @pytest.fixture(scope="module")

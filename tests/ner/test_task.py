@@ -27,13 +27,7 @@ SENTENCES = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # The CI machine's cores are shared: one intra-op thread is several times faster for these tiny models.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: see helpers.one_torch_thread
 
 
 @pytest.fixture(scope="module")

@@ -39,13 +39,7 @@ def corpus(embedded_prepared) -> PreparedCorpus:
     return PreparedCorpus(embedded_prepared)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Width-32 models: thread start-up costs more than it saves, and on a busy CPU ten times more."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: see helpers.one_torch_thread
 
 
 def build(corpus, tmp_path, name: str = "electra", *overrides: str, seed: int = 0) -> Electra:

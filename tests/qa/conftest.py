@@ -52,12 +52,5 @@ def qa_tokenizer(qa_encoder_dir):
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models run fastest on one thread; on a shared, busy CPU more threads oversubscribe it
-    (the learning test took 10x longer with torch's default of one thread per core)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def one_thread(one_torch_thread):
+    """Every QA test runs its tiny models on one thread (see helpers.one_torch_thread)."""
