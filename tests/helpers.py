@@ -9,6 +9,7 @@ from spanlm.config import Recipe, from_dict
 
 REPO = Path(__file__).resolve().parents[1]
 EMBEDDED_CORPUS = REPO / "data" / "corpus"
+NER_FIXTURES = REPO / "tests" / "fixtures" / "ner"
 
 ENGLISH = (
     "The unbelievable backhanded compliment surprised everyone at the Bohemian embassy.\n"
@@ -18,6 +19,19 @@ ENGLISH = (
     "Dr. Frankenstein's laboratory smelled of ozone and impossibility.\n"
     "It's 3.14159 o'clock — naïve café owners don't care!\n"
 )
+
+
+def write_wnut_recipe(encoder_dir: Path, out: Path, steps: int) -> Path:
+    """A `ner train` recipe of ``steps`` steps on the WNUT-17 fixtures into ``out``; written beside it."""
+    recipe = out.parent / "recipe.yaml"
+    recipe.write_text(f"""
+model: {{path: {encoder_dir}}}
+data: {{train: {NER_FIXTURES / 'wnut_train_mini.conll'}, dev: {NER_FIXTURES / 'wnut_dev_mini.conll'}, format: conll, max_len: 32, stride: 8}}
+ner: {{head: {{head_size: 16}}}}
+train: {{output_dir: {out}, max_steps: {steps}, batch_size: 8, lr: 0.001, warmup_steps: 0, eval_every: 3, save_every: {steps}, log_every: 3, num_workers: 0, device: cpu}}
+logging: {{tensorboard: false, progress: false}}
+""", encoding="utf-8")
+    return recipe
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import one_torch_thread
+from helpers import one_torch_thread, write_wnut_recipe
 from spanlm.cli import main
 from spanlm.ner.attack import ADD, DROP, KEYBOARD, KINDS, NEIGHBOURS, SWAP, attack, attack_documents, attack_text, attack_with_counts
 from spanlm.ner.data import Entity, NerDocument
@@ -164,14 +164,7 @@ def test_rate_out_of_range():
 @pytest.fixture(scope="module")
 def tiny_model(tiny_encoder_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("ner_attack") / "run"
-    recipe = out.parent / "recipe.yaml"
-    recipe.write_text(f"""
-model: {{path: {tiny_encoder_dir}}}
-data: {{train: {FIXTURES / 'wnut_train_mini.conll'}, dev: {FIXTURES / 'wnut_dev_mini.conll'}, format: conll, max_len: 32, stride: 8}}
-ner: {{head: {{head_size: 16}}}}
-train: {{output_dir: {out}, max_steps: 3, batch_size: 8, lr: 0.001, warmup_steps: 0, eval_every: 3, save_every: 3, log_every: 3, num_workers: 0, device: cpu}}
-logging: {{tensorboard: false, progress: false}}
-""", encoding="utf-8")
+    recipe = write_wnut_recipe(tiny_encoder_dir, out, steps=3)
     with one_torch_thread():
         assert main(["ner", "train", str(recipe)]) == 0
     return out / "model"

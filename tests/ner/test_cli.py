@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import write_wnut_recipe
 from spanlm.cli import main
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ner"
@@ -20,15 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: see hel
 def trained(tiny_encoder_dir, tmp_path_factory):
     """A few steps of `ner train` on the WNUT-17 fixtures: (run dir, stdout summary)."""
     out = tmp_path_factory.mktemp("ner_cli") / "run"
-    recipe = out.parent / "recipe.yaml"
-    recipe.write_text(f"""
-model: {{path: {tiny_encoder_dir}}}
-data: {{train: {FIXTURES / 'wnut_train_mini.conll'}, dev: {FIXTURES / 'wnut_dev_mini.conll'}, format: conll, max_len: 32, stride: 8}}
-ner: {{head: {{head_size: 16}}}}
-train: {{output_dir: {out}, max_steps: 6, batch_size: 8, lr: 0.001, warmup_steps: 0, eval_every: 3, save_every: 6, log_every: 3, num_workers: 0, device: cpu}}
-logging: {{tensorboard: false, progress: false}}
-""", encoding="utf-8")
-    return out, recipe
+    return out, write_wnut_recipe(tiny_encoder_dir, out, steps=6)
 
 
 def run_cli(capsys, *argv) -> tuple[int, str, str]:
