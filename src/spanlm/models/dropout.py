@@ -44,15 +44,14 @@ def fast_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """Inverted dropout of ``x`` with P(drop) = round(p·2¹⁶)/2¹⁶ (see the module docstring)."""
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or not 0.0 < p < 1.0 or torch.compiler.is_compiling():
-        # Under torch.compile, inductor fuses F.dropout into one kernel with its own seeded RNG stream;
-        # NumPy calls would only break the graph.
-        return F.dropout(x, p, training)
     dropped_levels = round(p * _LEVELS)
+    # F.dropout: off the CPU, at p ≥ 1 − 2⁻¹⁷ (every level dropped: no finite scale) and under
+    # torch.compile, where inductor fuses it into one kernel with its own seeded RNG stream (NumPy calls
+    # would only break the graph).
+    if x.device.type != "cpu" or not 0.0 < p < 1.0 or dropped_levels == _LEVELS or torch.compiler.is_compiling():
+        return F.dropout(x, p, training)
     if dropped_levels == 0:  # p < 2⁻¹⁷: nothing would ever be dropped
         return x
-    if dropped_levels == _LEVELS:  # p > 1 − 2⁻¹⁷: everything would be
-        return F.dropout(x, p, training)
     n = x.numel()
     quarters = torch.from_numpy(_random_words((n + 3) // 4).view(np.int16)[:n]).view(x.shape)  # 4 per word
     threshold = dropped_levels - _LEVELS // 2  # the lowest `dropped_levels` of the 2¹⁶ values drop
