@@ -234,14 +234,16 @@ def build_peer(corpus, recipe, seed: int):
     return model, optimizer
 
 
-def make_step(module, optimizer, call, bf16: bool, max_norm: float):
+def make_step(module, optimizer, call, bf16: bool, max_norm: float, clip=None):
+    """One optimiser step; ``clip(optimizer, parameters, max_norm)`` clips (default: ``clip_grad_norm_``)."""
     parameters = [p for p in module.parameters() if p.requires_grad]
+    clip = clip or (lambda _, params, norm: torch.nn.utils.clip_grad_norm_(params, norm))
 
     def step(batch) -> float:
         with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
             loss = call(batch)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+        clip(optimizer, parameters, max_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return float(loss.detach())
@@ -287,6 +289,7 @@ def run_length(args, seq: int, steps: int, warmup: int, recipe_dict: dict, corpu
     from spanlm.config import Recipe, from_dict
     from spanlm.data.blocks import BlockDataset, collate_blocks
     from spanlm.masking.base import make_rng
+    from spanlm.train.optim import clip_gradients
 
     recipe_dict = json.loads(json.dumps(recipe_dict))
     recipe_dict["data"]["max_len"] = seq
@@ -315,7 +318,7 @@ def run_length(args, seq: int, steps: int, warmup: int, recipe_dict: dict, corpu
         spanlm_forward = torch.compile(spanlm_forward)
         peer_forward = torch.compile(peer_forward)
     sides = {
-        "spanlm": (make_step(objective, spanlm_optimizer, lambda b: spanlm_forward(b)["loss"], args.bf16, 1.0), spanlm_batches),
+        "spanlm": (make_step(objective, spanlm_optimizer, lambda b: spanlm_forward(b)["loss"], args.bf16, 1.0, clip_gradients), spanlm_batches),
         "peer": (make_step(model, peer_optimizer, lambda b: peer_forward(**b).loss, args.bf16, 1.0), peer_batches),
     }
     tokens = {"spanlm": [int(b["attention_mask"].sum()) for b in spanlm_batches],

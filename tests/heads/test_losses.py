@@ -6,7 +6,20 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from spanlm.heads import IGNORE_INDEX, TiedDecoder, decoded_cross_entropy, masked_lm_loss, span_bert_loss, token_cross_entropy
+from spanlm.heads import (
+    IGNORE_INDEX,
+    DecodedTarget,
+    TiedDecoder,
+    count_targets,
+    decoded_cross_entropies,
+    decoded_cross_entropy,
+    masked_lm_loss,
+    masked_lm_weight,
+    span_bert_loss,
+    span_bert_weights,
+    token_cross_entropy,
+)
+from spanlm.heads.losses import _decode
 
 LN2 = math.log(2.0)
 # Two logit rows over a 3-token vocabulary with simple softmaxes:
@@ -157,32 +170,103 @@ def test_decoded_cross_entropy_reuses_its_workspace_across_steps():
     for _ in range(3):
         features.grad = embedding.weight.grad = decoder.bias.grad = None
         loss = decoded_cross_entropy(features, decoder, labels)
-        assert decoder.workspace.busy  # lent to the graph until its backward
         pointers.append(decoder.workspace.buffer.data_ptr())
         loss.total.backward()
-        assert not decoder.workspace.busy
         for got, expected in zip((features.grad, embedding.weight.grad, decoder.bias.grad), _reference_gradients()):
             torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
-    assert len(set(pointers)) == 1
     with torch.no_grad():
         decoded_cross_entropy(features, decoder, labels)
-    assert not decoder.workspace.busy  # nothing to backpropagate: not kept
+    assert len(set(pointers + [decoder.workspace.buffer.data_ptr()])) == 1
 
 
 def test_decoded_cross_entropy_two_forwards_before_backward_are_both_right():
     embedding, decoder, features, labels = _decoder_case(12)
     first = decoded_cross_entropy(features, decoder, labels)
-    second = decoded_cross_entropy(features * 1.0, decoder, labels)  # finds the buffer lent: a fresh tensor
+    second = decoded_cross_entropy(features * 1.0, decoder, labels)  # reuses the buffer the first forward used
     (first.total + second.total).backward()
     for got, expected in zip((features.grad, embedding.weight.grad, decoder.bias.grad), _reference_gradients()):
         torch.testing.assert_close(got, 2 * expected, atol=1e-6, rtol=1e-5)
-    assert not decoder.workspace.busy
 
 
-def test_a_stale_graph_cannot_read_a_reused_workspace():
-    _, decoder, features, labels = _decoder_case(12)
-    old = decoded_cross_entropy(features, decoder, labels)
-    old.total.backward(retain_graph=True)
-    decoded_cross_entropy(features, decoder, labels)  # writes the buffer the old graph saved
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        old.total.backward()
+def test_a_retained_graph_gives_the_same_gradients_twice():
+    embedding, decoder, features, labels = _decoder_case(12)
+    loss = decoded_cross_entropy(features, decoder, labels)
+    loss.total.backward(retain_graph=True)  # hands over the gradients formed in the forward pass
+    first = [t.grad.clone() for t in (features, embedding.weight, decoder.bias)]
+    for t in (features, embedding.weight, decoder.bias):
+        t.grad = None
+    loss.total.backward()  # forms them again from the saved inputs
+    for tensor, expected in zip((features, embedding.weight, decoder.bias), first):
+        torch.testing.assert_close(tensor.grad, expected, atol=1e-6, rtol=1e-5)
+
+
+def _two_heads_case(ignored: int = 0):
+    """Two decoders tied to one embedding, each with its own bias, as SpanBERT's MLM and SBO heads."""
+    embedding, first, features, labels = _decoder_case(12, ignored, seed=1)
+    second = TiedDecoder(embedding)
+    torch.nn.init.normal_(second.bias, generator=torch.Generator().manual_seed(2))
+    generator = torch.Generator().manual_seed(3)
+    other_features = torch.randn(7, 8, generator=generator, requires_grad=True)
+    other_labels = torch.randint(0, 50, (7,), generator=generator)
+    return embedding, (first, second), (features, other_features), (labels, other_labels)
+
+
+@pytest.mark.parametrize("announced, upstream", [
+    ((0.25, 0.5), (0.25, 0.5)),    # as announced: the gradients formed in the forward pass
+    ((0.25, 0.5), (0.125, 0.25)),  # a common factor (gradient accumulation): rescaled
+    ((0.25, 0.5), (0.5, 0.1)),     # out of proportion: formed again
+    ((0.0, 0.5), (0.0, 0.5)),      # a part weighted 0
+])
+@pytest.mark.parametrize("ignored", [0, 3])
+def test_tied_decoders_decoded_together_equal_each_decoded_alone(announced, upstream, ignored):
+    results = []
+    for together in (False, True):
+        embedding, decoders, features, labels = _two_heads_case(ignored)
+        if together:
+            parts = decoded_cross_entropies([DecodedTarget(f, d, y, w) for f, d, y, w in zip(features, decoders, labels, announced)])
+        else:
+            parts = [token_cross_entropy(d(f), y) for f, d, y in zip(features, decoders, labels)]
+        sum(g * part.total for g, part in zip(upstream, parts)).backward()
+        grads = [embedding.weight.grad, *(d.bias.grad for d in decoders), *(f.grad for f in features)]
+        results.append((parts, grads))
+    (reference, reference_grads), (fused, fused_grads) = results
+    for got, expected in zip(fused, reference):
+        torch.testing.assert_close(got.total, expected.total, atol=1e-5, rtol=1e-6)
+        assert got.count.item() == expected.count.item() and got.correct.item() == expected.correct.item()
+    for got, expected in zip(fused_grads, reference_grads):
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_tied_decoders_share_one_projection():
+    embedding, decoders, features, labels = _two_heads_case()
+    calls = []
+    original = torch.mm
+
+    def counting_mm(*args, **kwargs):
+        calls.append(args[1].shape if len(args) > 1 else None)
+        return original(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "mm", counting_mm)
+        decoded_cross_entropies([DecodedTarget(f, d, y) for f, d, y in zip(features, decoders, labels)])
+    assert len(calls) == 1  # one (12 + 7, E) × (E, V) projection for both heads
+
+
+@pytest.mark.parametrize("w_sbo", [1.0, 0.7])
+def test_the_loss_weights_announce_what_span_bert_loss_backpropagates(w_sbo):
+    """With the weights of span_bert_weights / masked_lm_weight, backward only hands over the gradients
+    formed in the forward pass: the (N, V) pass runs once."""
+    from spanlm.heads import losses
+
+    embedding, decoders, features, labels = _two_heads_case(ignored=3)
+    counts = [count_targets(y) for y in labels]
+    with pytest.MonkeyPatch.context() as patch:
+        calls = []
+        patch.setattr(losses, "_decode", lambda *a, **k: calls.append(1) or _decode(*a, **k))
+        weights = span_bert_weights(*counts, w_sbo)
+        mlm, sbo = decoded_cross_entropies([DecodedTarget(f, d, y, w) for f, d, y, w in zip(features, decoders, labels, weights)])
+        span_bert_loss(mlm, sbo, w_sbo)["loss"].backward()
+        assert len(calls) == 1
+        (alone,) = decoded_cross_entropies([DecodedTarget(features[0], decoders[0], labels[0], masked_lm_weight(counts[0]))])
+        masked_lm_loss(alone)["loss"].backward()
+        assert len(calls) == 2

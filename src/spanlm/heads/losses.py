@@ -16,17 +16,23 @@ in bf16, whose 8-bit significand makes a log-softmax over a 30k vocabulary visib
 Rows labelled ``IGNORE_INDEX`` are not targets (heads normally see only real targets, so there are none).
 
 Training computes the heads' vocabulary projection and the cross-entropy in one autograd function,
-:func:`decoded_cross_entropy`: the gradient of the logits (softmax − one-hot) is formed in the forward
-pass, in place over the log-probabilities, so neither the (N, V) logits nor autograd's separate
-log-softmax and NLL backward passes over them are kept or run (bench/train_step.py).
+:func:`decoded_cross_entropies`: the gradient of the logits (softmax − one-hot) is formed in the forward
+pass, in place over the log-probabilities, and multiplied out into the gradients of the features,
+the decoder weight and bias right away, while it is still in cache; so neither the (N, V) logits nor
+autograd's separate log-softmax and NLL backward passes over them are kept or run, and heads tied to
+the same embedding (SpanBERT's MLM and SBO) share one projection and one (V, E) weight gradient
+(bench/train_step.py). Each part says how the loss will weigh it (``loss_weight``, from
+:func:`masked_lm_weight` / :func:`span_bert_weights`), which is what lets the gradients be formed early.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+from collections.abc import Callable, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.nn import functional as F
 
 IGNORE_INDEX = -100
@@ -58,118 +64,208 @@ def token_cross_entropy(logits: Tensor, labels: Tensor) -> TokenLoss:
 
 
 class LogitsWorkspace:
-    """A float32 (N, V) buffer one head's :func:`decoded_cross_entropy` reuses from step to step.
+    """A float32 (N, V) buffer one decoder's :func:`decoded_cross_entropies` reuses from step to step.
 
     Why: the projection's output is tens of MB (300 rows × 30k vocabulary: 37 MB); a fresh tensor of
     that size comes from the allocator as new pages, and the first touch of every page costs a page fault
-    — a third of the projection matmul's time on CPU (bench/train_step.py). The buffer is lent while a
-    backward pass still needs it (``busy``) and returned by that backward; a forward that finds it busy
-    (two forwards before one backward, or a graph that is never backpropagated) gets a fresh tensor, so
-    reuse is only ever an optimisation. Writing into a buffer that an old graph saved bumps its version
-    counter, so a stale backward raises instead of reading overwritten values.
+    — a third of the projection matmul's time on CPU (bench/train_step.py). The buffer lives only within
+    one forward call: the gradients are formed there, so no graph ever holds on to it.
     """
 
     def __init__(self) -> None:
         self.buffer: Tensor | None = None
-        self.busy = False
 
-    def take(self, rows: int, vocab: int, device: torch.device, keep: bool) -> tuple[Tensor, bool]:
-        """An uninitialised float32 (rows, vocab) tensor, and whether it is the lent buffer.
-
-        ``keep``: the caller holds on to it (for a backward pass) and calls :meth:`release` when done,
-        if it was lent.
-        """
-        if self.busy:
-            return torch.empty(rows, vocab, device=device), False
+    def take(self, rows: int, vocab: int, device: torch.device) -> Tensor:
+        """An uninitialised float32 (rows, vocab) tensor backed by the reused buffer."""
         buffer = self.buffer
         if buffer is None or buffer.device != device or buffer.shape[1] != vocab or buffer.shape[0] < rows:
             # 25% headroom: the number of targets varies from batch to batch.
             buffer = self.buffer = torch.empty(max(rows + rows // 4, 1), vocab, device=device)
-        self.busy = keep
-        return buffer[:rows], keep  # a leading-rows slice of a row-major buffer is contiguous
+        return buffer[:rows]  # a leading-rows slice of a row-major buffer is contiguous
 
-    def release(self) -> None:
-        self.busy = False
+
+@dataclasses.dataclass
+class DecodedTarget:
+    """One head's target rows for :func:`decoded_cross_entropies`.
+
+    ``loss_weight`` is ∂loss/∂total: the factor by which the caller's loss will multiply this part's
+    summed cross-entropy (1 / n_targets for a per-token mean, times the part's weight). The gradients are
+    formed in the forward pass on that assumption; a backward pass that brings another factor still gets
+    exact gradients (rescaled, or recomputed when the parts' factors are not in proportion), only slower.
+    """
+
+    features: Tensor  # (N, E): the head's rows before its vocabulary projection
+    decoder: nn.Module  # ``weight`` (V, E), ``bias`` (V,), optionally a ``workspace`` (LogitsWorkspace)
+    labels: Tensor  # (N,); IGNORE_INDEX rows are not targets
+    loss_weight: float | Tensor = 1.0
+    sampler: Callable[[Tensor], Tensor] | None = None  # called without gradient on the rows' log-probabilities
+
+
+def count_targets(labels: Tensor) -> int:
+    return int((labels != IGNORE_INDEX).sum())
+
+
+@dataclasses.dataclass
+class _Plan:
+    """The non-tensor inputs of one :class:`_DecodedCrossEntropy` call (parts are consecutive row ranges)."""
+
+    sizes: list[int]
+    loss_weights: list[float]
+    samplers: list[Callable[[Tensor], Tensor] | None]
+    workspace: LogitsWorkspace | None
+    gradients: bool  # a backward pass will come: form the gradients now
+
+    @property
+    def segments(self) -> list[tuple[int, int]]:
+        ends = list(itertools.accumulate(self.sizes))
+        return [(end - size, end) for size, end in zip(self.sizes, ends)]
+
+
+def _decode(features: Tensor, weight: Tensor, biases: Sequence[Tensor], labels: Tensor, plan: _Plan,
+            loss_weights: Sequence[float] | None):
+    """Per-part summed cross-entropy, correct counts and samples of ``features @ weightᵀ + bias_part``;
+    with ``loss_weights``, also the gradients of ``Σ_p loss_weight_p · total_p`` w.r.t. features, weight, biases.
+
+    The logits are computed into one float32 (N, V) buffer, which then becomes log-probabilities and the
+    logits' gradient G = softmax − one-hot in place (a 30k vocabulary makes every extra (N, V) pass or
+    allocation cost as much as a small matmul). The gradient products follow at once, while G is still
+    in cache: ∂features = s·G·W and ∂W = Gᵀ·(s·features), s the row's loss weight, applied on the (N, E)
+    side, never the (V, E) one; ∂bias_p = s_p·ΣG over the part's rows. Products run in the dtype the
+    projection ran in (bf16 under autocast).
+    """
+    n, vocab = features.shape[0], weight.shape[0]
+    segments = plan.segments
+    logits = plan.workspace.take(n, vocab, features.device) if plan.workspace is not None else torch.empty(n, vocab, device=features.device)
+    if torch.is_autocast_enabled(features.device.type):  # bf16 logits, rounded as each decoder's addmm rounds them
+        compute_dtype = torch.get_autocast_dtype(features.device.type)
+        for (start, end), bias in zip(segments, biases):
+            logits[start:end].copy_(torch.addmm(bias, features[start:end], weight.t()))
+    else:  # float32: addmm would first copy the broadcast bias into the (N, V) output, one pass more
+        compute_dtype = torch.float32
+        torch.mm(features, weight.t(), out=logits)
+        for (start, end), bias in zip(segments, biases):
+            logits[start:end] += bias
+    valid = labels != IGNORE_INDEX
+    safe = labels.clamp(min=0)
+    rows = torch.arange(n, device=labels.device)
+    # Correct = the label's logit is the row's maximum (a tie with another token counts as correct;
+    # float32 logits of different tokens are practically never equal). One max pass, cheaper than argmax.
+    hits = (logits[rows, safe] >= logits.amax(dim=-1)) & valid
+    log_probs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: row-wise, each row read before written
+    losses = -log_probs[rows, safe] * valid  # (N,)
+    totals = torch.stack([losses[start:end].sum() for start, end in segments])  # (P,)
+    corrects = torch.stack([hits[start:end].sum() for start, end in segments])  # (P,)
+    # Draw before the buffer becomes the gradient (ELECTRA's generator samples its replacements from the
+    # very distribution it is trained on: no second projection).
+    samples = [sampler(log_probs[start:end]) if sampler is not None else torch.empty(0, dtype=torch.long, device=labels.device)
+               for (start, end), sampler in zip(segments, plan.samplers)]
+    if loss_weights is None:
+        return totals, corrects, samples, None
+    gradient = log_probs.exp_()  # softmax, in place
+    gradient[rows, safe] -= valid.to(gradient.dtype)  # − one-hot
+    if not bool(valid.all()):
+        gradient.mul_(valid[:, None])
+    scale = torch.cat([torch.full((size,), w, dtype=features.dtype, device=features.device)
+                       for size, w in zip(plan.sizes, loss_weights)])[:, None]  # (N, 1)
+    compute = gradient.to(compute_dtype)
+    grad_features = (compute @ weight.to(compute_dtype)).to(features.dtype) * scale  # (N, E)
+    grad_weight = (compute.t() @ (features * scale).to(compute_dtype)).to(weight.dtype)  # (V, E)
+    grad_biases = [gradient[start:end].sum(0).to(bias.dtype) * w for (start, end), bias, w in zip(segments, biases, loss_weights)]
+    return totals, corrects, samples, (grad_features, grad_weight, grad_biases)
+
+
+def _common_factor(upstream: Tensor, assumed: Tensor) -> float | None:
+    """r with upstream == r · assumed (to float32 precision), or None when there is none."""
+    if not bool(torch.isfinite(upstream).all()):
+        return None
+    largest = int(assumed.abs().argmax())
+    if float(assumed[largest]) == 0.0:
+        return 1.0 if not bool(upstream.any()) else None
+    factor = float(upstream[largest]) / float(assumed[largest])
+    return factor if torch.allclose(upstream, factor * assumed, rtol=1e-6, atol=0.0) else None
 
 
 class _DecodedCrossEntropy(torch.autograd.Function):
-    """Summed cross-entropy of ``features @ weightᵀ + bias`` against ``labels``, and the correct count.
-
-    Forward keeps only the logits' gradient G = softmax − one-hot (rows of ignored labels zero), built in
-    place in the one (N, V) float32 buffer the logits were computed into (log-softmax and exp run in
-    place: a 30k vocabulary makes every extra (N, V) pass or allocation cost as much as a small matmul);
-    backward is then two matmuls: ∂features = g·G·W and ∂W = Gᵀ·(g·features) (∂bias = g·ΣG), in the
-    dtype the projection ran in (bf16 under autocast). The scalar g scales the (N, E) side, never the
-    (V, E) one.
+    """Summed cross-entropy per part of ``features @ weightᵀ + bias_part`` against ``labels``; correct
+    counts and samples per part. Gradients are formed in the forward pass (see :func:`_decode`), for
+    the upstream gradient the plan's loss weights announce; backward hands them over (rescaled when the
+    upstream gradient is the announced one times a common factor, e.g. 1/grad_accum) or, for any other
+    upstream gradient or a second backward through a retained graph, forms them again from the inputs.
     """
 
     @staticmethod
-    def forward(ctx, features: Tensor, weight: Tensor, bias: Tensor, labels: Tensor, sampler,
-                workspace: LogitsWorkspace | None, keep: bool):
-        # keep: a backward pass will come (grad mode on, an input needs a gradient); the buffer becomes its input
-        n, vocab = features.shape[0], weight.shape[0]
-        if workspace is not None:
-            logits, lent = workspace.take(n, vocab, features.device, keep)  # (N, V)
-        else:
-            logits, lent = torch.empty(n, vocab, device=features.device), False
-        ctx.workspace = workspace if lent else None  # backward returns the buffer
-        if torch.is_autocast_enabled(features.device.type):  # bf16 logits, rounded as the decoder's addmm rounds them
-            projected = torch.addmm(bias, features, weight.t())
-            ctx.compute_dtype = projected.dtype
-            logits.copy_(projected)
-            del projected
-        else:  # float32: addmm would first copy the broadcast bias into the (N, V) output, one pass more
-            ctx.compute_dtype = torch.float32
-            torch.mm(features, weight.t(), out=logits)
-            logits += bias
-        valid = labels != IGNORE_INDEX
-        safe = labels.clamp(min=0)
-        rows = torch.arange(labels.shape[0], device=labels.device)
-        # Correct = the label's logit is the row's maximum (a tie with another token counts as correct;
-        # float32 logits of different tokens are practically never equal). One max pass, cheaper than argmax.
-        correct = ((logits[rows, safe] >= logits.amax(dim=-1)) & valid).sum()
-        log_probs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: row-wise, each row read before written
-        total = -(log_probs[rows, safe] * valid).sum()
-        # Draw from the rows before the buffer becomes the gradient (ELECTRA's generator samples its
-        # replacements from the very distribution it is trained on: no second projection).
-        samples = sampler(log_probs) if sampler is not None else torch.empty(0, dtype=torch.long, device=labels.device)
-        gradient = log_probs.exp_()  # softmax, in place
-        gradient[rows, safe] -= valid.to(gradient.dtype)  # − one-hot
-        if not bool(valid.all()):
-            gradient.mul_(valid[:, None])
-        ctx.save_for_backward(features, weight, gradient)
-        ctx.mark_non_differentiable(correct, samples)
-        return total, correct, samples
+    def forward(ctx, features: Tensor, weight: Tensor, labels: Tensor, plan: _Plan, *biases: Tensor):
+        totals, corrects, samples, gradients = _decode(features, weight, biases, labels, plan,
+                                                       plan.loss_weights if plan.gradients else None)
+        ctx.plan = plan
+        ctx.gradients = gradients
+        ctx.save_for_backward(features, weight, labels, *biases)  # read only to form the gradients again
+        ctx.mark_non_differentiable(corrects, *samples)
+        return (totals, corrects, *samples)
 
     @staticmethod
-    def backward(ctx, grad_total: Tensor, grad_correct: Tensor, grad_samples: Tensor):
-        features, weight, gradient = ctx.saved_tensors
-        compute = gradient.to(ctx.compute_dtype)
-        grad_features = (compute @ weight.to(ctx.compute_dtype)).to(features.dtype) * grad_total  # (N, E)
-        scaled_features = (features * grad_total).to(ctx.compute_dtype)  # (N, E): g applied on the small side
-        grad_weight = (compute.t() @ scaled_features).to(weight.dtype)  # (V, E)
-        grad_bias = gradient.sum(0).to(weight.dtype) * grad_total  # (V,)
-        del gradient, compute
-        if ctx.workspace is not None:
-            ctx.workspace.release()
-        return grad_features, grad_weight, grad_bias, None, None, None, None
+    def backward(ctx, grad_totals: Tensor, grad_corrects: Tensor, *grad_samples: Tensor):
+        # Popped, so that the returned tensors are referenced once and AccumulateGrad can take them as .grad.
+        gradients, ctx.gradients = ctx.gradients, None
+        assumed = torch.tensor(ctx.plan.loss_weights, dtype=grad_totals.dtype)
+        factor = _common_factor(grad_totals.detach().cpu(), assumed) if gradients is not None else None
+        if factor is None:
+            features, weight, labels, *biases = ctx.saved_tensors
+            with torch.no_grad():
+                gradients = _decode(features, weight, biases, labels, ctx.plan, grad_totals.tolist())[3]
+        elif abs(factor - 1.0) > 1e-6:
+            grad_features, grad_weight, grad_biases = gradients
+            gradients = (grad_features * factor, grad_weight.mul_(factor), [b.mul_(factor) for b in grad_biases])
+        grad_features, grad_weight, grad_biases = gradients
+        return (grad_features, grad_weight, None, None, *grad_biases)
 
 
-def decoded_cross_entropy(features: Tensor, decoder, labels: Tensor, sampler=None) -> TokenLoss:
-    """:func:`token_cross_entropy` of ``decoder(features)`` without materialising the logits for autograd.
+def decoded_cross_entropies(targets: Sequence[DecodedTarget]) -> list[TokenLoss]:
+    """:func:`token_cross_entropy` of ``target.decoder(target.features)`` for every target, without
+    materialising the logits for autograd; targets whose decoders share one weight (heads tied to the
+    same embedding) are projected together, as one stack of rows.
 
-    ``features`` (N, E) are a head's rows before its vocabulary projection; ``decoder`` has ``weight``
-    (V, E) and ``bias`` (V,) (:class:`~spanlm.heads.mlm.TiedDecoder`), and optionally a ``workspace``
-    (:class:`LogitsWorkspace`) whose buffer the logits are computed into. Equal to
-    ``token_cross_entropy(decoder(features), labels)`` in value and gradients. ``sampler``, when given,
-    is called without gradient on the float32 log-probabilities (N, V) — the logits shifted per row, so
-    any arg-max over them is the logits' — and its result (N,) is returned as ``samples``.
+    Equal to ``token_cross_entropy(decoder(features), labels)`` per target in value and gradients
+    (exactly what autograd would give for any upstream gradient; fastest when it is the targets'
+    ``loss_weight``). A target's ``sampler``, when given, is called without gradient on its float32
+    log-probabilities (N, V) — the logits shifted per row, so any arg-max over them is the logits' — and
+    its result (N,) is returned as ``samples``.
     """
-    keep = torch.is_grad_enabled() and any(t.requires_grad for t in (features, decoder.weight, decoder.bias))
-    total, correct, samples = _DecodedCrossEntropy.apply(features, decoder.weight, decoder.bias, labels, sampler,
-                                                         getattr(decoder, "workspace", None), keep)
-    return TokenLoss(total=total, count=(labels != IGNORE_INDEX).sum(), correct=correct,
-                     samples=samples if sampler is not None else None)
+    results: list[TokenLoss | None] = [None] * len(targets)
+    groups: dict[int, list[int]] = {}
+    for index, target in enumerate(targets):
+        groups.setdefault(id(target.decoder.weight), []).append(index)
+    for indices in groups.values():
+        parts = [targets[i] for i in indices]
+        weight = parts[0].decoder.weight
+        biases = [part.decoder.bias for part in parts]
+        features = parts[0].features if len(parts) == 1 else torch.cat([part.features for part in parts])
+        labels = parts[0].labels if len(parts) == 1 else torch.cat([part.labels for part in parts])
+        gradients = torch.is_grad_enabled() and any(t.requires_grad for t in (features, weight, *biases))
+        plan = _Plan(sizes=[part.features.shape[0] for part in parts],
+                     loss_weights=[float(part.loss_weight) for part in parts],
+                     samplers=[part.sampler for part in parts],
+                     workspace=getattr(parts[0].decoder, "workspace", None), gradients=gradients)
+        totals, corrects, *samples = _DecodedCrossEntropy.apply(features, weight, labels, plan, *biases)
+        for k, (i, part) in enumerate(zip(indices, parts)):
+            results[i] = TokenLoss(total=totals[k], count=(part.labels != IGNORE_INDEX).sum(), correct=corrects[k],
+                                   samples=samples[k] if part.sampler is not None else None)
+    return results
+
+
+def decoded_cross_entropy(features: Tensor, decoder, labels: Tensor, sampler=None, loss_weight: float | Tensor = 1.0) -> TokenLoss:
+    """:func:`decoded_cross_entropies` of one target."""
+    return decoded_cross_entropies([DecodedTarget(features, decoder, labels, loss_weight, sampler)])[0]
+
+
+def masked_lm_weight(n_mlm: int) -> float:
+    """∂loss/∂MLM_sum of :func:`masked_lm_loss`: the ``loss_weight`` of its :class:`DecodedTarget`."""
+    return 1.0 / max(n_mlm, 1)
+
+
+def span_bert_weights(n_mlm: int, n_sbo: int, w_sbo: float = 1.0) -> tuple[float, float]:
+    """∂loss/∂MLM_sum and ∂loss/∂SBO_sum of :func:`span_bert_loss`: its targets' ``loss_weight``."""
+    return 1.0 / max(n_mlm, 1), w_sbo / (n_sbo + 1)
 
 
 def masked_lm_loss(mlm: TokenLoss) -> dict[str, Tensor]:

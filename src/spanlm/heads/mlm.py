@@ -35,7 +35,7 @@ class TiedDecoder(nn.Module):
         self.tie(embedding)
         weight = embedding.weight
         self.bias = nn.Parameter(torch.zeros(weight.shape[0], device=weight.device, dtype=weight.dtype))
-        self.workspace = LogitsWorkspace()  # the (N, V) logits buffer decoded_cross_entropy reuses
+        self.workspace = LogitsWorkspace()  # the (N, V) logits buffer decoded_cross_entropies reuses
 
     def tie(self, embedding: nn.Embedding) -> None:
         # object.__setattr__ bypasses nn.Module.__setattr__, which would register `embedding` as a child.

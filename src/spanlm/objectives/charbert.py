@@ -31,7 +31,7 @@ import torch
 
 from spanlm.data.chars import CharVocab, Spelling, build_char_vocab, char_stream
 from spanlm.errors import ConfigError, InputError
-from spanlm.heads.losses import TokenLoss, decoded_cross_entropy
+from spanlm.heads.losses import DecodedTarget, TokenLoss, count_targets, decoded_cross_entropies
 from spanlm.heads.mlm import MLMHead
 from spanlm.heads.nlm import NLMHead
 from spanlm.masking.base import MaskedBatch
@@ -80,6 +80,11 @@ class CharNoiseMasker:
         return CharMaskedBatch(**fields, **chars)
 
 
+def charbert_weights(n_mlm: int, n_nlm: int, nlm_weight: float) -> tuple[float, float]:
+    """∂loss/∂MLM_sum and ∂loss/∂NLM_sum of :func:`charbert_loss`: its targets' ``loss_weight``."""
+    return 1.0 / max(n_mlm, 1), nlm_weight / max(n_nlm, 1)
+
+
 def charbert_loss(mlm: TokenLoss, nlm: TokenLoss, nlm_weight: float) -> dict[str, torch.Tensor]:
     """``MLM_sum / n_mlm + w · NLM_sum / n_nlm`` (an empty part is 0, not NaN) and the logged parts."""
     mlm_part = mlm.total / mlm.count.clamp(min=1)
@@ -118,8 +123,11 @@ class CharBERT(Objective):
         token, char = self.model(batch)  # (B, L, H) each
         mlm_rows = self.mlm_head.features(gather_rows(token, batch["target_index"]))  # (N, E)
         nlm_rows = self.nlm_head.features(gather_rows(char, batch["nlm_index"]))  # (K, H)
-        mlm = decoded_cross_entropy(mlm_rows, self.mlm_head.decoder, batch["target_labels"])
-        nlm = decoded_cross_entropy(nlm_rows, self.nlm_head.decoder, batch["nlm_labels"])
+        mlm_weight, nlm_weight = charbert_weights(count_targets(batch["target_labels"]), count_targets(batch["nlm_labels"]), self.nlm_weight)
+        mlm, nlm = decoded_cross_entropies([
+            DecodedTarget(mlm_rows, self.mlm_head.decoder, batch["target_labels"], mlm_weight),
+            DecodedTarget(nlm_rows, self.nlm_head.decoder, batch["nlm_labels"], nlm_weight),
+        ])
         return charbert_loss(mlm, nlm, self.nlm_weight)
 
     def heads_state(self) -> dict[str, torch.Tensor]:

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from spanlm.errors import ConfigError, InputError
-from spanlm.heads.losses import decoded_cross_entropy, masked_lm_loss, span_bert_loss
+from spanlm.heads.losses import DecodedTarget, count_targets, decoded_cross_entropies, masked_lm_loss, masked_lm_weight, span_bert_loss, span_bert_weights
 from spanlm.heads.mlm import MLMHead
 from spanlm.heads.rtd import RTD_HEADS, DebertaV3RTDHead, gumbel_max_sample, replace_tokens, rtd_loss
 from spanlm.heads.sbo import MAX_TARGETS, SBOHead
@@ -125,13 +125,19 @@ class Electra(Objective):
         noise = torch.Generator(device=rows.device)
         noise.manual_seed(int(batch["sample_seed"][0]))
         temperature = self.settings.temperature
-        mlm = decoded_cross_entropy(rows, self.mlm_head.decoder, batch["target_labels"],
-                                    sampler=lambda log_probs: gumbel_max_sample(log_probs, temperature, noise))
+        sampler = lambda log_probs: gumbel_max_sample(log_probs, temperature, noise)  # noqa: E731
+        n_mlm = count_targets(batch["target_labels"])
         if self.sbo_head is None:
+            (mlm,) = decoded_cross_entropies([DecodedTarget(rows, self.mlm_head.decoder, batch["target_labels"], masked_lm_weight(n_mlm), sampler)])
             parts = masked_lm_loss(mlm)
         else:
             sbo_rows = self.sbo_head.features(hidden, batch["sbo_left"], batch["sbo_right"], batch["sbo_relative"])  # (M, E)
-            parts = span_bert_loss(mlm, decoded_cross_entropy(sbo_rows, self.sbo_head.decoder, batch["sbo_labels"]), self.sbo_weight)
+            mlm_weight, sbo_weight = span_bert_weights(n_mlm, count_targets(batch["sbo_labels"]), self.sbo_weight)
+            mlm, sbo = decoded_cross_entropies([  # both decoders are tied to E_G: one projection
+                DecodedTarget(rows, self.mlm_head.decoder, batch["target_labels"], mlm_weight, sampler),
+                DecodedTarget(sbo_rows, self.sbo_head.decoder, batch["sbo_labels"], sbo_weight),
+            ])
+            parts = span_bert_loss(mlm, sbo, self.sbo_weight)
         generator_loss = parts.pop("loss")
 
         # --- the discriminator's input: targets replaced by the samples

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from spanlm.errors import ConfigError
-from spanlm.heads.losses import decoded_cross_entropy, masked_lm_loss
+from spanlm.heads.losses import count_targets, decoded_cross_entropy, masked_lm_loss, masked_lm_weight
 from spanlm.heads.mlm import MLMHead
 from spanlm.masking.base import build_masker
 from spanlm.models.backbone import build_backbone, hidden_size, input_embeddings
@@ -79,7 +79,8 @@ class MaskedLM(Objective):
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         hidden = encode(self.backbone, batch)  # (B, L, H)
         rows = self.mlm_head.features(gather_rows(hidden, batch["target_index"]))  # (N, E): targets only
-        return masked_lm_loss(decoded_cross_entropy(rows, self.mlm_head.decoder, batch["target_labels"]))
+        labels = batch["target_labels"]
+        return masked_lm_loss(decoded_cross_entropy(rows, self.mlm_head.decoder, labels, loss_weight=masked_lm_weight(count_targets(labels))))
 
     def export(self, directory: Path, tokenizer) -> None:
         export_with_heads(self, directory)

@@ -28,7 +28,7 @@ from spanlm.train.data import build_train_loader, eval_batches, split_blocks
 from spanlm.train.dist import DistEnv, all_reduce, any_rank, barrier, init_distributed, shutdown
 from spanlm.train.host_memory import retain_freed_memory
 from spanlm.train.metrics import MetricsLogger
-from spanlm.train.optim import build_optimizer, build_scheduler
+from spanlm.train.optim import build_optimizer, build_scheduler, clip_gradients
 
 
 class TrainingHalted(SpanlmError):
@@ -320,11 +320,8 @@ class Trainer:
                 (output["loss"] / config.grad_accum).backward()
             for key, value in output.items():
                 parts[key] += float(value.detach()) / config.grad_accum
-        max_norm = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.objective.parameters(), max_norm)
-        if hasattr(grad_norm, "full_tensor"):  # FSDP2 returns a DTensor
-            grad_norm = grad_norm.full_tensor()
-        parts["grad_norm"] = float(grad_norm)
+        # Clipped here, or by optimizer.step() itself (fused AdamW: spanlm.train.optim.clip_gradients)
+        parts["grad_norm"] = float(clip_gradients(self.optimizer, self.objective.parameters(), config.max_grad_norm))
         return dict(parts), tokens
 
     def _log_record(self, sums, counted, tokens, started, skipped) -> dict:

@@ -75,6 +75,30 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimi
     return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, fused=fused)
 
 
+def clip_gradients(optimizer: torch.optim.Optimizer, parameters, max_norm: float) -> torch.Tensor:
+    """The total gradient norm; the gradients are scaled to ``max_norm`` when above it (``max_norm`` ≤ 0
+    or inf: no clipping), as ``torch.nn.utils.clip_grad_norm_`` scales them.
+
+    Why not ``clip_grad_norm_``: it multiplies every gradient by the clip factor, one more pass over all
+    of them (even by 1.0 when nothing is clipped). Fused AdamW can take that factor inside its own single
+    pass: its ``grad_scale`` (the hook ``torch.amp.GradScaler`` uses) divides each gradient by it and
+    writes the result back, so after ``optimizer.step()`` the gradients and the update are those of
+    clipping first. Any other optimiser (LAMB, the foreach AdamW under FSDP) gets the clipped gradients
+    before its step.
+    """
+    parameters = [p for p in parameters if p.grad is not None]
+    total = torch.nn.utils.get_total_norm([p.grad for p in parameters])  # a DTensor under FSDP2
+    optimizer.grad_scale = None
+    if not 0 < max_norm < math.inf:
+        pass
+    elif isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults.get("fused"):
+        # clip_grad_norm_'s factor max_norm / (norm + 1e-6), clamped at 1, as a divisor
+        optimizer.grad_scale = torch.clamp((total.float() + 1e-6) / max_norm, min=1.0)
+    else:
+        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
+    return total.full_tensor() if hasattr(total, "full_tensor") else total
+
+
 def lr_factor(step: int, config: TrainConfig) -> float:
     """Linear warmup to the peak, then linear or cosine decay to 0 at max_steps (or constant)."""
     if config.warmup_steps and step < config.warmup_steps:

@@ -1,0 +1,48 @@
+"""Gradient clipping folded into fused AdamW's own pass equals clip_grad_norm_ followed by the step."""
+
+import pytest
+import torch
+
+from spanlm.train.config import TrainConfig
+from spanlm.train.optim import build_optimizer, clip_gradients
+
+
+def _model_with_gradients(scale: float, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.LayerNorm(5), torch.nn.Linear(5, 3))
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * scale
+    return model
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "lamb"])
+@pytest.mark.parametrize("scale, max_norm", [(10.0, 1.0), (0.01, 1.0), (10.0, 0.0)])  # clipped, below the norm, off
+def test_clip_gradients_equals_clip_grad_norm_then_step(optimizer, scale, max_norm):
+    config = TrainConfig(optimizer=optimizer, lr=0.1, max_grad_norm=max_norm)
+    results = []
+    for folded in (False, True):
+        model = _model_with_gradients(scale)
+        opt = build_optimizer(model, config)
+        for _ in range(2):  # the second step reuses the optimiser: no factor left over from the first
+            if folded:
+                norm = clip_gradients(opt, model.parameters(), max_norm)
+            else:
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else float("inf"))
+            opt.step()
+        results.append((norm, [p.detach().clone() for p in model.parameters()], [p.grad.clone() for p in model.parameters()]))
+    (norm_ref, params_ref, grads_ref), (norm, params, grads) = results
+    torch.testing.assert_close(norm, norm_ref)
+    for got, expected in zip(params + grads, params_ref + grads_ref):
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_fused_adamw_takes_the_clip_factor_instead_of_a_pass_over_the_gradients():
+    model = _model_with_gradients(10.0)
+    opt = build_optimizer(model, TrainConfig(lr=0.1, max_grad_norm=1.0))
+    before = [p.grad.clone() for p in model.parameters()]
+    norm = clip_gradients(opt, model.parameters(), 1.0)
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), before))  # untouched until the step
+    assert opt.grad_scale.item() == pytest.approx(norm.item() + 1e-6)
+    opt.step()
+    clipped = torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters()))
+    assert clipped.item() == pytest.approx(1.0, rel=1e-5)  # the step leaves the clipped gradients, as clip_grad_norm_ does
