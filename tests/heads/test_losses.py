@@ -218,7 +218,11 @@ def _two_heads_case(ignored: int = 0):
     ((0.0, 0.5), (0.0, 0.5)),      # a part weighted 0
 ])
 @pytest.mark.parametrize("ignored", [0, 3])
-def test_tied_decoders_decoded_together_equal_each_decoded_alone(announced, upstream, ignored):
+@pytest.mark.parametrize("block_rows", [32, 5])  # one block per part; several, the last one short
+def test_tied_decoders_decoded_together_equal_each_decoded_alone(announced, upstream, ignored, block_rows, monkeypatch):
+    from spanlm.heads import losses
+
+    monkeypatch.setattr(losses, "ROWS_PER_BLOCK", block_rows)
     results = []
     for together in (False, True):
         embedding, decoders, features, labels = _two_heads_case(ignored)

@@ -35,7 +35,10 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from spanlm.heads.tied_embedding import TiedGradient
+
 IGNORE_INDEX = -100
+ROWS_PER_BLOCK = 32  # rows of (N, V) logits per block of element-wise passes: 4 MB at a 30k vocabulary
 
 
 @dataclasses.dataclass
@@ -114,6 +117,7 @@ class _Plan:
     samplers: list[Callable[[Tensor], Tensor] | None]
     workspace: LogitsWorkspace | None
     gradients: bool  # a backward pass will come: form the gradients now
+    tied: TiedGradient | None  # the weight's lookup in this forward pass, which can deliver its gradient
 
     @property
     def segments(self) -> list[tuple[int, int]]:
@@ -128,49 +132,74 @@ def _decode(features: Tensor, weight: Tensor, biases: Sequence[Tensor], labels: 
 
     The logits are computed into one float32 (N, V) buffer, which then becomes log-probabilities and the
     logits' gradient G = softmax − one-hot in place (a 30k vocabulary makes every extra (N, V) pass or
-    allocation cost as much as a small matmul). The gradient products follow at once, while G is still
-    in cache: ∂features = s·G·W and ∂W = Gᵀ·(s·features), s the row's loss weight, applied on the (N, E)
-    side, never the (V, E) one; ∂bias_p = s_p·ΣG over the part's rows. Products run in the dtype the
-    projection ran in (bf16 under autocast).
+    allocation cost as much as a small matmul). Those element-wise passes run over blocks of
+    ``ROWS_PER_BLOCK`` rows, so that each block stays in cache from its first pass to its last. The
+    gradient products follow at once, while G is still in cache: ∂features = s·G·W and
+    ∂W = Gᵀ·(s·features), s the row's loss weight, applied on the (N, E) side, never the (V, E) one;
+    ∂bias_p = s_p·ΣG over the part's rows. Products run in the dtype the projection ran in (bf16 under
+    autocast).
     """
     n, vocab = features.shape[0], weight.shape[0]
-    segments = plan.segments
     logits = plan.workspace.take(n, vocab, features.device) if plan.workspace is not None else torch.empty(n, vocab, device=features.device)
-    if torch.is_autocast_enabled(features.device.type):  # bf16 logits, rounded as each decoder's addmm rounds them
+    autocast = torch.is_autocast_enabled(features.device.type)
+    if autocast:  # bf16 logits, rounded as each decoder's addmm rounds them
         compute_dtype = torch.get_autocast_dtype(features.device.type)
-        for (start, end), bias in zip(segments, biases):
+        for (start, end), bias in zip(plan.segments, biases):
             logits[start:end].copy_(torch.addmm(bias, features[start:end], weight.t()))
-    else:  # float32: addmm would first copy the broadcast bias into the (N, V) output, one pass more
+    else:  # float32: the bias is added block by block below (addmm would copy it into all of (N, V) first)
         compute_dtype = torch.float32
         torch.mm(features, weight.t(), out=logits)
-        for (start, end), bias in zip(segments, biases):
-            logits[start:end] += bias
     valid = labels != IGNORE_INDEX
     safe = labels.clamp(min=0)
     rows = torch.arange(n, device=labels.device)
-    # Correct = the label's logit is the row's maximum (a tie with another token counts as correct;
-    # float32 logits of different tokens are practically never equal). One max pass, cheaper than argmax.
-    hits = (logits[rows, safe] >= logits.amax(dim=-1)) & valid
-    log_probs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: row-wise, each row read before written
-    losses = -log_probs[rows, safe] * valid  # (N,)
-    totals = torch.stack([losses[start:end].sum() for start, end in segments])  # (P,)
-    corrects = torch.stack([hits[start:end].sum() for start, end in segments])  # (P,)
-    # Draw before the buffer becomes the gradient (ELECTRA's generator samples its replacements from the
-    # very distribution it is trained on: no second projection).
-    samples = [sampler(log_probs[start:end]) if sampler is not None else torch.empty(0, dtype=torch.long, device=labels.device)
-               for (start, end), sampler in zip(segments, plan.samplers)]
+    losses = torch.empty(n, device=features.device)
+    hits = torch.empty(n, dtype=torch.bool, device=features.device)
+    samples, grad_biases = [], []
+    for part, ((start, end), bias, sampler) in enumerate(zip(plan.segments, biases, plan.samplers)):
+        # A part whose rows are sampled from is one block: the sampler sees all its rows at once.
+        block_rows = ROWS_PER_BLOCK if sampler is None else max(end - start, 1)
+        bias_gradient = torch.zeros(vocab, device=features.device) if loss_weights is not None else None
+        for first in range(start, end, block_rows):
+            last = min(first + block_rows, end)
+            block, index, label, ok = logits[first:last], rows[:last - first], safe[first:last], valid[first:last]
+            if not autocast:
+                block += bias
+            # Softmax with one exp per logit (log_softmax followed by exp would take two; exp is what these
+            # passes spend their time on): shift by the row maximum m, exponentiate, sum to Z; then the
+            # loss is log Z − (logit − m) of the label, and softmax = exp(logit − m) / Z.
+            peak = block.amax(dim=-1)  # (R,)
+            label_logits = block[index, label]  # (R,)
+            # Correct = the label's logit is the row's maximum (a tie with another token counts as correct;
+            # float32 logits of different tokens are practically never equal). Cheaper than an argmax pass.
+            hits[first:last] = (label_logits >= peak) & ok
+            block -= peak[:, None]
+            if sampler is not None:
+                # Drawn before the buffer becomes the gradient (ELECTRA's generator samples its replacements
+                # from the very distribution it is trained on: no second projection).
+                samples.append(sampler(block - torch.logsumexp(block, dim=-1, keepdim=True)))
+            partition = block.exp_().sum(dim=-1)  # (R,): Z
+            losses[first:last] = (partition.log() - (label_logits - peak)) * ok
+            if bias_gradient is not None:
+                block.mul_(partition.reciprocal_()[:, None])  # softmax
+                block[index, label] -= ok.to(block.dtype)  # − one-hot
+                if not bool(ok.all()):
+                    block.mul_(ok[:, None])
+                bias_gradient += block.sum(0)
+        if sampler is None:
+            samples.append(torch.empty(0, dtype=torch.long, device=labels.device))
+        elif start == end:
+            samples.append(sampler(logits[start:end]))
+        if bias_gradient is not None:
+            grad_biases.append(bias_gradient.to(bias.dtype) * loss_weights[part])
+    totals = torch.stack([losses[start:end].sum() for start, end in plan.segments])  # (P,)
+    corrects = torch.stack([hits[start:end].sum() for start, end in plan.segments])  # (P,)
     if loss_weights is None:
         return totals, corrects, samples, None
-    gradient = log_probs.exp_()  # softmax, in place
-    gradient[rows, safe] -= valid.to(gradient.dtype)  # − one-hot
-    if not bool(valid.all()):
-        gradient.mul_(valid[:, None])
     scale = torch.cat([torch.full((size,), w, dtype=features.dtype, device=features.device)
                        for size, w in zip(plan.sizes, loss_weights)])[:, None]  # (N, 1)
-    compute = gradient.to(compute_dtype)
-    grad_features = (compute @ weight.to(compute_dtype)).to(features.dtype) * scale  # (N, E)
-    grad_weight = (compute.t() @ (features * scale).to(compute_dtype)).to(weight.dtype)  # (V, E)
-    grad_biases = [gradient[start:end].sum(0).to(bias.dtype) * w for (start, end), bias, w in zip(segments, biases, loss_weights)]
+    gradient = logits.to(compute_dtype)
+    grad_features = (gradient @ weight.to(compute_dtype)).to(features.dtype) * scale  # (N, E)
+    grad_weight = (gradient.t() @ (features * scale).to(compute_dtype)).to(weight.dtype)  # (V, E)
     return totals, corrects, samples, (grad_features, grad_weight, grad_biases)
 
 
@@ -197,7 +226,10 @@ class _DecodedCrossEntropy(torch.autograd.Function):
     def forward(ctx, features: Tensor, weight: Tensor, labels: Tensor, plan: _Plan, *biases: Tensor):
         totals, corrects, samples, gradients = _decode(features, weight, biases, labels, plan,
                                                        plan.loss_weights if plan.gradients else None)
-        ctx.plan = plan
+        ctx.plan, ctx.tied = plan, None
+        if gradients is not None and plan.tied is not None and plan.tied.accepts():
+            plan.tied.pending = gradients[1]  # the lookup's backward adds its rows into it (spanlm.heads.tied_embedding)
+            gradients, ctx.tied = (gradients[0], None, gradients[2]), plan.tied
         ctx.gradients = gradients
         ctx.save_for_backward(features, weight, labels, *biases)  # read only to form the gradients again
         ctx.mark_non_differentiable(corrects, *samples)
@@ -207,6 +239,10 @@ class _DecodedCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_totals: Tensor, grad_corrects: Tensor, *grad_samples: Tensor):
         # Popped, so that the returned tensors are referenced once and AccumulateGrad can take them as .grad.
         gradients, ctx.gradients = ctx.gradients, None
+        tied = ctx.tied
+        if gradients is not None and tied is not None:  # take the handed-over weight gradient back, for now
+            grad_weight, tied.pending = tied.pending, None
+            gradients = (gradients[0], grad_weight, gradients[2]) if grad_weight is not None else None
         assumed = torch.tensor(ctx.plan.loss_weights, dtype=grad_totals.dtype)
         factor = _common_factor(grad_totals.detach().cpu(), assumed) if gradients is not None else None
         if factor is None:
@@ -217,6 +253,9 @@ class _DecodedCrossEntropy(torch.autograd.Function):
             grad_features, grad_weight, grad_biases = gradients
             gradients = (grad_features * factor, grad_weight.mul_(factor), [b.mul_(factor) for b in grad_biases])
         grad_features, grad_weight, grad_biases = gradients
+        if tied is not None and tied.will_deliver():
+            tied.confirm(grad_weight)  # the lookup returns it, its own rows added: the table's one gradient
+            grad_weight = None
         return (grad_features, grad_weight, None, None, *grad_biases)
 
 
@@ -245,7 +284,8 @@ def decoded_cross_entropies(targets: Sequence[DecodedTarget]) -> list[TokenLoss]
         plan = _Plan(sizes=[part.features.shape[0] for part in parts],
                      loss_weights=[float(part.loss_weight) for part in parts],
                      samplers=[part.sampler for part in parts],
-                     workspace=getattr(parts[0].decoder, "workspace", None), gradients=gradients)
+                     workspace=getattr(parts[0].decoder, "workspace", None), gradients=gradients,
+                     tied=getattr(getattr(parts[0].decoder, "embedding", None), "gradient_slot", None))
         totals, corrects, *samples = _DecodedCrossEntropy.apply(features, weight, labels, plan, *biases)
         for k, (i, part) in enumerate(zip(indices, parts)):
             results[i] = TokenLoss(total=totals[k], count=(part.labels != IGNORE_INDEX).sum(), correct=corrects[k],

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from spanlm.heads.losses import LogitsWorkspace
+from spanlm.heads.tied_embedding import tie_gradients
 
 
 class TiedDecoder(nn.Module):
@@ -40,6 +41,7 @@ class TiedDecoder(nn.Module):
     def tie(self, embedding: nn.Embedding) -> None:
         # object.__setattr__ bypasses nn.Module.__setattr__, which would register `embedding` as a child.
         object.__setattr__(self, "embedding", embedding)
+        tie_gradients(embedding)  # its lookup delivers this decoder's weight gradient with its own
 
     @property
     def weight(self) -> Tensor:

@@ -1,0 +1,139 @@
+"""A tied decoder's weight gradient delivered by the lookup: the same gradients as nn.Embedding + logits."""
+
+import pytest
+import torch
+
+from spanlm.heads import DecodedTarget, TiedDecoder, decoded_cross_entropies, token_cross_entropy
+from spanlm.heads.tied_embedding import TiedEmbedding
+
+PAD = 0
+
+
+def _model(tied: bool, seed: int = 0):
+    """ids → embedding (padding row 0) → tanh(linear) → rows decoded through the tied table."""
+    torch.manual_seed(seed)
+    embedding = torch.nn.Embedding(40, 8, padding_idx=PAD)
+    torch.nn.init.normal_(embedding.weight)
+    mix = torch.nn.Linear(8, 8)
+    decoder = TiedDecoder(embedding)  # makes the embedding a TiedEmbedding
+    torch.nn.init.normal_(decoder.bias)
+    if not tied:
+        embedding.__class__ = torch.nn.Embedding  # the reference: nn.Embedding's own backward
+    return embedding, mix, decoder
+
+
+def _batch():
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 40, (3, 6), generator=generator)
+    ids[:, -2:] = PAD  # padding: no gradient for row 0 from the lookup
+    ids[0, 0] = ids[1, 0] = 7  # a repeated token: its rows add up
+    labels = torch.randint(0, 40, (5,), generator=generator)
+    return ids, labels
+
+
+def _forward(embedding, mix, decoder, ids, labels, fused: bool, weight: float = 0.2):
+    hidden = torch.tanh(mix(embedding(ids)))  # (B, L, E)
+    rows = hidden.reshape(-1, 8)[:5]  # (5, E)
+    if fused:
+        return decoded_cross_entropies([DecodedTarget(rows, decoder, labels, weight)])[0].total
+    return token_cross_entropy(decoder(rows), labels).total
+
+
+def _gradients(embedding, mix, decoder):
+    return [p.grad.clone() if p.grad is not None else None for p in (embedding.weight, decoder.bias, *mix.parameters())]
+
+
+def _assert_same(got, expected):
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, atol=1e-6, rtol=1e-5)
+
+
+def _reference(upstream: float, extra=None):
+    embedding, mix, decoder = _model(tied=False)
+    ids, labels = _batch()
+    loss = upstream * _forward(embedding, mix, decoder, ids, labels, fused=False)
+    if extra is not None:
+        loss = loss + extra(embedding, ids)
+    loss.backward()
+    return _gradients(embedding, mix, decoder)
+
+
+@pytest.mark.parametrize("upstream", [0.2, 0.05])  # as announced; a common factor away (rescaled)
+def test_the_lookup_delivers_the_decoders_gradient_as_the_tables_one_gradient(upstream):
+    embedding, mix, decoder = _model(tied=True)
+    assert isinstance(embedding, TiedEmbedding)
+    ids, labels = _batch()
+    loss = upstream * _forward(embedding, mix, decoder, ids, labels, fused=True)
+    handed = embedding.gradient_slot.pending.data_ptr()  # the decoder's (V, E) gradient, formed in the forward pass
+    loss.backward()
+    assert embedding.weight.grad.data_ptr() == handed  # became .grad: no zero fill, no sum, no copy
+    _assert_same(_gradients(embedding, mix, decoder), _reference(upstream))
+
+
+def test_gradients_accumulate_over_micro_batches_and_survive_a_retained_graph():
+    embedding, mix, decoder = _model(tied=True)
+    ids, labels = _batch()
+    for _ in range(2):  # two micro-batches into the same .grad
+        (0.2 * _forward(embedding, mix, decoder, ids, labels, fused=True)).backward()
+    _assert_same(_gradients(embedding, mix, decoder), [2 * g for g in _reference(0.2)])
+
+    embedding, mix, decoder = _model(tied=True)
+    loss = 0.2 * _forward(embedding, mix, decoder, ids, labels, fused=True)
+    loss.backward(retain_graph=True)
+    loss.backward()  # the second pass forms the gradients again; the lookup delivers them again
+    _assert_same(_gradients(embedding, mix, decoder), [2 * g for g in _reference(0.2)])
+
+
+def test_a_backward_pass_that_does_not_reach_the_lookup_keeps_the_decoders_gradient():
+    embedding, mix, decoder = _model(tied=True)
+    ids, labels = _batch()
+    loss = 0.2 * _forward(embedding, mix, decoder, ids, labels, fused=True)
+    loss.backward(inputs=[decoder.bias, embedding.weight, mix.weight])  # the lookup is needed: delivered
+    _assert_same(_gradients(embedding, mix, decoder)[:3], _reference(0.2)[:3])
+
+    embedding, mix, decoder = _model(tied=True)
+    loss = 0.2 * _forward(embedding, mix, decoder, ids, labels, fused=True)
+    (weight_grad,) = torch.autograd.grad(loss, [embedding.weight], retain_graph=True)
+    torch.testing.assert_close(weight_grad, _reference(0.2)[0], atol=1e-6, rtol=1e-5)
+    (bias_grad,) = torch.autograd.grad(loss, [decoder.bias])  # does not run the lookup: nothing is lost
+    torch.testing.assert_close(bias_grad, _reference(0.2)[1], atol=1e-6, rtol=1e-5)
+
+
+def test_a_decoder_outside_the_loss_and_a_second_lookup_change_nothing():
+    embedding, mix, decoder = _model(tied=True)
+    ids, labels = _batch()
+    _forward(embedding, mix, decoder, ids, labels, fused=True)  # decoded with gradient, never backpropagated
+    second = embedding(ids).sum()  # a fresh lookup: only its own rows
+    second.backward()
+    expected = torch.zeros_like(embedding.weight).index_add_(0, ids[ids != PAD], torch.ones(int((ids != PAD).sum()), 8))
+    torch.testing.assert_close(embedding.weight.grad, expected)
+
+    # ELECTRA's ES: the generator's decoder and a second lookup of the same table in one forward pass
+    embedding, mix, decoder = _model(tied=True)
+    discriminator_lookup = lambda table, ids: 0.3 * table(ids.flip(0)).pow(2).sum()  # noqa: E731
+    loss = 0.2 * _forward(embedding, mix, decoder, ids, labels, fused=True) + discriminator_lookup(embedding, ids)
+    loss.backward()
+    _assert_same(_gradients(embedding, mix, decoder), _reference(0.2, extra=discriminator_lookup))
+
+
+def test_no_hand_over_without_gradient_or_under_no_grad():
+    embedding, mix, decoder = _model(tied=True)
+    ids, labels = _batch()
+    with torch.no_grad():
+        embedding(ids)
+    assert embedding.gradient_slot is None
+    embedding.weight.requires_grad_(False)
+    embedding(ids)
+    assert embedding.gradient_slot is None
+
+
+def test_a_lookup_off_the_decoders_path_leaves_the_gradient_with_the_decoder():
+    embedding, _, decoder = _model(tied=True)
+    ids, labels = _batch()
+    unused = embedding(ids)  # a live lookup of this forward pass, but the loss does not depend on it
+    rows = torch.randn(5, 8, generator=torch.Generator().manual_seed(4), requires_grad=True)
+    decoded_cross_entropies([DecodedTarget(rows, decoder, labels, 1.0)])[0].total.backward()
+    assert unused.grad_fn is not None
+    reference, _, reference_decoder = _model(tied=False)
+    token_cross_entropy(reference_decoder(rows.detach()), labels).total.backward()
+    torch.testing.assert_close(embedding.weight.grad, reference.weight.grad, atol=1e-6, rtol=1e-5)
