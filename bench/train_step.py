@@ -8,9 +8,12 @@ What is compared (one optimiser step each: forward, backward, gradient clipping 
                 it (``spanlm.models.dropout``: FastDropout for every dropout, attention "spanlm_sdpa" =
                 SDPA's math path with that dropout in training), the MLM head and the Span Boundary
                 Objective head, both computed only at their target rows, decoders tied to the input
-                embedding, projection + cross-entropy fused (``decoded_cross_entropy``). Optimiser ``spanlm.train.optim.build_optimizer``
-                (AdamW as configured by default: no decay on biases / LayerNorm). The step is the body of
-                ``Trainer._train_step`` + ``optimizer.step()`` of spanlm.train.loop, minus the data loader.
+                embedding and projected together, projection + cross-entropy fused
+                (``decoded_cross_entropies``). Optimiser ``spanlm.train.optim.build_optimizer`` (AdamW as
+                configured by default: no decay on biases / LayerNorm), clipped by
+                ``spanlm.train.optim.clip_gradients`` (the clip factor inside fused AdamW's pass). The step
+                is the body of ``Trainer._train_step`` + ``optimizer.step()`` of spanlm.train.loop, minus
+                the data loader.
     peer        ``transformers.BertForMaskedLM`` with the same config and ``attn_implementation="sdpa"``,
                 called with ``labels`` (the MLM head projects every position onto the vocabulary), fed
                 by Hugging Face's own whole-word collator
@@ -461,7 +464,7 @@ def main() -> None:
         "distinct_batches": args.batches,
         "compile": args.compile,
         "bf16": args.bf16,
-        "step": "forward + backward + clip_grad_norm(1.0) + AdamW step + zero_grad; masking/collation untimed",
+        "step": "forward + backward + gradient clipping at 1.0 + AdamW step + zero_grad; masking/collation untimed",
         "optimizers": {"spanlm": "spanlm.train.optim.build_optimizer (torch.optim.AdamW(fused=True), no decay on biases / LayerNorm)",
                        "peer": "torch.optim.AdamW(fused=True) (HF Trainer default adamw_torch_fused)"},
         "peer_collator": "DataCollatorForLanguageModeling(mlm_probability=0.15, whole_word_mask=True)",
