@@ -137,3 +137,54 @@ def test_a_lookup_off_the_decoders_path_leaves_the_gradient_with_the_decoder():
     reference, _, reference_decoder = _model(tied=False)
     token_cross_entropy(reference_decoder(rows.detach()), labels).total.backward()
     torch.testing.assert_close(embedding.weight.grad, reference.weight.grad, atol=1e-6, rtol=1e-5)
+
+
+class _TiedModel(torch.nn.Module):
+    def __init__(self, tied: bool):
+        super().__init__()
+        self.embedding, self.mix, self.decoder = _model(tied)
+
+    def forward(self, ids, labels, fused: bool):
+        return 0.2 * _forward(self.embedding, self.mix, self.decoder, ids, labels, fused)
+
+    def gradients(self):
+        return [g.full_tensor() if hasattr(g, "full_tensor") else g for g in _gradients(self.embedding, self.mix, self.decoder)]
+
+
+def _distributed_worker(rank: int, init_file: str, strategy: str, results: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        ids, labels = _batch()
+        batches = [(ids, labels), (ids.flip(1), labels.flip(0))]  # each rank's own tokens and labels
+        reference = _TiedModel(tied=False)  # on this process alone: the mean of both ranks' gradients
+        for batch in batches:
+            (reference(*batch, fused=False) / 2).backward()
+        model = _TiedModel(tied=True)
+        if strategy == "ddp":
+            wrapped = torch.nn.parallel.DistributedDataParallel(model)
+        else:
+            from torch.distributed.fsdp import fully_shard
+
+            wrapped = fully_shard(model)
+        loss = wrapped(*batches[rank], fused=True)
+        handed = model.embedding.gradient_slot.pending is not None
+        loss.backward()
+        torch.save({"got": model.gradients(), "expected": reference.gradients(), "handed": handed}, f"{results}-{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_data_parallel_training_sees_the_delivered_gradient(strategy, tmp_path):
+    """DDP's and FSDP2's gradient hooks fire on the table's one gradient, which includes the decoder's."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_distributed_worker, args=(str(tmp_path / "init"), strategy, str(tmp_path / "grads")), nprocs=2)
+    for rank in range(2):
+        saved = torch.load(tmp_path / f"grads-{rank}.pt", weights_only=True)
+        assert saved["handed"]  # the decoder did hand its gradient to the lookup
+        _assert_same(saved["got"], saved["expected"])
