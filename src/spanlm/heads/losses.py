@@ -48,7 +48,7 @@ class TokenLoss:
     total: Tensor  # float32 scalar: summed cross-entropy
     count: Tensor  # int64 scalar: number of targets
     correct: Tensor  # int64 scalar: targets whose arg-max prediction is the label (no gradient)
-    samples: Tensor | None = None  # (N,) what ``decoded_cross_entropy``'s ``sampler`` drew from the rows (no gradient)
+    samples: Tensor | None = None  # (N,) what the target's ``sampler`` drew from its rows (no gradient; DecodedTarget)
 
     @property
     def accuracy(self) -> Tensor:

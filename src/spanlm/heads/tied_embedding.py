@@ -36,13 +36,17 @@ class TiedGradient:
         self.confirmed_task: int | None = None  # the backward pass in which the decoder confirmed it
         self.delivered_task: int | None = None  # the backward pass in which the lookup ran
 
+    def _live_node(self):
+        """The lookup's autograd node while its graph is alive, else None."""
+        return self.node() if self.node is not None else None
+
     def accepts(self) -> bool:
         """Whether a decoder's forward may hand its weight gradient over (one decoder per lookup)."""
-        return self.pending is None and self.node is not None and self.node() is not None
+        return self.pending is None and self._live_node() is not None
 
     def will_deliver(self) -> bool:
         """Called in the decoder's backward: will the lookup's backward still run in this pass?"""
-        node = self.node() if self.node is not None else None
+        node = self._live_node()
         task = torch._C._current_graph_task_id()
         return node is not None and self.delivered_task != task and torch._C._will_engine_execute_node(node)
 

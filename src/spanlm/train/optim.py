@@ -89,13 +89,12 @@ def clip_gradients(optimizer: torch.optim.Optimizer, parameters, max_norm: float
     parameters = [p for p in parameters if p.grad is not None]
     total = torch.nn.utils.get_total_norm([p.grad for p in parameters])  # a DTensor under FSDP2
     optimizer.grad_scale = None
-    if not 0 < max_norm < math.inf:
-        pass
-    elif isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults.get("fused"):
-        # clip_grad_norm_'s factor max_norm / (norm + 1e-6), clamped at 1, as a divisor
-        optimizer.grad_scale = torch.clamp((total.float() + 1e-6) / max_norm, min=1.0)
-    else:
-        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
+    if 0 < max_norm < math.inf:
+        if isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults.get("fused"):
+            # clip_grad_norm_'s factor max_norm / (norm + 1e-6), clamped at 1, as a divisor
+            optimizer.grad_scale = torch.clamp((total.float() + 1e-6) / max_norm, min=1.0)
+        else:
+            torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
     return total.full_tensor() if hasattr(total, "full_tensor") else total
 
 
