@@ -136,3 +136,14 @@ def test_export_loads_in_transformers_with_the_same_hidden_states(prepared, tmp_
         got = model(**encoded).last_hidden_state
     assert torch.allclose(expected, got, atol=1e-5)
     assert (tmp_path / "hf" / "heads.safetensors").is_file() and (tmp_path / "hf" / "config.yaml").is_file()
+
+
+def test_export_names_a_missing_or_unfinished_checkpoint(tmp_path, capsys):
+    from spanlm.cli import main
+
+    assert main(["export", str(tmp_path / "nowhere"), "--out", str(tmp_path / "hf")]) != 0
+    assert "nowhere: no such checkpoint or run directory" in capsys.readouterr().err
+    (tmp_path / "run" / "checkpoints" / "step-0000001").mkdir(parents=True)  # cut off before its marker
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) != 0
+    assert "not a complete checkpoint nor a run directory with one" in capsys.readouterr().err
+    assert not (tmp_path / "hf").exists()

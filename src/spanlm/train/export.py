@@ -53,6 +53,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
     from spanlm.objectives import build_objective
 
     checkpoint, out = Path(checkpoint), Path(out)
+    if not checkpoint.exists():
+        raise InputError(f"{checkpoint}: no such checkpoint or run directory")
     if not (checkpoint / MARKER).is_file():
         latest = latest_checkpoint(checkpoint) if checkpoint.is_dir() else None
         if latest is None:
