@@ -23,7 +23,7 @@ def add_training_command(actions, name: str, help: str, recipe_example: str, ove
     return command
 
 
-def write_jsonl(lines: list[str], output: str | None, what: str) -> None:
+def write_lines_or_stdout(lines: list[str], output: str | None, what: str) -> None:
     """JSON lines (each ending in a newline) to ``output``, or to stdout when it is None."""
     if output:
         with open(output, "w", encoding="utf-8") as handle:

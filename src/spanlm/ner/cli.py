@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from spanlm.cli_support import add_training_command, log, write_jsonl
+from spanlm.cli_support import add_training_command, log, write_lines_or_stdout
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -121,7 +121,7 @@ def _predict(args: argparse.Namespace) -> int:
     flat = True if args.flat else None
     lines = [json.dumps(document_record(d, scores), ensure_ascii=False) + "\n"
              for d, scores in model.predict(documents, args.batch_size, flat=flat, threshold=args.threshold)]
-    write_jsonl(lines, args.output, "documents")
+    write_lines_or_stdout(lines, args.output, "documents")
     return 0
 
 

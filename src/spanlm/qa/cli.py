@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from spanlm.cli_support import add_training_command, log, write_jsonl
+from spanlm.cli_support import add_training_command, log, write_lines_or_stdout
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -51,7 +51,7 @@ def _predict(args: argparse.Namespace) -> int:
         log(f"{args.input}: no questions")
         return 0
     lines = [json.dumps(model.answer(p), ensure_ascii=False) + "\n" for p in model.predict(examples, args.batch_size)]
-    write_jsonl(lines, args.output, "answers")
+    write_lines_or_stdout(lines, args.output, "answers")
     return 0
 
 
