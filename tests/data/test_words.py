@@ -38,11 +38,27 @@ def test_word_starts_match_the_pre_tokenizer_words(kind):
         assert word_groups(normalized, flags, encoding.offsets) == expected
 
 
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_the_text_of_a_special_token_is_ordinary_text(kind):
+    # A literal "[MASK]" or "<s>" (an HTML tag in web text) must not become a special id inside a block:
+    # the maskers know specials by position and would take it as a target, and the model would see a
+    # mask or separator that is not one.
+    tokenizer = train_tokenizer(TRAINING + ["[ ] < > / mask sep pad cls s"] * 5, TokenizerConfig(kind=kind, vocab_size=100, min_frequency=1))
+    text = "the cat [MASK] sat <s> on [SEP] the </s> mat [PAD] <mask> [CLS] <pad>"
+    ids, word_starts, lengths = encode_sentences(tokenizer, [text], "none")
+    assert not set(ids.tolist()) & set(tokenizer.all_special_ids)
+    assert lengths.sum() == len(ids) > 13
+    assert not tokenizer.backend_tokenizer.encode_special_tokens  # the tokenizer is left as it was
+    assert tokenizer.mask_token_id in tokenizer.backend_tokenizer.encode(f"a {tokenizer.mask_token}", add_special_tokens=False).ids
+
+
 def test_added_tokens_are_words_of_their_own():
     tokenizer = train_tokenizer(TRAINING, TokenizerConfig(vocab_size=100, min_frequency=1))
-    ids, word_starts, _ = encode_sentences(tokenizer, ["cat[MASK]mat"], "none")
-    mask_at = list(ids).index(tokenizer.mask_token_id)
-    assert word_starts[mask_at] and word_starts[mask_at + 1]
+    tokenizer.add_tokens(["<zorp>"])  # a non-special added token, as a loaded checkpoint may have
+    added = tokenizer.convert_tokens_to_ids("<zorp>")
+    ids, word_starts, _ = encode_sentences(tokenizer, ["cat<zorp>mat"], "none")
+    at = list(ids).index(added)
+    assert word_starts[at] and word_starts[at + 1]
 
 
 def test_jieba_words_are_whole_units():

@@ -120,3 +120,14 @@ def test_whitespace_span_is_unaligned(zh_en_tokenizer):
     windows, report = make_windows(zh_en_tokenizer, [NerDocument("d", "ESB   ESB", [Entity(4, 5, "X")])], ["X"], 32, 4)
     assert report.alignment.unaligned == 1 and (windows.entity_spans[..., 0] == -1).all()
     assert "cover no token" in report.lines("f")[0]
+
+
+def test_the_text_of_a_special_token_in_a_document_is_text(zh_en_tokenizer):
+    text = "Par is [SEP] Lon don [MASK] caf e [PAD]"
+    tokens = tokenize_documents(zh_en_tokenizer, [text])
+    structural = set(zh_en_tokenizer.all_special_ids) - {zh_en_tokenizer.unk_token_id}  # unknown characters may well be [UNK]
+    assert not set(tokens.input_ids.tolist()) & structural
+    assert "[SEP]" not in zh_en_tokenizer.convert_ids_to_tokens(tokens.input_ids.tolist())
+    # Every character of the literal specials is covered by some token's offsets.
+    at = text.index("[SEP]")
+    assert ((tokens.offsets[:, 0] <= at) & (tokens.offsets[:, 1] > at)).any()

@@ -95,3 +95,15 @@ def test_featurizer_gets_each_windows_ids_offsets_and_context(qa_tokenizer):
     assert ids_shape == offsets_shape[:2] == tuple(batch["input_ids"].shape) and texts == [CONTEXT, "Martha Lane kept it."]
     # The features cover the context characters of each window: all 20 of the short context.
     assert batch["char_count"][1].item() == len("MarthaLanekeptit.")
+
+
+def test_the_text_of_a_special_token_is_text_in_questions_and_contexts(qa_tokenizer):
+    context = "Its lamp [SEP] was first lit [MASK] on a stormy night."
+    windows = make_windows(qa_tokenizer, [QAExample("x", "When [SEP] was it lit?", context, [Answer("a stormy night", context.index("a stormy"))], ["a stormy night"])],
+                           max_length=64, doc_stride=16, max_query_length=16)
+    ids = windows.input_ids[0][windows.attention_mask[0].astype(bool)]
+    specials = np.isin(ids, list(set(qa_tokenizer.all_special_ids) - {qa_tokenizer.unk_token_id}))  # [UNK] may come from text
+    assert specials.sum() == qa_tokenizer.num_special_tokens_to_add(pair=True)  # only the template's
+    assert (ids[specials] != qa_tokenizer.mask_token_id).all()
+    s, e = windows.start_positions[0], windows.end_positions[0]
+    assert context[windows.offsets[0, s, 0]:windows.offsets[0, e, 1]] == "a stormy night"

@@ -26,7 +26,9 @@ import numpy as np
 
 from spanlm.errors import InputError
 
-FORMAT_VERSION = 1
+# 2: the text of a special token in the corpus (a literal "[MASK]", "<s>") is tokenized as text, not
+# as that token's id; corpora prepared before are rebuilt (`spanlm prepare` / `pretrain` do it by themselves).
+FORMAT_VERSION = 2
 ARRAYS = ("ids", "word_starts", "sentence_offsets", "document_offsets", "token_counts")
 
 

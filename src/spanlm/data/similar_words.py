@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from spanlm.data.tokenizer import encode_text
 from spanlm.errors import InputError
 
 TABLE_FILE = "similar_words.npz"
@@ -288,7 +289,7 @@ def _assemble(tokenizer, ids, types: WordTypes, sources: np.ndarray, keys, prefi
             owner.append(s)
             names.append(name)
             texts.append(prefixes[s] + name)  # " word" -> " synonym" for byte-level BPE
-    encodings = tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False) if texts else []
+    encodings = encode_text(tokenizer, texts)
     lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))  # (C,)
     tokens = np.fromiter((i for e in encodings for i in e.ids), dtype=np.int64, count=int(lengths.sum()))
     starts = np.cumsum(lengths) - lengths  # (C,) where each candidate's ids begin in `tokens`

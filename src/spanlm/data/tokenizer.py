@@ -105,6 +105,26 @@ def check_tokenizer(tokenizer, where: str) -> None:
         raise InputError(f"{where}: tokenizer has no {', '.join(missing)} token")
 
 
+def encode_text(tokenizer, texts: list[str]) -> list:
+    """The backend's encodings of ``texts``: no special tokens added, and the *text* of a special token
+    ("[MASK]", "<s>", "[PAD]") tokenized as ordinary text rather than turned into that token's id.
+
+    Why: a corpus is text. Web text is full of "<s>" (an HTML tag) and "[SEP]"-like strings; read as
+    special ids they would pose as real masks, separators or padding inside a block, and the maskers,
+    which know the specials by position, would pick them as targets. Calls through the transformers
+    wrapper (NER, QA) get the same with ``split_special_tokens=True``.
+    """
+    if not texts:
+        return []
+    backend = tokenizer.backend_tokenizer
+    before = backend.encode_special_tokens
+    backend.encode_special_tokens = True
+    try:
+        return backend.encode_batch(texts, add_special_tokens=False)
+    finally:
+        backend.encode_special_tokens = before
+
+
 def tokenizer_fingerprint(tokenizer) -> str:
     """A hash of everything that decides token ids, stored in meta.json to detect vocab mismatches."""
     digest = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode("utf-8"))

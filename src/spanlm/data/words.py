@@ -14,14 +14,16 @@ from itertools import chain
 
 import numpy as np
 
+from spanlm.data.tokenizer import encode_text
+
 
 def encode_sentences(tokenizer, texts: list[str], words: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Tokenize ``texts`` without special tokens.
+    """Tokenize ``texts`` without special tokens (the text of one, e.g. a literal "[MASK]", is ordinary text).
 
     Returns ``ids`` (int64, all sentences concatenated), ``word_starts`` (bool, same length) and
     ``lengths`` (int64, tokens per sentence).
     """
-    encodings = tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
+    encodings = encode_text(tokenizer, texts)
     lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
     ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=int(lengths.sum()))
     sentence_first = np.zeros(len(ids), dtype=bool)
@@ -29,7 +31,7 @@ def encode_sentences(tokenizer, texts: list[str], words: str) -> tuple[np.ndarra
     if words == "jieba":
         word_index = _jieba_word_index(texts, encodings, lengths)
     else:
-        # None (an added token such as a literal "[MASK]" in the text) becomes NaN: a word of its own.
+        # None (a non-special added token of a loaded tokenizer, matched in the text) becomes NaN: a word of its own.
         word_index = np.array(list(chain.from_iterable(e.word_ids for e in encodings)), dtype=np.float64)
     word_starts = sentence_first.copy()
     word_starts[1:] |= word_index[1:] != word_index[:-1]  # NaN != anything, so added tokens start words

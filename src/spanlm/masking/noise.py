@@ -35,6 +35,7 @@ from collections import Counter
 import numpy as np
 
 from spanlm.data.similar_words import count_word_types, decode_types, word_hash
+from spanlm.data.tokenizer import encode_text
 from spanlm.masking.base import MaskedBatch, NoiseConfig, Vocabulary
 from spanlm.masking.ops import TokenSampler, Words, ragged_arange, round_budget, units
 from spanlm.masking.wwm import mask_words, select_words
@@ -104,7 +105,7 @@ class NoiseTables:
             first.append(len(texts))
             chars.append(len(keys[i]))
             texts.extend(prefixes[i] + v for v in noise_variants(keys[i], alphabet, config.short_word))
-        encodings = tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False) if texts else []
+        encodings = encode_text(tokenizer, texts)
         counts = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
         tokens = np.fromiter((i for e in encodings for i in e.ids), dtype=np.int64, count=int(counts.sum()))
         offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)

@@ -44,8 +44,9 @@ def tokenize_documents(tokenizer, texts: list[str]) -> TokenizedDocuments:
     if not texts:
         return TokenizedDocuments(np.zeros(0, np.int64), np.zeros((0, 2), np.int64), np.zeros(1, np.int64))
     # verbose=False: documents longer than the model are expected here; windows cut them later.
+    # split_special_tokens: a literal "[SEP]" or "<s>" in a document is text, not a separator.
     encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False,
-                        return_token_type_ids=False, verbose=False)
+                        return_token_type_ids=False, verbose=False, split_special_tokens=True)
     lengths = np.fromiter((len(ids) for ids in encoded["input_ids"]), dtype=np.int64, count=len(texts))
     token_starts = np.concatenate([[0], np.cumsum(lengths)])
     input_ids = np.fromiter((i for ids in encoded["input_ids"] for i in ids), dtype=np.int64, count=int(token_starts[-1]))

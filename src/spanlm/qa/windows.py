@@ -70,7 +70,7 @@ def truncate_questions(tokenizer, questions: list[str], max_query_length: int) -
     would eat the window (transformers' run_qa does the same).
     """
     questions = [question.lstrip() for question in questions]
-    encoded = tokenizer(questions, add_special_tokens=False, return_offsets_mapping=True)
+    encoded = tokenizer(questions, add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=True)
     return [question if len(offsets) <= max_query_length else question[: offsets[max_query_length - 1][1]]
             for question, offsets in zip(questions, encoded["offset_mapping"])]
 
@@ -87,7 +87,7 @@ def make_windows(tokenizer, examples: list[QAExample], max_length: int, doc_stri
         raise InputError("no questions to tokenize")
     special = tokenizer.num_special_tokens_to_add(pair=True)
     questions = truncate_questions(tokenizer, [example.question for example in examples], max_query_length)
-    question_lengths = [len(ids) for ids in tokenizer(questions, add_special_tokens=False)["input_ids"]]
+    question_lengths = [len(ids) for ids in tokenizer(questions, add_special_tokens=False, split_special_tokens=True)["input_ids"]]
     groups = defaultdict(list)  # overlap → example indices
     for index, length in enumerate(question_lengths):
         room = max_length - length - special
@@ -100,7 +100,8 @@ def make_windows(tokenizer, examples: list[QAExample], max_length: int, doc_stri
     for overlap, members in sorted(groups.items()):
         encoded = tokenizer([questions[i] for i in members], [examples[i].context for i in members], truncation="only_second",
                             max_length=max_length, stride=overlap, return_overflowing_tokens=True,
-                            return_offsets_mapping=True, return_token_type_ids=True)
+                            return_offsets_mapping=True, return_token_type_ids=True,
+                            split_special_tokens=True)  # a literal "[SEP]" in a question or context is text
         for window, member in enumerate(encoded["overflow_to_sample_mapping"]):
             sequence = [-1 if s is None else s for s in encoded.sequence_ids(window)]
             rows.append((members[member], encoded["input_ids"][window], encoded["token_type_ids"][window], sequence,
