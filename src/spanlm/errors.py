@@ -1,5 +1,9 @@
 """User-facing errors: the CLI prints them as one line and exits with code 2, never a traceback."""
 
+from __future__ import annotations
+
+from collections.abc import Iterator
+
 
 class SpanlmError(Exception):
     """An error caused by the user's input (files, config, data) rather than a bug in spanlm."""
@@ -24,3 +28,18 @@ def read_text(path) -> str:
         return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as error:
         raise InputError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+
+
+def numbered_lines(path) -> Iterator[tuple[int, str | UnicodeDecodeError]]:
+    """(line number from 1, the line decoded as UTF-8 without its line break) for every line of ``path``.
+
+    Lines end at "\n" only (a U+2028 or form feed inside a line is text, unlike ``str.splitlines``); a
+    leading BOM is dropped; a line that is not UTF-8 comes as its ``UnicodeDecodeError``, for the caller
+    to report with the line number or to skip.
+    """
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            try:
+                yield number, raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as error:
+                yield number, error

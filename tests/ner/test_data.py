@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from spanlm.errors import InputError
-from spanlm.ner.data import Entity, NerDocument, ReadOptions, guess_format, label_set, read_documents, tags_to_spans, write_jsonl
+from spanlm.ner.data import (Entity, NerDocument, ReadOptions, guess_format, label_set, read_documents, read_texts, tags_to_spans,
+                             write_jsonl)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ner"
 
@@ -174,3 +175,24 @@ def test_entities_sorted_and_typed():
         assert document.entities == sorted(document.entities)
         assert all(isinstance(e, Entity) and 0 <= e.start < e.end <= len(document.text) for e in document.entities)
     assert json.loads((FIXTURES / "cluener_mini.json").read_text(encoding="utf-8").splitlines()[0])["label"]["name"] == {"李明": [[0, 1]]}
+
+
+def test_predict_texts_one_per_newline_line_and_jsonl_text_only(tmp_path):
+    txt = tmp_path / "texts.txt"
+    txt.write_bytes("Holmes met Watson\u2028in London .\r\n\nParis is nice\x0cindeed .\nthird\n".encode())
+    documents = read_texts(txt)
+    # Lines end at "\n" only: U+2028 and form feeds are text; blank lines are skipped, ids are line numbers.
+    assert [(d.id, d.text) for d in documents] == [("1", "Holmes met Watson\u2028in London ."), ("3", "Paris is nice\x0cindeed ."), ("4", "third")]
+    txt.write_bytes(b"fine\nbad \xff\n")
+    with pytest.raises(InputError, match=r"texts.txt:2: invalid UTF-8"):
+        read_texts(txt)
+    jsonl = tmp_path / "in.jsonl"
+    # Gold entities in a predict input are not needed, so a broken one does not stop prediction.
+    jsonl.write_text('{"id": "a", "text": "Holmes met Watson", "entities": [{"start": 0, "end": 99, "label": "PER"}]}\n'
+                     '{"text": "Paris"}\n', encoding="utf-8")
+    assert [(d.id, d.text, d.entities) for d in read_texts(jsonl)] == [("a", "Holmes met Watson", []), ("1", "Paris", [])]
+    jsonl.write_text('{"text": "ok"}\n{"text": 3}\n', encoding="utf-8")
+    with pytest.raises(InputError, match=r"in.jsonl:2: field 'text' must be str"):
+        read_texts(jsonl)
+    with pytest.raises(InputError, match=r"no such file"):
+        read_texts(tmp_path / "missing.txt")

@@ -66,6 +66,15 @@ def test_train_eval_predict(qa_encoder_dir, qa_fixtures, tmp_path, capsys):
         assert question["context"][answer["start"]:answer["end"]] == answer["answer"] if answer["answer"] else answer["start"] == -1
         assert answer["span"] and answer["span"] in question["context"]
 
+    # An empty context has no span to score: null, not -Infinity (which is not JSON).
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"question": "Who?", "context": ""}\n', encoding="utf-8")
+    code, out, err = run(capsys, "qa", "predict", str(model_dir), "--input", str(empty))
+    def no_infinity(constant):
+        raise ValueError(constant)
+    (answer,) = [json.loads(line, parse_constant=no_infinity) for line in out.splitlines()]
+    assert code == 0 and answer["answer"] == "" and answer["score"] is None
+
 
 def test_user_errors_are_one_line(tmp_path, capsys, qa_fixtures):
     code, out, err = run(capsys, "qa", "eval", str(tmp_path), "--data", str(qa_fixtures / "squad_v2_sample.json"))

@@ -125,3 +125,16 @@ def test_prediction_input(tmp_path):
     bad.write_text('{"question": "q", "context": "c"}\n{oops\n', encoding="utf-8")
     with pytest.raises(InputError, match=r"in.jsonl:2: not valid JSON"):
         read_questions_jsonl(bad)
+
+
+def test_predict_input_errors_name_file_and_line(tmp_path):
+    path = tmp_path / "questions.jsonl"
+    path.write_bytes(b'{"question": "a?", "context": "b"}\n{"question": "\xff?", "context": "b"}\n')
+    with pytest.raises(InputError, match=r"questions.jsonl:2: invalid UTF-8 at byte 14 of the line"):
+        read_questions_jsonl(path)
+    path.write_text('{"question": "a?", "context": "b"}\n\n["a?", "b"]\n', encoding="utf-8")
+    with pytest.raises(InputError, match=r"questions.jsonl:3: expected a JSON object with question and context, got list"):
+        read_questions_jsonl(path)
+    path.write_text('\ufeff{"question": "a?", "context": "b\u2028c"}\n', encoding="utf-8")  # BOM dropped; U+2028 is text
+    (example,) = read_questions_jsonl(path)
+    assert example.question == "a?" and example.context == "b\u2028c" and example.id == "1"

@@ -38,6 +38,18 @@ def test_max_over_gold_answers_and_no_answer_questions():
     assert question_scores("something", [], "cmrc2018") == (0.0, 0.0)
 
 
+def test_squad_scores_degenerate_answers_as_evaluate_v2():
+    # A prediction that normalises to nothing is a correct no-answer (the script compares normalised text).
+    assert question_scores("The", [], "squad") == (1.0, 1.0)
+    assert question_scores(".", [], "squad") == (1.0, 1.0)
+    # Gold answers that normalise to nothing are dropped: "a" no longer matches "The" for free.
+    assert question_scores("a", ["The", "cat"], "squad") == (0.0, 0.0)
+    assert question_scores("the cat", ["The", "cat"], "squad") == (1.0, 1.0)
+    # Only such answers: the question is scored against "".
+    assert question_scores("", ["The"], "squad") == (1.0, 1.0)
+    assert question_scores("dog", ["The"], "squad") == (0.0, 0.0)
+
+
 def test_cmrc_mixed_segmentation():
     # CJK characters one by one, other runs as words, lower-cased, the script's punctuation removed.
     assert cmrc_segments("2008年北京Olympic Games 3.5%") == ["2008", "年", "北", "京", "olympic", "games", "3.5", "%"]

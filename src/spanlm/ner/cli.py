@@ -98,26 +98,19 @@ def _rate(value: str) -> float:
 
 
 def _texts(args: argparse.Namespace):
-    from spanlm.errors import read_text
-    from spanlm.ner.data import NerDocument, ReadOptions, read_documents
+    from spanlm.ner.data import NerDocument, read_texts
 
     if args.text is not None:
         return [NerDocument("0", args.text, [])]
-    path = Path(args.input)
-    if path.suffix.lower() == ".jsonl":
-        # Only the text (and id) is read; entities present in the file are not needed to predict.
-        documents, _ = read_documents(path, ReadOptions(format="jsonl", on_bad_record="error"))
-        return [NerDocument(d.id, d.text, []) for d in documents]
-    lines = read_text(path).splitlines()
-    return [NerDocument(str(i), line, []) for i, line in enumerate(lines, 1) if line.strip()]
+    return read_texts(args.input)
 
 
 def _predict(args: argparse.Namespace) -> int:
     from spanlm.ner.data import document_record
     from spanlm.ner.predict import NerModel
 
+    documents = _texts(args)  # before the model loads: a bad input fails at once
     model = NerModel(args.model, device=args.device)
-    documents = _texts(args)
     flat = True if args.flat else None
     lines = [json.dumps(document_record(d, scores), ensure_ascii=False) + "\n"
              for d, scores in model.predict(documents, args.batch_size, flat=flat, threshold=args.threshold)]

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
-from spanlm.errors import InputError
+from spanlm.errors import InputError, numbered_lines
 
 Format = Literal["cluener", "conll", "jsonl", "nested_jsonl"]
 FORMATS: tuple[str, ...] = ("cluener", "conll", "jsonl", "nested_jsonl")
@@ -123,6 +123,31 @@ def read_documents(path: str | Path, options: ReadOptions) -> tuple[list[NerDocu
     return documents, report
 
 
+def read_texts(path: str | Path) -> list[NerDocument]:
+    """``ner predict`` input, without entities: a ``.jsonl`` file's ``text`` (and ``id``) per record, all
+    else in a record (gold entities included) ignored; any other file one document per non-blank line,
+    its line number as id. A malformed record or line stops reading with an :class:`InputError`
+    naming file and line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    def text_only(record: dict, index: int) -> NerDocument:
+        return NerDocument(_record_id(record, index, "id"), _field(record, "text", str), [])
+
+    if path.suffix.lower() == ".jsonl":
+        numbered = _guarded(_json_records(path), text_only)
+    else:
+        numbered = ((lineno, NerDocument(str(lineno), line, []) if isinstance(line, str) else line) for lineno, line in _lines(path))
+    documents = []
+    for lineno, parsed in numbered:
+        if isinstance(parsed, _BadRecord):
+            raise InputError(f"{path}:{lineno}: {parsed}")
+        if parsed.text.strip():
+            documents.append(parsed)
+    return documents
+
+
 def _check(document: NerDocument, labels: set[str] | None) -> None:
     n = len(document.text)
     for entity in document.entities:
@@ -134,12 +159,8 @@ def _check(document: NerDocument, labels: set[str] | None) -> None:
 
 def _lines(path: Path) -> Iterator[tuple[int, str | _BadRecord]]:
     """(line number, decoded line without its newline); undecodable lines come as a _BadRecord."""
-    with open(path, "rb") as handle:
-        for lineno, raw in enumerate(handle, 1):
-            try:
-                yield lineno, raw.decode("utf-8-sig" if lineno == 1 else "utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as error:
-                yield lineno, _BadRecord(f"invalid UTF-8 at byte {error.start} of the line")
+    for lineno, line in numbered_lines(path):
+        yield lineno, _BadRecord(f"invalid UTF-8 at byte {line.start} of the line") if isinstance(line, UnicodeDecodeError) else line
 
 
 def _json_records(path: Path) -> Iterator[tuple[int, int, dict | _BadRecord]]:

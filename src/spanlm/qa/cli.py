@@ -45,11 +45,11 @@ def _predict(args: argparse.Namespace) -> int:
     from spanlm.qa.data import read_questions_jsonl
     from spanlm.qa.predict import QAModel
 
-    model = QAModel(args.model, device=args.device)
-    examples = read_questions_jsonl(args.input)
+    examples = read_questions_jsonl(args.input)  # before the model loads: a bad input fails at once
     if not examples:
         log(f"{args.input}: no questions")
         return 0
+    model = QAModel(args.model, device=args.device)
     lines = [json.dumps(model.answer(p), ensure_ascii=False) + "\n" for p in model.predict(examples, args.batch_size)]
     write_lines_or_stdout(lines, args.output, "answers")
     return 0

@@ -21,7 +21,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from spanlm.errors import InputError, read_text
+from spanlm.errors import InputError, numbered_lines, read_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,18 +193,21 @@ def read_questions_jsonl(path: str | Path) -> list[QAExample]:
     if not path.is_file():
         raise InputError(f"{path}: file does not exist")
     examples = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise InputError(f"{path}:{number}: not valid JSON: {error.msg} (column {error.colno})") from None
-            try:
-                question = _field(record, "question", str, "")
-                context = _field(record, "context", str, "")
-            except _Malformed as error:
-                raise InputError(f"{path}:{number}: {error.reason}") from None
-            examples.append(QAExample(str(record.get("id", number)), question, context, [], []))
+    for number, line in numbered_lines(path):
+        if isinstance(line, UnicodeDecodeError):
+            raise InputError(f"{path}:{number}: invalid UTF-8 at byte {line.start} of the line")
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise InputError(f"{path}:{number}: not valid JSON: {error.msg} (column {error.colno})") from None
+        if not isinstance(record, dict):
+            raise InputError(f"{path}:{number}: expected a JSON object with question and context, got {type(record).__name__}")
+        try:
+            question = _field(record, "question", str, "")
+            context = _field(record, "context", str, "")
+        except _Malformed as error:
+            raise InputError(f"{path}:{number}: {error.reason}") from None
+        examples.append(QAExample(str(record.get("id", number)), question, context, [], []))
     return examples

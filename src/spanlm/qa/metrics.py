@@ -3,7 +3,9 @@
 * ``squad`` — the official evaluation scripts (evaluate-v2.0.py, whose answerable-question scores are
   v1.1's): answers lower-cased, ASCII punctuation (``string.punctuation``) removed, the articles
   a/an/the removed, whitespace collapsed; F1 over the bag of whitespace tokens; the maximum over the
-  gold answers. A question without an answer scores 1 exactly when the prediction is empty.
+  gold answers that do not normalise to nothing. A question without an answer scores 1 exactly when
+  the prediction normalises to nothing. (On v1.1 data this is evaluate-v1.1.py's score except in its
+  degenerate cases: v1.1 keeps a gold answer such as "The" and scores F1 0 between two empty answers.)
 * ``cmrc2018`` — cmrc2018_evaluate.py (v5, "SQuAD-style"): EM compares the answers after lower-casing,
   stripping and removing the script's punctuation list; F1 is computed over a *mixed segmentation*
   (every CJK character is a segment, runs of other characters are split into words) with that
@@ -100,8 +102,15 @@ METRICS = {"squad": (squad_em, squad_f1), "cmrc2018": (cmrc_em, cmrc_f1)}
 
 
 def question_scores(prediction: str, gold: list[str], metric: str) -> tuple[float, float]:
-    """(EM, F1) of one prediction: the best over the gold answers; a no-answer question wants ""."""
-    if not gold:
+    """(EM, F1) of one prediction: the best over the gold answers; a no-answer question wants "".
+
+    SQuAD as evaluate-v2.0.py's get_raw_scores: gold answers that normalise to nothing ("The", ".")
+    are dropped, and a question left without any is scored against "" — so a prediction that
+    normalises to nothing is a correct no-answer.
+    """
+    if metric == "squad":
+        gold = [answer for answer in gold if normalize_squad(answer)] or [""]
+    elif not gold:
         return float(prediction == ""), float(prediction == "")
     em, f1 = METRICS[metric]
     return max(em(prediction, answer) for answer in gold), max(f1(prediction, answer) for answer in gold)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -139,9 +140,14 @@ class QAModel:
     def answer(self, prediction: Prediction) -> dict:
         """One line of ``qa predict`` output."""
         text = final_answer(prediction, self.recipe.qa.no_answer, self.threshold)
+        # An empty context has no span: its score is −inf, written as null (JSON has no infinities).
         record = {"id": prediction.id, "answer": text, "start": prediction.start if text else -1,
-                  "end": prediction.end if text else -1, "score": prediction.score}
+                  "end": prediction.end if text else -1, "score": _finite_or_none(prediction.score)}
         if self.recipe.qa.no_answer:
-            record["null_margin"] = prediction.null_margin
+            record["null_margin"] = _finite_or_none(prediction.null_margin)
             record["span"] = prediction.text
         return record
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
