@@ -50,8 +50,9 @@ def test_resume_is_bit_exact(prepared, tmp_path, where):
     full = pretrain(toy_recipe(prepared, tmp_path / "full", max_steps=2 * n, batch_size=batch_size, save_every=n), **QUIET)
     half = ckpt.step_dir(full, n)
     assert (half / ckpt.MARKER).is_file()
-    resumed = pretrain(toy_recipe(prepared, tmp_path / "resumed", max_steps=2 * n, batch_size=batch_size, save_every=n),
-                       resume=str(half), **QUIET)
+    # Resumed with DataLoader workers (the first run had none): the data position does not depend on them.
+    resumed = pretrain(toy_recipe(prepared, tmp_path / "resumed", max_steps=2 * n, batch_size=batch_size, save_every=n,
+                                  num_workers=1), resume=str(half), **QUIET)
     assert {s: v for s, v in losses(full).items() if s > n} == losses(resumed)
     final_full = load_file(str(ckpt.step_dir(full, 2 * n) / "model.safetensors"))
     final_resumed = load_file(str(ckpt.step_dir(resumed, 2 * n) / "model.safetensors"))
@@ -68,8 +69,10 @@ def test_resume_auto_continues_the_same_run(prepared, tmp_path):
     assert sorted(after) == [1, 2, 3, 4, 5, 6] and {s: after[s] for s in reference} == reference
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_restored_loader_yields_the_same_next_batches(prepared, workers):
+@pytest.mark.parametrize("workers, fresh_workers", [(0, 0), (2, 2), (2, 0), (0, 1)])
+def test_a_restored_loader_yields_the_same_next_batches(prepared, workers, fresh_workers):
+    # Any number of workers on either side: the state is the position of the next batch, and a batch
+    # is a pure function of its key. Five batches are taken so that the position crosses an epoch edge.
     corpus = PreparedCorpus(prepared)
     blocks = BlockDataset(corpus, 32)
     train, _ = split_blocks(len(blocks), 8, 0)
@@ -77,11 +80,14 @@ def test_a_restored_loader_yields_the_same_next_batches(prepared, workers):
     config = toy_recipe(prepared, Path("unused")).train
     config.num_workers = workers
     loader = build_train_loader(blocks, train, masker, config, seed=0, rank=0, world_size=1)
+    per_epoch = loader.sampler.batches_per_epoch()
     iterator = iter(loader)
-    for _ in range(5):
+    for _ in range(per_epoch + 1):
         next(iterator)
     state = loader.state_dict()
+    assert state == {"epoch": 1, "batch": 1}
     expected = [next(iterator) for _ in range(4)]
+    config.num_workers = fresh_workers
     fresh = build_train_loader(blocks, train, masker, config, seed=0, rank=0, world_size=1)
     fresh.load_state_dict(state)
     got = [batch for batch, _ in zip(fresh, range(4))]

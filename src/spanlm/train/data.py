@@ -3,20 +3,14 @@
 Each batch is a pure function of (seed, rank, epoch, batch number): the sampler yields a *key* per
 batch, and the dataset builds the whole batch from it — reading the blocks, padding them, and masking
 them with ``np.random.default_rng([seed, rank, epoch, batch])``. So the masks do not depend on the
-number of workers or on prefetching, and torchdata's StatefulDataLoader only has to remember how far
-the sampler got to resume exactly.
+number of workers or on prefetching, and the position of the next batch to hand out is all a loader
+has to remember to resume exactly (:class:`KeyedLoader`).
 """
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import torch
-from torchdata.stateful_dataloader import StatefulDataLoader
-
-# torchdata 0.11 calls a torch API that torch 2.13 deprecated, once per loader; nothing to act on.
-warnings.filterwarnings("ignore", message=".set_vital. is deprecated", category=UserWarning)
 
 from spanlm.data.blocks import BlockDataset, BlockSampler, collate_blocks
 
@@ -29,10 +23,9 @@ def split_blocks(n_blocks: int, eval_blocks: int, seed: int) -> tuple[np.ndarray
 
 
 class BatchKeySampler:
-    """Yields ``(epoch, batch, block_indices)`` for this rank forever, epoch after epoch.
+    """Yields ``(epoch, batch, block_indices)`` for this rank forever, epoch after epoch, from its position.
 
-    Stateful (``state_dict`` / ``load_state_dict``), which StatefulDataLoader snapshots in step with
-    the batches it has handed out, prefetching included.
+    ``state_dict`` / ``load_state_dict``: the position ``{"epoch", "batch"}`` of the next key.
     """
 
     def __init__(self, blocks: np.ndarray, batch_size: int, seed: int, rank: int, world_size: int):
@@ -45,6 +38,11 @@ class BatchKeySampler:
 
     def batches_per_epoch(self) -> int:
         return len(self.order) // self.batch_size
+
+    def following(self, position: dict) -> dict:
+        """The position after ``position``."""
+        epoch, batch = position["epoch"], position["batch"] + 1
+        return {"epoch": epoch, "batch": batch} if batch < self.batches_per_epoch() else {"epoch": epoch + 1, "batch": 0}
 
     def __iter__(self):
         while True:
@@ -91,24 +89,48 @@ def _single(batch):
     return batch
 
 
-def keyed_loader(dataset: torch.utils.data.Dataset, sampler: BatchKeySampler, num_workers: int, seed: int) -> StatefulDataLoader:
-    """A StatefulDataLoader over a keyed dataset: each sampler key is one whole batch."""
-    return StatefulDataLoader(
-        dataset, sampler=sampler, batch_size=None, collate_fn=_single, num_workers=num_workers,
-        persistent_workers=num_workers > 0, prefetch_factor=4 if num_workers > 0 else None,
-        # Its own generator: creating an iterator must not draw from the global torch RNG, which the
-        # model's dropout uses and a resumed run restores (a draw there would break bit-exact resume).
-        generator=torch.Generator().manual_seed(seed),
-    )
+class KeyedLoader:
+    """A DataLoader over a keyed dataset (each sampler key is one whole batch), resumable with any
+    number of workers.
+
+    Its state is the position of the next batch it will hand out. Since a batch is a pure function of
+    its key, starting the sampler there gives exactly the batches that would have come next, whatever
+    ``num_workers`` and however far the workers had prefetched. (torchdata's StatefulDataLoader
+    snapshots its workers instead, so its state resumes only with the same number of workers.)
+    """
+
+    def __init__(self, dataset: torch.utils.data.Dataset, sampler: BatchKeySampler, num_workers: int, seed: int):
+        self.sampler = sampler
+        self.position = sampler.state_dict()
+        self.loader = torch.utils.data.DataLoader(
+            dataset, sampler=sampler, batch_size=None, collate_fn=_single, num_workers=num_workers,
+            persistent_workers=num_workers > 0, prefetch_factor=4 if num_workers > 0 else None,
+            # Its own generator: creating an iterator must not draw from the global torch RNG, which the
+            # model's dropout uses and a resumed run restores (a draw there would break bit-exact resume).
+            generator=torch.Generator().manual_seed(seed),
+        )
+
+    def __iter__(self):
+        self.sampler.load_state_dict(self.position)  # the workers are fed keys from here on
+        for batch in self.loader:
+            self.position = self.sampler.following(self.position)
+            yield batch
+
+    def state_dict(self) -> dict:
+        return dict(self.position)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Set the position of the next batch (before iterating)."""
+        self.position = {"epoch": int(state["epoch"]), "batch": int(state["batch"])}
 
 
-def build_train_loader(blocks: BlockDataset, train_blocks: np.ndarray, masker, config, seed: int, rank: int, world_size: int) -> StatefulDataLoader:
+def build_train_loader(blocks: BlockDataset, train_blocks: np.ndarray, masker, config, seed: int, rank: int, world_size: int) -> KeyedLoader:
     sampler = BatchKeySampler(train_blocks, config.batch_size, seed, rank, world_size)
     dataset = MaskedBatches(blocks, masker, blocks.corpus.special_ids["pad"], seed, rank)
-    return keyed_loader(dataset, sampler, config.num_workers, seed)
+    return KeyedLoader(dataset, sampler, config.num_workers, seed)
 
 
-def build_window_loader(windows, config, seed: int, rank: int, world_size: int) -> StatefulDataLoader:
+def build_window_loader(windows, config, seed: int, rank: int, world_size: int) -> KeyedLoader:
     """The resumable training loader of a fine-tuning task over ``len(windows)`` windows."""
     from spanlm.errors import ConfigError
 
@@ -116,7 +138,7 @@ def build_window_loader(windows, config, seed: int, rank: int, world_size: int) 
         sampler = BatchKeySampler(np.arange(len(windows)), config.batch_size, seed, rank, world_size)
     except ValueError as error:
         raise ConfigError(f"data.train: {error}") from None
-    return keyed_loader(WindowBatches(windows), sampler, config.num_workers, seed)
+    return KeyedLoader(WindowBatches(windows), sampler, config.num_workers, seed)
 
 
 EVAL_EPOCH = 2**31 - 1  # the RNG key of held-out batches: never a training epoch

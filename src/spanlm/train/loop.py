@@ -60,7 +60,7 @@ class TrainingSetup:
     """What a task hands the loop: the seam between pretraining / fine-tuning data and the one loop.
 
     ``loader`` yields dicts of tensors (with ``attention_mask``, whose sum counts the tokens) forever
-    and is resumable (``state_dict`` / ``load_state_dict``, e.g. torchdata's StatefulDataLoader).
+    and is resumable (``state_dict`` / ``load_state_dict``, e.g. spanlm.train.data.KeyedLoader).
     ``eval_batches()`` yields this rank's held-out batches, the same ones at every call; their mean
     output parts are the evaluation losses. ``evaluate(model)``, when given, adds task metrics computed
     by the task itself (e.g. NER F1), already reduced over ranks.
