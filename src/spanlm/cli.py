@@ -28,11 +28,13 @@ def _prepare(args: argparse.Namespace) -> int:
 
 def _pretrain(args: argparse.Namespace) -> int:
     from spanlm.config import load_recipe
+    from spanlm.train.dist import is_main_process
     from spanlm.train.loop import pretrain
 
     recipe = load_recipe(args.recipe, args.overrides)
     run_dir = pretrain(recipe, resume=args.resume, log=log)
-    print(json.dumps({"run_dir": str(run_dir)}))
+    if is_main_process():  # under torchrun every rank returns here; one reports
+        print(json.dumps({"run_dir": str(run_dir)}))
     return 0
 
 
@@ -122,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
                                description="Prepare the embedded corpus, pretrain a tiny SpanBERT, fine-tune GlobalPointer NER on "
                                            "WNUT-17, evaluate, predict, and write OUT/report.html. Run from the repository.")
     demo.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
-    demo.add_argument("--quick", action="store_true", help="a one-minute smoke version (a few steps per stage)")
+    demo.add_argument("--quick", action="store_true", help="the ~30-second smoke version (a few steps per stage)")
     demo.set_defaults(run=_demo)
 
     from spanlm.qa.cli import add_qa_commands
@@ -143,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except SpanlmError as error:
         print(f"spanlm {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # the file system refused (a path through a file, no permission, a full disk)
+        where = f"{error.filename}: " if error.filename else ""
+        print(f"spanlm {args.command}: error: {where}{error.strerror or error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"spanlm {args.command}: interrupted", file=sys.stderr)

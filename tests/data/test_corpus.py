@@ -87,7 +87,8 @@ def test_missing_inputs(tmp_path):
         resolve_inputs([])
 
 
-def test_truncated_gzip(tmp_path):
-    blob = gzip.compress(b"line\n" * 10000)
-    with pytest.raises(InputError, match="cannot read"):
+@pytest.mark.parametrize("lines", [10000, 100])  # cut off after, and within, the first 8 KiB checked up front
+def test_truncated_gzip(tmp_path, lines):
+    blob = gzip.compress(b"line\n" * lines)
+    with pytest.raises(InputError, match="cut.txt.gz: cannot read"):
         read(tmp_path, {"cut.txt.gz": blob[: len(blob) // 2]})

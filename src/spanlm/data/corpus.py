@@ -76,7 +76,11 @@ def resolve_inputs(patterns: list[str]) -> list[Path]:
         if path.stat().st_size == 0:
             raise InputError(f"{path}: file is empty")
         if input_kind(path) != "parquet":
-            head = _open_binary(path).read(8192)
+            try:
+                with _open_binary(path) as handle:
+                    head = handle.read(8192)
+            except (OSError, EOFError) as error:  # EOFError: a .gz cut off before 8 KiB of text
+                raise InputError(f"{path}: cannot read: {error}") from None
             if not head:
                 raise InputError(f"{path}: file is empty")
             if b"\x00" in head:

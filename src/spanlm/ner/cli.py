@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 from spanlm.cli_support import add_training_command, log, write_lines_or_stdout
@@ -14,10 +13,11 @@ def _train(args: argparse.Namespace) -> int:
     from spanlm.config import load_recipe
     from spanlm.ner.config import NerRecipe
     from spanlm.ner.task import train_ner
+    from spanlm.train.dist import is_main_process
 
     recipe = load_recipe(args.recipe, args.overrides, cls=NerRecipe)
     run_dir, scores = train_ner(recipe, resume=args.resume, log=log)
-    if _is_main():  # the main process reports; the others only trained
+    if is_main_process():  # the main process reports; the others only trained
         summary = {"run_dir": str(run_dir), "model_dir": str(run_dir / "model")}
         if scores is not None:
             summary.update({"data": scores["data"], **{k: scores["micro"][k] for k in ("precision", "recall", "f1")}})
@@ -26,9 +26,6 @@ def _train(args: argparse.Namespace) -> int:
         print(json.dumps(summary, ensure_ascii=False))
     return 0
 
-
-def _is_main() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
 
 
 def _format(path: str, explicit: str | None, default: str) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +31,7 @@ from spanlm.ner.windows import make_windows
 from spanlm.objectives.base import EncoderTask
 from spanlm.train.data import build_window_loader
 from spanlm.train.loop import TrainingSetup, train
+from spanlm.train.dist import is_main_process
 
 
 class NerObjective(EncoderTask):
@@ -131,9 +131,6 @@ def ner_setup(recipe: NerRecipe, env, log=print) -> TrainingSetup:
     return TrainingSetup(objective, loader, held_out, evaluate)
 
 
-def _is_main_process() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
-
 
 def export_model(run_dir: Path, recipe: NerRecipe) -> Path:
     """``<run>/model/`` from the run's latest checkpoint (written to a temp dir, then renamed)."""
@@ -168,7 +165,7 @@ def train_ner(recipe: NerRecipe, resume: str | None = None, log=print) -> tuple[
     from spanlm.ner.metrics import format_table
 
     run_dir = train(recipe, ner_setup, resume, log)
-    if not _is_main_process():
+    if not is_main_process():
         return run_dir, None
     model_dir = export_model(run_dir, recipe)
     if not recipe.data.dev:

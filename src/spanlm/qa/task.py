@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ from spanlm.qa.predict import HEAD_FILE, RECIPE_FILE, SETTINGS_FILE, QAModel, ev
 from spanlm.qa.windows import encoder_featurizer, make_windows
 from spanlm.train.data import build_window_loader
 from spanlm.train.loop import TrainingSetup, train
+from spanlm.train.dist import is_main_process
 
 
 class QAObjective(EncoderTask):
@@ -95,9 +95,6 @@ def qa_setup(recipe: QARecipe, env, log=print) -> TrainingSetup:
     return TrainingSetup(objective, loader, held_out, evaluate)
 
 
-def _is_main_process() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
-
 
 def export_model(run_dir: Path, recipe: QARecipe, threshold: float = 0.0) -> Path:
     """``<run>/model/`` from the run's latest checkpoint (written to a temp dir, then renamed)."""
@@ -127,7 +124,7 @@ def write_threshold(model_dir: Path, threshold: float) -> None:
 def train_qa(recipe: QARecipe, resume: str | None = None, log=print) -> tuple[Path, dict | None]:
     """Fine-tune, export ``<run>/model/`` and score it on the dev set; returns (run dir, dev metrics)."""
     run_dir = train(recipe, qa_setup, resume, log)
-    if not _is_main_process():
+    if not is_main_process():
         return run_dir, None
     model_dir = export_model(run_dir, recipe)
     model = QAModel(model_dir, device=recipe.train.device)

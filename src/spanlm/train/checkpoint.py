@@ -9,9 +9,14 @@ A checkpoint directory ``step-000123/`` holds everything needed to continue exac
     config.yaml            the resolved recipe
     COMPLETE               written last
 
-It is written into a temporary directory, fsynced, renamed into place, and only then marked COMPLETE;
-`latest_checkpoint` ignores any directory without the marker, so a process killed mid-write leaves the
-previous checkpoint as the latest. Everything loads with ``torch.load(weights_only=True)``.
+It is written into a temporary directory, marked COMPLETE there once every file is fsynced, and
+renamed into place in one step; `latest_checkpoint` ignores any directory without the marker, so a
+process killed mid-write leaves the previous checkpoint as the latest. Everything loads with
+``torch.load(weights_only=True)``.
+
+Resuming from a checkpoint older than the run's latest starts a new branch of the run: the later
+checkpoints are moved to ``checkpoints/superseded-<time>/`` (with a copy of ``metrics.jsonl``), never
+deleted and never taken for the latest again.
 """
 
 from __future__ import annotations
@@ -20,15 +25,20 @@ import os
 import random
 import re
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from spanlm.data.shards import fsync_tree
+from spanlm.data.shards import fsync_tree, replace_directory
 from spanlm.errors import InputError
 
 MARKER = "COMPLETE"
+
+
+class DamagedCheckpoint(InputError):
+    """A file of a complete checkpoint is missing or unreadable (a disk fault, a hand-edited run)."""
 STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -101,23 +111,98 @@ def write_checkpoint(output_dir: Path, step: int, files: dict[str, object], keep
     for name, write in files.items():
         write(tmp / name)
     fsync_tree(tmp)
-    if final.exists():  # a checkpoint of the same step (e.g. the final one after a periodic one)
-        shutil.rmtree(final)
-    tmp.rename(final)
-    marker = final / MARKER
-    with open(marker, "w") as handle:
+    with open(tmp / MARKER, "w") as handle:  # only after every file is on disk
         handle.write(f"{step}\n")
         handle.flush()
         os.fsync(handle.fileno())
+    replace_directory(tmp, final)  # a checkpoint of the same step is removed only once the new one is in place
+    _fsync_directory(final.parent)
     for old in complete_checkpoints(output_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def set_aside_later(output_dir: Path, step: int) -> Path | None:
+    """Move the run's complete checkpoints past ``step`` (and a copy of metrics.jsonl) out of the way.
+
+    Why: resuming from an older checkpoint branches the run; ``--resume auto`` would otherwise take
+    the old branch's later checkpoint and drop the new branch's steps. Returns where they went.
+    """
+    later = [p for p in complete_checkpoints(output_dir) if int(STEP_DIR.match(p.name).group(1)) > step]
+    if not later:
+        return None
+    target = output_dir / "checkpoints" / f"superseded-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    target.mkdir()
+    if (output_dir / "metrics.jsonl").is_file():
+        shutil.copy2(output_dir / "metrics.jsonl", target / "metrics.jsonl")
+    for path in later:
+        path.rename(target / path.name)
+    return target
+
+
+def _fsync_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def alias_names(module: torch.nn.Module) -> set[str]:
+    """Names under which a tied parameter appears a second time (decoder = embedding): stored once."""
+    every = {name for name, _ in module.named_parameters(remove_duplicate=False)}
+    return every - {name for name, _ in module.named_parameters()}
+
+
+def load_weights(path: Path, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A checkpoint's ``model.safetensors``, checked to fit ``module`` (names and shapes) before loading.
+
+    Why check here: a checkpoint resumed or exported with another recipe (a different size, another
+    run's checkpoint) or a corpus prepared again with a different vocabulary would otherwise fail
+    deep inside ``load_state_dict`` with a size-mismatch traceback.
+    """
+    from safetensors.torch import load_file as load_safetensors
+
+    if not path.is_file():
+        raise DamagedCheckpoint(f"{path}: missing from the checkpoint")
+    try:
+        weights = load_safetensors(str(path))
+    except Exception as error:  # a truncated or corrupt file raises several types
+        raise DamagedCheckpoint(f"{path}: unreadable checkpoint file ({error})".split("\n")[0]) from None
+    expected = {name: tuple(tensor.shape) for name, tensor in module.state_dict().items()}  # global shapes, also under FSDP
+    missing = sorted(set(expected) - set(weights) - alias_names(module))
+    unexpected = sorted(set(weights) - set(expected))
+    wrong = [f"{name} {tuple(weights[name].shape)} here vs {expected[name]} in the model" for name in sorted(weights)
+             if name in expected and tuple(weights[name].shape) != expected[name]]
+    if missing or unexpected or wrong:
+        problems = [f"{len(wrong)} of another shape ({'; '.join(wrong[:3])})"] if wrong else []
+        problems += [f"missing {missing[:5]}"] if missing else []
+        problems += [f"unexpected {unexpected[:5]}"] if unexpected else []
+        raise InputError(f"{path}: the weights do not fit the model the recipe builds: {', '.join(problems)}. "
+                         "Use the recipe the checkpoint was trained with (its config.yaml) and the same prepared corpus")
+    return weights
 
 
 def load_file(path: Path) -> dict:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
-        raise InputError(f"{path}: missing from the checkpoint") from None
+        raise DamagedCheckpoint(f"{path}: missing from the checkpoint") from None
     except Exception as error:  # a corrupt file raises several types
-        raise InputError(f"{path}: unreadable checkpoint file ({error})".split("\n")[0]) from None
+        raise DamagedCheckpoint(f"{path}: unreadable checkpoint file ({error})".split("\n")[0]) from None
+
+
+def check_same_tokenizer(path: Path, trainer_state: dict, fingerprint: str | None, recipe) -> None:
+    """Refuse a checkpoint whose token ids came from another tokenizer than the data's now.
+
+    Why: ``pretrain`` prepares the corpus again when its inputs or settings change (or with
+    ``--force``), which trains a new tokenizer — and the trainers of `tokenizers` do not number the
+    same vocabulary identically from run to run. The weights would silently read other tokens.
+    """
+    saved = trainer_state.get("tokenizer_fingerprint")
+    if saved is None or fingerprint is None or saved == fingerprint:
+        return
+    where = getattr(getattr(recipe, "data", None), "prepared_dir", "the data")
+    raise InputError(f"{path} was trained on the ids of tokenizer {saved}, but {where} now holds tokenizer {fingerprint} "
+                     "(the corpus was prepared again: its inputs or settings changed, or --force). Its weights would read "
+                     "other tokens: restore the corpus it was trained on, or start a new run")

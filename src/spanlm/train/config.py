@@ -36,9 +36,12 @@ class TrainConfig:
     retain_freed_memory: bool = True  # glibc keeps freed host memory: no page faults on every step's large tensors
 
     def __post_init__(self) -> None:
-        for name in ("max_steps", "batch_size", "grad_accum", "keep_last", "log_every"):
+        for name in ("max_steps", "batch_size", "grad_accum", "keep_last", "log_every", "save_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        for name in ("eval_every", "eval_blocks", "num_workers", "warmup_steps", "max_grad_norm"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative")
         if len(self.betas) != 2:
             raise ValueError("betas must be two numbers")
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from spanlm.data.blocks import BlockDataset, BlockSampler, collate_blocks
+from spanlm.errors import ConfigError
 
 
 def split_blocks(n_blocks: int, eval_blocks: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -33,7 +34,8 @@ class BatchKeySampler:
         self.batch_size = batch_size
         self.order = BlockSampler(len(blocks), seed=seed, rank=rank, world_size=world_size)
         if len(self.order) < batch_size:
-            raise ValueError(f"{len(blocks)} training blocks over {world_size} process(es) is less than one batch of {batch_size}")
+            raise ConfigError(f"{len(blocks)} training blocks over {world_size} process(es) is less than one batch of "
+                              f"{batch_size}: lower train.batch_size or give more data")
         self.epoch, self.batch = 0, 0
 
     def batches_per_epoch(self) -> int:
@@ -132,11 +134,9 @@ def build_train_loader(blocks: BlockDataset, train_blocks: np.ndarray, masker, c
 
 def build_window_loader(windows, config, seed: int, rank: int, world_size: int) -> KeyedLoader:
     """The resumable training loader of a fine-tuning task over ``len(windows)`` windows."""
-    from spanlm.errors import ConfigError
-
     try:
         sampler = BatchKeySampler(np.arange(len(windows)), config.batch_size, seed, rank, world_size)
-    except ValueError as error:
+    except ConfigError as error:
         raise ConfigError(f"data.train: {error}") from None
     return KeyedLoader(WindowBatches(windows), sampler, config.num_workers, seed)
 

@@ -14,6 +14,11 @@ import torch
 import torch.distributed as dist
 
 
+def is_main_process() -> bool:
+    """Rank 0 under torchrun, or the only process: the one that prints results and writes outputs."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 @dataclasses.dataclass
 class DistEnv:
     rank: int = 0

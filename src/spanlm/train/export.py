@@ -13,20 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from spanlm.errors import InputError
-from spanlm.train.checkpoint import MARKER, latest_checkpoint
+from spanlm.train.checkpoint import MARKER, check_same_tokenizer, latest_checkpoint, load_file, load_weights
 
 
 def load_objective_weights(objective, path: Path) -> None:
     """Load ``model.safetensors`` into an (unwrapped) objective; tied aliases may be absent."""
-    from safetensors.torch import load_file
-
-    every = {name for name, _ in objective.named_parameters(remove_duplicate=False)}
-    aliases = every - {name for name, _ in objective.named_parameters()}
-    result = objective.load_state_dict(load_file(str(path)), strict=False)
-    missing = set(result.missing_keys) - aliases
-    if missing or result.unexpected_keys:
-        raise InputError(f"{path}: weights do not fit this objective (missing {sorted(missing)[:5]}, "
-                         f"unexpected {sorted(result.unexpected_keys)[:5]})")
+    objective.load_state_dict(load_weights(path, objective), strict=False)
 
 
 def write_directory(out: Path, fill: Callable[[Path], None]) -> Path:
@@ -61,7 +53,12 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
             raise InputError(f"{checkpoint}: not a complete checkpoint nor a run directory with one")
         checkpoint = latest
     recipe = load_recipe(checkpoint / "config.yaml")
-    corpus = PreparedCorpus(recipe.data.prepared_dir)
+    prepared = Path(recipe.data.prepared_dir)
+    if not prepared.is_absolute() and not prepared.exists():
+        raise InputError(f"{checkpoint}: its recipe's data.prepared_dir '{prepared}' is relative to the directory the run was "
+                         f"started from and is not found from {Path.cwd()}; run `spanlm export` from there")
+    corpus = PreparedCorpus(prepared)
+    check_same_tokenizer(checkpoint, load_file(checkpoint / "trainer_state.pt"), corpus.meta["tokenizer_fingerprint"], recipe)
     objective = build_objective(recipe, corpus)
     load_objective_weights(objective, checkpoint / "model.safetensors")
     objective.eval()

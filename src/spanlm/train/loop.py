@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from spanlm.data.blocks import BlockDataset
 from spanlm.data.shards import PreparedCorpus
-from spanlm.errors import SpanlmError
+from spanlm.errors import ConfigError, SpanlmError
 from spanlm.objectives.base import Objective
 from spanlm.train import checkpoint as ckpt
 from spanlm.train.data import build_train_loader, eval_batches, split_blocks
@@ -70,6 +70,9 @@ class TrainingSetup:
     loader: Any
     eval_batches: Callable[[], Iterable[dict[str, torch.Tensor]]]
     evaluate: Callable[[torch.nn.Module], dict[str, float]] | None = None
+    # The fingerprint of the tokenizer whose ids the data holds (pretraining: the prepared corpus's).
+    # Checkpoints record it; resuming against data of another tokenizer is refused.
+    tokenizer_fingerprint: str | None = None
 
 
 def pretraining_setup(recipe, env: DistEnv, log=print) -> TrainingSetup:
@@ -86,9 +89,23 @@ def pretraining_setup(recipe, env: DistEnv, log=print) -> TrainingSetup:
     train_blocks, held_out = split_blocks(len(blocks), recipe.train.eval_blocks, recipe.seed)
     torch.manual_seed(recipe.seed)  # the same seed on every rank gives identical initial weights
     objective = build_objective(recipe, corpus).to(env.device)
+    check_max_len(objective, recipe.data.max_len)
     loader = build_train_loader(blocks, train_blocks, objective.masker, recipe.train, recipe.seed, env.rank, env.world_size)
     return TrainingSetup(objective, loader, lambda: eval_batches(blocks, held_out, objective.masker, recipe.train.batch_size,
-                                                                 recipe.seed, env.rank, env.world_size))
+                                                                 recipe.seed, env.rank, env.world_size),
+                         tokenizer_fingerprint=corpus.meta["tokenizer_fingerprint"])
+
+
+def check_max_len(objective: torch.nn.Module, max_len: int) -> None:
+    """Blocks of ``data.max_len`` tokens must fit every encoder's position table (else: an index error mid-step)."""
+    from transformers import PreTrainedModel
+
+    from spanlm.models.backbone import max_sequence_length
+
+    limits = [max_sequence_length(module) for module in objective.modules() if isinstance(module, PreTrainedModel)]
+    if limits and max_len > min(limits):
+        raise ConfigError(f"data.max_len {max_len} exceeds the {min(limits)} positions the model numbers "
+                          "(model.max_position_embeddings, or the checkpoint of model.path)")
 
 
 def train(recipe, build_setup: Callable[..., TrainingSetup], resume: str | None = None, log=print) -> Path:
@@ -111,8 +128,6 @@ def pretrain(recipe, resume: str | None = None, log=print) -> Path:
 
 class Trainer:
     def __init__(self, recipe, env: DistEnv, build_setup: Callable[..., TrainingSetup] = pretraining_setup, log=print):
-        from spanlm.config import save_config
-
         self.recipe, self.env, self.config = recipe, env, recipe.train
         self.log = log if env.is_main else (lambda *_: None)
         self.output_dir = Path(self.config.output_dir)
@@ -129,7 +144,6 @@ class Trainer:
         self.step = 0
         if env.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
-            save_config(recipe, self.output_dir / "config.yaml")
 
     # -- distribution ---------------------------------------------------------------------------
     def _wrap(self, objective):
@@ -163,10 +177,6 @@ class Trainer:
         return contextlib.nullcontext()
 
     # -- checkpoints ------------------------------------------------------------------------------
-    def _alias_names(self) -> set[str]:
-        every = {name for name, _ in self.objective.named_parameters(remove_duplicate=False)}
-        return every - {name for name, _ in self.objective.named_parameters()}
-
     def save(self) -> Path:
         from safetensors.torch import save_file
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
@@ -183,10 +193,11 @@ class Trainer:
             rngs, loaders = [rng], [loader]
         path = None
         if self.env.is_main:
-            aliases = self._alias_names()  # tied weights (decoder = embedding) are stored once
+            aliases = ckpt.alias_names(self.objective)  # tied weights (decoder = embedding) are stored once
             tensors = {k: v.contiguous() for k, v in weights.items() if k not in aliases}
             trainer_state = {"step": self.step, "scheduler": self.scheduler.state_dict(), "loaders": loaders,
-                             "world_size": self.env.world_size, "seed": self.recipe.seed}
+                             "world_size": self.env.world_size, "seed": self.recipe.seed,
+                             "tokenizer_fingerprint": self.setup.tokenizer_fingerprint}
             from spanlm.config import save_config
 
             files = {
@@ -202,19 +213,24 @@ class Trainer:
         return path
 
     def load(self, path: Path) -> None:
-        from safetensors.torch import load_file
+        try:
+            self._load(path)
+        except ckpt.DamagedCheckpoint as error:  # say which other complete checkpoint could be used instead
+            earlier = [p for p in ckpt.complete_checkpoints(path.parent.parent) if p != path]
+            if not earlier:
+                raise
+            raise ckpt.DamagedCheckpoint(f"{error}; an earlier checkpoint may still be whole: --resume {earlier[-1]}") from None
+
+    def _load(self, path: Path) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
         trainer_state = ckpt.load_file(path / "trainer_state.pt")
         if trainer_state["world_size"] != self.env.world_size:
             raise SpanlmError(f"{path} was written by {trainer_state['world_size']} process(es); resume it with the same number "
                               f"(now {self.env.world_size}) so every rank continues its own data exactly")
-        weights = load_file(str(path / "model.safetensors"))
-        options = StateDictOptions(full_state_dict=True, strict=False)
-        result = set_model_state_dict(self.model, weights, options=options)
-        missing = set(result.missing_keys) - self._alias_names()
-        if missing or result.unexpected_keys:
-            raise SpanlmError(f"{path}: weights do not fit this objective (missing {sorted(missing)[:5]}, unexpected {sorted(result.unexpected_keys)[:5]})")
+        ckpt.check_same_tokenizer(path, trainer_state, self.setup.tokenizer_fingerprint, self.recipe)
+        weights = ckpt.load_weights(path / "model.safetensors", self.objective)
+        set_model_state_dict(self.model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
         set_optimizer_state_dict(self.model, self.optimizer, ckpt.load_file(path / "optimizer.pt"), options=StateDictOptions(full_state_dict=True))
         self.scheduler.load_state_dict(trainer_state["scheduler"])
         self.loader.load_state_dict(trainer_state["loaders"][self.env.rank])
@@ -254,6 +270,16 @@ class Trainer:
         if checkpoint is not None:
             self.load(checkpoint)
             self.log(f"resumed from {checkpoint} at step {self.step}")
+            if env.is_main and (aside := ckpt.set_aside_later(self.output_dir, self.step)) is not None:
+                self.log(f"this run now continues from step {self.step}: its later checkpoints were moved to {aside}")
+        if env.is_main:  # only now: a refused or failed start leaves the run's recipe as it was
+            from spanlm.config import save_config
+
+            save_config(self.recipe, self.output_dir / "config.yaml")
+        if self.step >= config.max_steps:
+            self.log(f"step {self.step} already reaches train.max_steps {config.max_steps}: nothing to train "
+                     "(raise train.max_steps to continue)")
+            return self.output_dir
         logger = MetricsLogger(self.output_dir, self.step if checkpoint else None, self.recipe.logging.tensorboard) if env.is_main else None
         progress = _progress_bar(config.max_steps, self.step, env.is_main and self.recipe.logging.progress)
         batches = iter(self.loader)

@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+from spanlm.errors import InputError
+
 
 class MetricsLogger:
     """Appends records to ``metrics.jsonl``; on resume, drops records past the resumed step first."""
@@ -14,7 +16,7 @@ class MetricsLogger:
         self.path = output_dir / "metrics.jsonl"
         if resumed_step is not None and self.path.exists():
             # Records written after the checkpoint we resume from belong to a run that is being redone.
-            kept = [line for line in self.path.read_text(encoding="utf-8").splitlines() if line.strip() and json.loads(line).get("step", 0) <= resumed_step]
+            kept = [line for line, record in _lines_and_records(self.path) if record.get("step", 0) <= resumed_step]
             self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
         elif resumed_step is None and self.path.exists():
             self.path.unlink()
@@ -48,4 +50,21 @@ def read_metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [record for _, record in _lines_and_records(path)]
+
+
+def _lines_and_records(path: Path) -> list[tuple[str, dict]]:
+    """(line, record) per line of ``path``. A last line that does not parse is dropped: a process
+    killed mid-write (or a full disk) leaves a torn final record, which must not block resume or
+    report. A broken line before the last is an :class:`InputError` naming it."""
+    numbered = [(n, line) for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1) if line.strip()]
+    out = []
+    for index, (number, line) in enumerate(numbered):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            if index == len(numbered) - 1:
+                break
+            raise InputError(f"{path}:{number}: not valid JSON ({error.msg}); remove or repair that line") from None
+        out.append((line, record))
+    return out

@@ -1,0 +1,136 @@
+"""Checkpoints under misuse: damaged files, weights of another shape, another tokenizer, branching
+resumes, torn logs, refused starts — each a clear error or a kept promise, never lost work."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from spanlm.cli import main
+from spanlm.errors import ConfigError, InputError
+from spanlm.train import checkpoint as ckpt
+from spanlm.train.loop import pretrain
+from spanlm.train.metrics import read_metrics
+
+from toy_objective import losses, toy_recipe
+
+QUIET = {"log": lambda *_: None}
+
+
+def test_a_damaged_weights_file_is_named_with_an_earlier_checkpoint(prepared, tmp_path):
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=4, save_every=2), **QUIET)
+    weights = ckpt.step_dir(run, 4) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # cut off
+    with pytest.raises(InputError, match=r"step-0000004/model.safetensors: unreadable checkpoint file.*--resume .*step-0000002"):
+        pretrain(toy_recipe(prepared, run, max_steps=6, save_every=2), resume="auto", **QUIET)
+    weights.unlink()
+    with pytest.raises(InputError, match=r"model.safetensors: missing from the checkpoint"):
+        pretrain(toy_recipe(prepared, run, max_steps=6, save_every=2), resume="auto", **QUIET)
+
+
+def test_weights_of_another_shape_are_a_clear_error(prepared, tmp_path):
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), **QUIET)
+    path = ckpt.step_dir(run, 2) / "model.safetensors"
+    tensors = load_file(str(path))
+    tensors["norm.weight"] = torch.ones(32)  # as if trained with hidden 32
+    save_file(tensors, str(path))
+    with pytest.raises(InputError, match=r"do not fit the model the recipe builds: 1 of another shape \(norm.weight \(32,\) here vs \(16,\)"):
+        pretrain(toy_recipe(prepared, run, max_steps=4), resume="auto", **QUIET)
+
+
+def test_resuming_against_another_tokenizer_is_refused(prepared, tmp_path):
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), **QUIET)
+    state_path = ckpt.step_dir(run, 2) / "trainer_state.pt"
+    state = torch.load(state_path, weights_only=True)
+    assert state["tokenizer_fingerprint"] and len(state["tokenizer_fingerprint"]) == 16
+    state["tokenizer_fingerprint"] = "0123456789abcdef"  # as if the corpus had been prepared again
+    torch.save(state, state_path)
+    with pytest.raises(InputError, match=r"trained on the ids of tokenizer 0123456789abcdef, but .* now holds tokenizer"):
+        pretrain(toy_recipe(prepared, run, max_steps=4), resume="auto", **QUIET)
+
+
+def test_resuming_an_older_checkpoint_branches_the_run(prepared, tmp_path):
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=4, save_every=1), **QUIET)
+    old_branch = losses(run)
+    pretrain(toy_recipe(prepared, run, max_steps=3, save_every=1), resume=str(ckpt.step_dir(run, 2)), **QUIET)
+    # The old branch's step 4 is kept aside, with its metrics, and is no longer the latest.
+    (aside,) = [p for p in (run / "checkpoints").iterdir() if p.name.startswith("superseded-")]
+    assert (aside / "step-0000004" / ckpt.MARKER).is_file() and (aside / "metrics.jsonl").is_file()
+    assert ckpt.latest_checkpoint(run) == ckpt.step_dir(run, 3)
+    assert sorted(losses(run)) == [1, 2, 3]
+    pretrain(toy_recipe(prepared, run, max_steps=5, save_every=1), resume="auto", **QUIET)
+    assert sorted(losses(run)) == [1, 2, 3, 4, 5] and ckpt.latest_checkpoint(run) == ckpt.step_dir(run, 5)
+    assert losses(run)[4] == old_branch[4]  # the same data and RNG from step 2: the branch repeats it exactly
+
+
+def test_a_torn_last_metrics_line_does_not_block_resume_or_report(prepared, tmp_path):
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), **QUIET)
+    with open(run / "metrics.jsonl", "a") as handle:
+        handle.write('{"kind": "train", "step": 3, "lo')  # a kill mid-write
+    assert [r["step"] for r in read_metrics(run)] == [1, 2]
+    assert main(["report", str(run)]) == 0
+    pretrain(toy_recipe(prepared, run, max_steps=3), resume="auto", **QUIET)
+    assert sorted(losses(run)) == [1, 2, 3]
+    with open(run / "metrics.jsonl", "a") as handle:
+        handle.write('not json\n{"kind": "train", "step": 9, "loss": 1.0}\n')
+    with pytest.raises(InputError, match=r"metrics.jsonl:4: not valid JSON"):
+        read_metrics(run)
+
+
+def test_a_refused_start_leaves_the_run_as_it_was(prepared, tmp_path):
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), **QUIET)
+    recipe = (run / "config.yaml").read_text()
+    with pytest.raises(Exception, match="already holds a run"):
+        pretrain(toy_recipe(prepared, run, max_steps=2, lr=0.5), **QUIET)
+    assert (run / "config.yaml").read_text() == recipe
+
+
+def test_resuming_at_or_past_max_steps_trains_and_writes_nothing(prepared, tmp_path):
+    messages = []
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=4), **QUIET)
+    latest = ckpt.latest_checkpoint(run)
+    written = (latest / ckpt.MARKER).stat().st_mtime_ns
+    pretrain(toy_recipe(prepared, run, max_steps=3), resume="auto", log=messages.append)
+    assert any("nothing to train" in m for m in messages)
+    assert ckpt.latest_checkpoint(run) == latest and (latest / ckpt.MARKER).stat().st_mtime_ns == written
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"save_every": 0}, "save_every must be at least 1"),
+    ({"num_workers": -1}, "num_workers must not be negative"),
+    ({"eval_every": -1}, "eval_every must not be negative"),
+])
+def test_train_settings_are_checked_before_training(prepared, tmp_path, override, message):
+    with pytest.raises(ConfigError, match=message):
+        toy_recipe(prepared, tmp_path / "run", **override)
+
+
+def test_a_corpus_smaller_than_one_batch_is_a_config_error(prepared, tmp_path):
+    with pytest.raises(ConfigError, match="less than one batch of 100000: lower train.batch_size"):
+        pretrain(toy_recipe(prepared, tmp_path / "run", batch_size=100000), **QUIET)
+
+
+def test_an_unwritable_output_path_is_one_line(prepared, tmp_path, capsys):
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), **QUIET)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    assert main(["export", str(run), "--out", str(blocker / "export")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "a_file" in err
+
+
+def test_max_len_must_fit_the_position_table():
+    from transformers import BertConfig, BertModel, RobertaConfig, RobertaModel
+
+    from spanlm.train.loop import check_max_len
+
+    tiny = dict(hidden_size=8, num_hidden_layers=1, num_attention_heads=1, intermediate_size=8, vocab_size=10)
+    holder = torch.nn.ModuleDict({"encoder": BertModel(BertConfig(max_position_embeddings=64, **tiny))})
+    check_max_len(holder, 64)
+    with pytest.raises(ConfigError, match="data.max_len 65 exceeds the 64 positions"):
+        check_max_len(holder, 65)
+    # RoBERTa numbers positions after the padding id: 66 table rows number 64 tokens.
+    roberta = RobertaModel(RobertaConfig(max_position_embeddings=66, pad_token_id=1, **tiny))
+    with pytest.raises(ConfigError, match="exceeds the 64 positions"):
+        check_max_len(roberta, 65)
