@@ -60,6 +60,16 @@ def test_reuse_and_invalidation(tmp_path):
     assert "reusing" in messages[-1] and read_meta(out) == first
 
     path = tmp_path / "in" / "a.txt"
+    # Touched (or copied, or checked out again): the same bytes are reused, not prepared again — a
+    # tokenizer trained again would number its vocabulary differently and checkpoints could not resume.
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    prepare(recipe, log=messages.append)
+    assert "same bytes, reusing it" in messages[-1]
+    touched = read_meta(out)
+    assert touched["fingerprint"] != first["fingerprint"] and {**touched, "fingerprint": None} == {**first, "fingerprint": None}
+    prepare(recipe, log=messages.append)
+    assert "up to date" in messages[-1]  # the new times were recorded: the cheap check suffices again
+
     path.write_text(ENGLISH + "A brand new line.\n", encoding="utf-8")
     second = read_meta(prepare(recipe, **QUIET))
     assert second["fingerprint"] != first["fingerprint"] and second["n_sentences"] == first["n_sentences"] + 1

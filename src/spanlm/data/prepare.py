@@ -1,7 +1,7 @@
 """`spanlm prepare`: raw text → tokenizer + memmappable token shards (see :mod:`spanlm.data.shards`).
 
 Steps: resolve and validate the inputs; reuse the output when the inputs (path, size, mtime) and
-settings are unchanged; otherwise train or load the tokenizer, read the corpus into a `datasets`
+settings are unchanged, or when only the inputs' paths or times changed but not their bytes; otherwise train or load the tokenizer, read the corpus into a `datasets`
 Arrow table, tokenize it with ``map(batched=True, num_proc=N)``, and write the arrays into a
 temporary directory that is renamed into place when complete.
 """
@@ -28,18 +28,32 @@ from spanlm.errors import InputError
 MAP_BATCH_SIZE = 1000
 
 
-def input_fingerprint(recipe, files: list[Path]) -> str:
-    """Hash of everything that decides the shards' content (not where they go or how fast they are made)."""
+def input_fingerprint(recipe, files: list[Path], by_content: bool = False) -> str:
+    """Hash of everything that decides the shards' content (not where they go or how fast they are made).
+
+    Files count by (path, size, modification time) — cheap, checked on every run — or, ``by_content``,
+    by the SHA-256 of their bytes, which survives a copy, a move or a fresh git checkout.
+    """
+    def identity(path: Path) -> list:
+        if by_content:
+            digest = hashlib.sha256()
+            with open(path, "rb") as handle:
+                while chunk := handle.read(1 << 20):
+                    digest.update(chunk)
+            return [digest.hexdigest()]
+        return [str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns]
+
     data = dataclasses.asdict(recipe.data)
     for irrelevant in ("prepared_dir", "num_proc", "max_len", "inputs"):
         data.pop(irrelevant)
     tokenizer = dataclasses.asdict(recipe.tokenizer)
     if recipe.tokenizer.path:  # a loaded tokenizer: its files decide the ids
-        tokenizer["files"] = [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(Path(recipe.tokenizer.path).glob("*")) if p.is_file()]
-    stamp = [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+        tokenizer["path"] = None if by_content else tokenizer["path"]
+        tokenizer["files"] = [[p.name, *identity(p)] for p in sorted(Path(recipe.tokenizer.path).glob("*")) if p.is_file()]
+    stamp = [identity(p) for p in files]
     if recipe.data.similar_words_file and Path(recipe.data.similar_words_file).is_file():  # its content decides the table
-        similar = Path(recipe.data.similar_words_file)
-        data["similar_words_file_stamp"] = [similar.stat().st_size, similar.stat().st_mtime_ns]
+        data["similar_words_file_stamp"] = identity(Path(recipe.data.similar_words_file))
+        data["similar_words_file"] = None if by_content else data["similar_words_file"]
     blob = json.dumps({"v": FORMAT_VERSION, "data": data, "tokenizer": tokenizer, "files": stamp}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -61,9 +75,17 @@ def prepare(recipe, *, force: bool = False, log=print) -> Path:
     final = Path(config.prepared_dir)
     fingerprint = input_fingerprint(recipe, files)
     existing = read_meta(final)
-    if existing and existing.get("fingerprint") == fingerprint and not force:
-        log(f"{final}: up to date with its inputs, reusing it")
-        return final
+    if existing and not force:
+        if existing.get("fingerprint") == fingerprint:
+            log(f"{final}: up to date with its inputs, reusing it")
+            return final
+        # Times or paths changed (a copy, a touch, a checkout): the same bytes need no new tokenizer —
+        # a tokenizer trained again numbers its vocabulary differently, and checkpoints would not resume.
+        if existing.get("content_fingerprint") == input_fingerprint(recipe, files, by_content=True):
+            existing["fingerprint"] = fingerprint
+            _write_json_atomically(final / "meta.json", existing)
+            log(f"{final}: its inputs moved or were touched but hold the same bytes, reusing it")
+            return final
     if final.exists() and not final.is_dir():
         raise InputError(f"{final}: exists and is not a directory")
     tmp = _make_tmp_dir(final)
@@ -82,6 +104,7 @@ def prepare(recipe, *, force: bool = False, log=print) -> Path:
         meta.update(
             format_version=FORMAT_VERSION,
             fingerprint=fingerprint,
+            content_fingerprint=input_fingerprint(recipe, files, by_content=True),
             tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
             words=config.words,
             inputs=[str(p) for p in files],
@@ -94,6 +117,12 @@ def prepare(recipe, *, force: bool = False, log=print) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def _write_json_atomically(path: Path, value: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
 
 
 READ_BATCH_SIZE = 10_000
