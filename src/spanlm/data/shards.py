@@ -26,9 +26,7 @@ import numpy as np
 
 from spanlm.errors import InputError
 
-# 2: the text of a special token in the corpus (a literal "[MASK]", "<s>") is tokenized as text, not
-# as that token's id; corpora prepared before are rebuilt (`spanlm prepare` / `pretrain` do it by themselves).
-FORMAT_VERSION = 2
+FORMAT_VERSION = 1  # of the arrays on disk (a change of what they hold alone does not force a rebuild)
 ARRAYS = ("ids", "word_starts", "sentence_offsets", "document_offsets", "token_counts")
 
 
