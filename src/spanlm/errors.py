@@ -24,10 +24,14 @@ def read_text(path) -> str:
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such file")
+    raw = path.read_bytes()
+    bom = 3 if raw.startswith(b"\xef\xbb\xbf") else 0
     try:
-        return path.read_text(encoding="utf-8-sig")
+        return raw[bom:].decode("utf-8")
     except UnicodeDecodeError as error:
-        raise InputError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+        start = bom + error.start  # in the file
+        line = raw.count(b"\n", 0, start) + 1
+        raise InputError(f"{path}:{line}: not UTF-8 text ({error.reason} at byte {start})") from None
 
 
 def numbered_lines(path) -> Iterator[tuple[int, str | UnicodeDecodeError]]:

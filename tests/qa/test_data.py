@@ -138,3 +138,10 @@ def test_predict_input_errors_name_file_and_line(tmp_path):
     path.write_text('\ufeff{"question": "a?", "context": "b\u2028c"}\n', encoding="utf-8")  # BOM dropped; U+2028 is text
     (example,) = read_questions_jsonl(path)
     assert example.question == "a?" and example.context == "b\u2028c" and example.id == "1"
+
+
+def test_a_squad_file_that_is_not_utf8_is_named_with_its_line(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_bytes(b'\xef\xbb\xbf{"data": [\n  {"title": "x"},\n  {"title": "\xff"}\n]}')
+    with pytest.raises(InputError, match=r"bad.json:3: not UTF-8 text \(invalid start byte at byte 45\)"):
+        read_squad(path)
