@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -136,6 +137,18 @@ def test_export_loads_in_transformers_with_the_same_hidden_states(prepared, tmp_
         got = model(**encoded).last_hidden_state
     assert torch.allclose(expected, got, atol=1e-5)
     assert (tmp_path / "hf" / "heads.safetensors").is_file() and (tmp_path / "hf" / "config.yaml").is_file()
+    # truncation=True stops at what the model numbers, as with a hub checkpoint (no index error on long text).
+    positions = model.config.max_position_embeddings
+    assert tokenizer.model_max_length == positions
+    long = tokenizer("Alice " * (2 * positions), truncation=True, return_tensors="pt")
+    assert long["input_ids"].shape[1] == positions
+    with torch.no_grad():
+        model(**long)
+    # The usual modes (not mkdtemp's 0700): an export is meant to be shared.
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "hf").stat().st_mode & 0o777 == 0o777 & ~umask
+    assert (tmp_path / "hf" / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 def test_export_names_a_missing_or_unfinished_checkpoint(tmp_path, capsys):

@@ -59,6 +59,7 @@ def fsync_tree(directory: Path) -> None:
 
 def replace_directory(tmp: Path, final: Path) -> None:
     """Atomically put ``tmp`` in place of ``final`` (an old ``final`` is removed only afterwards)."""
+    _usual_modes(tmp)
     fsync_tree(tmp)
     old = None
     if final.exists():
@@ -67,6 +68,17 @@ def replace_directory(tmp: Path, final: Path) -> None:
     tmp.rename(final)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _usual_modes(root: Path) -> None:
+    """The modes a plain mkdir / open would have given (0755 / 0644 under the usual umask): a temporary
+    directory from ``mkdtemp`` is 0700, and a prepared corpus or an export is meant to be shared."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for directory, _, files in os.walk(root):
+        os.chmod(directory, 0o777 & ~umask)
+        for name in files:
+            os.chmod(os.path.join(directory, name), 0o666 & ~umask)
 
 
 class PreparedCorpus:

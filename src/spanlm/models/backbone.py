@@ -273,6 +273,14 @@ def hidden_size(model: PreTrainedModel) -> int:
     return int(model.config.hidden_size)
 
 
+def shortest_position_table(module: nn.Module) -> int | None:
+    """The most tokens every transformers encoder inside ``module`` can number (None when it holds none)."""
+    from transformers import PreTrainedModel
+
+    limits = [max_sequence_length(m) for m in module.modules() if isinstance(m, PreTrainedModel)]
+    return min(limits) if limits else None
+
+
 def max_sequence_length(model: PreTrainedModel) -> int:
     """Longest input (in tokens) the model's position table can number; compare with data.max_len."""
     config = model.config

@@ -42,6 +42,7 @@ def write_directory(out: Path, fill: Callable[[Path], None]) -> Path:
 def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
     from spanlm.config import load_recipe, save_config
     from spanlm.data.shards import PreparedCorpus
+    from spanlm.models.backbone import shortest_position_table
     from spanlm.objectives import build_objective
 
     checkpoint, out = Path(checkpoint), Path(out)
@@ -63,9 +64,13 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
     load_objective_weights(objective, checkpoint / "model.safetensors")
     objective.eval()
 
+    tokenizer = corpus.tokenizer
+    # The exported tokenizer truncates (truncation=True) at what the model can number, as a hub checkpoint's does.
+    tokenizer.model_max_length = shortest_position_table(objective) or tokenizer.model_max_length
+
     def fill(directory: Path) -> None:
-        objective.export(directory, corpus.tokenizer)
-        corpus.tokenizer.save_pretrained(str(directory))
+        objective.export(directory, tokenizer)
+        tokenizer.save_pretrained(str(directory))
         save_config(recipe, directory / "config.yaml")
 
     return write_directory(out, fill)

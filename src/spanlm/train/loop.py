@@ -98,13 +98,11 @@ def pretraining_setup(recipe, env: DistEnv, log=print) -> TrainingSetup:
 
 def check_max_len(objective: torch.nn.Module, max_len: int) -> None:
     """Blocks of ``data.max_len`` tokens must fit every encoder's position table (else: an index error mid-step)."""
-    from transformers import PreTrainedModel
+    from spanlm.models.backbone import shortest_position_table
 
-    from spanlm.models.backbone import max_sequence_length
-
-    limits = [max_sequence_length(module) for module in objective.modules() if isinstance(module, PreTrainedModel)]
-    if limits and max_len > min(limits):
-        raise ConfigError(f"data.max_len {max_len} exceeds the {min(limits)} positions the model numbers "
+    limit = shortest_position_table(objective)
+    if limit is not None and max_len > limit:
+        raise ConfigError(f"data.max_len {max_len} exceeds the {limit} positions the model numbers "
                           "(model.max_position_embeddings, or the checkpoint of model.path)")
 
 
