@@ -134,3 +134,13 @@ def test_max_len_must_fit_the_position_table():
     roberta = RobertaModel(RobertaConfig(max_position_embeddings=66, pad_token_id=1, **tiny))
     with pytest.raises(ConfigError, match="exceeds the 64 positions"):
         check_max_len(roberta, 65)
+
+
+def test_a_data_position_in_an_earlier_format_is_a_clear_error(prepared, tmp_path):
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), **QUIET)
+    state_path = ckpt.step_dir(run, 2) / "trainer_state.pt"
+    state = torch.load(state_path, weights_only=True)
+    state["loaders"] = [{"_num_yielded": 2, "_sampler_iter_yielded": 2}]  # as torchdata's StatefulDataLoader wrote it
+    torch.save(state, state_path)
+    with pytest.raises(InputError, match="StatefulDataLoader state, written by an earlier spanlm"):
+        pretrain(toy_recipe(prepared, run, max_steps=4), resume="auto", **QUIET)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from spanlm.data.blocks import BlockDataset, BlockSampler, collate_blocks
-from spanlm.errors import ConfigError
+from spanlm.errors import ConfigError, InputError
 
 
 def split_blocks(n_blocks: int, eval_blocks: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -123,6 +123,9 @@ class KeyedLoader:
 
     def load_state_dict(self, state: dict) -> None:
         """Set the position of the next batch (before iterating)."""
+        if "epoch" not in state or "batch" not in state:
+            raise InputError("the checkpoint's data position is a torchdata StatefulDataLoader state, written by an earlier "
+                             "spanlm; resume it with that version, or continue from an export of it in a new run")
         self.position = {"epoch": int(state["epoch"]), "batch": int(state["batch"])}
 
 
