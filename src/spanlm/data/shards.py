@@ -50,6 +50,11 @@ def fsync_tree(directory: Path) -> None:
         for name in files:
             with open(os.path.join(root, name), "rb") as handle:
                 os.fsync(handle.fileno())
+    fsync_directory(directory)
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make the directory's entries (a rename into it, a new file) durable."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spanlm.data.shards import fsync_tree, replace_directory
+from spanlm.data.shards import fsync_directory, fsync_tree, replace_directory
 from spanlm.errors import InputError
 
 MARKER = "COMPLETE"
@@ -116,7 +116,7 @@ def write_checkpoint(output_dir: Path, step: int, files: dict[str, object], keep
         handle.flush()
         os.fsync(handle.fileno())
     replace_directory(tmp, final)  # a checkpoint of the same step is removed only once the new one is in place
-    _fsync_directory(final.parent)
+    fsync_directory(final.parent)
     for old in complete_checkpoints(output_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -138,14 +138,6 @@ def set_aside_later(output_dir: Path, step: int) -> Path | None:
     for path in later:
         path.rename(target / path.name)
     return target
-
-
-def _fsync_directory(directory: Path) -> None:
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def alias_names(module: torch.nn.Module) -> set[str]:
