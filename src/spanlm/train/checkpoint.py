@@ -35,11 +35,11 @@ from spanlm.data.shards import fsync_directory, fsync_tree, replace_directory
 from spanlm.errors import InputError
 
 MARKER = "COMPLETE"
+STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 class DamagedCheckpoint(InputError):
     """A file of a complete checkpoint is missing or unreadable (a disk fault, a hand-edited run)."""
-STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 def step_dir(output_dir: Path, step: int) -> Path:
