@@ -80,7 +80,7 @@ def prepare(recipe, *, force: bool = False, log=print) -> Path:
             log(f"{final}: up to date with its inputs, reusing it")
             return final
         # Times or paths changed (a copy, a touch, a checkout): the same bytes need no new tokenizer —
-        # a tokenizer trained again numbers its vocabulary differently, and checkpoints would not resume.
+        # a tokenizer trained again may differ (tokens, numbering), and checkpoints would not resume.
         if existing.get("content_fingerprint") == input_fingerprint(recipe, files, by_content=True):
             existing["fingerprint"] = fingerprint
             _write_json_atomically(final / "meta.json", existing)

@@ -188,8 +188,9 @@ def check_same_tokenizer(path: Path, trainer_state: dict, fingerprint: str | Non
     """Refuse a checkpoint whose token ids came from another tokenizer than the data's now.
 
     Why: ``pretrain`` prepares the corpus again when its inputs or settings change (or with
-    ``--force``), which trains a new tokenizer — and the trainers of `tokenizers` do not number the
-    same vocabulary identically from run to run. The weights would silently read other tokens.
+    ``--force``), which trains a new tokenizer — and the WordPiece / Unigram trainers of `tokenizers`
+    do not reproduce their vocabulary (tokens, numbering) from run to run. The weights would silently
+    read other tokens.
     """
     saved = trainer_state.get("tokenizer_fingerprint")
     if saved is None or fingerprint is None or saved == fingerprint:
