@@ -215,3 +215,15 @@ def test_lr_schedule_shapes():
     decay, no_decay = parameter_groups(model, 0.01)
     assert {id(p) for p in decay["params"]} == {id(model.embedding.weight), *(id(l[0].weight) for l in model.layers)}
     assert id(model.norm.weight) in {id(p) for p in no_decay["params"]} and no_decay["weight_decay"] == 0.0
+
+
+def test_batches_are_pinned_only_for_a_gpu_run(prepared):
+    corpus = PreparedCorpus(prepared)
+    blocks = BlockDataset(corpus, 32)
+    train, _ = split_blocks(len(blocks), 8, 0)
+    masker = toy_objective.ToyMasker(corpus.special_ids["mask"])
+    config = toy_recipe(prepared, Path("unused")).train
+    for device, pinned in (("cpu", False), ("cuda", True), ("auto", torch.cuda.is_available())):
+        config.device = device
+        loader = build_train_loader(blocks, train, masker, config, seed=0, rank=0, world_size=1)
+        assert loader.loader.pin_memory is pinned  # built only: iterating a pinned loader needs a GPU

@@ -14,6 +14,7 @@ import torch
 
 from spanlm.data.blocks import BlockDataset, BlockSampler, collate_blocks
 from spanlm.errors import ConfigError, InputError
+from spanlm.train.dist import uses_cuda
 
 
 def split_blocks(n_blocks: int, eval_blocks: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -101,12 +102,14 @@ class KeyedLoader:
     snapshots its workers instead, so its state resumes only with the same number of workers.)
     """
 
-    def __init__(self, dataset: torch.utils.data.Dataset, sampler: BatchKeySampler, num_workers: int, seed: int):
+    def __init__(self, dataset: torch.utils.data.Dataset, sampler: BatchKeySampler, num_workers: int, seed: int,
+                 pin_memory: bool = False):
         self.sampler = sampler
         self.position = sampler.state_dict()
         self.loader = torch.utils.data.DataLoader(
             dataset, sampler=sampler, batch_size=None, collate_fn=_single, num_workers=num_workers,
             persistent_workers=num_workers > 0, prefetch_factor=4 if num_workers > 0 else None,
+            pin_memory=pin_memory,  # page-locked batches: the loop's non_blocking copies to the GPU overlap compute
             # Its own generator: creating an iterator must not draw from the global torch RNG, which the
             # model's dropout uses and a resumed run restores (a draw there would break bit-exact resume).
             generator=torch.Generator().manual_seed(seed),
@@ -132,7 +135,7 @@ class KeyedLoader:
 def build_train_loader(blocks: BlockDataset, train_blocks: np.ndarray, masker, config, seed: int, rank: int, world_size: int) -> KeyedLoader:
     sampler = BatchKeySampler(train_blocks, config.batch_size, seed, rank, world_size)
     dataset = MaskedBatches(blocks, masker, blocks.corpus.special_ids["pad"], seed, rank)
-    return KeyedLoader(dataset, sampler, config.num_workers, seed)
+    return KeyedLoader(dataset, sampler, config.num_workers, seed, pin_memory=uses_cuda(config.device))
 
 
 def build_window_loader(windows, config, seed: int, rank: int, world_size: int) -> KeyedLoader:
@@ -141,7 +144,7 @@ def build_window_loader(windows, config, seed: int, rank: int, world_size: int) 
         sampler = BatchKeySampler(np.arange(len(windows)), config.batch_size, seed, rank, world_size)
     except ConfigError as error:
         raise ConfigError(f"data.train: {error}") from None
-    return KeyedLoader(WindowBatches(windows), sampler, config.num_workers, seed)
+    return KeyedLoader(WindowBatches(windows), sampler, config.num_workers, seed, pin_memory=uses_cuda(config.device))
 
 
 EVAL_EPOCH = 2**31 - 1  # the RNG key of held-out batches: never a training epoch

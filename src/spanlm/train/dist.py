@@ -35,10 +35,15 @@ class DistEnv:
         return self.world_size > 1
 
 
+def uses_cuda(device: str) -> bool:
+    """Whether ``train.device`` (auto / cpu / cuda) puts the run on a GPU."""
+    return torch.cuda.is_available() if device == "auto" else device == "cuda"
+
+
 def init_distributed(device: str = "auto") -> DistEnv:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
+    use_cuda = uses_cuda(device)
     if use_cuda:
         torch.cuda.set_device(local_rank)
         target = torch.device("cuda", local_rank)
