@@ -43,7 +43,8 @@ def numbered_lines(path) -> Iterator[tuple[int, str | UnicodeDecodeError]]:
     """
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, 1):
+            bom = 3 if number == 1 and raw.startswith(b"\xef\xbb\xbf") else 0
             try:
-                yield number, raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as error:
-                yield number, error
+                yield number, raw[bom:].decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as error:  # positions in the line as it is in the file
+                yield number, UnicodeDecodeError("utf-8", raw, error.start + bom, error.end + bom, error.reason)

@@ -179,3 +179,34 @@ def test_bad_input_found_while_tokenizing_is_reported_plainly(tmp_path):
     recipe = make_recipe(tmp_path / "2", {"a.txt": b"fine\nbro\xffken\n"}, tokenizer={"path": str(first / "tokenizer")})
     with pytest.raises(InputError, match=r"a\.txt:2: invalid UTF-8"):
         prepare(recipe, **QUIET)
+
+
+def test_same_bytes_under_another_suffix_are_prepared_again(tmp_path):
+    # .txt and .jsonl read the same bytes differently: the suffix is part of what the content decides.
+    record = json.dumps({"text": "The cat sat on the mat."}) + "\n"
+    recipe = make_recipe(tmp_path, {"a.txt": record * 20})
+    first = PreparedCorpus(prepare(recipe, **QUIET))
+    (tmp_path / "in" / "a.txt").rename(tmp_path / "in" / "a.jsonl")
+    recipe.data.inputs = [str(tmp_path / "in" / "a.jsonl")]
+    second = PreparedCorpus(prepare(recipe, **QUIET))
+    assert second.meta["n_tokens"] < first.meta["n_tokens"]  # the JSON syntax is no longer text
+    assert "{" not in second.tokenizer.decode(second.sentence(0).tolist())
+
+
+def test_an_input_changed_while_it_is_prepared_is_not_taken_for_the_prepared_bytes(tmp_path, monkeypatch):
+    import spanlm.data.prepare as prepare_module
+
+    recipe = make_recipe(tmp_path, {"a.txt": ENGLISH})
+    path = tmp_path / "in" / "a.txt"
+    original = prepare_module._tokenize
+
+    def tokenize_then_edit(*args, **kwargs):  # the file changes after it was read
+        table = original(*args, **kwargs)
+        path.write_text(ENGLISH + "Written while preparing.\n", encoding="utf-8")
+        return table
+
+    monkeypatch.setattr(prepare_module, "_tokenize", tokenize_then_edit)
+    first = read_meta(prepare(recipe, **QUIET))
+    monkeypatch.setattr(prepare_module, "_tokenize", original)
+    second = read_meta(prepare(recipe, **QUIET))
+    assert second["n_sentences"] == first["n_sentences"] + 1  # rebuilt, not reused

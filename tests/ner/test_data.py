@@ -191,6 +191,11 @@ def test_predict_texts_one_per_newline_line_and_jsonl_text_only(tmp_path):
     jsonl.write_text('{"id": "a", "text": "Holmes met Watson", "entities": [{"start": 0, "end": 99, "label": "PER"}]}\n'
                      '{"text": "Paris"}\n', encoding="utf-8")
     assert [(d.id, d.text, d.entities) for d in read_texts(jsonl)] == [("a", "Holmes met Watson", []), ("1", "Paris", [])]
+    jsonl.write_text('{"text": "Paris"}\n{"text": "  "}\n{"text": "Rome"}\n', encoding="utf-8")
+    assert [d.text for d in read_texts(jsonl)] == ["Paris", "  ", "Rome"]  # one output line per record
+    txt.write_bytes(b"\xef\xbb\xbfok \xff\n")  # a BOM: the byte is counted where it is in the file
+    with pytest.raises(InputError, match=r"texts.txt:1: invalid UTF-8 at byte 6 of the line"):
+        read_texts(txt)
     jsonl.write_text('{"text": "ok"}\n{"text": 3}\n', encoding="utf-8")
     with pytest.raises(InputError, match=r"in.jsonl:2: field 'text' must be str"):
         read_texts(jsonl)

@@ -101,8 +101,8 @@ def test_best_threshold_matches_brute_force(rows):
     span = np.array([r[1] for r in rows])
     has = np.array([r[2] for r in rows])
 
-    def score_at(threshold):  # answered when margin <= threshold; "" is right exactly for no-answer questions
-        return 100 * np.mean(np.where(margin <= threshold, np.where(has, span, 0.0), (~has).astype(float)))
+    def score_at(threshold):  # answered (its span's score) when margin <= threshold, else "" (right exactly without an answer)
+        return 100 * np.mean(np.where(margin <= threshold, span, (~has).astype(float)))
 
     best, threshold = best_threshold(margin, span, has)
     candidates = [margin.min() - 1] + sorted(set(margin.tolist()))

@@ -144,3 +144,51 @@ def test_a_data_position_in_an_earlier_format_is_a_clear_error(prepared, tmp_pat
     torch.save(state, state_path)
     with pytest.raises(InputError, match="StatefulDataLoader state, written by an earlier spanlm"):
         pretrain(toy_recipe(prepared, run, max_steps=4), resume="auto", **QUIET)
+
+
+def test_the_hint_for_a_damaged_checkpoint_names_only_an_earlier_one(prepared, tmp_path):
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=4, save_every=2), **QUIET)
+    weights = ckpt.step_dir(run, 2) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(InputError) as error:
+        pretrain(toy_recipe(prepared, run, max_steps=6, save_every=2), resume=str(ckpt.step_dir(run, 2)), **QUIET)
+    assert "unreadable" in str(error.value) and "step-0000004" not in str(error.value)
+
+
+def test_fewer_training_examples_than_processes_is_a_config_error():
+    import numpy as np
+
+    from spanlm.train.data import BatchKeySampler
+
+    with pytest.raises(ConfigError, match="1 blocks cannot be split over 2 processes"):
+        BatchKeySampler(np.arange(1), batch_size=1, seed=0, rank=0, world_size=2)
+
+
+def test_a_changed_corpus_is_not_prepared_again_under_a_resume(prepared, tmp_path):
+    import shutil
+
+    from spanlm.data.shards import read_meta
+
+    corpus = tmp_path / "corpus.txt"
+    shutil.copy(toy_recipe(prepared, tmp_path).data.inputs[0], corpus)
+    own = tmp_path / "prepared"
+
+    def recipe(**train):
+        r = toy_recipe(prepared, tmp_path / "run", **train)
+        r.data.inputs, r.data.prepared_dir = [str(corpus)], str(own)
+        return r
+
+    pretrain(recipe(max_steps=2), **QUIET)
+    before = read_meta(own)
+    with open(corpus, "a", encoding="utf-8") as handle:
+        handle.write("A line added after the run started.\n")
+    with pytest.raises(InputError, match=r"preparing it again would train a new tokenizer.*set tokenizer.path=.*prepared/tokenizer"):
+        pretrain(recipe(max_steps=4), resume="auto", **QUIET)
+    assert read_meta(own) == before  # untouched: the checkpoint can still resume once the inputs are restored
+    # With the checkpoint's tokenizer kept, the changed inputs are prepared with it and the run resumes.
+    kept = recipe(max_steps=4)
+    shutil.copytree(own / "tokenizer", tmp_path / "kept_tokenizer")
+    kept.tokenizer.path = str(tmp_path / "kept_tokenizer")
+    pretrain(kept, resume="auto", **QUIET)
+    assert sorted(losses(tmp_path / "run")) == [1, 2, 3, 4]
+    assert read_meta(own)["tokenizer_fingerprint"] == before["tokenizer_fingerprint"]

@@ -35,12 +35,12 @@ def input_fingerprint(recipe, files: list[Path], by_content: bool = False) -> st
     by the SHA-256 of their bytes, which survives a copy, a move or a fresh git checkout.
     """
     def identity(path: Path) -> list:
-        if by_content:
+        if by_content:  # the bytes, and the suffixes that decide how they are read (.txt / .jsonl, .gz)
             digest = hashlib.sha256()
             with open(path, "rb") as handle:
                 while chunk := handle.read(1 << 20):
                     digest.update(chunk)
-            return [digest.hexdigest()]
+            return ["".join(path.suffixes[-2:]).lower(), digest.hexdigest()]
         return [str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns]
 
     data = dataclasses.asdict(recipe.data)
@@ -66,8 +66,13 @@ def _make_tmp_dir(final: Path) -> Path:
         raise InputError(f"{final}: cannot write the output directory: {error.strerror or error}") from None
 
 
-def prepare(recipe, *, force: bool = False, log=print) -> Path:
-    """Prepare ``recipe.data.inputs`` into ``recipe.data.prepared_dir``; returns that directory."""
+def prepare(recipe, *, force: bool = False, log=print, keep_tokenizer: str | None = None) -> Path:
+    """Prepare ``recipe.data.inputs`` into ``recipe.data.prepared_dir``; returns that directory.
+
+    ``keep_tokenizer``: the tokenizer fingerprint a checkpoint about to be resumed was trained with.
+    When the directory holds that tokenizer but must be rebuilt with a newly trained one, nothing is
+    touched and the error says how to keep the tokenizer (the checkpoint could not resume otherwise).
+    """
     from spanlm.config import save_config
 
     config = recipe.data
@@ -75,17 +80,25 @@ def prepare(recipe, *, force: bool = False, log=print) -> Path:
     final = Path(config.prepared_dir)
     fingerprint = input_fingerprint(recipe, files)
     existing = read_meta(final)
-    if existing and not force:
-        if existing.get("fingerprint") == fingerprint:
-            log(f"{final}: up to date with its inputs, reusing it")
-            return final
-        # Times or paths changed (a copy, a touch, a checkout): the same bytes need no new tokenizer —
-        # a tokenizer trained again may differ (tokens, numbering), and checkpoints would not resume.
-        if existing.get("content_fingerprint") == input_fingerprint(recipe, files, by_content=True):
-            existing["fingerprint"] = fingerprint
-            _write_json_atomically(final / "meta.json", existing)
-            log(f"{final}: its inputs moved or were touched but hold the same bytes, reusing it")
-            return final
+    if existing and not force and existing.get("fingerprint") == fingerprint:
+        log(f"{final}: up to date with its inputs, reusing it")
+        return final
+    # Hashed before anything is read: a file that changes while it is being prepared is not recorded
+    # as the bytes that were prepared.
+    content_fingerprint = input_fingerprint(recipe, files, by_content=True)
+    # Times or paths changed (a copy, a touch, a checkout): the same bytes need no new tokenizer —
+    # a tokenizer trained again may differ (tokens, numbering), and checkpoints would not resume.
+    if existing and not force and existing.get("content_fingerprint") == content_fingerprint:
+        existing["fingerprint"] = fingerprint
+        _write_json_atomically(final / "meta.json", existing)
+        log(f"{final}: its inputs moved or were touched but hold the same bytes, reusing it")
+        return final
+    if keep_tokenizer is not None and existing and existing.get("tokenizer_fingerprint") == keep_tokenizer \
+            and not recipe.tokenizer.path:
+        raise InputError(f"{final}: its inputs or settings changed since the checkpoint being resumed was trained on it; "
+                         "preparing it again would train a new tokenizer and the checkpoint could not resume. To train "
+                         f"on the changed inputs with the checkpoint's tokenizer, set tokenizer.path={final / 'tokenizer'}; "
+                         "or restore the inputs, or start a new run")
     if final.exists() and not final.is_dir():
         raise InputError(f"{final}: exists and is not a directory")
     tmp = _make_tmp_dir(final)
@@ -104,7 +117,7 @@ def prepare(recipe, *, force: bool = False, log=print) -> Path:
         meta.update(
             format_version=FORMAT_VERSION,
             fingerprint=fingerprint,
-            content_fingerprint=input_fingerprint(recipe, files, by_content=True),
+            content_fingerprint=content_fingerprint,
             tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
             words=config.words,
             inputs=[str(p) for p in files],

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import shutil
 from pathlib import Path
 
@@ -81,7 +82,8 @@ def _usual_modes(root: Path) -> None:
     umask = os.umask(0)
     os.umask(umask)
     for directory, _, files in os.walk(root):
-        os.chmod(directory, 0o777 & ~umask)
+        inherited = os.stat(directory).st_mode & stat.S_ISGID  # a group-shared parent's setgid, as mkdir keeps it
+        os.chmod(directory, (0o777 & ~umask) | inherited)
         for name in files:
             os.chmod(os.path.join(directory, name), 0o666 & ~umask)
 

@@ -124,8 +124,9 @@ def read_documents(path: str | Path, options: ReadOptions) -> tuple[list[NerDocu
 
 
 def read_texts(path: str | Path) -> list[NerDocument]:
-    """``ner predict`` input, without entities: a ``.jsonl`` file's ``text`` (and ``id``) per record, all
-    else in a record (gold entities included) ignored; any other file one document per non-blank line,
+    """``ner predict`` input, without entities: a ``.jsonl`` file's ``text`` (and ``id``) per record (blank
+    texts too: one output line per record), all else in a record (gold entities included) ignored; any
+    other file one document per non-blank line,
     its line number as id. A malformed record or line stops reading with an :class:`InputError`
     naming file and line.
     """
@@ -143,7 +144,7 @@ def read_texts(path: str | Path) -> list[NerDocument]:
     for lineno, parsed in numbered:
         if isinstance(parsed, _BadRecord):
             raise InputError(f"{path}:{lineno}: {parsed}")
-        if parsed.text.strip():
+        if path.suffix.lower() == ".jsonl" or parsed.text.strip():  # every record; non-blank lines
             documents.append(parsed)
     return documents
 

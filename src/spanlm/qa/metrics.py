@@ -122,13 +122,14 @@ def best_threshold(null_margin: np.ndarray, span_scores: np.ndarray, has_answer:
     ``null_margin[q]`` is how much the null answer beats the best span (predict "" when it exceeds the
     threshold); ``span_scores[q]`` the EM or F1 the best span would get. Returns (score in %, threshold).
     Sweeping the threshold upwards through the sorted margins turns one more question from "" into its
-    span: + its span score if it has an answer, − 1 if it has none (it was right as "").
+    span: + its span score if it has an answer, its span score − 1 if it has none (it was right as "";
+    a span that normalises to nothing is right too).
     Unlike the official script, a threshold answers *all* questions with a tied margin, so the score
     returned is the one the threshold really gets.
     """
     order = np.argsort(null_margin, kind="stable")
     margins = null_margin[order]
-    gain = np.where(has_answer[order], span_scores[order], -1.0)
+    gain = span_scores[order] - ~has_answer[order]  # − 1 where "" was the right answer
     all_null = float(has_answer.size - has_answer.sum())
     running = all_null + np.cumsum(gain)  # score after answering the first k+1 questions
     last_of_tie = np.append(margins[1:] != margins[:-1], True)  # a threshold stops only after a tie group

@@ -46,12 +46,18 @@ def step_dir(output_dir: Path, step: int) -> Path:
     return output_dir / "checkpoints" / f"step-{step:07d}"
 
 
+def step_of(path: Path) -> int:
+    """The step of a ``step-N`` checkpoint directory (-1 for any other name)."""
+    match = STEP_DIR.match(path.name)
+    return int(match.group(1)) if match else -1
+
+
 def complete_checkpoints(output_dir: Path) -> list[Path]:
     root = output_dir / "checkpoints"
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if STEP_DIR.match(p.name) and (p / MARKER).is_file()]
-    return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
+    return sorted(found, key=step_of)
 
 
 def latest_checkpoint(output_dir: Path) -> Path | None:
@@ -128,7 +134,7 @@ def set_aside_later(output_dir: Path, step: int) -> Path | None:
     Why: resuming from an older checkpoint branches the run; ``--resume auto`` would otherwise take
     the old branch's later checkpoint and drop the new branch's steps. Returns where they went.
     """
-    later = [p for p in complete_checkpoints(output_dir) if int(STEP_DIR.match(p.name).group(1)) > step]
+    later = [p for p in complete_checkpoints(output_dir) if step_of(p) > step]
     if not later:
         return None
     target = output_dir / "checkpoints" / f"superseded-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"

@@ -33,7 +33,10 @@ class BatchKeySampler:
     def __init__(self, blocks: np.ndarray, batch_size: int, seed: int, rank: int, world_size: int):
         self.blocks = blocks
         self.batch_size = batch_size
-        self.order = BlockSampler(len(blocks), seed=seed, rank=rank, world_size=world_size)
+        try:
+            self.order = BlockSampler(len(blocks), seed=seed, rank=rank, world_size=world_size)
+        except ValueError as error:  # fewer blocks than processes
+            raise ConfigError(str(error)) from None
         if len(self.order) < batch_size:
             raise ConfigError(f"{len(blocks)} training blocks over {world_size} process(es) is less than one batch of "
                               f"{batch_size}: lower train.batch_size or give more data")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import signal
 import time
@@ -75,14 +76,17 @@ class TrainingSetup:
     tokenizer_fingerprint: str | None = None
 
 
-def pretraining_setup(recipe, env: DistEnv, log=print) -> TrainingSetup:
-    """Prepared shards → blocks → the objective's masker in DataLoader workers."""
+def pretraining_setup(recipe, env: DistEnv, log=print, keep_tokenizer: str | None = None) -> TrainingSetup:
+    """Prepared shards → blocks → the objective's masker in DataLoader workers.
+
+    ``keep_tokenizer``: the tokenizer fingerprint of the checkpoint to be resumed (see ``prepare``).
+    """
     from spanlm.data.prepare import prepare
     from spanlm.objectives import build_objective
 
     # Rank 0 prepares the corpus (or finds it up to date); the others wait and read it.
     if env.is_main:
-        prepare(recipe, log=log)
+        prepare(recipe, log=log, keep_tokenizer=keep_tokenizer)
     barrier(env)
     corpus = PreparedCorpus(recipe.data.prepared_dir)
     blocks = BlockDataset(corpus, recipe.data.max_len)
@@ -121,7 +125,13 @@ def train(recipe, build_setup: Callable[..., TrainingSetup], resume: str | None 
 
 def pretrain(recipe, resume: str | None = None, log=print) -> Path:
     """Train ``recipe``'s pretraining objective; returns the run directory."""
-    return train(recipe, pretraining_setup, resume, log)
+    checkpoint, keep = ckpt.resolve_resume(resume, Path(recipe.train.output_dir)), None
+    if checkpoint is not None:
+        try:
+            keep = ckpt.load_file(checkpoint / "trainer_state.pt").get("tokenizer_fingerprint")
+        except ckpt.DamagedCheckpoint:
+            pass  # reported, with the checkpoint to use instead, when the trainer loads it
+    return train(recipe, functools.partial(pretraining_setup, keep_tokenizer=keep), resume, log)
 
 
 class Trainer:
@@ -214,7 +224,7 @@ class Trainer:
         try:
             self._load(path)
         except ckpt.DamagedCheckpoint as error:  # say which other complete checkpoint could be used instead
-            earlier = [p for p in ckpt.complete_checkpoints(path.parent.parent) if p != path]
+            earlier = [p for p in ckpt.complete_checkpoints(path.parent.parent) if ckpt.step_of(p) < ckpt.step_of(path)]
             if not earlier:
                 raise
             raise ckpt.DamagedCheckpoint(f"{error}; an earlier checkpoint may still be whole: --resume {earlier[-1]}") from None
