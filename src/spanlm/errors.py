@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+UTF8_BOM = b"\xef\xbb\xbf"  # dropped where a file starts with it, as the "utf-8-sig" codec does
+
 
 class SpanlmError(Exception):
     """An error caused by the user's input (files, config, data) rather than a bug in spanlm."""
@@ -25,7 +27,7 @@ def read_text(path) -> str:
     if not path.is_file():
         raise InputError(f"{path}: no such file")
     raw = path.read_bytes()
-    bom = 3 if raw.startswith(b"\xef\xbb\xbf") else 0
+    bom = len(UTF8_BOM) if raw.startswith(UTF8_BOM) else 0
     try:
         return raw[bom:].decode("utf-8")
     except UnicodeDecodeError as error:
@@ -43,7 +45,7 @@ def numbered_lines(path) -> Iterator[tuple[int, str | UnicodeDecodeError]]:
     """
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, 1):
-            bom = 3 if number == 1 and raw.startswith(b"\xef\xbb\xbf") else 0
+            bom = len(UTF8_BOM) if number == 1 and raw.startswith(UTF8_BOM) else 0
             try:
                 yield number, raw[bom:].decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError as error:  # positions in the line as it is in the file

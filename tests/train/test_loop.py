@@ -34,6 +34,14 @@ def batches_per_epoch(prepared: Path, batch_size: int) -> int:
     return len(train) // batch_size
 
 
+def toy_loader(prepared: Path, config):
+    """The training loader of the toy objective over the prepared corpus (rank 0 of 1, seed 0)."""
+    corpus = PreparedCorpus(prepared)
+    blocks = BlockDataset(corpus, 32)
+    train, _ = split_blocks(len(blocks), 8, 0)
+    return build_train_loader(blocks, train, toy_objective.ToyMasker(corpus.special_ids["mask"]), config, seed=0, rank=0, world_size=1)
+
+
 def test_eval_blocks_are_held_out_and_fixed():
     train, held_out = split_blocks(1000, 64, seed=0)
     assert len(held_out) == 64 and not set(train) & set(held_out) and len(train) + len(held_out) == 1000
@@ -73,13 +81,9 @@ def test_resume_auto_continues_the_same_run(prepared, tmp_path):
 def test_a_restored_loader_yields_the_same_next_batches(prepared, workers, fresh_workers):
     # Any number of workers on either side: the state is the position of the next batch, and a batch
     # is a pure function of its key. Five batches are taken so that the position crosses an epoch edge.
-    corpus = PreparedCorpus(prepared)
-    blocks = BlockDataset(corpus, 32)
-    train, _ = split_blocks(len(blocks), 8, 0)
-    masker = toy_objective.ToyMasker(corpus.special_ids["mask"])
     config = toy_recipe(prepared, Path("unused")).train
     config.num_workers = workers
-    loader = build_train_loader(blocks, train, masker, config, seed=0, rank=0, world_size=1)
+    loader = toy_loader(prepared, config)
     per_epoch = loader.sampler.batches_per_epoch()
     iterator = iter(loader)
     for _ in range(per_epoch + 1):
@@ -88,7 +92,7 @@ def test_a_restored_loader_yields_the_same_next_batches(prepared, workers, fresh
     assert state == {"epoch": 1, "batch": 1}
     expected = [next(iterator) for _ in range(4)]
     config.num_workers = fresh_workers
-    fresh = build_train_loader(blocks, train, masker, config, seed=0, rank=0, world_size=1)
+    fresh = toy_loader(prepared, config)
     fresh.load_state_dict(state)
     got = [batch for batch, _ in zip(fresh, range(4))]
     for a, b in zip(expected, got):
@@ -218,12 +222,8 @@ def test_lr_schedule_shapes():
 
 
 def test_batches_are_pinned_only_for_a_gpu_run(prepared):
-    corpus = PreparedCorpus(prepared)
-    blocks = BlockDataset(corpus, 32)
-    train, _ = split_blocks(len(blocks), 8, 0)
-    masker = toy_objective.ToyMasker(corpus.special_ids["mask"])
     config = toy_recipe(prepared, Path("unused")).train
     for device, pinned in (("cpu", False), ("cuda", True), ("auto", torch.cuda.is_available())):
         config.device = device
-        loader = build_train_loader(blocks, train, masker, config, seed=0, rank=0, world_size=1)
+        loader = toy_loader(prepared, config)
         assert loader.loader.pin_memory is pinned  # built only: iterating a pinned loader needs a GPU

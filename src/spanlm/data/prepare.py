@@ -1,9 +1,10 @@
 """`spanlm prepare`: raw text → tokenizer + memmappable token shards (see :mod:`spanlm.data.shards`).
 
 Steps: resolve and validate the inputs; reuse the output when the inputs (path, size, mtime) and
-settings are unchanged, or when only the inputs' paths or times changed but not their bytes; otherwise train or load the tokenizer, read the corpus into a `datasets`
-Arrow table, tokenize it with ``map(batched=True, num_proc=N)``, and write the arrays into a
-temporary directory that is renamed into place when complete.
+settings are unchanged, or when only the inputs' paths or times changed but not their bytes; otherwise
+train or load the tokenizer, read the corpus into a `datasets` Arrow table, tokenize it with
+``map(batched=True, num_proc=N)``, and write the arrays into a temporary directory that is renamed
+into place when complete.
 """
 
 from __future__ import annotations

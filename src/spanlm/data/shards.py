@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import shutil
+import stat
 from pathlib import Path
 
 import numpy as np

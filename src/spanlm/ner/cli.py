@@ -27,7 +27,6 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def _format(path: str, explicit: str | None, default: str) -> str:
     """--format, else what the suffix says, else the model's training format."""
     from spanlm.errors import InputError

@@ -126,17 +126,18 @@ def read_documents(path: str | Path, options: ReadOptions) -> tuple[list[NerDocu
 def read_texts(path: str | Path) -> list[NerDocument]:
     """``ner predict`` input, without entities: a ``.jsonl`` file's ``text`` (and ``id``) per record (blank
     texts too: one output line per record), all else in a record (gold entities included) ignored; any
-    other file one document per non-blank line,
-    its line number as id. A malformed record or line stops reading with an :class:`InputError`
-    naming file and line.
+    other file one document per non-blank line, its line number as id. A malformed record or line
+    stops reading with an :class:`InputError` naming file and line.
     """
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such file")
+    jsonl = path.suffix.lower() == ".jsonl"
+
     def text_only(record: dict, index: int) -> NerDocument:
         return NerDocument(_record_id(record, index, "id"), _field(record, "text", str), [])
 
-    if path.suffix.lower() == ".jsonl":
+    if jsonl:
         numbered = _guarded(_json_records(path), text_only)
     else:
         numbered = ((lineno, NerDocument(str(lineno), line, []) if isinstance(line, str) else line) for lineno, line in _lines(path))
@@ -144,7 +145,7 @@ def read_texts(path: str | Path) -> list[NerDocument]:
     for lineno, parsed in numbered:
         if isinstance(parsed, _BadRecord):
             raise InputError(f"{path}:{lineno}: {parsed}")
-        if path.suffix.lower() == ".jsonl" or parsed.text.strip():  # every record; non-blank lines
+        if jsonl or parsed.text.strip():  # every record; non-blank lines
             documents.append(parsed)
     return documents
 

@@ -30,8 +30,8 @@ from spanlm.ner.predict import (HEAD_FILE, LABELS_FILE, RECIPE_FILE, NerModel, S
 from spanlm.ner.windows import make_windows
 from spanlm.objectives.base import EncoderTask
 from spanlm.train.data import build_window_loader
-from spanlm.train.loop import TrainingSetup, train
 from spanlm.train.dist import is_main_process
+from spanlm.train.loop import TrainingSetup, train
 
 
 class NerObjective(EncoderTask):
@@ -129,7 +129,6 @@ def ner_setup(recipe: NerRecipe, env, log=print) -> TrainingSetup:
         return metrics
 
     return TrainingSetup(objective, loader, held_out, evaluate)
-
 
 
 def export_model(run_dir: Path, recipe: NerRecipe) -> Path:

@@ -23,8 +23,8 @@ from spanlm.qa.head import SpanHead, span_loss
 from spanlm.qa.predict import HEAD_FILE, RECIPE_FILE, SETTINGS_FILE, QAModel, evaluate_predictions, predict
 from spanlm.qa.windows import encoder_featurizer, make_windows
 from spanlm.train.data import build_window_loader
-from spanlm.train.loop import TrainingSetup, train
 from spanlm.train.dist import is_main_process
+from spanlm.train.loop import TrainingSetup, train
 
 
 class QAObjective(EncoderTask):
@@ -93,7 +93,6 @@ def qa_setup(recipe: QARecipe, env, log=print) -> TrainingSetup:
         return evaluate_predictions(predictions, dev_examples, recipe)
 
     return TrainingSetup(objective, loader, held_out, evaluate)
-
 
 
 def export_model(run_dir: Path, recipe: QARecipe, threshold: float = 0.0) -> Path:
