@@ -24,12 +24,15 @@ attention probabilities.
 :class:`FastDropout`, and SDPA attention becomes ``"spanlm_sdpa"`` (registered with transformers'
 ``AttentionInterface``): PyTorch's fused SDPA kernel whenever attention dropout is off (evaluation,
 inference) and, in training, the same computation PyTorch's SDPA runs on CPU with dropout (its math
-path: scores, softmax, dropout, weighted sum) with this dropout on the probabilities. Neither changes
-a parameter, a state-dict key or the saved ``config.json``: exported models load with stock
-transformers.
+path: scores, softmax, dropout, weighted sum) with this dropout on the probabilities. BERT, RoBERTa and
+ELECTRA self-attention modules also get :mod:`spanlm.models.attention`'s training forward (the same
+arithmetic, projections to context in one autograd function). None of this changes a parameter, a
+state-dict key or the saved ``config.json``: exported models load with stock transformers.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -52,14 +55,27 @@ def fast_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         return F.dropout(x, p, training)
     if dropped_levels == 0:  # p < 2⁻¹⁷: nothing would ever be dropped
         return x
-    n = x.numel()
-    quarters = torch.from_numpy(_random_words((n + 3) // 4).view(np.int16)[:n]).view(x.shape)  # 4 per word
+    keep, scale = keep_mask(x.shape, p, x.dtype)
+    # A float multiplier (not a bool mask) keeps the whole thing one plain autograd multiply.
+    return x * keep.mul_(scale)
+
+
+def fast_dropout_applies(p: float) -> bool:
+    """Whether :func:`fast_dropout` draws its own mask at ``p`` (on CPU, outside torch.compile)."""
+    return 0 < round(p * _LEVELS) < _LEVELS and not torch.compiler.is_compiling()
+
+
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dtype = torch.float32) -> tuple[Tensor, float]:
+    """A 0 (drop) / 1 (keep) tensor of ``shape`` with P(drop) = round(p·2¹⁶)/2¹⁶, and the scale 1 / (1 − P(drop))
+    that inverted dropout multiplies the kept elements by (requires :func:`fast_dropout_applies`)."""
+    dropped_levels = round(p * _LEVELS)
+    n = math.prod(shape)
+    quarters = torch.from_numpy(_random_words((n + 3) // 4).view(np.int16)[:n]).view(shape)  # 4 per word
     threshold = dropped_levels - _LEVELS // 2  # the lowest `dropped_levels` of the 2¹⁶ values drop
     # Clamping to {threshold − 1, threshold} and shifting gives 0 (drop) / 1 (keep) in int16 arithmetic,
     # which ATen vectorises ~5× better than a boolean comparison followed by a where (bench/dropout.py).
     keep = quarters.clamp(threshold - 1, threshold).sub_(threshold - 1)
-    # A float multiplier (not a bool mask) keeps the whole thing one plain autograd multiply.
-    return x * keep.to(x.dtype).mul_(_LEVELS / (_LEVELS - dropped_levels))
+    return keep.to(dtype), _LEVELS / (_LEVELS - dropped_levels)
 
 
 def _random_words(count: int) -> np.ndarray:
@@ -123,7 +139,8 @@ def register_attention() -> None:
 
 
 def use_fast_dropout(model: nn.Module) -> nn.Module:
-    """Switch ``model``'s dropouts to :class:`FastDropout` and its SDPA attention to ``"spanlm_sdpa"``, in place."""
+    """Switch ``model``'s dropouts to :class:`FastDropout` and its SDPA attention to ``"spanlm_sdpa"``, in place;
+    BERT / RoBERTa / ELECTRA self-attention then trains through :mod:`spanlm.models.attention` on CPU."""
     for parent in list(model.modules()):
         for name, child in parent.named_children():
             if type(child) is nn.Dropout:
@@ -134,4 +151,7 @@ def use_fast_dropout(model: nn.Module) -> nn.Module:
     if config is not None and getattr(config, "_attn_implementation", None) == "sdpa":
         register_attention()
         model.set_attn_implementation(ATTENTION_NAME)
+        from spanlm.models.attention import use_fused_self_attention  # it builds on this module
+
+        use_fused_self_attention(model)
     return model

@@ -1,0 +1,142 @@
+"""BERT-family self-attention in CPU training as one autograd function: hidden states in, context out.
+
+Why: at the sizes spanlm pretrains on a CPU (hidden 256, seq 128), the matmuls of self-attention are
+small and the work around them is not. transformers' ``BertSelfAttention`` runs three projections, each
+with its bias copied into the output first, splits every result into heads with a copy, scales the query
+in another pass, and autograd mirrors all of it in the backward pass (three gradient products for the
+input and three for the weights, summed with two more passes, three bias reductions). Here:
+
+* the three projections are one product with the stacked (3H, H) weight, and one pass takes its output
+  to the head-major (3, B, heads, L, head_dim) layout the batched products need, adding the biases and
+  scaling the query on the way;
+* softmax runs in place on the scores, and dropout's 1 / (1 − p) goes into the product with the values;
+* the backward pass writes the three heads' gradients back in one pass (the query's scale included) and
+  forms the input gradient, the three weight gradients and the three bias gradients with one product or
+  one reduction each.
+
+The arithmetic is that of transformers' SDPA path with :mod:`spanlm.models.dropout`'s dropout on the
+probabilities (Vaswani et al. 2017, softmax(QKᵀ/√d)V; BERT's attention-probability dropout), with the
+same random draws in the same order, so a run gives the same losses either way up to float rounding
+(tests/models/test_attention.py). Parameters, state-dict keys and the saved config are untouched.
+
+Only training on CPU in float32/float64 takes this path, with dropout on and a boolean or no attention
+mask (what ``"spanlm_sdpa"`` receives), outside autocast and torch.compile; everything else runs the
+module's own forward.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
+from transformers.models.bert.modeling_bert import BertSelfAttention
+from transformers.models.electra.modeling_electra import ElectraSelfAttention
+from transformers.models.roberta.modeling_roberta import RobertaSelfAttention
+
+from spanlm.models.dropout import fast_dropout_applies, keep_mask
+
+
+class _SelfAttention(torch.autograd.Function):
+    """Context (B, L, H) of multi-head self-attention over ``hidden`` (B, L, H), dropout ``p`` on the
+    probabilities; ``allowed`` None or a boolean mask broadcastable to (B, heads, L, L), True = attend."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, allowed: Tensor | None, heads: int, scale: float, p: float,
+                query_weight: Tensor, query_bias: Tensor, key_weight: Tensor, key_bias: Tensor,
+                value_weight: Tensor, value_bias: Tensor) -> Tensor:
+        batch, length, width = hidden.shape
+        head_dim = width // heads
+        rows = hidden.reshape(batch * length, width)
+        # The query's 1/√d goes into its weight and bias (a (H, H) product instead of a (B, L, H) one).
+        weight = torch.cat([query_weight * scale, key_weight, value_weight])  # (3H, H)
+        bias = torch.cat([query_bias * scale, key_bias, value_bias])  # (3H,)
+        # One batched product per (projection, head) writes the head-major layout the attention products
+        # need, (3·heads, B·L, d) = (3, heads, B, L, d), with no copy of the (B·L, 3H) result.
+        per_head = weight.view(3 * heads, head_dim, width).transpose(1, 2).contiguous()  # (3·heads, H, d)
+        qkv = torch.baddbmm(bias.view(3 * heads, 1, head_dim), rows.expand(3 * heads, -1, -1), per_head)
+        query, key, value = qkv.view(3, heads * batch, length, head_dim)  # batches ordered (head, sequence)
+        scores = torch.bmm(query, key.transpose(1, 2))  # (heads·B, L, L)
+        if allowed is not None:  # (B, 1 or heads, L, L) → (1 or heads, B, L, L)
+            scores.view(heads, batch, length, length).masked_fill_(~allowed.transpose(0, 1), torch.finfo(scores.dtype).min)
+        probabilities = torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # in place
+        # Drawn in (B, heads) order, as transformers' layout would be, so that a seed drops the same
+        # probabilities either way; read in (heads, B) order.
+        keep, keep_scale = keep_mask((batch, heads, length, length), p, probabilities.dtype)
+        dropped = torch.empty_like(probabilities)  # its 1 / (1 − p) goes into the next product
+        torch.mul(probabilities.view(heads, batch, length, length), keep.transpose(0, 1), out=dropped.view(heads, batch, length, length))
+        zero = hidden.new_zeros(())  # baddbmm's input, ignored at beta = 0
+        context = torch.baddbmm(zero, dropped, value, beta=0.0, alpha=keep_scale)  # (heads·B, L, d)
+        ctx.save_for_backward(rows, weight, qkv, probabilities, keep, dropped)
+        ctx.sizes, ctx.scale, ctx.keep_scale = (batch, length, width, heads, head_dim), scale, keep_scale
+        return context.view(heads, batch, length, head_dim).permute(1, 2, 0, 3).reshape(batch, length, width)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_output: Tensor):
+        rows, weight, qkv, probabilities, keep, dropped = ctx.saved_tensors
+        batch, length, width, heads, head_dim = ctx.sizes
+        query, key, value = qkv.view(3, heads * batch, length, head_dim)
+        grad_context = grad_output.reshape(batch, length, heads, head_dim).permute(2, 0, 1, 3).reshape(heads * batch, length, head_dim)
+        grad_qkv = torch.empty(3, heads * batch, length, head_dim, dtype=grad_output.dtype)
+        zero = grad_output.new_zeros(())  # baddbmm's input, ignored at beta = 0
+        torch.baddbmm(zero, dropped.transpose(1, 2), grad_context, beta=0.0, alpha=ctx.keep_scale, out=grad_qkv[2])
+        grad_probabilities = torch.baddbmm(zero, grad_context, value.transpose(1, 2), beta=0.0, alpha=ctx.keep_scale)
+        grad_probabilities.view(heads, batch, length, length).mul_(keep.transpose(0, 1))
+        grad_scores = torch._softmax_backward_data(grad_probabilities, probabilities, -1, probabilities.dtype)
+        torch.bmm(grad_scores, key, out=grad_qkv[0])
+        torch.bmm(grad_scores.transpose(1, 2), query, out=grad_qkv[1])
+        # (3, heads, B, L, d) → (B·L, 3H), the projections' output layout, in one pass
+        grad_projected = torch.empty(batch, length, 3, heads, head_dim, dtype=grad_output.dtype)
+        grad_projected.permute(2, 3, 0, 1, 4).copy_(grad_qkv.view(3, heads, batch, length, head_dim))
+        grad_projected = grad_projected.view(batch * length, 3 * width)
+        grad_hidden = torch.mm(grad_projected, weight).view(batch, length, width) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.mm(grad_projected.t(), rows)  # (3H, H)
+        grad_bias = grad_projected.sum(0)
+        grad_weight[:width] *= ctx.scale  # back through the query's scaled weight and bias
+        grad_bias[:width] *= ctx.scale
+        grad_weights, grad_biases = grad_weight.split(width), grad_bias.split(width)  # row blocks: contiguous
+        return (grad_hidden, None, None, None, None,
+                grad_weights[0], grad_biases[0], grad_weights[1], grad_biases[1], grad_weights[2], grad_biases[2])
+
+
+class _TrainingForward:
+    """Mixin: the module's forward through :class:`_SelfAttention` whenever that applies (module docstring)."""
+
+    def forward(self, hidden_states: Tensor, attention_mask: Tensor | None = None, past_key_values=None, **kwargs):
+        p = self.dropout.p
+        if (self.training and past_key_values is None and not getattr(self, "is_causal", False)
+                and hidden_states.device.type == "cpu" and hidden_states.dtype in (torch.float32, torch.float64)
+                and hidden_states.dim() == 3 and (attention_mask is None or attention_mask.dtype == torch.bool)
+                and fast_dropout_applies(p) and not torch.is_autocast_enabled("cpu")
+                and all(layer.bias is not None for layer in (self.query, self.key, self.value))):
+            context = _SelfAttention.apply(hidden_states, attention_mask, self.num_attention_heads, self.scaling, p,
+                                           self.query.weight, self.query.bias, self.key.weight, self.key.bias,
+                                           self.value.weight, self.value.bias)
+            return context, None
+        return super().forward(hidden_states, attention_mask, past_key_values, **kwargs)
+
+
+class FusedBertSelfAttention(_TrainingForward, BertSelfAttention):
+    pass
+
+
+class FusedRobertaSelfAttention(_TrainingForward, RobertaSelfAttention):
+    pass
+
+
+class FusedElectraSelfAttention(_TrainingForward, ElectraSelfAttention):
+    pass
+
+
+FUSED = {BertSelfAttention: FusedBertSelfAttention, RobertaSelfAttention: FusedRobertaSelfAttention,
+         ElectraSelfAttention: FusedElectraSelfAttention}
+
+
+def use_fused_self_attention(model: nn.Module) -> nn.Module:
+    """Make every BERT / RoBERTa / ELECTRA self-attention module of ``model`` its ``Fused…`` subclass, in place:
+    the same parameters and state-dict keys, a training forward through :class:`_SelfAttention`."""
+    for module in model.modules():
+        fused = FUSED.get(type(module))
+        if fused is not None:
+            module.__class__ = fused
+    return model

@@ -1,0 +1,149 @@
+"""Fused training self-attention: transformers' arithmetic and gradients, the same dropout draws, and
+the module's own forward wherever it does not apply."""
+
+import copy
+import pickle
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+import spanlm.models.attention as attention
+from spanlm.models.attention import FUSED, _SelfAttention, use_fused_self_attention
+from spanlm.models.dropout import use_fast_dropout
+
+STOCK = {fused: stock for stock, fused in FUSED.items()}
+
+
+def _model(family: str, attention_dropout: float = 0.3):
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.for_model(family, vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=64, max_position_embeddings=40, hidden_dropout_prob=0.1,
+                                  attention_probs_dropout_prob=attention_dropout)
+    torch.manual_seed(0)
+    return use_fast_dropout(AutoModel.from_config(config, attn_implementation="sdpa")).train()
+
+
+def _unfused(model):
+    model = copy.deepcopy(model)
+    for module in model.modules():
+        if type(module) in STOCK:
+            module.__class__ = STOCK[type(module)]
+    return model
+
+
+def _inputs():
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 60, (3, 11), generator=generator)
+    mask = torch.ones(3, 11, dtype=torch.long)
+    mask[1, 7:] = 0  # padding: transformers hands the attention a boolean mask
+    return ids, mask
+
+
+def _run(model, seed=5):
+    ids, mask = _inputs()
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    weights = torch.linspace(-1, 1, hidden.numel()).view_as(hidden)
+    (hidden * weights).sum().backward()
+    return hidden.detach(), {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """How many times the fused function ran."""
+    count = {"n": 0}
+    apply = _SelfAttention.apply
+
+    def counted(*args):
+        count["n"] += 1
+        return apply(*args)
+
+    monkeypatch.setattr(_SelfAttention, "apply", counted)
+    return count
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta", "electra"])
+def test_equals_the_unfused_layer_with_the_same_dropout_draws(family, calls):
+    model = _model(family)
+    assert sum(type(m) in STOCK for m in model.modules()) == 2  # one per layer
+    hidden, grads = _run(model)
+    assert calls["n"] == 2
+    expected_hidden, expected_grads = _run(_unfused(model))
+    assert calls["n"] == 2  # the unfused copy did not call it
+    torch.testing.assert_close(hidden, expected_hidden, atol=1e-6, rtol=1e-5)
+    assert grads.keys() == expected_grads.keys()
+    for name, grad in grads.items():
+        scale = expected_grads[name].abs().max().clamp(min=1e-3)
+        torch.testing.assert_close(grad / scale, expected_grads[name] / scale, atol=2e-6, rtol=0, msg=name)
+
+
+def test_a_different_seed_drops_differently():
+    model = _model("bert")
+    assert not torch.equal(_run(model, seed=5)[0], _run(model, seed=6)[0])
+
+
+def _reference(hidden, allowed, heads, scale, keep, keep_scale, wq, bq, wk, bk, wv, bv):
+    """Multi-head attention written out: softmax(QKᵀ·scale, masked) ⊙ keep · keep_scale, times V."""
+    batch, length, width = hidden.shape
+
+    def split(x):  # (B, L, H) → (B, heads, L, d)
+        return x.view(batch, length, heads, width // heads).transpose(1, 2)
+
+    query, key, value = split(F.linear(hidden, wq, bq)), split(F.linear(hidden, wk, bk)), split(F.linear(hidden, wv, bv))
+    scores = query @ key.transpose(-1, -2) * scale
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1) * keep * keep_scale
+    return (weights @ value).transpose(1, 2).reshape(batch, length, width)
+
+
+def test_forward_and_gradients_equal_the_formula_in_float64(monkeypatch):
+    generator = torch.Generator().manual_seed(0)
+    batch, length, width, heads = 2, 5, 8, 2
+    keep = (torch.rand(batch, heads, length, length, generator=generator) > 0.3).double()
+    monkeypatch.setattr(attention, "keep_mask", lambda shape, p, dtype: (keep.to(dtype), 1 / 0.7))
+    allowed = torch.ones(batch, 1, length, length, dtype=torch.bool)
+    allowed[1, :, :, 3:] = False
+    inputs = [torch.randn(batch, length, width, dtype=torch.float64, generator=generator, requires_grad=True)]
+    for _ in range(3):
+        inputs += [torch.randn(width, width, dtype=torch.float64, generator=generator, requires_grad=True),
+                   torch.randn(width, dtype=torch.float64, generator=generator, requires_grad=True)]
+    hidden, *parameters = inputs
+
+    def fused(hidden, *parameters):
+        return _SelfAttention.apply(hidden, allowed, heads, 0.5, 0.3, *parameters)
+
+    torch.testing.assert_close(fused(hidden, *parameters),
+                               _reference(hidden, allowed, heads, 0.5, keep, 1 / 0.7, *parameters))
+    assert torch.autograd.gradcheck(fused, tuple(inputs))
+
+
+@pytest.mark.parametrize("case", ["eval", "no dropout", "autocast", "float mask"])
+def test_the_module_forward_runs_where_the_fused_one_does_not_apply(case, calls):
+    model = _model("bert", attention_dropout=0.0 if case == "no dropout" else 0.3)
+    layer = model.encoder.layer[0].attention.self
+    hidden = torch.randn(2, 6, 32)
+    mask = torch.zeros(2, 1, 6, 6) if case == "float mask" else None
+    if case == "eval":
+        model.eval()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=case == "autocast"):
+        torch.manual_seed(0)
+        output = layer(hidden, attention_mask=mask)[0]
+        torch.manual_seed(0)
+        expected = STOCK[type(layer)].forward(layer, hidden, attention_mask=mask)[0]
+    assert calls["n"] == 0
+    torch.testing.assert_close(output, expected)
+
+
+def test_parameters_state_dict_and_copies_are_the_stock_ones():
+    model = _model("bert")
+    stock = _unfused(model)
+    assert model.state_dict().keys() == stock.state_dict().keys()
+    layer = model.encoder.layer[0].attention.self
+    assert isinstance(layer, STOCK[type(layer)]) and type(layer).__name__ == "FusedBertSelfAttention"
+    assert type(copy.deepcopy(model).encoder.layer[0].attention.self) is type(layer)
+    assert type(pickle.loads(pickle.dumps(model)).encoder.layer[0].attention.self) is type(layer)
+    assert use_fused_self_attention(stock) is stock and type(stock.encoder.layer[0].attention.self) is type(layer)
