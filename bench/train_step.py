@@ -5,8 +5,9 @@ What is compared (one optimiser step each: forward, backward, gradient clipping 
 4 heads, intermediate 1024, vocab 30,522, 512 positions, dropout 0.1, batch 16, seq 128 and 512)
     spanlm      ``build_objective`` on a Recipe with ``objective.name: spanbert``, ``masking.scheme: span``
                 and ``model.family: bert`` of those sizes: the bare BertModel (no pooler) as spanlm runs
-                it (``spanlm.models.dropout``: FastDropout for every dropout, attention "spanlm_sdpa" =
-                SDPA's math path with that dropout in training), the MLM head and the Span Boundary
+                it (``spanlm.models.dropout``: FastDropout for every dropout; self-attention in training
+                = ``spanlm.models.attention``'s one autograd function, SDPA's math with that dropout on
+                the probabilities), the MLM head and the Span Boundary
                 Objective head, both computed only at their target rows, decoders tied to the input
                 embedding and projected together, projection + cross-entropy fused
                 (``decoded_cross_entropies``). Optimiser ``spanlm.train.optim.build_optimizer`` (AdamW as
