@@ -147,3 +147,11 @@ def test_parameters_state_dict_and_copies_are_the_stock_ones():
     assert type(copy.deepcopy(model).encoder.layer[0].attention.self) is type(layer)
     assert type(pickle.loads(pickle.dumps(model)).encoder.layer[0].attention.self) is type(layer)
     assert use_fused_self_attention(stock) is stock and type(stock.encoder.layer[0].attention.self) is type(layer)
+
+
+def test_compiled_graphs_trace_the_module_forward_without_breaks():
+    layer = _model("bert").encoder.layer[0].attention.self
+    explanation = torch._dynamo.explain(layer)(torch.randn(2, 6, 32))
+    assert explanation.graph_break_count == 0
+    code = str(explanation.graphs[0].code)
+    assert "dropout" in code and "_SelfAttention" not in code  # inductor's own dropout, not the fused function
