@@ -106,9 +106,11 @@ class _TrainingForward:
         p = self.dropout.p
         if (self.training and past_key_values is None and not getattr(self, "is_causal", False)
                 and hidden_states.device.type == "cpu" and hidden_states.dtype in (torch.float32, torch.float64)
-                and hidden_states.dim() == 3 and (attention_mask is None or attention_mask.dtype == torch.bool)
+                and hidden_states.dim() == 3
+                and (attention_mask is None or (attention_mask.dtype == torch.bool and attention_mask.dim() == 4))
                 and fast_dropout_applies(p) and not torch.is_autocast_enabled("cpu")
-                and all(layer.bias is not None for layer in (self.query, self.key, self.value))):
+                and all(layer.bias is not None and layer.weight.dtype == hidden_states.dtype
+                        for layer in (self.query, self.key, self.value))):
             context = _SelfAttention.apply(hidden_states, attention_mask, self.num_attention_heads, self.scaling, p,
                                            self.query.weight, self.query.bias, self.key.weight, self.key.bias,
                                            self.value.weight, self.value.bias)
