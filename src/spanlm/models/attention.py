@@ -6,11 +6,11 @@ with its bias copied into the output first, splits every result into heads with 
 in another pass, and autograd mirrors all of it in the backward pass (three gradient products for the
 input and three for the weights, summed with two more passes, three bias reductions). Here:
 
-* the three projections are one product with the stacked (3H, H) weight, and one pass takes its output
-  to the head-major (3, B, heads, L, head_dim) layout the batched products need, adding the biases and
-  scaling the query on the way;
+* the three projections are one batched product (a head's slice of the stacked (3H, H) weight per
+  batch) that writes straight into the head-major (3, heads, B, L, head_dim) layout the attention
+  products need, biases included; the query's 1/√d is folded into its weight and bias;
 * softmax runs in place on the scores, and dropout's 1 / (1 − p) goes into the product with the values;
-* the backward pass writes the three heads' gradients back in one pass (the query's scale included) and
+* the backward pass takes the three heads' gradients back to the projections' layout in one pass and
   forms the input gradient, the three weight gradients and the three bias gradients with one product or
   one reduction each.
 
@@ -63,7 +63,8 @@ class _SelfAttention(torch.autograd.Function):
         # probabilities either way; read in (heads, B) order.
         keep, keep_scale = keep_mask((batch, heads, length, length), p, probabilities.dtype)
         dropped = torch.empty_like(probabilities)  # its 1 / (1 − p) goes into the next product
-        torch.mul(probabilities.view(heads, batch, length, length), keep.transpose(0, 1), out=dropped.view(heads, batch, length, length))
+        by_head = (heads, batch, length, length)
+        torch.mul(probabilities.view(by_head), keep.transpose(0, 1), out=dropped.view(by_head))
         zero = hidden.new_zeros(())  # baddbmm's input, ignored at beta = 0
         context = torch.baddbmm(zero, dropped, value, beta=0.0, alpha=keep_scale)  # (heads·B, L, d)
         ctx.save_for_backward(rows, weight, qkv, probabilities, keep, dropped)
@@ -76,7 +77,8 @@ class _SelfAttention(torch.autograd.Function):
         rows, weight, qkv, probabilities, keep, dropped = ctx.saved_tensors
         batch, length, width, heads, head_dim = ctx.sizes
         query, key, value = qkv.view(3, heads * batch, length, head_dim)
-        grad_context = grad_output.reshape(batch, length, heads, head_dim).permute(2, 0, 1, 3).reshape(heads * batch, length, head_dim)
+        grad_context = (grad_output.reshape(batch, length, heads, head_dim).permute(2, 0, 1, 3)
+                        .reshape(heads * batch, length, head_dim))  # (heads·B, L, d)
         grad_qkv = torch.empty(3, heads * batch, length, head_dim, dtype=grad_output.dtype)
         zero = grad_output.new_zeros(())  # baddbmm's input, ignored at beta = 0
         torch.baddbmm(zero, dropped.transpose(1, 2), grad_context, beta=0.0, alpha=ctx.keep_scale, out=grad_qkv[2])
