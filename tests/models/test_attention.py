@@ -155,3 +155,16 @@ def test_compiled_graphs_trace_the_module_forward_without_breaks():
     assert explanation.graph_break_count == 0
     code = str(explanation.graphs[0].code)
     assert "dropout" in code and "_SelfAttention" not in code  # inductor's own dropout, not the fused function
+
+
+def test_heads_narrower_than_the_hidden_size_run_the_module_forward(calls):
+    from transformers import AutoConfig, AutoModel
+
+    # ELECTRA allows hidden 30 with 4 heads (of 7) when it has an embedding_size: the projections are 28 wide.
+    config = AutoConfig.for_model("electra", vocab_size=60, embedding_size=16, hidden_size=30, num_hidden_layers=1,
+                                  num_attention_heads=4, intermediate_size=64, max_position_embeddings=40)
+    model = use_fast_dropout(AutoModel.from_config(config, attn_implementation="sdpa")).train()
+    layer = model.encoder.layer[0].attention.self
+    assert type(layer) in STOCK and layer.all_head_size == 28
+    assert layer(torch.randn(2, 6, 30))[0].shape == (2, 6, 28)
+    assert calls["n"] == 0

@@ -108,7 +108,7 @@ class _TrainingForward:
         p = self.dropout.p
         if (self.training and past_key_values is None and not getattr(self, "is_causal", False)
                 and hidden_states.device.type == "cpu" and hidden_states.dtype in (torch.float32, torch.float64)
-                and hidden_states.dim() == 3
+                and hidden_states.dim() == 3 and self.all_head_size == hidden_states.shape[-1]
                 and (attention_mask is None or (attention_mask.dtype == torch.bool and attention_mask.dim() == 4))
                 and fast_dropout_applies(p) and not torch.is_autocast_enabled("cpu")
                 and all(layer.bias is not None and layer.weight.dtype == hidden_states.dtype
