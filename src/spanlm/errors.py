@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 UTF8_BOM = b"\xef\xbb\xbf"  # dropped where a file starts with it, as the "utf-8-sig" codec does
@@ -36,17 +37,26 @@ def read_text(path) -> str:
         raise InputError(f"{path}:{line}: not UTF-8 text ({error.reason} at byte {start})") from None
 
 
-def numbered_lines(path) -> Iterator[tuple[int, str | UnicodeDecodeError]]:
-    """(line number from 1, the line decoded as UTF-8 without its line break) for every line of ``path``.
+def numbered_lines(source) -> Iterator[tuple[int, str | UnicodeDecodeError]]:
+    """(line number from 1, the line decoded as UTF-8 without its line break) for every line of ``source``,
+    a path or a binary file already open (a .gz stream).
 
     Lines end at "\n" only (a U+2028 or form feed inside a line is text, unlike ``str.splitlines``); a
     leading BOM is dropped; a line that is not UTF-8 comes as its ``UnicodeDecodeError``, for the caller
-    to report with the line number or to skip.
+    to report with the line number (:func:`undecodable`) or to skip.
     """
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, 1):
-            bom = len(UTF8_BOM) if number == 1 and raw.startswith(UTF8_BOM) else 0
-            try:
-                yield number, raw[bom:].decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as error:  # positions in the line as it is in the file
-                yield number, UnicodeDecodeError("utf-8", raw, error.start + bom, error.end + bom, error.reason)
+    if isinstance(source, (str, os.PathLike)):
+        with open(source, "rb") as handle:
+            yield from numbered_lines(handle)
+        return
+    for number, raw in enumerate(source, 1):
+        bom = len(UTF8_BOM) if number == 1 and raw.startswith(UTF8_BOM) else 0
+        try:
+            yield number, raw[bom:].decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as error:  # positions in the line as it is in the file
+            yield number, UnicodeDecodeError("utf-8", raw, error.start + bom, error.end + bom, error.reason)
+
+
+def undecodable(error: UnicodeDecodeError) -> str:
+    """What is wrong with a line :func:`numbered_lines` could not decode (for a message naming file and line)."""
+    return f"invalid UTF-8 at byte {error.start} of the line"

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
-from spanlm.errors import InputError
+from spanlm.errors import InputError, numbered_lines, undecodable
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
 
@@ -161,12 +161,11 @@ class CorpusReader:
     def _decoded_lines(self, path: Path) -> Iterator[tuple[int, str]]:
         with _open_binary(path) as handle:
             try:
-                for lineno, raw in enumerate(handle, 1):
-                    try:
-                        # utf-8-sig on the first line drops a byte-order mark (common in Gutenberg files).
-                        yield lineno, raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
-                    except UnicodeDecodeError as error:
-                        self._bad(path, lineno, f"invalid UTF-8 at byte {error.start} of the line")
+                for lineno, line in numbered_lines(handle):  # a byte-order mark (common in Gutenberg files) dropped
+                    if isinstance(line, UnicodeDecodeError):
+                        self._bad(path, lineno, undecodable(line))
+                    else:
+                        yield lineno, line
             except (OSError, EOFError) as error:  # e.g. a truncated .gz file
                 raise InputError(f"{path}: cannot read: {error}") from None
 

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
-from spanlm.errors import InputError, numbered_lines
+from spanlm.errors import InputError, numbered_lines, undecodable
 
 Format = Literal["cluener", "conll", "jsonl", "nested_jsonl"]
 FORMATS: tuple[str, ...] = ("cluener", "conll", "jsonl", "nested_jsonl")
@@ -162,7 +162,7 @@ def _check(document: NerDocument, labels: set[str] | None) -> None:
 def _lines(path: Path) -> Iterator[tuple[int, str | _BadRecord]]:
     """(line number, decoded line without its newline); undecodable lines come as a _BadRecord."""
     for lineno, line in numbered_lines(path):
-        yield lineno, _BadRecord(f"invalid UTF-8 at byte {line.start} of the line") if isinstance(line, UnicodeDecodeError) else line
+        yield lineno, _BadRecord(undecodable(line)) if isinstance(line, UnicodeDecodeError) else line
 
 
 def _json_records(path: Path) -> Iterator[tuple[int, int, dict | _BadRecord]]:

@@ -21,7 +21,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from spanlm.errors import InputError, numbered_lines, read_text
+from spanlm.errors import InputError, numbered_lines, read_text, undecodable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,7 +195,7 @@ def read_questions_jsonl(path: str | Path) -> list[QAExample]:
     examples = []
     for number, line in numbered_lines(path):
         if isinstance(line, UnicodeDecodeError):
-            raise InputError(f"{path}:{number}: invalid UTF-8 at byte {line.start} of the line")
+            raise InputError(f"{path}:{number}: {undecodable(line)}")
         if not line.strip():
             continue
         try:
