@@ -75,6 +75,30 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimi
     return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, fused=fused)
 
 
+# Gradients at least this large get their norm as the norm of their rows' norms (see total_norm).
+_ROW_WISE_NUMEL = 1 << 20
+
+
+def total_norm(gradients: list[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm of all ``gradients`` together, as ``torch.nn.utils.get_total_norm`` defines it.
+
+    Why not ``get_total_norm`` itself for large matrices: ATen's float32 norm kernel adds its squares
+    into float32 partial sums serially (``torch.sum`` sums in a cascade; the norm does not), so on the
+    (V, E) embedding gradient (7.8M elements at 30k × 256) it is off by ~2·10⁻⁴ relative to a float64
+    reference, and it takes ~1.4 ms there on 2 cores. The norm of the rows' norms is the same quantity,
+    ~10⁻⁷ from that reference and ~1.3× faster (a short reduction per row, then one over V values).
+    Smaller gradients and FSDP2's sharded DTensors keep ``get_total_norm``.
+    """
+    large = [g for g in gradients if g.dim() >= 2 and g.numel() >= _ROW_WISE_NUMEL and type(g) is torch.Tensor]
+    if not large:
+        return torch.nn.utils.get_total_norm(gradients)
+    rest = [g for g in gradients if all(g is not big for big in large)]
+    norms = [torch.linalg.vector_norm(torch.linalg.vector_norm(g, dim=-1)) for g in large]
+    if rest:
+        norms.append(torch.nn.utils.get_total_norm(rest))
+    return torch.linalg.vector_norm(torch.stack(norms))
+
+
 def clip_gradients(optimizer: torch.optim.Optimizer, parameters, max_norm: float) -> torch.Tensor:
     """The total gradient norm; the gradients are scaled to ``max_norm`` when above it (``max_norm`` ≤ 0
     or inf: no clipping), as ``torch.nn.utils.clip_grad_norm_`` scales them.
@@ -87,7 +111,7 @@ def clip_gradients(optimizer: torch.optim.Optimizer, parameters, max_norm: float
     before its step.
     """
     parameters = [p for p in parameters if p.grad is not None]
-    total = torch.nn.utils.get_total_norm([p.grad for p in parameters])  # a DTensor under FSDP2
+    total = total_norm([p.grad for p in parameters])
     optimizer.grad_scale = None
     if 0 < max_norm < math.inf:
         if isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults.get("fused"):
