@@ -2,7 +2,7 @@
 
 What is compared (the same input, p = 0.1, training mode, forward then backward of a fixed upstream
 gradient; the input's gradient is produced in both cases)
-    spanlm      ``spanlm.models.dropout.fast_dropout``: four 16-bit keep decisions per 64-bit PCG64 random
+    spanlm      ``spanlm.models.dropout.fast_dropout``: four 16-bit keep decisions per 64-bit SplitMix64 random
                 word, P(drop) = round(p·2¹⁶)/2¹⁶, kept elements scaled by 1/(1 − P(drop)).
     peer        ``torch.nn.functional.dropout`` (one Bernoulli draw per element), what ``nn.Dropout``
                 and transformers' SDPA math path run.
