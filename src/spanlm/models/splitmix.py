@@ -22,7 +22,9 @@ _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 
 
-@numba.njit(nogil=True, cache=True)
+# Compiled at the first call of a process (~0.5 s). Not cached on disk: numba's cache raises where neither
+# the package directory nor a user cache directory is writable (read-only installs, containers).
+@numba.njit(nogil=True)
 def _fill(words: np.ndarray, seed: np.uint64) -> None:
     for j in range(words.size):
         z = seed + np.uint64(j + 1) * GAMMA
