@@ -17,7 +17,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 
@@ -27,7 +27,7 @@ _MIX2 = np.uint64(0x94D049BB133111EB)
 @numba.njit(nogil=True)
 def _fill(words: np.ndarray, seed: np.uint64) -> None:
     for j in range(words.size):
-        z = seed + np.uint64(j + 1) * GAMMA
+        z = seed + np.uint64(j + 1) * _GAMMA
         z = (z ^ (z >> np.uint64(30))) * _MIX1
         z = (z ^ (z >> np.uint64(27))) * _MIX2
         words[j] = z ^ (z >> np.uint64(31))
