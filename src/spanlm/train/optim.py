@@ -89,10 +89,11 @@ def total_norm(gradients: list[torch.Tensor]) -> torch.Tensor:
     ~10⁻⁷ from that reference and ~1.3× faster (a short reduction per row, then one over V values).
     Smaller gradients and FSDP2's sharded DTensors keep ``get_total_norm``.
     """
-    large = [g for g in gradients if g.dim() >= 2 and g.numel() >= _ROW_WISE_NUMEL and type(g) is torch.Tensor]
+    large, rest = [], []
+    for g in gradients:
+        (large if g.dim() >= 2 and g.numel() >= _ROW_WISE_NUMEL and type(g) is torch.Tensor else rest).append(g)
     if not large:
         return torch.nn.utils.get_total_norm(gradients)
-    rest = [g for g in gradients if all(g is not big for big in large)]
     norms = [torch.linalg.vector_norm(torch.linalg.vector_norm(g, dim=-1)) for g in large]
     if rest:
         norms.append(torch.nn.utils.get_total_norm(rest))
