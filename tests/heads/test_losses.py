@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from spanlm import native
 from spanlm.heads import (
     IGNORE_INDEX,
     DecodedTarget,
@@ -107,6 +108,16 @@ def test_cross_entropy_is_float32_under_bf16_autocast():
     assert torch.isfinite(weight.grad).all()
 
 
+@pytest.fixture(params=["native", "pytorch"])
+def cross_entropy_path(request, monkeypatch):
+    """Both ways the decoded cross-entropy runs: spanlm.native's compiled kernel, and the PyTorch passes."""
+    if request.param == "pytorch":
+        monkeypatch.setattr(native, "kernels", lambda: None)
+    elif native.kernels() is None:
+        pytest.skip("spanlm's native kernels cannot be built on this machine")
+    return request.param
+
+
 def _decoder_case(n_rows: int, ignored: int = 0, seed: int = 0):
     generator = torch.Generator().manual_seed(seed)
     embedding = torch.nn.Embedding(50, 8)
@@ -120,7 +131,7 @@ def _decoder_case(n_rows: int, ignored: int = 0, seed: int = 0):
 
 
 @pytest.mark.parametrize("n_rows, ignored", [(12, 0), (12, 3), (0, 0)])
-def test_decoded_cross_entropy_equals_logits_then_cross_entropy(n_rows, ignored):
+def test_decoded_cross_entropy_equals_logits_then_cross_entropy(n_rows, ignored, cross_entropy_path):
     results = []
     for fused in (False, True):
         embedding, decoder, features, labels = _decoder_case(n_rows, ignored)
@@ -164,7 +175,7 @@ def _reference_gradients(n_rows=12):
     return features.grad, embedding.weight.grad, decoder.bias.grad
 
 
-def test_decoded_cross_entropy_reuses_its_workspace_across_steps():
+def test_decoded_cross_entropy_reuses_its_workspace_across_steps(cross_entropy_path):
     embedding, decoder, features, labels = _decoder_case(12)
     pointers = []
     for _ in range(3):
@@ -188,7 +199,7 @@ def test_decoded_cross_entropy_two_forwards_before_backward_are_both_right():
         torch.testing.assert_close(got, 2 * expected, atol=1e-6, rtol=1e-5)
 
 
-def test_a_retained_graph_gives_the_same_gradients_twice():
+def test_a_retained_graph_gives_the_same_gradients_twice(cross_entropy_path):
     embedding, decoder, features, labels = _decoder_case(12)
     loss = decoded_cross_entropy(features, decoder, labels)
     loss.total.backward(retain_graph=True)  # hands over the gradients formed in the forward pass
@@ -219,7 +230,7 @@ def _two_heads_case(ignored: int = 0):
 ])
 @pytest.mark.parametrize("ignored", [0, 3])
 @pytest.mark.parametrize("block_rows", [32, 5])  # one block per part; several, the last one short
-def test_tied_decoders_decoded_together_equal_each_decoded_alone(announced, upstream, ignored, block_rows, monkeypatch):
+def test_tied_decoders_decoded_together_equal_each_decoded_alone(announced, upstream, ignored, block_rows, monkeypatch, cross_entropy_path):
     from spanlm.heads import losses
 
     monkeypatch.setattr(losses, "ROWS_PER_BLOCK", block_rows)

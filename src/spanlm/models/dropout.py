@@ -39,6 +39,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from spanlm import native
+
 ATTENTION_NAME = "spanlm_sdpa"
 _LEVELS = 1 << 16  # keep decisions are made on 16-bit words
 
@@ -55,9 +57,8 @@ def fast_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         return F.dropout(x, p, training)
     if dropped_levels == 0:  # p < 2⁻¹⁷: nothing would ever be dropped
         return x
-    keep, scale = keep_mask(x.shape, p, x.dtype)
     # A float multiplier (not a bool mask) keeps the whole thing one plain autograd multiply.
-    return x * keep.mul_(scale)
+    return x * _multiplier(x.shape, dropped_levels, x.dtype, _LEVELS / (_LEVELS - dropped_levels))
 
 
 def fast_dropout_applies(p: float) -> bool:
@@ -69,17 +70,29 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dtype 
     """A 0 (drop) / 1 (keep) tensor of ``shape`` with P(drop) = round(p·2¹⁶)/2¹⁶, and the scale 1 / (1 − P(drop))
     that inverted dropout multiplies the kept elements by (requires :func:`fast_dropout_applies`)."""
     dropped_levels = round(p * _LEVELS)
+    return _multiplier(shape, dropped_levels, dtype, 1.0), _LEVELS / (_LEVELS - dropped_levels)
+
+
+def _multiplier(shape: torch.Size | tuple[int, ...], dropped_levels: int, dtype: torch.dtype, kept: float) -> Tensor:
+    """A tensor of ``shape``: 0 where dropped, ``kept`` elsewhere; the lowest ``dropped_levels`` of the 2¹⁶ values
+    of each element's 16-bit quarter of a random word drop (four quarters per word, :func:`_stream_key`'s stream)."""
     n = math.prod(shape)
-    quarters = torch.from_numpy(_random_words((n + 3) // 4).view(np.int16)[:n]).view(shape)  # 4 per word
-    threshold = dropped_levels - _LEVELS // 2  # the lowest `dropped_levels` of the 2¹⁶ values drop
+    key = _stream_key()
+    threshold = dropped_levels - _LEVELS // 2  # on the quarters read as signed int16
+    kernels = native.kernels() if dtype == torch.float32 else None
+    if kernels is not None:  # the same decisions in one compiled pass (spanlm.native)
+        return kernels.dropout_multiplier(n, key, threshold, kept).view(shape)
+    from spanlm.models.splitmix import splitmix64  # numba: imported at the first draw, not with spanlm
+
+    quarters = torch.from_numpy(splitmix64(key, (n + 3) // 4).view(np.int16)[:n]).view(shape)  # 4 per word
     # Clamping to {threshold − 1, threshold} and shifting gives 0 (drop) / 1 (keep) in int16 arithmetic,
     # which ATen vectorises ~5× better than a boolean comparison followed by a where (bench/dropout.py).
-    keep = quarters.clamp(threshold - 1, threshold).sub_(threshold - 1)
-    return keep.to(dtype), _LEVELS / (_LEVELS - dropped_levels)
+    keep = quarters.clamp(threshold - 1, threshold).sub_(threshold - 1).to(dtype)
+    return keep.mul_(kept) if kept != 1.0 else keep
 
 
-def _random_words(count: int) -> np.ndarray:
-    """``count`` uniform 64-bit words from a SplitMix64 stream keyed by one draw of torch's default generator.
+def _stream_key() -> int:
+    """The key of one call's SplitMix64 stream of uniform 64-bit words: one draw of torch's default generator.
 
     Why not ``torch.Tensor.random_``: CPU torch draws from a serial Mersenne Twister at ~5 ns per 64-bit
     word, NumPy's PCG64 ``random_raw`` at 2.5–4.7 ns; the compiled SplitMix64 loop takes ~0.65 ns
@@ -92,10 +105,7 @@ def _random_words(count: int) -> np.ndarray:
     c̄ words: ~0.02 over a million calls at seq 128, ~0.17 at seq 512), which puts the same bits into
     unrelated positions of unrelated masks: harmless here.)
     """
-    from spanlm.models.splitmix import splitmix64  # numba: imported at the first draw, not with spanlm
-
-    key = int(torch.empty((), dtype=torch.int64).random_())  # uniform in [0, 2⁶³)
-    return splitmix64(key, count)
+    return int(torch.empty((), dtype=torch.int64).random_())  # uniform in [0, 2⁶³)
 
 
 class FastDropout(nn.Dropout):

@@ -1,0 +1,106 @@
+"""spanlm's compiled CPU kernels, built on first use with PyTorch's C++ extension tooling; optional.
+
+Why: eager PyTorch runs every element-wise step as its own pass over memory. Where a hot loop makes
+several passes over a tensor far larger than the cache — the cross-entropy over a 30k vocabulary makes
+seven over its (N, V) logits, ~73 MB per SpanBERT step at batch 16 × 128 — one compiled pass per row
+keeps each row in cache from its first step to its last; dropout's keep multipliers come out of one pass
+that draws the random words and compares them, instead of five. The kernels (``kernels.cpp``) use
+ATen's own vector types (the same Sleef ``exp`` as ``torch.exp``) and PyTorch's own OpenMP threads, so
+they neither change the arithmetic beyond float rounding (dropout's decisions not at all) nor compete
+with PyTorch for the cores. Together they make the SpanBERT step of bench/train_step.py 3–4% faster.
+
+The extension is compiled once per machine and instruction set (~30 s on 2 cores; cached by
+``torch.utils.cpp_extension`` under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``)
+for the CPU capability PyTorch itself dispatches to (AVX-512, AVX2 or portable code), with the flags
+PyTorch builds its own kernels of that capability with, so a cached build runs on every CPU of that
+capability. Where it cannot be built (no C++ compiler or OpenMP, an unwritable cache directory) spanlm
+warns once and runs the PyTorch path, which gives the same results up to float rounding.
+``SPANLM_NATIVE=0`` switches the kernels off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import shutil
+import sys
+import time
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+SOURCE = Path(__file__).with_name("kernels.cpp")
+
+# The flags ATen compiles its own kernels of each capability with (cmake/Codegen.cmake).
+_CAPABILITY_FLAGS = {
+    "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"],
+    "AVX2": ["-mavx2", "-mfma"],
+}
+
+
+def enabled() -> bool:
+    return os.environ.get("SPANLM_NATIVE", "1") != "0"
+
+
+@functools.cache
+def kernels() -> ModuleType | None:
+    """The compiled kernels, or None (switched off, or not buildable here: warns once with the reason)."""
+    if not enabled():
+        return None
+    try:
+        import torch
+        from torch.utils import cpp_extension
+
+        capability = torch.backends.cpu.get_cpu_capability()
+        name = "spanlm_native_" + re.sub(r"\W", "_", capability.lower())
+        if not _built(cpp_extension, name):
+            print(f"spanlm: building the native CPU kernels ({capability}; once per machine, ~30 s)", file=sys.stderr)
+        started = time.perf_counter()
+        with _ninja_on_path():
+            module = cpp_extension.load(name=name, sources=[str(SOURCE)], verbose=False,
+                                        extra_cflags=["-O3", "-fopenmp", *_CAPABILITY_FLAGS.get(capability, [])])
+    except Exception as error:  # noqa: BLE001 — any build failure means: use the PyTorch path
+        warnings.warn(f"spanlm: the native CPU kernels could not be built ({_reason(error)}); using the PyTorch "
+                      "path (same results up to float rounding, slower). SPANLM_NATIVE=0 skips the attempt.",
+                      RuntimeWarning, stacklevel=2)
+        return None
+    if (elapsed := time.perf_counter() - started) > 2.0:
+        print(f"spanlm: built the native CPU kernels in {elapsed:.0f} s; cached for later runs", file=sys.stderr)
+    return module
+
+
+def _built(cpp_extension: ModuleType, name: str) -> bool:
+    """Whether a build of ``name`` newer than the source is in PyTorch's extension cache (False when unsure)."""
+    try:
+        library = Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so"
+        return library.stat().st_mtime >= SOURCE.stat().st_mtime
+    except (AttributeError, OSError, RuntimeError):
+        return False
+
+
+@contextlib.contextmanager
+def _ninja_on_path():
+    """PyTorch's extension builder runs ``ninja`` from PATH; the ``ninja`` package's binary is not there
+    when a virtual environment's Python runs without the environment activated."""
+    original = os.environ.get("PATH")
+    if shutil.which("ninja") is None:
+        with contextlib.suppress(ImportError):
+            import ninja
+
+            os.environ["PATH"] = os.pathsep.join(filter(None, [ninja.BIN_DIR, original]))
+    try:
+        yield
+    finally:
+        if original is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = original
+
+
+def _reason(error: Exception) -> str:
+    """The line of a build failure that says what went wrong (a compiler's first error), else its last line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower() and not line.startswith("Error building extension")]
+    return f"{type(error).__name__}: {errors[0] if errors else (lines[-1] if lines else '')}"

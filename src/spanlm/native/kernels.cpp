@@ -1,0 +1,199 @@
+// spanlm's compiled CPU kernels (built on first use by spanlm/native/__init__.py).
+//
+// The instruction set is chosen by the flags the loader passes (those ATen builds its own kernels of
+// that capability with), so that at::vec::Vectorized<float> — and its exp, the Sleef routine torch.exp
+// uses — is the 512- or 256-bit one, and the work runs on PyTorch's own OpenMP threads (at::parallel_for).
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
+#define CPU_CAPABILITY AVX512
+#define CPU_CAPABILITY_AVX512
+#elif defined(__AVX2__) && defined(__FMA__)
+#define CPU_CAPABILITY AVX2
+#define CPU_CAPABILITY_AVX2
+#else
+#define CPU_CAPABILITY DEFAULT
+#endif
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kChunk = 64 * Vec::size();  // elements summed into a fresh partial sum before it joins the total
+
+// max over v of x[v] + b[v] (NaN if any is NaN, as torch.amax)
+float shifted_max(const float* x, const float* b, int64_t V) {
+  Vec peak(-std::numeric_limits<float>::infinity());
+  int64_t v = 0;
+  for (; v + Vec::size() <= V; v += Vec::size()) peak = at::vec::maximum(peak, Vec::loadu(x + v) + Vec::loadu(b + v));
+  float m = at::vec::vec_reduce_all<float>([](Vec& p, Vec& q) { return at::vec::maximum(p, q); }, peak);
+  for (; v < V; ++v) {
+    const float t = x[v] + b[v];
+    m = (std::isnan(t) || t > m) ? t : m;
+  }
+  return m;
+}
+
+// x[v] <- exp(x[v] + b[v] - m); returns their sum, added in chunks (each lane adds ~64 terms at a time,
+// not V / lanes: the error of a float32 sum grows with the length of its serial chains)
+float exp_in_place(float* x, const float* b, float m, int64_t V) {
+  const Vec shift(m);
+  Vec total(0.0f);
+  int64_t v = 0;
+  while (v + Vec::size() <= V) {
+    Vec partial(0.0f);
+    const int64_t stop = std::min(V - Vec::size() + 1, v + kChunk);
+    for (; v < stop; v += Vec::size()) {
+      const Vec e = ((Vec::loadu(x + v) + Vec::loadu(b + v)) - shift).exp();
+      e.store(x + v);
+      partial = partial + e;
+    }
+    total = total + partial;
+  }
+  float sum = at::vec::vec_reduce_all<float>([](Vec& p, Vec& q) { return p + q; }, total);
+  for (; v < V; ++v) {
+    x[v] = std::exp((x[v] + b[v]) - m);
+    sum += x[v];
+  }
+  return sum;
+}
+
+// x[v] <- x[v] * scale, also added into acc[v]
+void scale_and_accumulate(float* x, float scale, float* acc, int64_t V) {
+  const Vec factor(scale);
+  int64_t v = 0;
+  for (; v + Vec::size() <= V; v += Vec::size()) {
+    const Vec g = Vec::loadu(x + v) * factor;
+    g.store(x + v);
+    (Vec::loadu(acc + v) + g).store(acc + v);
+  }
+  for (; v < V; ++v) {
+    x[v] *= scale;
+    acc[v] += x[v];
+  }
+}
+
+}  // namespace
+
+// Cross-entropy of rows [start, end) of ``logits`` (N, V) + ``bias`` (V,) against ``labels`` (N,), in
+// place: the same arithmetic as the block passes of spanlm.heads.losses._decode, one row at a time, so
+// that a row (V floats) stays in cache from its first pass to its last:
+//   m = max(x + b); x <- exp(x + b − m); Z = Σ x; loss = (log Z − (x_y + b_y − m)) · ok; hit = ok ∧ x_y + b_y ≥ m;
+//   with ``bias_grad``: x <- x / Z − onehot(y) (0 for rows that are not targets), and bias_grad += Σ_rows x.
+// Each thread adds its rows' gradients into its own (V,) sum; the sums join in thread order (deterministic
+// for a given thread count).
+void softmax_cross_entropy_rows(at::Tensor logits, const at::Tensor& bias, const at::Tensor& labels,
+                                const at::Tensor& valid, at::Tensor losses, at::Tensor hits,
+                                std::optional<at::Tensor> bias_grad, int64_t start, int64_t end) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous(), "logits: contiguous float32 (N, V)");
+  const int64_t N = logits.size(0), V = logits.size(1);
+  TORCH_CHECK(bias.scalar_type() == at::kFloat && bias.is_contiguous() && bias.numel() == V, "bias: contiguous float32 (V,)");
+  TORCH_CHECK(labels.scalar_type() == at::kLong && labels.is_contiguous() && labels.numel() == N, "labels: contiguous int64 (N,)");
+  TORCH_CHECK(valid.scalar_type() == at::kBool && valid.is_contiguous() && valid.numel() == N, "valid: contiguous bool (N,)");
+  TORCH_CHECK(losses.scalar_type() == at::kFloat && losses.is_contiguous() && losses.numel() == N, "losses: contiguous float32 (N,)");
+  TORCH_CHECK(hits.scalar_type() == at::kBool && hits.is_contiguous() && hits.numel() == N, "hits: contiguous bool (N,)");
+  TORCH_CHECK(0 <= start && start <= end && end <= N, "rows out of range");
+  const bool gradient = bias_grad.has_value();
+  if (gradient) {
+    TORCH_CHECK(bias_grad->scalar_type() == at::kFloat && bias_grad->is_contiguous() && bias_grad->numel() == V,
+                "bias_grad: contiguous float32 (V,)");
+  }
+  float* rows = logits.data_ptr<float>();
+  const float* b = bias.data_ptr<float>();
+  const int64_t* y = labels.data_ptr<int64_t>();
+  const bool* ok = valid.data_ptr<bool>();
+  float* loss = losses.data_ptr<float>();
+  bool* hit = hits.data_ptr<bool>();
+  for (int64_t r = start; r < end; ++r) TORCH_CHECK(0 <= y[r] && y[r] < V, "label ", y[r], " out of range [0, ", V, ")");
+
+  const int threads = at::get_num_threads();
+  std::vector<float> sums(gradient ? static_cast<size_t>(threads) * V : 0, 0.0f);
+  std::vector<char> used(threads, 0);
+  at::parallel_for(start, end, 1, [&](int64_t first, int64_t last) {
+    const int thread = at::get_thread_num();
+    float* sum = gradient ? sums.data() + static_cast<size_t>(thread) * V : nullptr;
+    used[thread] = 1;
+    for (int64_t r = first; r < last; ++r) {
+      float* x = rows + r * V;
+      const int64_t label = y[r];
+      const float m = shifted_max(x, b, V);
+      const float label_logit = x[label] + b[label];
+      const float partition = exp_in_place(x, b, m, V);
+      loss[r] = ok[r] ? std::log(partition) - (label_logit - m) : 0.0f;
+      hit[r] = ok[r] && label_logit >= m;
+      if (!gradient) continue;
+      if (!ok[r]) {
+        std::fill(x, x + V, 0.0f);
+        continue;
+      }
+      scale_and_accumulate(x, 1.0f / partition, sum, V);
+      x[label] -= 1.0f;
+      sum[label] -= 1.0f;
+    }
+  });
+  if (gradient) {
+    float* out = bias_grad->data_ptr<float>();
+    for (int t = 0; t < threads; ++t) {
+      if (!used[t]) continue;
+      const float* sum = sums.data() + static_cast<size_t>(t) * V;
+      int64_t v = 0;
+      for (; v + Vec::size() <= V; v += Vec::size()) (Vec::loadu(out + v) + Vec::loadu(sum + v)).store(out + v);
+      for (; v < V; ++v) out[v] += sum[v];
+    }
+  }
+}
+
+// SplitMix64 (see spanlm/models/splitmix.py): output j of the stream keyed by ``key``
+inline uint64_t splitmix64(uint64_t key, uint64_t j) {
+  uint64_t z = key + (j + 1) * 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// A float32 tensor of ``numel`` elements, ``kept`` where the element is kept and 0 where dropped: element i
+// reads the i-th 16-bit quarter of the SplitMix64 words from ``key`` (four per word, low quarter first,
+// as NumPy's int16 view of the words on a little-endian machine) and is kept when that signed quarter
+// is ≥ ``threshold``. The same decisions as spanlm.models.dropout's NumPy path, in one pass over the output.
+at::Tensor dropout_multiplier(int64_t numel, uint64_t key, int64_t threshold, double kept) {
+  TORCH_CHECK(numel >= 0 && -32768 <= threshold && threshold <= 32767, "dropout_multiplier: bad arguments");
+  at::Tensor out = at::empty({numel}, at::kFloat);
+  float* o = out.data_ptr<float>();
+  const float value = static_cast<float>(kept);
+  const int16_t level = static_cast<int16_t>(threshold);
+  constexpr int64_t kWords = 256;  // drawn into a buffer on the stack, then turned into 4 × kWords outputs
+  const int64_t words = (numel + 3) / 4;
+  at::parallel_for(0, words, 16 * kWords, [=](int64_t first, int64_t last) {
+    // Local copies: the compiler must assume that stores through ``o`` may change whatever the closure
+    // holds, which keeps these loops from vectorising.
+    float* const out = o;
+    const float keep = value;
+    const int16_t drop_below = level;
+    const uint64_t stream = key;
+    uint64_t buffer[kWords];
+    for (int64_t w = first; w < last; w += kWords) {
+      const int64_t count = std::min(kWords, last - w);
+      for (int64_t t = 0; t < count; ++t) buffer[t] = splitmix64(stream, static_cast<uint64_t>(w + t));
+      int16_t quarters[4 * kWords];
+      std::memcpy(quarters, buffer, count * sizeof(uint64_t));  // little-endian: word t's quarters are 4t .. 4t + 3
+      const int64_t base = 4 * w, outputs = std::min(4 * count, numel - base);
+      for (int64_t t = 0; t < outputs; ++t) out[base + t] = quarters[t] >= drop_below ? keep : 0.0f;
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("dropout_multiplier", &dropout_multiplier, "dropout keep multipliers from SplitMix64 words (see kernels.cpp)");
+  m.def("softmax_cross_entropy_rows", &softmax_cross_entropy_rows,
+        "cross-entropy of logit rows [start, end) in place (see kernels.cpp)");
+}

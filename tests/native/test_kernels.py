@@ -1,0 +1,149 @@
+"""spanlm.native: the compiled kernels give the PyTorch path's results (dropout bit for bit, the
+cross-entropy to float rounding), and spanlm falls back to that path where they cannot be built."""
+
+import collections
+import warnings
+
+import pytest
+import torch
+
+from spanlm import native
+from spanlm.heads import TiedDecoder, decoded_cross_entropy
+from spanlm.heads.losses import IGNORE_INDEX
+from spanlm.models import dropout
+
+
+@pytest.fixture
+def kernels():
+    module = native.kernels()
+    if module is None:
+        pytest.skip("spanlm's native kernels cannot be built on this machine")
+    return module
+
+
+class _Counting:
+    """The kernels module, counting the calls of each kernel."""
+
+    def __init__(self, module):
+        self.module, self.calls = module, collections.Counter()
+
+    def __getattr__(self, name):
+        def call(*args):
+            self.calls[name] += 1
+            return getattr(self.module, name)(*args)
+
+        return call
+
+
+def _both_paths(compute, monkeypatch, kernel: str):
+    """``compute()`` with the compiled kernels (which must call ``kernel``) and without, from the same seed."""
+    counting = _Counting(native.kernels())
+    with monkeypatch.context() as patch:
+        patch.setattr(native, "kernels", lambda: counting)
+        torch.manual_seed(0)
+        compiled = compute()
+        patch.setattr(native, "kernels", lambda: None)
+        torch.manual_seed(0)
+        reference = compute()
+    assert counting.calls[kernel] > 0
+    return compiled, reference
+
+
+@pytest.mark.parametrize("numel", [0, 1, 3, 4, 5, 4 * 256 + 1, 300_001])
+@pytest.mark.parametrize("p", [2**-16, 0.1, 0.5, 1 - 2**-16])
+def test_dropout_decisions_are_the_numpy_paths_bit_for_bit(kernels, monkeypatch, numel, p):
+    levels = round(p * 65536)
+    for kept in (1.0, 65536 / (65536 - levels)):
+        compiled, reference = _both_paths(lambda: dropout._multiplier((numel,), levels, torch.float32, kept), monkeypatch,
+                                          "dropout_multiplier")
+        assert compiled.dtype == reference.dtype == torch.float32
+        assert torch.equal(compiled, reference)
+    x = torch.randn(7, 11, 13)
+    compiled, reference = _both_paths(lambda: dropout.fast_dropout(x, p), monkeypatch, "dropout_multiplier")
+    assert torch.equal(compiled, reference)
+
+
+def _logits_case(rows=37, vocab=1003, ignored=5, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    embedding = torch.nn.Embedding(vocab, 16)
+    torch.nn.init.normal_(embedding.weight, std=2.0, generator=generator)
+    decoder = TiedDecoder(embedding)
+    torch.nn.init.normal_(decoder.bias, generator=generator)
+    features = torch.randn(rows, 16, generator=generator, requires_grad=True)
+    labels = torch.randint(0, vocab, (rows,), generator=generator)
+    labels[torch.randperm(rows, generator=generator)[:ignored]] = IGNORE_INDEX
+    return embedding, decoder, features, labels
+
+
+@pytest.mark.parametrize("vocab", [1003, 16 * 64 * 3 + 7, 50])  # tails after the vector loop and the sum's chunks
+def test_cross_entropy_rows_give_the_block_passes_results(kernels, monkeypatch, vocab):
+    def compute():
+        embedding, decoder, features, labels = _logits_case(vocab=vocab)
+        loss = decoded_cross_entropy(features, decoder, labels)
+        (loss.total * 0.37).backward()
+        return loss.total, loss.correct, features.grad, embedding.weight.grad, decoder.bias.grad
+
+    compiled, reference = _both_paths(compute, monkeypatch, "softmax_cross_entropy_rows")
+    torch.testing.assert_close(compiled[0], reference[0], atol=1e-5, rtol=1e-6)
+    assert compiled[1].item() == reference[1].item()
+    for got, expected in zip(compiled[2:], reference[2:]):
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_cross_entropy_rows_in_place_on_a_row_range(kernels):
+    logits = torch.randn(9, 70) * 3
+    bias, labels = torch.randn(70), torch.randint(0, 70, (9,))
+    valid = torch.tensor([True] * 7 + [False] * 2)
+    losses, hits, bias_grad = torch.full((9,), -1.0), torch.zeros(9, dtype=torch.bool), torch.zeros(70)
+    rows = logits.clone()
+    kernels.softmax_cross_entropy_rows(rows, bias, labels, valid, losses, hits, bias_grad, 2, 9)
+    shifted = logits + bias
+    probabilities = torch.softmax(shifted, dim=-1)
+    expected_loss = torch.nn.functional.cross_entropy(shifted, labels, reduction="none") * valid
+    gradient = (probabilities - torch.nn.functional.one_hot(labels, 70)) * valid[:, None]
+    assert torch.equal(rows[:2], logits[:2]) and torch.equal(losses[:2], torch.full((2,), -1.0))  # outside the range
+    torch.testing.assert_close(losses[2:], expected_loss[2:])
+    torch.testing.assert_close(rows[2:], gradient[2:])
+    torch.testing.assert_close(bias_grad, gradient[2:].sum(0))
+    assert torch.equal(hits[2:], (shifted.argmax(-1) == labels)[2:] & valid[2:])
+    # without a bias gradient: losses and hits only
+    again, again_hits = torch.empty(9), torch.zeros(9, dtype=torch.bool)
+    kernels.softmax_cross_entropy_rows(logits.clone(), bias, labels, valid, again, again_hits, None, 0, 9)
+    torch.testing.assert_close(again[2:], losses[2:], atol=0, rtol=0)
+
+
+def test_cross_entropy_rows_keep_a_nan_visible_and_refuse_bad_labels(kernels):
+    logits, bias = torch.randn(3, 40), torch.zeros(40)
+    logits[1, 17] = float("nan")
+    valid = torch.ones(3, dtype=torch.bool)
+    losses, hits = torch.empty(3), torch.empty(3, dtype=torch.bool)
+    kernels.softmax_cross_entropy_rows(logits, bias, torch.tensor([0, 1, 2]), valid, losses, hits, torch.zeros(40), 0, 3)
+    assert torch.isnan(losses[1]) and torch.isfinite(losses[[0, 2]]).all()
+    with pytest.raises(RuntimeError, match="label 40 out of range"):
+        kernels.softmax_cross_entropy_rows(torch.randn(3, 40), bias, torch.tensor([0, 40, 2]), valid, losses, hits, None, 0, 3)
+
+
+def test_switched_off_or_unbuildable_means_the_pytorch_path(monkeypatch):
+    native.kernels.cache_clear()
+    monkeypatch.setenv("SPANLM_NATIVE", "0")
+    assert native.kernels() is None
+    native.kernels.cache_clear()
+    monkeypatch.setenv("SPANLM_NATIVE", "1")
+    from torch.utils import cpp_extension
+
+    def failing_build(**_):
+        raise RuntimeError("Error building extension 'x': [1/2] c++ ...\nkernels.cpp:1:10: fatal error: no compiler\nninja: build stopped")
+
+    monkeypatch.setattr(cpp_extension, "load", failing_build)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert native.kernels() is None
+    assert any("fatal error: no compiler" in str(w.message) and "PyTorch path" in str(w.message) for w in caught)
+    native.kernels.cache_clear()  # later tests build (or load the cached build) again
+    monkeypatch.undo()
+    # the PyTorch path still trains: a loss and finite gradients
+    with monkeypatch.context() as patch:
+        patch.setattr(native, "kernels", lambda: None)
+        embedding, decoder, features, labels = _logits_case()
+        decoded_cross_entropy(features, decoder, labels).total.backward()
+        assert torch.isfinite(embedding.weight.grad).all()
