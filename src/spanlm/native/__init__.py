@@ -55,6 +55,7 @@ def kernels() -> ModuleType | None:
 
         capability = torch.backends.cpu.get_cpu_capability()
         name = "spanlm_native_" + re.sub(r"\W", "_", capability.lower())
+        _remove_stale_lock(cpp_extension, name)
         if not _built(cpp_extension, name):
             print(f"spanlm: building the native CPU kernels ({capability}; once per machine, ~30 s)", file=sys.stderr)
         started = time.perf_counter()
@@ -78,6 +79,19 @@ def _built(cpp_extension: ModuleType, name: str) -> bool:
         return library.stat().st_mtime >= SOURCE.stat().st_mtime
     except (AttributeError, OSError, RuntimeError):
         return False
+
+
+def _remove_stale_lock(cpp_extension: ModuleType, name: str, older_than_s: float = 600.0) -> None:
+    """Remove a build lock that no build holds any more. PyTorch's builder waits, without a time limit, for
+    the lock file a build leaves while it runs; a build killed outright (SIGKILL, a lost machine) leaves it
+    behind, and every later start would wait forever. A build takes well under a minute."""
+    try:
+        lock = Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock"
+        if time.time() - lock.stat().st_mtime > older_than_s:
+            lock.unlink()
+            print(f"spanlm: removed a stale build lock {lock} (a build killed while it ran)", file=sys.stderr)
+    except (AttributeError, OSError, RuntimeError):
+        pass
 
 
 @contextlib.contextmanager
