@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from spanlm import native
 from spanlm.data.blocks import BlockDataset
 from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import ConfigError, SpanlmError
@@ -143,6 +144,8 @@ class Trainer:
             retain_freed_memory()
 
         self.setup = build_setup(recipe, env, self.log)
+        if env.device.type == "cpu":
+            native.kernels()  # built on this machine's first run (~30 s) or loaded: now, not under the progress bar
         self.objective = self.setup.objective.to(env.device)
         self.model = self._wrap(self.objective)
         self.optimizer = build_optimizer(self.objective, self.config)
