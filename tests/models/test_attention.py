@@ -104,7 +104,8 @@ def test_forward_and_gradients_equal_the_formula_in_float64(monkeypatch):
     generator = torch.Generator().manual_seed(0)
     batch, length, width, heads = 2, 5, 8, 2
     keep = (torch.rand(batch, heads, length, length, generator=generator) > 0.3).double()
-    monkeypatch.setattr(attention, "keep_mask", lambda shape, p, dtype: (keep.to(dtype), 1 / 0.7))
+    monkeypatch.setattr(attention, "dropout_stream", lambda p: (0, 0, 1 / 0.7))
+    monkeypatch.setattr(attention, "dropout_multiplier", lambda shape, key, threshold, dtype: keep.to(dtype))
     allowed = torch.ones(batch, 1, length, length, dtype=torch.bool)
     allowed[1, :, :, 3:] = False
     inputs = [torch.randn(batch, length, width, dtype=torch.float64, generator=generator, requires_grad=True)]

@@ -54,13 +54,64 @@ def _both_paths(compute, monkeypatch, kernel: str):
 def test_dropout_decisions_are_the_numpy_paths_bit_for_bit(kernels, monkeypatch, numel, p):
     levels = round(p * 65536)
     for kept in (1.0, 65536 / (65536 - levels)):
-        compiled, reference = _both_paths(lambda: dropout._multiplier((numel,), levels, torch.float32, kept), monkeypatch,
-                                          "dropout_multiplier")
-        assert compiled.dtype == reference.dtype == torch.float32
-        assert torch.equal(compiled, reference)
-    x = torch.randn(7, 11, 13)
-    compiled, reference = _both_paths(lambda: dropout.fast_dropout(x, p), monkeypatch, "dropout_multiplier")
-    assert torch.equal(compiled, reference)
+        threshold = levels - 32768
+        x = torch.randn(numel)
+        x[::7] = float("nan")  # x · 0 stays NaN, as with the multiplier
+        compiled, reference = _both_paths(lambda: _applied(x, threshold, kept), monkeypatch, "dropout_apply")
+        assert torch.equal(compiled.isnan(), reference.isnan())
+        assert torch.equal(compiled.nan_to_num(), reference.nan_to_num())
+
+
+def _applied(x, threshold, kept):
+    kernels = native.kernels()
+    if kernels is None:
+        return x * dropout.dropout_multiplier(x.shape, 12345, threshold, x.dtype, kept)
+    out = torch.empty_like(x)
+    kernels.dropout_apply(x, out, 12345, threshold, kept)
+    return out
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_dropout_forward_and_backward_are_the_numpy_paths_bit_for_bit(kernels, monkeypatch, p):
+    def compute():
+        x = torch.randn(7, 11, 13, generator=torch.Generator().manual_seed(1)).transpose(0, 1).requires_grad_()
+        out = dropout.fast_dropout(x, p)  # a non-contiguous input
+        out.backward(torch.arange(out.numel(), dtype=torch.float32).view(out.shape))
+        return out.detach(), x.grad
+
+    compiled, reference = _both_paths(compute, monkeypatch, "dropout_apply")
+    for got, expected in zip(compiled, reference):
+        assert torch.equal(got, expected)
+
+
+def test_dropout_apply_on_strided_views_and_in_place(kernels):
+    """The fused attention's case: probabilities stored (heads, B, L, L), decisions in (B, heads, L, L) order."""
+    heads, batch, length = 3, 2, 5
+    stored = torch.randn(heads, batch, length, length)
+    expected = stored.transpose(0, 1).contiguous() * dropout.dropout_multiplier((batch, heads, length, length), 99, -20000)
+    out = torch.empty_like(stored)
+    kernels.dropout_apply(stored.transpose(0, 1), out.transpose(0, 1), 99, -20000, 1.0)
+    assert torch.equal(out.transpose(0, 1), expected)
+    kernels.dropout_apply(stored.transpose(0, 1), stored.transpose(0, 1), 99, -20000, 1.0)  # in place
+    assert torch.equal(stored, out)
+    with pytest.raises(RuntimeError, match="last dimension must be dense"):
+        kernels.dropout_apply(stored.transpose(2, 3), out.transpose(2, 3), 99, -20000, 1.0)
+
+
+def test_fused_attention_is_the_pytorch_paths_bit_for_bit(kernels, monkeypatch):
+    from spanlm.models.attention import _SelfAttention
+
+    def compute():
+        generator = torch.Generator().manual_seed(0)
+        hidden = torch.randn(2, 6, 8, generator=generator, requires_grad=True)
+        parameters = [torch.randn(*shape, generator=generator, requires_grad=True) for shape in [(8, 8), (8,)] * 3]
+        context = _SelfAttention.apply(hidden, None, 2, 0.5, 0.3, *parameters)
+        context.backward(torch.randn(context.shape, generator=generator))
+        return context.detach(), hidden.grad, *(t.grad for t in parameters)
+
+    compiled, reference = _both_paths(compute, monkeypatch, "dropout_apply")
+    for got, expected in zip(compiled, reference):
+        assert torch.equal(got, expected)
 
 
 def _logits_case(rows=37, vocab=1003, ignored=5, seed=0):

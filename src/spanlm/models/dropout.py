@@ -59,8 +59,11 @@ def fast_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         return F.dropout(x, p, training)
     if dropped_levels == 0:  # p < 2⁻¹⁷: nothing would ever be dropped
         return x
+    key, threshold, scale = dropout_stream(p)
+    if x.dtype == torch.float32 and native.kernels() is not None:
+        return _KeyedDropout.apply(x, key, threshold, scale)
     # A float multiplier (not a bool mask) keeps the whole thing one plain autograd multiply.
-    return x * _multiplier(x.shape, dropped_levels, x.dtype, _LEVELS / (_LEVELS - dropped_levels))
+    return x * dropout_multiplier(x.shape, key, threshold, x.dtype, scale)
 
 
 def fast_dropout_applies(p: float) -> bool:
@@ -68,22 +71,37 @@ def fast_dropout_applies(p: float) -> bool:
     return 0 < round(p * _LEVELS) < _LEVELS and not torch.compiler.is_compiling()
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dtype = torch.float32) -> tuple[Tensor, float]:
-    """A 0 (drop) / 1 (keep) tensor of ``shape`` with P(drop) = round(p·2¹⁶)/2¹⁶, and the scale 1 / (1 − P(drop))
-    that inverted dropout multiplies the kept elements by (requires :func:`fast_dropout_applies`)."""
+def dropout_stream(p: float) -> tuple[int, int, float]:
+    """One dropout call at ``p`` (requires :func:`fast_dropout_applies`): the key of its random words, the
+    threshold its 16-bit quarters (read as signed int16) are kept at or above — the lowest round(p·2¹⁶) of
+    the 2¹⁶ values drop — and the scale 1 / (1 − P(drop)) of the kept elements."""
     dropped_levels = round(p * _LEVELS)
-    return _multiplier(shape, dropped_levels, dtype, 1.0), _LEVELS / (_LEVELS - dropped_levels)
+    return _stream_key(), dropped_levels - _LEVELS // 2, _LEVELS / (_LEVELS - dropped_levels)
 
 
-def _multiplier(shape: torch.Size | tuple[int, ...], dropped_levels: int, dtype: torch.dtype, kept: float) -> Tensor:
-    """A tensor of ``shape``: 0 where dropped, ``kept`` elsewhere; the lowest ``dropped_levels`` of the 2¹⁶ values
-    of each element's 16-bit quarter of a random word drop (four quarters per word, :func:`_stream_key`'s stream)."""
+class _KeyedDropout(torch.autograd.Function):
+    """``x`` times the multiplier of the stream (key, threshold, kept), formed on the fly by spanlm.native's
+    kernel: no mask is stored, and the backward pass is the same function of the upstream gradient
+    (dropout is linear in x; so it is differentiable any number of times)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, key: int, threshold: int, kept: float) -> Tensor:
+        ctx.stream = (key, threshold, kept)
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        native.kernels().dropout_apply(x, out, key, threshold, kept)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return _KeyedDropout.apply(grad, *ctx.stream), None, None, None
+
+
+def dropout_multiplier(shape: torch.Size | tuple[int, ...], key: int, threshold: int, dtype: torch.dtype = torch.float32,
+                       kept: float = 1.0) -> Tensor:
+    """A tensor of ``shape``: 0 where dropped, ``kept`` elsewhere, element i (row-major) deciding on the i-th
+    16-bit quarter of the stream's words (four quarters per word; see :func:`dropout_stream`)."""
     n = math.prod(shape)
-    key = _stream_key()
-    threshold = dropped_levels - _LEVELS // 2  # on the quarters read as signed int16
-    kernels = native.kernels() if dtype == torch.float32 else None
-    if kernels is not None:  # the same decisions in one compiled pass (spanlm.native)
-        return kernels.dropout_multiplier(n, key, threshold, kept).view(shape)
     from spanlm.models.splitmix import splitmix64  # numba: imported at the first draw, not with spanlm
 
     quarters = torch.from_numpy(splitmix64(key, (n + 3) // 4).view(np.int16)[:n]).view(shape)  # 4 per word

@@ -3,8 +3,9 @@
 Why: eager PyTorch runs every element-wise step as its own pass over memory. Where a hot loop makes
 several passes over a tensor far larger than the cache — the cross-entropy over a 30k vocabulary makes
 seven over its (N, V) logits, ~73 MB per SpanBERT step at batch 16 × 128 — one compiled pass per row
-keeps each row in cache from its first step to its last; dropout's keep multipliers come out of one pass
-that draws the random words and compares them, instead of five. The kernels (``kernels.cpp``) use
+keeps each row in cache from its first step to its last. Dropout multiplies by its keep decisions as it
+draws them, in one pass, and its backward pass draws them again from the same key instead of reading a
+stored mask (``x · m`` is linear in x). The kernels (``kernels.cpp``) use
 ATen's own vector types (the same Sleef ``exp`` as ``torch.exp``) and PyTorch's own OpenMP threads, so
 they neither change the arithmetic beyond float rounding (dropout's decisions not at all) nor compete
 with PyTorch for the cores. Together they make the SpanBERT step of bench/train_step.py 3–4% faster.

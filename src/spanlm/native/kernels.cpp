@@ -160,40 +160,68 @@ inline uint64_t splitmix64(uint64_t key, uint64_t j) {
   return z ^ (z >> 31);
 }
 
-// A float32 tensor of ``numel`` elements, ``kept`` where the element is kept and 0 where dropped: element i
-// reads the i-th 16-bit quarter of the SplitMix64 words from ``key`` (four per word, low quarter first,
-// as NumPy's int16 view of the words on a little-endian machine) and is kept when that signed quarter
-// is ≥ ``threshold``. The same decisions as spanlm.models.dropout's NumPy path, in one pass over the output.
-at::Tensor dropout_multiplier(int64_t numel, uint64_t key, int64_t threshold, double kept) {
-  TORCH_CHECK(numel >= 0 && -32768 <= threshold && threshold <= 32767, "dropout_multiplier: bad arguments");
-  at::Tensor out = at::empty({numel}, at::kFloat);
-  float* o = out.data_ptr<float>();
+// out = x · dropout's multiplier, formed on the fly: element i of x, in its logical (row-major) order, is
+// kept (times ``kept``) when the i-th 16-bit quarter of the SplitMix64 words from ``key`` — four per word,
+// low quarter first, as NumPy's int16 view of the words on a little-endian machine — read as a signed
+// int16 is ≥ ``threshold``: spanlm.models.dropout's decisions. No mask is stored; the backward pass applies
+// the same function to the upstream gradient (dropout is linear in x). x and out have equal sizes and may
+// be one tensor or strided views (e.g. with two leading dimensions transposed) whose trailing dimensions
+// are dense; the result is x · kept or x · 0, exactly what the float multiplier gives (NaN stays NaN).
+void dropout_apply(const at::Tensor& x, at::Tensor out, uint64_t key, int64_t threshold, double kept) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat && x.sizes() == out.sizes(),
+              "dropout_apply: float32 x and out of equal sizes");
+  TORCH_CHECK(-32768 <= threshold && threshold <= 32767, "dropout_apply: bad threshold");
+  const int64_t numel = x.numel();
+  if (numel == 0) return;
+  // The longest run of trailing dimensions that is dense in both tensors: rows of ``inner`` elements.
+  const int64_t dims = x.dim();
+  int64_t inner = 1, outer_dims = dims;
+  while (outer_dims > 0 && x.stride(outer_dims - 1) == inner && out.stride(outer_dims - 1) == inner) {
+    inner *= x.size(outer_dims - 1);
+    --outer_dims;
+  }
+  TORCH_CHECK(inner > 1 || dims == 0 || numel == 1, "dropout_apply: the last dimension must be dense");
+  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().begin() + outer_dims);
+  std::vector<int64_t> x_strides(x.strides().begin(), x.strides().begin() + outer_dims);
+  std::vector<int64_t> out_strides(out.strides().begin(), out.strides().begin() + outer_dims);
+  const float* const x_base = x.data_ptr<float>();
+  float* const out_base = out.data_ptr<float>();
   const float value = static_cast<float>(kept);
   const int16_t level = static_cast<int16_t>(threshold);
-  constexpr int64_t kWords = 256;  // drawn into a buffer on the stack, then turned into 4 × kWords outputs
+  constexpr int64_t kWords = 256;
   const int64_t words = (numel + 3) / 4;
-  at::parallel_for(0, words, 16 * kWords, [=](int64_t first, int64_t last) {
-    // Local copies: the compiler must assume that stores through ``o`` may change whatever the closure
-    // holds, which keeps these loops from vectorising.
-    float* const out = o;
+  at::parallel_for(0, words, 16 * kWords, [&, value, level, key, inner](int64_t first, int64_t last) {
     const float keep = value;
     const int16_t drop_below = level;
     const uint64_t stream = key;
     uint64_t buffer[kWords];
+    int16_t quarters[4 * kWords];
     for (int64_t w = first; w < last; w += kWords) {
       const int64_t count = std::min(kWords, last - w);
       for (int64_t t = 0; t < count; ++t) buffer[t] = splitmix64(stream, static_cast<uint64_t>(w + t));
-      int16_t quarters[4 * kWords];
-      std::memcpy(quarters, buffer, count * sizeof(uint64_t));  // little-endian: word t's quarters are 4t .. 4t + 3
-      const int64_t base = 4 * w, outputs = std::min(4 * count, numel - base);
-      for (int64_t t = 0; t < outputs; ++t) out[base + t] = quarters[t] >= drop_below ? keep : 0.0f;
+      std::memcpy(quarters, buffer, count * sizeof(uint64_t));
+      const int64_t begin = 4 * w, end = std::min(begin + 4 * count, numel);
+      for (int64_t e = begin; e < end;) {  // one dense stretch of a row at a time
+        const int64_t row = e / inner, column = e - row * inner, stretch = std::min(inner - column, end - e);
+        int64_t x_offset = column, out_offset = column;
+        for (int64_t d = outer_dims - 1, rest = row; d >= 0; --d) {
+          const int64_t index = rest % sizes[d];
+          rest /= sizes[d];
+          x_offset += index * x_strides[d];
+          out_offset += index * out_strides[d];
+        }
+        const float* const in = x_base + x_offset;
+        float* const to = out_base + out_offset;
+        const int16_t* const q = quarters + (e - begin);
+        for (int64_t t = 0; t < stretch; ++t) to[t] = in[t] * (q[t] >= drop_below ? keep : 0.0f);
+        e += stretch;
+      }
     }
   });
-  return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("dropout_multiplier", &dropout_multiplier, "dropout keep multipliers from SplitMix64 words (see kernels.cpp)");
+  m.def("dropout_apply", &dropout_apply, "x times dropout's keep multipliers, formed on the fly (see kernels.cpp)");
   m.def("softmax_cross_entropy_rows", &softmax_cross_entropy_rows,
         "cross-entropy of logit rows [start, end) in place (see kernels.cpp)");
 }
