@@ -14,13 +14,14 @@ and the kept elements are scaled by 1 / (1 − P(drop)), which keeps the expecta
 else is inverted dropout as in BERT (Devlin et al. 2019; hidden and attention-probability dropout
 0.1). The words come from a SplitMix64 stream keyed by a draw from torch's default generator, so
 seeding and checkpointed RNG states make runs reproducible exactly as with ``nn.Dropout``; the float
-multiplier comes out of one compiled pass that draws and compares (:mod:`spanlm.native`) or, where that
-cannot be built, from the words of :mod:`spanlm.models.splitmix` (numba) and an int16 clamp — the same
-decisions bit for bit. On other devices (CUDA's fused Philox dropout is already cheap), under
+decisions are applied as they are drawn in one compiled pass (:mod:`spanlm.native`), and drawn again
+from the same key in the backward pass instead of a stored mask; where that cannot be built, a float
+multiplier comes from the words of :mod:`spanlm.models.splitmix` (numba) and an int16 clamp — the same
+decisions and results bit for bit. On other devices (CUDA's fused Philox dropout is already cheap), under
 ``torch.compile`` (inductor fuses ``F.dropout`` itself) and at p = 0 or 1 it is
-``torch.nn.functional.dropout``. bench/dropout.py: 7.5–8.6× faster than ``F.dropout`` (forward +
-backward) on a layer's hidden states and attention probabilities at seq 128, 2.8–3.0× on 512 × 512
-attention probabilities (5.0–5.3× and 2.3× without spanlm.native).
+``torch.nn.functional.dropout``. bench/dropout.py: 8.7–12.5× faster than ``F.dropout`` (forward +
+backward) on a layer's hidden states and attention probabilities at seq 128, 4.2–5.1× on 512 × 512
+attention probabilities (4.9–5.3× and 2.2× without spanlm.native).
 
 :func:`use_fast_dropout` puts it into a transformers encoder: every ``nn.Dropout`` module becomes a
 :class:`FastDropout`, and SDPA attention becomes ``"spanlm_sdpa"`` (registered with transformers'
