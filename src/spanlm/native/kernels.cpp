@@ -152,6 +152,46 @@ void softmax_cross_entropy_rows(at::Tensor logits, const at::Tensor& bias, const
   }
 }
 
+// Σ x² over every element of ``tensors`` (contiguous float32), for the gradient-clipping norm: the squares
+// are added in float32 over 1,024 elements at a time (64 per vector lane) and those sums in float64, in a
+// fixed order of 32,768-element pieces, so the result does not depend on the thread count. One call for
+// all of a model's gradients, where torch.linalg.vector_norm takes one per gradient (and accumulates a
+// large one serially in float32: 2·10⁻⁴ off on a 7.8M-element embedding gradient).
+double sum_of_squares(const std::vector<at::Tensor>& tensors) {
+  constexpr int64_t kPiece = 32768, kBlock = 1024;
+  std::vector<std::pair<const float*, int64_t>> pieces;
+  for (const at::Tensor& t : tensors) {
+    TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu(),
+                "sum_of_squares: contiguous float32 CPU tensors");
+    const float* data = t.data_ptr<float>();
+    for (int64_t start = 0; start < t.numel(); start += kPiece) pieces.emplace_back(data + start, std::min(kPiece, t.numel() - start));
+  }
+  std::vector<double> sums(pieces.size(), 0.0);
+  at::parallel_for(0, static_cast<int64_t>(pieces.size()), 1, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      const float* const x = pieces[i].first;
+      const int64_t n = pieces[i].second;
+      double sum = 0.0;
+      for (int64_t block = 0; block < n; block += kBlock) {
+        const int64_t end = std::min(n, block + kBlock);
+        Vec squares(0.0f);
+        int64_t v = block;
+        for (; v + Vec::size() <= end; v += Vec::size()) {
+          const Vec value = Vec::loadu(x + v);
+          squares = at::vec::fmadd(value, value, squares);
+        }
+        float partial = at::vec::vec_reduce_all<float>([](Vec& p, Vec& q) { return p + q; }, squares);
+        for (; v < end; ++v) partial += x[v] * x[v];
+        sum += partial;
+      }
+      sums[i] = sum;
+    }
+  });
+  double total = 0.0;
+  for (const double sum : sums) total += sum;
+  return total;
+}
+
 // SplitMix64 (see spanlm/models/splitmix.py): output j of the stream keyed by ``key``
 inline uint64_t splitmix64(uint64_t key, uint64_t j) {
   uint64_t z = key + (j + 1) * 0x9E3779B97F4A7C15ULL;
@@ -221,6 +261,7 @@ void dropout_apply(const at::Tensor& x, at::Tensor out, uint64_t key, int64_t th
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("sum_of_squares", &sum_of_squares, "Σ x² over all elements of a list of float32 tensors (see kernels.cpp)");
   m.def("dropout_apply", &dropout_apply, "x times dropout's keep multipliers, formed on the fly (see kernels.cpp)");
   m.def("softmax_cross_entropy_rows", &softmax_cross_entropy_rows,
         "cross-entropy of logit rows [start, end) in place (see kernels.cpp)");

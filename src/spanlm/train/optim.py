@@ -11,6 +11,7 @@ import math
 import torch
 from torch import nn
 
+from spanlm import native
 from spanlm.train.config import TrainConfig
 
 
@@ -87,8 +88,15 @@ def total_norm(gradients: list[torch.Tensor]) -> torch.Tensor:
     (V, E) embedding gradient (7.8M elements at 30k × 256) it is off by ~2·10⁻⁴ relative to a float64
     reference, and it takes ~1.4 ms there on 2 cores. The norm of the rows' norms is the same quantity,
     ~10⁻⁷ from that reference and ~1.3× faster (a short reduction per row, then one over V values).
-    Smaller gradients and FSDP2's sharded DTensors keep ``get_total_norm``.
+    Smaller gradients and FSDP2's sharded DTensors keep ``get_total_norm``. Where spanlm's compiled kernels
+    are available (:mod:`spanlm.native`), plain float32 CPU gradients take one call instead: every square
+    added in float32 over 1,024 elements and those sums in float64 (~10⁻¹² from the float64 norm), ~1.6×
+    faster than one norm per gradient.
     """
+    kernels = native.kernels()
+    if kernels is not None and all(type(g) is torch.Tensor and g.device.type == "cpu" and g.dtype == torch.float32
+                                   for g in gradients):
+        return torch.tensor(math.sqrt(kernels.sum_of_squares([g.contiguous() for g in gradients])), dtype=torch.float32)
     large, rest = [], []
     for g in gradients:
         (large if g.dim() >= 2 and g.numel() >= _ROW_WISE_NUMEL and type(g) is torch.Tensor else rest).append(g)
