@@ -5,10 +5,11 @@ several passes over a tensor far larger than the cache — the cross-entropy ove
 seven over its (N, V) logits, ~73 MB per SpanBERT step at batch 16 × 128 — one compiled pass per row
 keeps each row in cache from its first step to its last. Dropout multiplies by its keep decisions as it
 draws them, in one pass, and its backward pass draws them again from the same key instead of reading a
-stored mask (``x · m`` is linear in x). The kernels (``kernels.cpp``) use
-ATen's own vector types (the same Sleef ``exp`` as ``torch.exp``) and PyTorch's own OpenMP threads, so
-they neither change the arithmetic beyond float rounding (dropout's decisions not at all) nor compete
-with PyTorch for the cores. Together they make the SpanBERT step of bench/train_step.py 3–4% faster.
+stored mask (``x · m`` is linear in x). The clipping norm sums all gradients' squares in one call. The
+kernels (``kernels.cpp``) use ATen's own vector types (the same Sleef ``exp`` as ``torch.exp``) and
+PyTorch's own OpenMP threads, so they neither change the arithmetic beyond float rounding (dropout's
+decisions and results not at all) nor compete with PyTorch for the cores. Together they make the SpanBERT step of bench/train_step.py 5–8% faster
+(BENCHMARKS.md).
 
 The extension is compiled once per machine and instruction set (~30 s on 2 cores; cached by
 ``torch.utils.cpp_extension`` under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``)
