@@ -33,8 +33,7 @@ from transformers.models.bert.modeling_bert import BertSelfAttention
 from transformers.models.electra.modeling_electra import ElectraSelfAttention
 from transformers.models.roberta.modeling_roberta import RobertaSelfAttention
 
-from spanlm import native
-from spanlm.models.dropout import dropout_multiplier, dropout_stream, fast_dropout_applies
+from spanlm.models.dropout import apply_dropout, dropout_stream, fast_dropout_applies
 
 
 class _SelfAttention(torch.autograd.Function):
@@ -62,20 +61,15 @@ class _SelfAttention(torch.autograd.Function):
         probabilities = torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # in place
         # Drawn in (B, heads) order, as transformers' layout would be, so that a seed drops the same
         # probabilities either way; read in (heads, B) order. The 1 / (1 − p) goes into the next product.
+        # No mask is kept: the backward pass applies the same stream to the probabilities' gradient.
         key, threshold, keep_scale = dropout_stream(p)
         dropped = torch.empty_like(probabilities)
         by_sequence = (heads, batch, length, length)  # .transpose(0, 1): (B, heads, L, L), the draws' order
-        kernels = native.kernels() if probabilities.dtype == torch.float32 else None
-        if kernels is not None:  # the keep decisions formed on the fly, no mask stored (spanlm.native)
-            keep = None
-            kernels.dropout_apply(probabilities.view(by_sequence).transpose(0, 1), dropped.view(by_sequence).transpose(0, 1),
-                                  key, threshold, 1.0)
-        else:
-            keep = dropout_multiplier((batch, heads, length, length), key, threshold, probabilities.dtype)
-            torch.mul(probabilities.view(by_sequence), keep.transpose(0, 1), out=dropped.view(by_sequence))
+        apply_dropout(probabilities.view(by_sequence).transpose(0, 1), dropped.view(by_sequence).transpose(0, 1),
+                      key, threshold, 1.0)
         zero = hidden.new_zeros(())  # baddbmm's input, ignored at beta = 0
         context = torch.baddbmm(zero, dropped, value, beta=0.0, alpha=keep_scale)  # (heads·B, L, d)
-        ctx.save_for_backward(rows, weight, qkv, probabilities, keep, dropped)
+        ctx.save_for_backward(rows, weight, qkv, probabilities, dropped)
         ctx.sizes, ctx.scale, ctx.keep_scale = (batch, length, width, heads, head_dim), scale, keep_scale
         ctx.stream = (key, threshold)
         return context.view(heads, batch, length, head_dim).permute(1, 2, 0, 3).reshape(batch, length, width)
@@ -83,7 +77,7 @@ class _SelfAttention(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_output: Tensor):
-        rows, weight, qkv, probabilities, keep, dropped = ctx.saved_tensors
+        rows, weight, qkv, probabilities, dropped = ctx.saved_tensors
         batch, length, width, heads, head_dim = ctx.sizes
         query, key, value = qkv.view(3, heads * batch, length, head_dim)
         grad_context = (grad_output.reshape(batch, length, heads, head_dim).permute(2, 0, 1, 3)
@@ -93,10 +87,7 @@ class _SelfAttention(torch.autograd.Function):
         torch.baddbmm(zero, dropped.transpose(1, 2), grad_context, beta=0.0, alpha=ctx.keep_scale, out=grad_qkv[2])
         grad_probabilities = torch.baddbmm(zero, grad_context, value.transpose(1, 2), beta=0.0, alpha=ctx.keep_scale)
         by_sequence = grad_probabilities.view(heads, batch, length, length).transpose(0, 1)
-        if keep is None:
-            native.kernels().dropout_apply(by_sequence, by_sequence, *ctx.stream, 1.0)
-        else:
-            by_sequence.mul_(keep)
+        apply_dropout(by_sequence, by_sequence, *ctx.stream, 1.0)  # in place
         grad_scores = torch._softmax_backward_data(grad_probabilities, probabilities, -1, probabilities.dtype)
         torch.bmm(grad_scores, key, out=grad_qkv[0])
         torch.bmm(grad_scores.transpose(1, 2), query, out=grad_qkv[1])

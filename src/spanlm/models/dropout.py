@@ -89,13 +89,24 @@ class _KeyedDropout(torch.autograd.Function):
     def forward(ctx, x: Tensor, key: int, threshold: int, kept: float) -> Tensor:
         ctx.stream = (key, threshold, kept)
         x = x.contiguous()
-        out = torch.empty_like(x)
-        native.kernels().dropout_apply(x, out, key, threshold, kept)
-        return out
+        return apply_dropout(x, torch.empty_like(x), key, threshold, kept)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         return _KeyedDropout.apply(grad, *ctx.stream), None, None, None
+
+
+def apply_dropout(x: Tensor, out: Tensor, key: int, threshold: int, kept: float) -> Tensor:
+    """``out`` = ``x`` times the multiplier of the stream (key, threshold, kept), element i of ``x`` in its
+    logical (row-major) order deciding on the stream's i-th quarter; ``out`` may be ``x`` itself, and both
+    may be strided views with a dense last dimension. Applied again to the upstream gradient with the same
+    stream, it is the backward pass (dropout is linear in x). spanlm.native's kernel forms the decisions
+    on the fly (float32); elsewhere :func:`dropout_multiplier` draws them — the same results bit for bit."""
+    kernels = native.kernels() if x.dtype == out.dtype == torch.float32 else None
+    if kernels is not None:
+        kernels.dropout_apply(x, out, key, threshold, kept)
+        return out
+    return torch.mul(x, dropout_multiplier(x.shape, key, threshold, x.dtype, kept), out=out)
 
 
 def dropout_multiplier(shape: torch.Size | tuple[int, ...], key: int, threshold: int, dtype: torch.dtype = torch.float32,
