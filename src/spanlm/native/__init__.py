@@ -8,8 +8,8 @@ draws them, in one pass, and its backward pass draws them again from the same ke
 stored mask (``x · m`` is linear in x). The clipping norm sums all gradients' squares in one call. The
 kernels (``kernels.cpp``) use ATen's own vector types (the same Sleef ``exp`` as ``torch.exp``) and
 PyTorch's own OpenMP threads, so they neither change the arithmetic beyond float rounding (dropout's
-decisions and results not at all) nor compete with PyTorch for the cores. Together they make the SpanBERT step of bench/train_step.py 5–8% faster
-(BENCHMARKS.md).
+decisions and results not at all) nor compete with PyTorch for the cores. Together they make the
+SpanBERT step of bench/train_step.py 5–8% faster (BENCHMARKS.md).
 
 The extension is compiled once per machine and instruction set (~30 s on 2 cores; cached by
 ``torch.utils.cpp_extension`` under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``)
@@ -57,8 +57,9 @@ def kernels() -> ModuleType | None:
 
         capability = torch.backends.cpu.get_cpu_capability()
         name = "spanlm_native_" + re.sub(r"\W", "_", capability.lower())
-        _remove_stale_lock(cpp_extension, name)
-        if not _built(cpp_extension, name):
+        build_directory = _build_directory(cpp_extension, name)
+        _remove_stale_lock(build_directory)
+        if not _built(build_directory, name):
             print(f"spanlm: building the native CPU kernels ({capability}; once per machine, ~30 s)", file=sys.stderr)
         started = time.perf_counter()
         with _ninja_on_path():
@@ -74,25 +75,34 @@ def kernels() -> ModuleType | None:
     return module
 
 
-def _built(cpp_extension: ModuleType, name: str) -> bool:
-    """Whether a build of ``name`` newer than the source is in PyTorch's extension cache (False when unsure)."""
+def _build_directory(cpp_extension: ModuleType, name: str) -> Path | None:
+    """Where PyTorch's builder keeps ``name`` (a private helper of torch.utils.cpp_extension: None if it moved)."""
     try:
-        library = Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so"
-        return library.stat().st_mtime >= SOURCE.stat().st_mtime
+        return Path(cpp_extension._get_build_directory(name, verbose=False))
     except (AttributeError, OSError, RuntimeError):
+        return None
+
+
+def _built(build_directory: Path | None, name: str) -> bool:
+    """Whether a build of ``name`` newer than the source is in ``build_directory`` (False when unsure)."""
+    try:
+        return (build_directory / f"{name}.so").stat().st_mtime >= SOURCE.stat().st_mtime
+    except (TypeError, OSError):
         return False
 
 
-def _remove_stale_lock(cpp_extension: ModuleType, name: str, older_than_s: float = 600.0) -> None:
+def _remove_stale_lock(build_directory: Path | None, older_than_s: float = 600.0) -> None:
     """Remove a build lock that no build holds any more. PyTorch's builder waits, without a time limit, for
     the lock file a build leaves while it runs; a build killed outright (SIGKILL, a lost machine) leaves it
     behind, and every later start would wait forever. A build takes well under a minute."""
+    if build_directory is None:
+        return
+    lock = build_directory / "lock"
     try:
-        lock = Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock"
         if time.time() - lock.stat().st_mtime > older_than_s:
             lock.unlink()
             print(f"spanlm: removed a stale build lock {lock} (a build killed while it ran)", file=sys.stderr)
-    except (AttributeError, OSError, RuntimeError):
+    except OSError:
         pass
 
 
