@@ -63,3 +63,18 @@ def make_recipe(tmp_path: Path, files: dict[str, str | bytes], **sections) -> Re
     data = {"inputs": inputs, "prepared_dir": str(tmp_path / "prepared"), **sections.pop("data", {})}
     tokenizer = {"vocab_size": 300, "min_frequency": 1, **sections.pop("tokenizer", {})}
     return from_dict(Recipe, {"data": data, "tokenizer": tokenizer, **sections})
+
+
+def readme_section(title: str, language: str = "python") -> list[str]:
+    """The ``language`` code blocks under the README heading ``title`` (up to the next heading of its level or above)."""
+    import re
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    heading = re.search(rf"^(#+) {re.escape(title)}\n", readme, flags=re.M)
+    if heading is None:
+        raise AssertionError(f"README.md has no heading '{title}'")
+    level = len(heading.group(1))
+    rest = readme[heading.end():]
+    end = re.search(rf"^#{{1,{level}}} ", rest, flags=re.M)
+    body = rest[:end.start()] if end else rest
+    return re.findall(rf"```{language}\n(.*?)```", body, flags=re.S)
