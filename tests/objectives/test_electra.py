@@ -231,7 +231,9 @@ def test_pretrain_export_and_autoload(corpus, tmp_path, name):
     assert torch.equal(discriminator.get_input_embeddings().weight, expected.detach())
     if name == "deberta_v3_gdes":
         assert shared.delta.abs().sum() > 0  # trained: the materialised table really is a sum
-    assert (out / "heads.safetensors").is_file()
+    # Heads transformers has a class for are in the weights (tests/objectives/test_hf_heads.py); DeBERTa-V3's
+    # RTD head has none and stays in heads.safetensors.
+    assert (out / "heads.safetensors").is_file() == (name == "deberta_v3_gdes")
 
 
 @pytest.mark.parametrize("sharing", ["gdes", "es"])

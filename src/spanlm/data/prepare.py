@@ -22,7 +22,7 @@ import numpy as np
 from spanlm.data.corpus import CorpusReader, resolve_inputs
 from spanlm.data.shards import FORMAT_VERSION, ids_dtype, read_meta, replace_directory
 from spanlm.data.similar_words import build_similar_words
-from spanlm.data.tokenizer import load_tokenizer, tokenizer_fingerprint, train_tokenizer
+from spanlm.data.tokenizer import load_tokenizer, save_tokenizer, tokenizer_fingerprint, train_tokenizer
 from spanlm.data.words import encode_sentences
 from spanlm.errors import InputError
 
@@ -109,7 +109,7 @@ def prepare(recipe, *, force: bool = False, log=print, keep_tokenizer: str | Non
         else:
             log(f"training a {recipe.tokenizer.kind} tokenizer (vocab {recipe.tokenizer.vocab_size}) on {len(files)} file(s)")
             tokenizer = train_tokenizer((text for _, text in CorpusReader(files, config)), recipe.tokenizer)
-        tokenizer.save_pretrained(str(tmp / "tokenizer"))
+        save_tokenizer(tokenizer, tmp / "tokenizer")
         reader = CorpusReader(files, config)
         table = _tokenize(reader, tokenizer, config, tmp / "cache")
         meta = _write_arrays(table, tokenizer, tmp)

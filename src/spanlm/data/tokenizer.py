@@ -125,6 +125,53 @@ def encode_text(tokenizer, texts: list[str]) -> list:
         backend.encode_special_tokens = before
 
 
+def save_tokenizer(tokenizer, directory: str | Path) -> None:
+    """``save_pretrained`` with a ``tokenizer_class`` that transformers 4.x and 5.x both load as this very tokenizer.
+
+    transformers 5 names a tokenizer built from a ``tokenizers`` object "TokenizersBackend", a class
+    transformers 4.x does not have. A WordPiece tokenizer of BERT's pipeline (the ones spanlm trains) is
+    written as ``BertTokenizer`` with its normalisation settings, which both versions rebuild exactly;
+    any other (spanlm's byte-level BPE and Unigram ones, whose lower-casing the RoBERTa and DeBERTa
+    classes would drop) as ``PreTrainedTokenizerFast``, which both versions load from tokenizer.json
+    verbatim. A tokenizer that already has its model's class (loaded from a checkpoint) keeps it.
+    """
+    import json
+
+    directory = Path(directory)
+    tokenizer.save_pretrained(str(directory))
+    path = directory / "tokenizer_config.json"
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    if saved.get("tokenizer_class") not in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+        return
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    for settings in (_bert_settings(tokenizer), {"tokenizer_class": "PreTrainedTokenizerFast"}):
+        if settings is None:
+            continue
+        path.write_text(json.dumps({**saved, **settings}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        # Kept only when transformers rebuilds the same tokenizer from it (a future BertTokenizer could differ).
+        if tokenizer_fingerprint(_reload(directory)) == fingerprint:
+            return
+    raise InputError(f"{directory}: transformers does not load this tokenizer back unchanged")
+
+
+def _bert_settings(tokenizer) -> dict | None:
+    """``BertTokenizer``'s settings that rebuild ``tokenizer``, when it has BERT's pipeline."""
+    import json
+
+    backend = json.loads(tokenizer.backend_tokenizer.to_str())
+    normalizer, pre_tokenizer = backend.get("normalizer") or {}, backend.get("pre_tokenizer") or {}
+    if backend["model"]["type"] != "WordPiece" or normalizer.get("type") != "BertNormalizer" or pre_tokenizer.get("type") != "BertPreTokenizer":
+        return None
+    return {"tokenizer_class": "BertTokenizer", "do_lower_case": normalizer["lowercase"],
+            "strip_accents": normalizer["strip_accents"], "tokenize_chinese_chars": normalizer["handle_chinese_chars"]}
+
+
+def _reload(directory: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+
+
 def tokenizer_fingerprint(tokenizer) -> str:
     """A hash of everything that decides token ids, stored in meta.json to detect vocab mismatches."""
     digest = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode("utf-8"))

@@ -6,7 +6,7 @@ vocabulary whose weight is the input word-embedding matrix, plus an output-only 
 
 Speed: the vocabulary projection dominates the head (H·V multiply-adds per row against H² for the
 transform), so the caller gathers the ~15% target rows first and the head never sees the others —
-projecting every position would waste ~6.7× the work (docs: DESIGN.md, performance principles).
+projecting every position would waste ~6.7× the work.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ pretraining objective and says what the model must predict::
     masked = masker(block_batch, np.random.default_rng(seed))
 
 Targets are *flat* positions into the B×L batch (``row * L + column``), so heads gather exactly the rows
-they need (DESIGN.md: "heads compute only where there is a target") and an empty batch is just empty
+they need and an empty batch is just empty
 arrays. Every random choice goes through the ``np.random.Generator`` passed in: the same generator
 state gives the same batch, seed 0 included.
 

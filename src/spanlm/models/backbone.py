@@ -17,6 +17,7 @@ no loss reaches would be an unused parameter under DDP.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -211,13 +212,38 @@ def _load_checkpoint(config: BackboneConfig, corpus: PreparedCorpus) -> PreTrain
                          f"set model.family: {found}")
     kwargs = {"add_pooling_layer": False} if config.family in _HAS_POOLER else {}
     try:
-        model = AutoModel.from_pretrained(
-            str(path), local_files_only=True, attn_implementation=ATTENTION[config.family], **kwargs,
-        )
+        with quiet_load_report():
+            model, info = AutoModel.from_pretrained(
+                str(path), local_files_only=True, attn_implementation=ATTENTION[config.family], output_loading_info=True, **kwargs,
+            )
     except Exception as error:  # missing / corrupt weights, shape mismatches
         raise InputError(f"{path}: cannot load the checkpoint: {error}".split("\n")[0]) from None
+    missing = sorted(info["missing_keys"])
+    if missing:
+        raise InputError(f"{path}: the checkpoint lacks {len(missing)} of the encoder's weights ({', '.join(missing[:3])}"
+                         f"{', ...' if len(missing) > 3 else ''}); it is not a complete {found} encoder")
     check_vocabulary(model, corpus, path)
     return model
+
+
+@contextlib.contextmanager
+def quiet_load_report():
+    """Hide transformers' report of the checkpoint keys a bare encoder does not use.
+
+    Loading the encoder of a task checkpoint (``BertForMaskedLM``, ``ElectraForPreTraining``) makes
+    transformers list the head's weights as unexpected; spanlm reads those heads itself and says which
+    it loaded, and checks for missing encoder weights through ``output_loading_info``.
+    """
+    import logging
+
+    # A filter, not a higher level: transformers runs extra checks (and warns) when that logger's level is set.
+    logger = logging.getLogger("transformers.modeling_utils")
+    report = lambda record: "LOAD REPORT" not in record.getMessage()  # noqa: E731
+    logger.addFilter(report)
+    try:
+        yield
+    finally:
+        logger.removeFilter(report)
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spm.model",

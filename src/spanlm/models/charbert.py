@@ -254,7 +254,9 @@ class CharBertEncoder(nn.Module):
 
     def save(self, directory: Path) -> None:
         save_charbert(self.model, Path(directory), self.char_vocab)
-        self.tokenizer.save_pretrained(str(directory))
+        from spanlm.data.tokenizer import save_tokenizer
+
+        save_tokenizer(self.tokenizer, directory)
 
     def shard_units(self) -> list[nn.Module]:
         return self.model.shard_units()

@@ -63,7 +63,9 @@ class Encoder(nn.Module):
     def save(self, directory: Path) -> None:
         """A directory :func:`load_encoder` (and ``AutoModel``) loads back."""
         self.model.save_pretrained(str(directory))
-        self.tokenizer.save_pretrained(str(directory))
+        from spanlm.data.tokenizer import save_tokenizer
+
+        save_tokenizer(self.tokenizer, directory)
 
     def shard_units(self) -> list[nn.Module]:
         encoder = getattr(self.model, "encoder", None)

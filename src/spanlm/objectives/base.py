@@ -18,6 +18,8 @@ class Objective(nn.Module):
 
     #: callable(BlockBatch, np.random.Generator) -> MaskedBatch; must be picklable for worker processes
     masker = None
+    #: continued pretraining: head name → where its weights came from ("loaded (...)" / "fresh (why)")
+    head_report: dict[str, str] | None = None
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``"loss"`` (a scalar to minimise) and any number of scalar parts to log (e.g. ``mlm_loss``)."""

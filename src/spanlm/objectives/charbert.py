@@ -40,7 +40,8 @@ from spanlm.models.backbone import build_backbone, input_embeddings
 from spanlm.models.charbert import CharChannelConfig, DualChannel, is_charbert_directory, load_char_weights, read_charbert_config, save_charbert
 from spanlm.objectives import register
 from spanlm.objectives.base import Objective
-from spanlm.objectives.masked_lm import HEADS_FILE, OBJECTIVE_FILE, gather_rows, layer_norm_eps
+from spanlm.objectives.masked_lm import gather_rows, layer_norm_eps
+from spanlm.objectives.pretrained_heads import HEADS_FILE, OBJECTIVE_FILE, load_heads
 
 TERMS_FILE = "nlm_terms.json"
 
@@ -148,19 +149,18 @@ class CharBERT(Objective):
         return self.model.shard_units()
 
 
-def _continue_from(objective: CharBERT, directory: Path) -> None:
-    """Continued pretraining from a CharBERT export: its char channel, and its heads when the terms agree."""
-    from safetensors.torch import load_file
-
-    load_char_weights(objective.model, directory)
-    heads, terms = directory / HEADS_FILE, directory / TERMS_FILE
-    if not heads.is_file() or not terms.is_file():
-        return
-    if json.loads(terms.read_text(encoding="utf-8")) != objective.terms:
-        return  # another corpus's term vocabulary: the NLM head starts fresh (and so does the MLM head)
-    saved = load_file(str(heads))
-    if saved.keys() == objective.heads_state().keys():
-        objective.load_state_dict(saved, strict=False)
+def _continue_from(objective: CharBERT, directory: Path, charbert_export: bool) -> None:
+    """Continued pretraining: the char channel of a CharBERT export, the MLM head of a transformers
+    ``*ForMaskedLM`` or of the export, and the NLM head when its term vocabulary is this corpus's."""
+    if charbert_export:
+        load_char_weights(objective.model, directory)
+    terms = directory / TERMS_FILE
+    skip = {}
+    if not terms.is_file():
+        skip["nlm_head"] = f"no {TERMS_FILE} in the checkpoint"
+    elif json.loads(terms.read_text(encoding="utf-8")) != objective.terms:
+        skip["nlm_head"] = "the checkpoint's NLM terms are another corpus's"
+    load_heads(objective, directory, {"mlm_head": ("mlm", directory, objective.model.backbone.config)}, skip)
 
 
 @register("charbert")
@@ -193,6 +193,6 @@ def build_charbert(recipe, corpus) -> CharBERT:
     noise = NoiseMasker.from_corpus(recipe.masking.noise, corpus)
     masker = CharNoiseMasker(noise, Spelling.from_tokenizer(corpus.tokenizer, char_vocab), int(corpus.special_ids["pad"]))
     objective = CharBERT(model, masker, char_vocab, settings.nlm_weight)
-    if continuing:
-        _continue_from(objective, source)
+    if source is not None:
+        _continue_from(objective, source, continuing)
     return objective

@@ -22,15 +22,16 @@ Randomness: the masker (in DataLoader workers, seeded by the batch key) also dra
 replacements are a function of the batch key, like the masks: independent of the global RNG, of the
 number of workers and ranks, and replayed exactly on resume.
 
-Export: D as the downstream encoder (``AutoModel`` loads it) with its effective embedding E_G + E_Δ
-(GDES) or E_G (ES) materialised; G beside it in ``generator/``; the heads in ``heads.safetensors``.
+Export: D as the downstream encoder with its effective embedding E_G + E_Δ (GDES) or E_G (ES)
+materialised — ``ElectraForPreTraining`` with its RTD head for the electra family and head (``AutoModel``
+loads the encoder either way) —, G as ``*ForMaskedLM`` in ``generator/``, the heads transformers has no
+class for (SBO, DeBERTa-V3's RTD head) in ``heads.safetensors``.
 Setting ``model.path`` to such an export continues pretraining: E_Δ is restored as E_D − E_G.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
@@ -47,10 +48,10 @@ from spanlm.models.sharing import materialised_state_dict, share_embeddings
 from spanlm.objectives import register
 from spanlm.objectives.base import Objective
 from spanlm.objectives.config import ElectraConfig
-from spanlm.objectives.masked_lm import HEADS_FILE, OBJECTIVE_FILE, backbone_layers, encode, gather_rows, layer_norm_eps
+from spanlm.objectives.masked_lm import backbone_layers, encode, gather_rows, layer_norm_eps
+from spanlm.objectives.pretrained_heads import export_backbone, export_heads, load_heads
 
 GENERATOR_DIR = "generator"
-HEAD_PREFIXES = ("mlm_head.", "sbo_head.", "rtd_head.")
 
 
 @dataclasses.dataclass
@@ -158,34 +159,22 @@ class Electra(Objective):
             "sample_accuracy": sample_accuracy,  # share of samples equal to the original (ELECTRA's "sampled MLM accuracy")
         }
 
-    def heads_state(self) -> dict[str, torch.Tensor]:
-        """The heads' own weights (the tied decoders' weight is E_G, saved with the generator)."""
-        return {name: tensor.detach().contiguous() for name, tensor in self.named_parameters() if name.startswith(HEAD_PREFIXES)}
-
     def export(self, directory: Path, tokenizer) -> None:
-        from safetensors.torch import save_file
+        """D as ``ElectraForPreTraining`` (its RTD head under transformers' names; other families / heads: the
+        bare encoder, the head in heads.safetensors) with E_D materialised; G as ``*ForMaskedLM`` in generator/."""
+        from spanlm.data.tokenizer import save_tokenizer
 
         directory = Path(directory)
-        self.discriminator.save_pretrained(str(directory), state_dict=materialised_state_dict(self.discriminator))
-        self.generator.save_pretrained(str(directory / GENERATOR_DIR))
-        tokenizer.save_pretrained(str(directory / GENERATOR_DIR))
-        save_file(self.heads_state(), str(directory / HEADS_FILE))
-        record = {"objective": self.name, "sharing": self.settings.sharing, "generator": GENERATOR_DIR}
-        (directory / OBJECTIVE_FILE).write_text(json.dumps(record) + "\n", encoding="utf-8")
+        written = set()
+        if export_backbone(self.discriminator, directory, self.rtd_head, "rtd", state_dict=materialised_state_dict(self.discriminator)):
+            written.add("rtd_head")
+        if export_backbone(self.generator, directory / GENERATOR_DIR, self.mlm_head, "mlm"):
+            written.add("mlm_head")
+        save_tokenizer(tokenizer, directory / GENERATOR_DIR)
+        export_heads(self, directory, written, {"sharing": self.settings.sharing, "generator": GENERATOR_DIR})
 
     def shard_units(self):
         return backbone_layers(self.generator) + backbone_layers(self.discriminator)
-
-
-def _load_heads(objective: Electra, directory: Path) -> None:
-    """The export's heads, when they are this configuration's (another head choice starts fresh)."""
-    from safetensors.torch import load_file
-
-    if not (directory / HEADS_FILE).is_file():
-        return
-    saved = load_file(str(directory / HEADS_FILE))
-    if saved.keys() == objective.heads_state().keys():
-        objective.load_state_dict(saved, strict=False)
 
 
 @register("electra")
@@ -212,5 +201,6 @@ def build_electra(recipe, corpus) -> Electra:
     objective = Electra(generator, discriminator, SampledMasker(build_masker(recipe.masking, corpus)), settings,
                         recipe.objective.sbo_weight, recipe.masking.span.max_targets)
     if source is not None:
-        _load_heads(objective, source)
+        load_heads(objective, source, {"mlm_head": ("mlm", source / GENERATOR_DIR, generator.config),
+                                       "rtd_head": ("rtd", source, discriminator.config)})
     return objective

@@ -2,7 +2,7 @@
 
 Model: a backbone + BERT's MLM head (transform + decoder tied to the input embeddings), computed only
 at the target rows: at 15% masking, projecting every position onto the vocabulary would be ~6.7×
-wasted work (DESIGN.md). Loss: ``MLM_sum / n_targets`` over the original tokens of the targets.
+wasted work. Loss: ``MLM_sum / n_targets`` over the original tokens of the targets.
 
 - ``mlm``: any masker the recipe chooses (``masking.scheme``); BERT (Devlin et al. 2019) with ``mlm``.
 - ``wwm``: whole-word masking (``masking.scheme: wwm``), words from the prepared shards (jieba for Chinese).
@@ -12,7 +12,6 @@ wasted work (DESIGN.md). Loss: ``MLM_sum / n_targets`` over the original tokens 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -24,10 +23,7 @@ from spanlm.masking.base import build_masker
 from spanlm.models.backbone import build_backbone, hidden_size, input_embeddings
 from spanlm.objectives import register
 from spanlm.objectives.base import Objective
-
-HEADS_FILE = "heads.safetensors"
-OBJECTIVE_FILE = "spanlm_objective.json"
-
+from spanlm.objectives.pretrained_heads import export_backbone, export_heads, load_heads
 
 def encode(backbone, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """The backbone's last hidden states (B, L, H) for a masked batch."""
@@ -39,33 +35,17 @@ def gather_rows(hidden: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
     return hidden.flatten(0, 1).index_select(0, flat_index)
 
 
-def heads_state(objective: Objective) -> dict[str, torch.Tensor]:
-    """The heads' own weights: everything but the backbone, tied decoder weights excluded."""
-    backbone_ids = {id(p) for p in objective.backbone.parameters()}
-    return {name: tensor.detach().contiguous() for name, tensor in objective.named_parameters()
-            if not name.startswith("backbone.") and id(tensor) not in backbone_ids}
-
-
 def export_with_heads(objective: Objective, directory: Path) -> None:
-    """The backbone as a Hugging Face directory, and the heads beside it so pretraining can continue."""
-    from safetensors.torch import save_file
-
-    objective.backbone.save_pretrained(str(directory))
-    save_file(heads_state(objective), str(directory / HEADS_FILE))
-    (directory / OBJECTIVE_FILE).write_text(json.dumps({"objective": objective.name}) + "\n", encoding="utf-8")
+    """The backbone with its MLM head as transformers' ``*ForMaskedLM``; other heads in heads.safetensors."""
+    written = {"mlm_head"} if export_backbone(objective.backbone, directory, objective.mlm_head, "mlm") else set()
+    export_heads(objective, directory, written)
 
 
 def load_heads_if_present(objective: Objective, model_path: str | None) -> None:
-    """Continued pretraining from a spanlm export restores its heads too (a plain HF checkpoint has none)."""
-    if not model_path or not (Path(model_path) / HEADS_FILE).is_file():
-        return
-    from safetensors.torch import load_file
-
-    expected = heads_state(objective)
-    saved = load_file(str(Path(model_path) / HEADS_FILE))
-    if saved.keys() != expected.keys():
-        return  # heads of another objective: start this objective's heads fresh
-    objective.load_state_dict(saved, strict=False)
+    """Continued pretraining from a checkpoint directory starts from every head it holds (the MLM head of a
+    transformers ``*ForMaskedLM``, spanlm's other heads from heads.safetensors); the rest start fresh."""
+    if model_path:
+        load_heads(objective, Path(model_path), {"mlm_head": ("mlm", Path(model_path), objective.backbone.config)})
 
 
 class MaskedLM(Objective):

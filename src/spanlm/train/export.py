@@ -42,6 +42,7 @@ def write_directory(out: Path, fill: Callable[[Path], None]) -> Path:
 def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
     from spanlm.config import load_recipe, save_config
     from spanlm.data.shards import PreparedCorpus
+    from spanlm.data.tokenizer import save_tokenizer
     from spanlm.models.backbone import shortest_position_table
     from spanlm.objectives import build_objective
 
@@ -70,7 +71,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
 
     def fill(directory: Path) -> None:
         objective.export(directory, tokenizer)
-        tokenizer.save_pretrained(str(directory))
+        save_tokenizer(tokenizer, directory)
         save_config(recipe, directory / "config.yaml")
 
     return write_directory(out, fill)

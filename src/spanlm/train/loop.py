@@ -94,6 +94,10 @@ def pretraining_setup(recipe, env: DistEnv, log=print, keep_tokenizer: str | Non
     train_blocks, held_out = split_blocks(len(blocks), recipe.train.eval_blocks, recipe.seed)
     torch.manual_seed(recipe.seed)  # the same seed on every rank gives identical initial weights
     objective = build_objective(recipe, corpus).to(env.device)
+    if objective.head_report and env.is_main:
+        from spanlm.objectives.pretrained_heads import describe_heads
+
+        log(f"heads from {recipe.model.path}: {describe_heads(objective.head_report)}")
     check_max_len(objective, recipe.data.max_len)
     loader = build_train_loader(blocks, train_blocks, objective.masker, recipe.train, recipe.seed, env.rank, env.world_size)
     return TrainingSetup(objective, loader, lambda: eval_batches(blocks, held_out, objective.masker, recipe.train.batch_size,

@@ -1,0 +1,199 @@
+"""spanlm's heads under the names transformers' own task models give them, in both directions.
+
+spanlm's MLM head is BERT's (dense → GeLU → LayerNorm → decoder tied to the word embedding, plus a
+bias) and its ELECTRA RTD head is ELECTRA's (dense → GeLU → dense to one logit): the same functions and
+shapes as ``BertForMaskedLM``'s ``cls.predictions``, ``RobertaForMaskedLM``'s ``lm_head``,
+``ElectraForMaskedLM``'s ``generator_predictions`` and ``ElectraForPreTraining``'s
+``discriminator_predictions`` — only the names differ. So an export is written as that task model
+(``AutoModelForMaskedLM`` / ``pipeline("fill-mask")`` / ``ElectraForPreTraining`` load it with the
+trained head), and continued pretraining from any such checkpoint, a hub one included, starts from its
+head instead of a random one.
+
+Heads without a transformers class (SpanBERT's SBO, CharBERT's NLM, DeBERTa-V3's RTD head) are not
+named here: they travel in ``heads.safetensors`` under spanlm's own names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from spanlm.errors import InputError
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskHead:
+    """Where one spanlm head lives in a transformers task model."""
+
+    task_class: str  # the transformers class whose checkpoint holds the head, e.g. "BertForMaskedLM"
+    names: dict[str, str]  # spanlm parameter name inside the head module → key in that checkpoint
+
+    def to_checkpoint(self, head_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {self.names[name]: tensor for name, tensor in head_state.items()}
+
+
+def _mlm(task_class: str, transform: str, norm: str, bias: str) -> TaskHead:
+    return TaskHead(task_class, {
+        "dense.weight": f"{transform}.weight", "dense.bias": f"{transform}.bias",
+        "layer_norm.weight": f"{norm}.weight", "layer_norm.bias": f"{norm}.bias",
+        "decoder.bias": bias,
+    })
+
+
+# The MLM head of each family's *ForMaskedLM (transformers 5; these names are also those of the hub's
+# BERT / RoBERTa / DeBERTa / ELECTRA-generator checkpoints).
+MLM_HEADS = {
+    "bert": _mlm("BertForMaskedLM", "cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.predictions.bias"),
+    "roberta": _mlm("RobertaForMaskedLM", "lm_head.dense", "lm_head.layer_norm", "lm_head.bias"),
+    "electra": _mlm("ElectraForMaskedLM", "generator_predictions.dense", "generator_predictions.LayerNorm", "generator_lm_head.bias"),
+    # DeBERTa-V2/V3's "legacy" head (DebertaV2Config.legacy, true by default and in microsoft's checkpoints)
+    # is BERT's, under BERT's names.
+    "deberta-v2": _mlm("DebertaV2ForMaskedLM", "cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.predictions.bias"),
+}
+_DEBERTA_NON_LEGACY = _mlm("DebertaV2ForMaskedLM", "lm_predictions.lm_head.dense", "lm_predictions.lm_head.LayerNorm", "lm_predictions.lm_head.bias")
+
+# ELECTRA's discriminator head in ElectraForPreTraining.
+RTD_HEADS = {
+    "electra": TaskHead("ElectraForPreTraining", {
+        "dense.weight": "discriminator_predictions.dense.weight", "dense.bias": "discriminator_predictions.dense.bias",
+        "classifier.weight": "discriminator_predictions.dense_prediction.weight",
+        "classifier.bias": "discriminator_predictions.dense_prediction.bias",
+    }),
+}
+
+# Other names transformers' loader accepts for the same tensors (old TF-converted checkpoints, and the
+# decoder bias that BERT-style heads also store under the decoder).
+_ALIASES = {".weight": (".gamma",), ".bias": (".beta",)}
+_BIAS_ALIASES = {"cls.predictions.bias": "cls.predictions.decoder.bias", "lm_head.bias": "lm_head.decoder.bias"}
+
+
+def task_head(kind: str, head: nn.Module, config) -> TaskHead | None:
+    """The transformers head that ``head`` (spanlm's ``kind`` head, "mlm" or "rtd") is, for a backbone of ``config``.
+
+    None when transformers has no such head for the family, or ``head`` is not the plain spanlm head of
+    that kind (e.g. DeBERTa-V3's RTD head, which adds a LayerNorm over h_[CLS] + h_i).
+    """
+    from spanlm.heads.mlm import MLMHead
+    from spanlm.heads.rtd import ElectraRTDHead
+
+    model_type = config.model_type
+    if kind == "mlm" and type(head) is MLMHead:
+        if model_type == "deberta-v2" and not getattr(config, "legacy", True):
+            return _DEBERTA_NON_LEGACY
+        return MLM_HEADS.get(model_type)
+    if kind == "rtd" and type(head) is ElectraRTDHead:
+        return RTD_HEADS.get(model_type)
+    return None
+
+
+def save_task_model(backbone, directory: Path, head: nn.Module | None = None, spec: TaskHead | None = None,
+                    state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """``backbone`` (with ``head`` as transformers task model ``spec``) as a Hugging Face directory.
+
+    ``state_dict``: the backbone's weights when they are not its own state (ELECTRA's materialised
+    shared embedding). BERT and RoBERTa also get a pooler: spanlm pretrains without next-sentence
+    prediction, so it is BERT's initialisation, untrained — stored so that ``AutoModel`` (which builds
+    one) loads the directory without reporting freshly initialised weights, as it does for the hub's
+    BERT and RoBERTa checkpoints. Fine-tuning trains it like a new one.
+    """
+    import transformers
+
+    state = dict(state_dict if state_dict is not None else backbone.state_dict())
+    state.update(_untrained_pooler(backbone.config, state))
+    if head is None or spec is None:
+        backbone.save_pretrained(str(directory), state_dict=state)
+        return
+    config = backbone.config.__class__.from_dict(backbone.config.to_dict())
+    task = getattr(transformers, spec.task_class)(config)
+    prefix = task.base_model_prefix
+    full = {f"{prefix}.{name}": tensor for name, tensor in state.items()}
+    full.update(spec.to_checkpoint({name: tensor.detach() for name, tensor in head.state_dict().items()}))
+    # Loading into the task model checks every name and shape against transformers' own class.
+    missing, unexpected = task.load_state_dict(full, strict=False)
+    tied = {name for name in missing if _is_tied(task, name)}
+    pooler = {name for name in unexpected if ".pooler." in name}
+    if set(missing) - tied or set(unexpected) - pooler:
+        raise RuntimeError(f"{spec.task_class}: the export's names do not match transformers' "
+                           f"(missing {sorted(set(missing) - tied)[:3]}, unexpected {sorted(set(unexpected) - pooler)[:3]})")
+    task.save_pretrained(str(directory), state_dict={**task.state_dict(), **{name: full[name] for name in pooler}})
+
+
+def _is_tied(task, name: str) -> bool:
+    """Whether ``name`` is a tied copy (the decoder weight / bias) that transformers fills from another key."""
+    tied = getattr(task, "_tied_weights_keys", None) or {}
+    return name in tied
+
+
+def _untrained_pooler(config, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """BERT's pooler at its initialisation (N(0, initializer_range) weight, zero bias), for bert / roberta."""
+    if config.model_type not in ("bert", "roberta") or any(name.startswith("pooler.") for name in state):
+        return {}
+    width = int(config.hidden_size)
+    generator = torch.Generator().manual_seed(0)  # the same pooler for the same shape: exports are reproducible
+    weight = torch.empty(width, width).normal_(0.0, float(config.initializer_range), generator=generator)
+    reference = next(iter(state.values()))
+    return {"pooler.dense.weight": weight.to(reference.dtype), "pooler.dense.bias": torch.zeros(width, dtype=reference.dtype)}
+
+
+def read_task_head(directory: Path, spec: TaskHead) -> dict[str, torch.Tensor] | None:
+    """The head ``spec`` from the weights in ``directory``, under spanlm's names; None when it has none.
+
+    A checkpoint holding only part of the head is damaged: an :class:`InputError` names it.
+    """
+    wanted = {}
+    for ours, theirs in spec.names.items():
+        candidates = [theirs] + [theirs[: -len(suffix)] + alias for suffix, aliases in _ALIASES.items()
+                                 if theirs.endswith(suffix) for alias in aliases]
+        if theirs in _BIAS_ALIASES:
+            candidates.append(_BIAS_ALIASES[theirs])
+        wanted[ours] = candidates
+    found = checkpoint_tensors(directory, [name for names in wanted.values() for name in names])
+    state = {ours: found[next(name for name in names if name in found)] for ours, names in wanted.items()
+             if any(name in found for name in names)}
+    if not state:
+        return None
+    if state.keys() != wanted.keys():
+        missing = [spec.names[name] for name in wanted if name not in state]
+        raise InputError(f"{directory}: its {spec.task_class} head is incomplete (no {', '.join(missing)}); "
+                         "the checkpoint is damaged")
+    return state
+
+
+def checkpoint_tensors(directory: Path, names: list[str]) -> dict[str, torch.Tensor]:
+    """The tensors of ``names`` that the checkpoint in ``directory`` holds (safetensors, sharded or not, or a
+    PyTorch ``.bin`` read with ``weights_only``)."""
+    from safetensors import SafetensorError, safe_open
+
+    single, index = directory / "model.safetensors", directory / "model.safetensors.index.json"
+    if single.is_file():
+        files = {single: names}
+    elif index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (ValueError, KeyError) as error:
+            raise InputError(f"{index}: not a safetensors index ({error})") from None
+        files = {}
+        for name in names:
+            if name in weight_map:
+                files.setdefault(directory / weight_map[name], []).append(name)
+    elif (directory / "pytorch_model.bin").is_file():
+        try:
+            state = torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True, mmap=True)
+        except Exception as error:  # a pickle with code in it, or a damaged file
+            raise InputError(f"{directory / 'pytorch_model.bin'}: cannot be read safely ({error})".split("\n")[0]) from None
+        return {name: state[name] for name in names if name in state}
+    else:
+        return {}
+    out = {}
+    for path, keys in files.items():
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                present = set(handle.keys())
+                out.update({name: handle.get_tensor(name) for name in keys if name in present})
+        except (SafetensorError, OSError) as error:
+            raise InputError(f"{path}: cannot read its weights ({error})".split("\n")[0]) from None
+    return out
