@@ -141,7 +141,12 @@ def save_tokenizer(tokenizer, directory: str | Path) -> None:
     tokenizer.save_pretrained(str(directory))
     path = directory / "tokenizer_config.json"
     saved = json.loads(path.read_text(encoding="utf-8"))
+    if isinstance(saved.get("extra_special_tokens"), list):
+        # transformers 5 writes the extra special tokens as a list under a key that 4.x reads as a dict
+        # (and fails on); both read the list under its 4.x name.
+        saved["additional_special_tokens"] = saved.pop("extra_special_tokens")
     if saved.get("tokenizer_class") not in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+        path.write_text(json.dumps(saved, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         return
     fingerprint = tokenizer_fingerprint(tokenizer)
     for settings in (_bert_settings(tokenizer), {"tokenizer_class": "PreTrainedTokenizerFast"}):
