@@ -76,6 +76,24 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _recipes_list(args: argparse.Namespace) -> int:
+    from spanlm.recipes import shipped_recipes, shipped_root
+
+    recipes = shipped_recipes()
+    width = max((len(recipe.name) for recipe in recipes), default=0)
+    for recipe in recipes:
+        print(f"{recipe.name:<{width}}  {recipe.description}")
+    log(f"{len(recipes)} recipes in {shipped_root() / 'configs'}; `spanlm recipes copy NAME DEST` copies one to edit and run")
+    return 0
+
+
+def _recipes_copy(args: argparse.Namespace) -> int:
+    from spanlm.recipes import copy_recipe
+
+    print(json.dumps({"recipe": args.name, "copied": str(copy_recipe(args.name, args.dest, force=args.force))}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from spanlm import __version__
 
@@ -122,10 +140,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="the whole toolkit on the embedded data: pretrain → NER → report",
                                description="Prepare the embedded corpus, pretrain a tiny SpanBERT, fine-tune GlobalPointer NER on "
-                                           "WNUT-17, evaluate, predict, and write OUT/report.html. Run from the repository.")
+                                           "WNUT-17, evaluate, predict, and write OUT/report.html, from the recipes and data "
+                                           "installed with spanlm (any working directory).")
     demo.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     demo.add_argument("--quick", action="store_true", help="the ~30-second smoke version (a few steps per stage)")
     demo.set_defaults(run=_demo)
+
+    recipes = commands.add_parser("recipes", help="the recipes installed with spanlm: list them, copy one to edit and run",
+                                  description="The recipes of the repository's configs/, installed with the package "
+                                              "(with the embedded data they read).")
+    actions = recipes.add_subparsers(dest="recipes_command", metavar="ACTION", required=True)
+    actions.add_parser("list", help="each recipe's name (e.g. pretrain/spanbert) and what it is").set_defaults(run=_recipes_list)
+    copy = actions.add_parser("copy", help="write a recipe where you can edit it, its embedded-data paths made absolute",
+                              description="Copy a recipe; its data/... paths become the absolute paths of the installed "
+                                          "embedded data, so the copy runs from any directory.")
+    copy.add_argument("name", help="a name from `spanlm recipes list`, e.g. pretrain/spanbert")
+    copy.add_argument("dest", help="the file to write, or a directory to put it in (keeping the recipe's file name)")
+    copy.add_argument("--force", action="store_true", help="replace DEST if it exists")
+    copy.set_defaults(run=_recipes_copy)
 
     from spanlm.qa.cli import add_qa_commands
 

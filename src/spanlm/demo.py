@@ -7,7 +7,8 @@ F1 per type, the summary table, the predictions) and the summary table printed a
 
 Every stage is the same code the CLI runs (``spanlm pretrain``, ``spanlm export``, ``spanlm ner
 train``); the demo only chooses bounded step counts. ``--quick`` is a one-minute smoke version.
-A second run continues the pretraining run (``--resume auto``) and retrains the NER stage.
+A second run continues the pretraining run (``--resume auto``) and retrains the NER stage. The recipes
+and data come from the package (:func:`spanlm.recipes.shipped_root`), so it runs from any directory.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import json
 import shutil
 from pathlib import Path
 
-from spanlm.errors import InputError
+from spanlm.recipes import shipped_root
 
 EXAMPLES = [
     "Sherlock Holmes took the train from London to Paris with Watson on Monday.",
@@ -40,14 +41,6 @@ class DemoPlan:
 QUICK = DemoPlan(pretrain_steps=12, ner_steps=12, eval_every=6, eval_docs=50)
 
 
-def find_repository_file(relative: str) -> Path:
-    """``relative`` under the current directory, else under the checkout this package was installed from."""
-    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
-        if (root / relative).exists():
-            return root / relative
-    raise InputError(f"{relative} not found: run `spanlm demo` from the spanlm repository (it reads configs/ and data/)")
-
-
 def run_demo(out: str | Path = "runs/demo", quick: bool = False, log=print) -> dict:
     """Run every stage into ``out``; returns the summary (also in ``out/summary.json``)."""
     from spanlm.config import load_recipe
@@ -61,7 +54,7 @@ def run_demo(out: str | Path = "runs/demo", quick: bool = False, log=print) -> d
 
     plan = QUICK if quick else DemoPlan()
     out = Path(out)
-    root = find_repository_file("configs").parent
+    root = shipped_root()  # the recipes and data installed with this spanlm, whatever the working directory
     corpus = [str(p) for p in sorted((root / "data" / "corpus").glob("*.txt")) if "hongloumeng" not in p.name]
 
     log(f"[1/4] pretraining a tiny SpanBERT encoder ({plan.pretrain_steps} steps) → {out / 'pretrain'}")
