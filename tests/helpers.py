@@ -69,12 +69,15 @@ def readme_section(title: str, language: str = "python") -> list[str]:
     """The ``language`` code blocks under the README heading ``title`` (up to the next heading of its level or above)."""
     import re
 
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    heading = re.search(rf"^(#+) {re.escape(title)}\n", readme, flags=re.M)
+    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines(keepends=True)
+    heading = next((i for i, line in enumerate(lines) if re.fullmatch(rf"#+ {re.escape(title)}\n", line)), None)
     if heading is None:
         raise AssertionError(f"README.md has no heading '{title}'")
-    level = len(heading.group(1))
-    rest = readme[heading.end():]
-    end = re.search(rf"^#{{1,{level}}} ", rest, flags=re.M)
-    body = rest[:end.start()] if end else rest
-    return re.findall(rf"```{language}\n(.*?)```", body, flags=re.S)
+    level = len(lines[heading]) - len(lines[heading].lstrip("#"))
+    body, fenced = [], False
+    for line in lines[heading + 1:]:
+        fenced ^= line.startswith("```")
+        if not fenced and re.match(rf"#{{1,{level}}} ", line):
+            break
+        body.append(line)
+    return re.findall(rf"```{language}\n(.*?)```", "".join(body), flags=re.S)

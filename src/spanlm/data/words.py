@@ -29,7 +29,7 @@ def encode_sentences(tokenizer, texts: list[str], words: str) -> tuple[np.ndarra
     sentence_first = np.zeros(len(ids), dtype=bool)
     sentence_first[(np.cumsum(lengths) - lengths)[lengths > 0]] = True
     if words == "jieba":
-        word_index = _jieba_word_index(texts, encodings, lengths)
+        word_index = jieba_word_index(texts, encodings, lengths)
     else:
         # None (a non-special added token of a loaded tokenizer, matched in the text) becomes NaN: a word of its own.
         word_index = np.array(list(chain.from_iterable(e.word_ids for e in encodings)), dtype=np.float64)
@@ -47,7 +47,7 @@ def _jieba():
     return jieba
 
 
-def _jieba_word_index(texts: list[str], encodings, lengths: np.ndarray) -> np.ndarray:
+def jieba_word_index(texts: list[str], encodings, lengths: np.ndarray) -> np.ndarray:
     """For every token, the index of the jieba word holding its first character (global over the batch)."""
     jieba = _jieba()
     word_start_chars, text_offsets, offset = [], np.zeros(len(texts), dtype=np.int64), 0

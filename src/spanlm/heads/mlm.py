@@ -31,8 +31,9 @@ class TiedDecoder(nn.Module):
     (``objective.to(device)``); ``head.to()`` alone does not move a weight it does not own.
     """
 
-    def __init__(self, embedding: nn.Embedding):
+    def __init__(self, embedding: nn.Embedding, hand_over_gradient: bool = True):
         super().__init__()
+        self.hand_over_gradient = hand_over_gradient
         self.tie(embedding)
         weight = embedding.weight
         self.bias = nn.Parameter(torch.zeros(weight.shape[0], device=weight.device, dtype=weight.dtype))
@@ -41,7 +42,8 @@ class TiedDecoder(nn.Module):
     def tie(self, embedding: nn.Embedding) -> None:
         # object.__setattr__ bypasses nn.Module.__setattr__, which would register `embedding` as a child.
         object.__setattr__(self, "embedding", embedding)
-        tie_gradients(embedding)  # its lookup delivers this decoder's weight gradient with its own
+        if self.hand_over_gradient:  # off for a stock transformers model, whose embedding stays nn.Embedding
+            tie_gradients(embedding)  # its lookup delivers this decoder's weight gradient with its own
 
     @property
     def weight(self) -> Tensor:

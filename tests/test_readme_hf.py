@@ -1,0 +1,83 @@
+"""The README's "With Hugging Face" snippets run as written (exports, continued pretraining, Trainer), in small form."""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+import pytest
+
+from helpers import REPO, readme_section
+from spanlm.cli import main
+
+TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64",
+        "tokenizer.vocab_size=2000", "train.max_steps=2", "train.eval_every=0", "train.num_workers=0",
+        "logging.progress=false"]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A directory with the README's earlier commands run in it: prepare, a tiny SpanBERT, its export."""
+    directory = tmp_path_factory.mktemp("readme_hf")
+    (directory / "data").symlink_to(REPO / "data")
+    (directory / "configs").symlink_to(REPO / "configs")
+    previous = os.getcwd()
+    os.chdir(directory)
+    try:
+        assert main(["pretrain", str(REPO / "configs/pretrain/spanbert.yaml"), *TINY]) == 0
+        assert main(["export", "runs/pretrain/spanbert", "--out", "runs/export/spanbert"]) == 0
+    finally:
+        os.chdir(previous)
+    return directory
+
+
+def commands(bash: str) -> list[list[str]]:
+    """The snippet's commands (continuation lines joined, comments dropped), split into words."""
+    joined = bash.replace("\\\n", " ")
+    return [shlex.split(os.path.expandvars(line)) for line in joined.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_exports_load_with_their_heads(workdir, monkeypatch, capsys):
+    monkeypatch.chdir(workdir)
+    (code,) = readme_section("Exports that transformers loads with their heads")
+    namespace = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert type(namespace["model"]).__name__ == "BertForMaskedLM"
+    assert capsys.readouterr().out.startswith("[")  # the fill-mask guesses
+
+
+def test_continued_pretraining_from_a_stock_checkpoint(workdir, monkeypatch, capsys):
+    import torch
+    from transformers import AutoConfig, AutoTokenizer, BertForMaskedLM
+
+    monkeypatch.chdir(workdir)
+    checkpoint = workdir / "bert-base-uncased"  # a stand-in: a stock BertForMaskedLM made by transformers
+    tokenizer = AutoTokenizer.from_pretrained("runs/export/spanbert")
+    torch.manual_seed(0)
+    BertForMaskedLM(AutoConfig.for_model("bert", vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                         intermediate_size=64, pad_token_id=tokenizer.pad_token_id)).save_pretrained(str(checkpoint))
+    tokenizer.save_pretrained(str(checkpoint))
+    monkeypatch.setenv("CHECKPOINT", str(checkpoint))
+    (bash,) = readme_section("Continued pretraining from a Hugging Face checkpoint", language="bash")
+    (command,) = commands(bash)
+    assert command[:2] == ["spanlm", "pretrain"]
+    assert main([*command[1:], *TINY]) == 0
+    assert f"heads from {checkpoint}: mlm_head loaded (BertForMaskedLM weights in bert-base-uncased); sbo_head fresh (not in the checkpoint)" \
+        in capsys.readouterr().err
+
+
+def test_maskers_in_the_trainer(workdir, monkeypatch):
+    from spanlm.config import load_recipe
+    from spanlm.data.shards import PreparedCorpus
+    from spanlm.objectives import build_objective
+
+    monkeypatch.chdir(workdir)
+    (code,) = readme_section("spanlm's maskers in your own `Trainer`")
+    namespace = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    export = workdir / "runs/hf-trainer/export"
+    assert {"model.safetensors", "heads.safetensors", "config.json"} <= {p.name for p in export.iterdir()}
+    # spanlm continues the Trainer's model with both of its heads.
+    recipe = load_recipe(REPO / "configs/pretrain/spanbert.yaml", [f"model.path={export}", *TINY[4:5]])
+    objective = build_objective(recipe, PreparedCorpus(recipe.data.prepared_dir))
+    assert objective.head_report == {"mlm_head": "loaded (BertForMaskedLM weights in export)", "sbo_head": "loaded (heads.safetensors)"}
