@@ -78,3 +78,54 @@ def readme_section(title: str, language: str = "python") -> list[str]:
     end = re.search(rf"^#{{1,{level}}} ", rest, flags=re.M)
     body = rest[:end.start()] if end else rest
     return re.findall(rf"```{language}\n(.*?)```", body, flags=re.S)
+
+
+# The ClassLabel names of the Hub's wnut_17 ner_tags, in its order.
+WNUT_TAGS = ["O", "B-corporation", "I-corporation", "B-creative-work", "I-creative-work", "B-group", "I-group",
+             "B-location", "I-location", "B-person", "I-person", "B-product", "I-product"]
+
+
+def conll_dataset(path: Path, tag_names: list[str]):
+    """A ``token<TAB>tag`` CoNLL file as a `datasets.Dataset` in the Hub's conll2003 / wnut_17 layout: ``id``,
+    ``tokens``, integer ``ner_tags`` with ClassLabel names; one row per sentence (blank, whitespace-only or
+    -DOCSTART- lines end one)."""
+    import datasets
+
+    rows: dict[str, list] = {"id": [], "tokens": [], "ner_tags": []}
+    tokens: list[str] = []
+    tags: list[str] = []
+    for line in [*path.read_text(encoding="utf-8").splitlines(), ""]:
+        columns = line.split()
+        if columns and columns[0] != "-DOCSTART-":
+            tokens.append(columns[0])
+            tags.append(columns[-1])
+        elif tokens:
+            rows["id"].append(str(len(rows["id"])))
+            rows["tokens"].append(tokens)
+            rows["ner_tags"].append([tag_names.index(tag) for tag in tags])
+            tokens, tags = [], []
+    features = datasets.Features({"id": datasets.Value("string"), "tokens": datasets.List(datasets.Value("string")),
+                                  "ner_tags": datasets.List(datasets.ClassLabel(names=tag_names))})
+    return datasets.Dataset.from_dict(rows, features=features)
+
+
+def cache_like_the_hub(root: Path, name: str, splits: dict, config: str | None = None) -> Path:
+    """Put dataset ``name`` into the `datasets` cache as an online ``load_dataset(name[, config])`` leaves it.
+
+    The splits (`datasets.Dataset`s) are written as a local dataset repository in the Hub's layout —
+    ``root/name/data/<split>-00000-of-00001.parquet``, or ``root/name/<config>/…`` with a README naming
+    the configuration — and loaded once from there (parquet keeps the features, ClassLabel names
+    included, as on the Hub). Returns the repository directory.
+    """
+    import datasets
+
+    repo = root / name
+    folder = config or "data"
+    (repo / folder).mkdir(parents=True, exist_ok=True)
+    for split, dataset in splits.items():
+        dataset.to_parquet(str(repo / folder / f"{split}-00000-of-00001.parquet"))
+    if config:
+        files = "".join(f"  - split: {split}\n    path: {config}/{split}-*\n" for split in splits)
+        (repo / "README.md").write_text(f"---\nconfigs:\n- config_name: {config}\n  data_files:\n{files}---\n", encoding="utf-8")
+    datasets.load_dataset(str(repo), config)
+    return repo

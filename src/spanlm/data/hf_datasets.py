@@ -82,9 +82,10 @@ def load_split(reference: str, split: str, split_setting: str) -> DatasetSplit:
     ``split_setting`` names the setting that chooses the split, for the error messages.
     Every failure is an :class:`InputError` naming the reference.
     """
-    if reference.startswith(HF_PREFIX):
-        return _load_named(reference, split, split_setting)
-    return _load_saved(Path(reference), split, split_setting)
+    loaded = _load_named(reference, split, split_setting) if reference.startswith(HF_PREFIX) \
+        else _load_saved(Path(reference), split, split_setting)
+    # Rows as plain Python values, whatever format (torch, numpy) the dataset was saved with.
+    return dataclasses.replace(loaded, dataset=loaded.dataset.with_format(None))
 
 
 def _load_saved(path: Path, split: str, split_setting: str) -> DatasetSplit:
