@@ -113,13 +113,16 @@ def cache_like_the_hub(root: Path, name: str, splits: dict, config: str | None =
     """Put dataset ``name`` into the `datasets` cache as an online ``load_dataset(name[, config])`` leaves it.
 
     The splits (`datasets.Dataset`s) are written as a local dataset repository in the Hub's layout —
-    ``root/name/data/<split>-00000-of-00001.parquet``, or ``root/name/<config>/…`` with a README naming
-    the configuration — and loaded once from there (parquet keeps the features, ClassLabel names
-    included, as on the Hub). Returns the repository directory.
+    ``root/<dataset>/data/<split>-00000-of-00001.parquet``, or ``root/<dataset>/<config>/…`` with a README
+    naming the configuration — and loaded once from there (parquet keeps the features, ClassLabel names
+    included, as on the Hub). A Hub load of ``namespace/dataset`` is cached under ``namespace___dataset``
+    (datasets' ``DatasetBuilder._relative_data_dir``); a local repository has no namespace, so its cache
+    entry is moved there. Returns the repository directory.
     """
     import datasets
 
-    repo = root / name
+    namespace, _, dataset_name = name.rpartition("/")
+    repo = root / dataset_name
     folder = config or "data"
     (repo / folder).mkdir(parents=True, exist_ok=True)
     for split, dataset in splits.items():
@@ -128,4 +131,7 @@ def cache_like_the_hub(root: Path, name: str, splits: dict, config: str | None =
         files = "".join(f"  - split: {split}\n    path: {config}/{split}-*\n" for split in splits)
         (repo / "README.md").write_text(f"---\nconfigs:\n- config_name: {config}\n  data_files:\n{files}---\n", encoding="utf-8")
     datasets.load_dataset(str(repo), config)
+    if namespace:
+        cache = Path(datasets.config.HF_DATASETS_CACHE)
+        (cache / dataset_name).rename(cache / f"{namespace}___{dataset_name}")
     return repo

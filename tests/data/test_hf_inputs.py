@@ -111,51 +111,61 @@ def test_a_saved_dataset_is_reused_until_its_rows_change(tmp_path):
 
 @pytest.fixture
 def cached_wikitext(offline_datasets_cache, tmp_path):
-    """A small `wikitext` (configuration wikitext-2-raw-v1) in the datasets cache, as an online load leaves it."""
+    """A small `Salesforce/wikitext` (configuration wikitext-2-raw-v1) in the datasets cache, as an online load leaves it."""
     rows = {"train": [" = Holmes = ", " He examined the mechanism . ", "", " Watson wrote it down . "],
             "validation": [" The café owners did not care . "]}
     splits = {split: datasets.Dataset.from_dict({"text": texts}) for split, texts in rows.items()}
-    return cache_like_the_hub(tmp_path / "hub", "wikitext", splits, config="wikitext-2-raw-v1"), rows
+    return cache_like_the_hub(tmp_path / "hub", "Salesforce/wikitext", splits, config="wikitext-2-raw-v1"), rows
 
 
 def test_a_dataset_name_loads_offline_from_the_datasets_cache(cached_wikitext, tmp_path):
     repo, rows = cached_wikitext
     train = [text.strip() for text in rows["train"] if text.strip()]
-    assert [t for _, t in units(recipe_for(tmp_path, ["hf:wikitext:wikitext-2-raw-v1"]))] == train
-    assert [t for _, t in units(recipe_for(tmp_path, ["hf:wikitext"]))] == train  # the cached configuration
+    assert [t for _, t in units(recipe_for(tmp_path, ["hf:Salesforce/wikitext:wikitext-2-raw-v1"]))] == train
+    assert [t for _, t in units(recipe_for(tmp_path, ["hf:Salesforce/wikitext"]))] == train  # the cached configuration
     validation = [rows["validation"][0].strip()]
-    assert [t for _, t in units(recipe_for(tmp_path, ["hf:wikitext:wikitext-2-raw-v1"], split="validation"))] == validation
-    assert [t for _, t in units(recipe_for(tmp_path, ["hf:wikitext::validation"]))] == validation
-    assert [t for _, t in units(recipe_for(tmp_path, ["hf:wikitext:wikitext-2-raw-v1:train[:2]"]))] == train[:2]
+    by_setting = units(recipe_for(tmp_path, ["hf:Salesforce/wikitext:wikitext-2-raw-v1"], split="validation"))
+    assert [t for _, t in by_setting] == validation
+    assert [t for _, t in units(recipe_for(tmp_path, ["hf:Salesforce/wikitext::validation"]))] == validation
+    assert [t for _, t in units(recipe_for(tmp_path, ["hf:Salesforce/wikitext:wikitext-2-raw-v1:train[:2]"]))] == train[:2]
+    assert [t for _, t in units(recipe_for(tmp_path, ["hf:Salesforce/wikitext@main:wikitext-2-raw-v1"]))] == train
     assert [t for _, t in units(recipe_for(tmp_path, [f"hf:{repo}:wikitext-2-raw-v1"]))] == train  # a local repository
 
 
 def test_a_dataset_name_is_reused_until_its_split_changes(cached_wikitext, tmp_path):
-    recipe = recipe_for(tmp_path, ["hf:wikitext:wikitext-2-raw-v1"])
+    recipe = recipe_for(tmp_path, ["hf:Salesforce/wikitext:wikitext-2-raw-v1"])
     messages = []
     whole = read_meta(prepare(recipe, log=messages.append))
-    assert whole["inputs"] == ["hf:wikitext:wikitext-2-raw-v1 (split train)"]
+    assert whole["inputs"] == ["hf:Salesforce/wikitext:wikitext-2-raw-v1 (split train)"]
     prepare(recipe, log=messages.append)
     assert "up to date" in messages[-1]
-    recipe.data.inputs = ["hf:wikitext:wikitext-2-raw-v1:train[:2]"]  # the same Arrow file, fewer rows
+    recipe.data.inputs = ["hf:Salesforce/wikitext:wikitext-2-raw-v1:train[:2]"]  # the same Arrow file, fewer rows
     part = read_meta(prepare(recipe, log=messages.append))
     assert "reusing" not in messages[-1] and part["n_sentences"] == 2 < whole["n_sentences"]
 
 
+OFFLINE = ("offline mode is on (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) and 'someone/absent' is not in the local datasets "
+           "cache ({cache}); load it once online, or give a save_to_disk directory")
+CHOICES = "(the configuration comes from hf:NAME:CONFIG, the split from hf:NAME:CONFIG:SPLIT or data.split)"
+
+
 @pytest.mark.parametrize("entry, message", [
-    ("hf:someone/absent", "hf:someone/absent: offline mode is on (HF_HUB_OFFLINE) and 'someone/absent' is not in the "
-                          "local datasets cache ({cache}); load it once online, or give a save_to_disk directory"),
-    ("hf:wikitext:wikitext-2-raw-v1:test", 'hf:wikitext:wikitext-2-raw-v1:test: Unknown split "test". Should be one of '
-                                           "['train', 'validation']. (split from data.split or hf:NAME:CONFIG:SPLIT)"),
-    ("hf:wikitext:wikitext-103-raw-v1", "hf:wikitext:wikitext-103-raw-v1: Couldn't find cache for wikitext for config "
-                                        "'wikitext-103-raw-v1'; Available configs in the cache: ['wikitext-2-raw-v1'] "
-                                        "(split from data.split or hf:NAME:CONFIG:SPLIT)"),
-    ("hf:", "hf:: no dataset name (hf:NAME[:CONFIG][:SPLIT])"),
+    ("hf:someone/absent", OFFLINE),
+    ("hf:Salesforce/wikitext:wikitext-2-raw-v1:test", f"Unknown split \"test\". Should be one of ['train', 'validation']. {CHOICES}"),
+    ("hf:Salesforce/wikitext:wikitext-103-raw-v1", "Couldn't find cache for Salesforce/wikitext for config 'wikitext-103-raw-v1'; "
+                                                   f"Available configs in the cache: ['wikitext-2-raw-v1'] {CHOICES}"),
+    ("hf:", "no dataset name (hf:NAME[@REVISION][:CONFIG][:SPLIT])"),
+    ("hf:{tmp}/legacy", "cannot load '{tmp}/legacy' with datasets.load_dataset: Dataset scripts are no longer supported, "
+                        "but found legacy.py (a Hub dataset with a loading script may load from its Parquet export: "
+                        "hf:NAME@refs/convert/parquet)"),
 ])
 def test_a_dataset_name_that_cannot_be_loaded_is_one_line(cached_wikitext, offline_datasets_cache, tmp_path, entry, message):
+    (tmp_path / "legacy").mkdir()
+    (tmp_path / "legacy" / "legacy.py").write_text("# a dataset loading script\n")
+    entry = entry.format(tmp=tmp_path)
     with pytest.raises(InputError) as error:
         resolve_inputs(recipe_for(tmp_path, [entry]).data)
-    assert str(error.value) == message.format(cache=offline_datasets_cache)
+    assert str(error.value) == f"{entry}: " + message.format(cache=offline_datasets_cache, tmp=tmp_path)
 
 
 def test_the_cli_reads_the_offline_variables(cached_wikitext, offline_datasets_cache, tmp_path):
@@ -167,18 +177,17 @@ def test_the_cli_reads_the_offline_variables(cached_wikitext, offline_datasets_c
                                           "tokenizer: {kind: bpe, vocab_size: 300, min_frequency: 1}\n", encoding="utf-8")
 
     def spanlm_prepare(entry):
-        return subprocess.run([sys.executable, "-m", "spanlm", "prepare", str(tmp_path / "recipe.yaml"), f"data.inputs=[{entry}]"],
-                              env=environment, capture_output=True, text=True, timeout=300)
+        command = [sys.executable, "-m", "spanlm", "prepare", str(tmp_path / "recipe.yaml"), f"data.inputs=[{entry}]"]
+        return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
 
-    done = spanlm_prepare("hf:wikitext:wikitext-2-raw-v1")
+    done = spanlm_prepare("hf:Salesforce/wikitext:wikitext-2-raw-v1")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1])["n_documents"] == 3
     before = read_meta(tmp_path / "prepared")
     failed = spanlm_prepare("hf:someone/absent")
     assert failed.returncode == 2 and failed.stdout == ""
-    assert failed.stderr.strip().splitlines() == [f"spanlm prepare: error: hf:someone/absent: offline mode is on (HF_HUB_OFFLINE) "
-                                                  f"and 'someone/absent' is not in the local datasets cache ({offline_datasets_cache}); "
-                                                  "load it once online, or give a save_to_disk directory"]
+    message = OFFLINE.format(cache=offline_datasets_cache)
+    assert failed.stderr.strip().splitlines() == [f"spanlm prepare: error: hf:someone/absent: {message}"]
     assert read_meta(tmp_path / "prepared") == before
 
 

@@ -27,13 +27,15 @@ def wnut_saved(tmp_path_factory) -> Path:
     return path
 
 
-def save(rows: dict, features: dict | None, path: Path) -> Path:
+STRINGS = datasets.List(datasets.Value("string"))
+X_TAGS = datasets.List(datasets.ClassLabel(names=["O", "B-x", "I-x"]))
+
+
+def save(rows: dict, path: Path, **features) -> Path:
+    """``rows`` as the train split of a saved DatasetDict; ``features`` by column (else inferred)."""
     dataset = datasets.Dataset.from_dict(rows, features=datasets.Features(features) if features else None)
     datasets.DatasetDict({"train": dataset}).save_to_disk(str(path))
     return path
-
-
-TAGS = {"tokens": datasets.List(datasets.Value("string")), "ner_tags": datasets.List(datasets.ClassLabel(names=["O", "B-x", "I-x"]))}
 
 
 @pytest.mark.parametrize("split, conll", [("train", "train.conll"), ("validation", "dev.conll")])
@@ -55,55 +57,66 @@ def test_bioes_names_are_read_as_bioes(tmp_path):
 
 
 def test_the_format_is_inferred_and_an_explicit_one_still_holds(wnut_saved):
-    assert guess_format(wnut_saved) == "hf" and guess_format("hf:wnut_17") == "hf" and guess_format("hf:a/b:c:test") == "hf"
+    assert guess_format(wnut_saved) == guess_format("hf:wnut_17") == guess_format("hf:a/b@main:c:test") == "hf"
     assert guess_format(WNUT / "dev.conll") == "conll"
     explicit, _ = read_documents(wnut_saved, ReadOptions(format="hf"), split="validation")
-    assert explicit == read_documents(WNUT / "dev.conll", ReadOptions())[0]
+    files_format, _ = read_documents(wnut_saved, ReadOptions(format="conll"), split="validation")  # a recipe's, for its files
+    assert explicit == files_format == read_documents(WNUT / "dev.conll", ReadOptions())[0]
+    with pytest.raises(InputError, match="dev.conll: not a readable save_to_disk dataset"):
+        read_documents(WNUT / "dev.conll", ReadOptions(format="hf"))
 
 
 def test_a_dataset_without_the_tokens_column_is_named_with_its_columns(tmp_path):
-    words = save({"words": [["Holmes", "smiled"]], "ner_tags": [[1, 0]]}, {"words": TAGS["tokens"], "ner_tags": TAGS["ner_tags"]},
-                 tmp_path / "words")
+    words = save({"words": [["Holmes", "smiled"]], "ner_tags": [[1, 0]]}, tmp_path / "words", words=STRINGS, ner_tags=X_TAGS)
     with pytest.raises(InputError) as error:
         read_documents(words, ReadOptions())
-    assert str(error.value) == f"{words} (split train): no column 'tokens' (has: words, ner_tags); set data.tokens_field / data.tags_field"
+    assert str(error.value) == (f"{words} (split train): no column 'tokens' (has: words, ner_tags); "
+                                "set data.tokens_field / data.tags_field")
     (document,), _ = read_documents(words, ReadOptions(tokens_field="words"))
     assert document.text == "Holmes smiled" and [(e.start, e.end, e.label) for e in document.entities] == [(0, 6, "x")]
 
 
-def test_unnamed_or_non_bio_tags_and_unknown_splits(tmp_path):
-    unnamed = save({"tokens": [["a"]], "ner_tags": [[1]]}, None, tmp_path / "unnamed")
-    with pytest.raises(InputError) as error:
-        read_documents(unnamed, ReadOptions())
-    assert str(error.value) == (f"{unnamed} (split train): column 'ner_tags' holds List(Value('int64')), not lists of "
-                                "ClassLabel tags (integers with names); set data.tags_field")
-    pos = save({"tokens": [["a"]], "pos_tags": [[0]]}, {"tokens": TAGS["tokens"], "pos_tags": datasets.List(datasets.ClassLabel(names=["NN", "VB"]))},
-               tmp_path / "pos")
-    with pytest.raises(InputError) as error:
-        read_documents(pos, ReadOptions(tags_field="pos_tags"))
-    assert str(error.value) == f"{pos} (split train): column 'pos_tags' has ClassLabel names that are not BIO / BIOES tags: 'NN', 'VB'"
-    good = save({"tokens": [["a"]], "ner_tags": [[1]]}, TAGS, tmp_path / "good")
+def test_columns_of_the_wrong_kind_and_unknown_splits(tmp_path):
+    def error_of(path, **options) -> str:
+        with pytest.raises(InputError) as error:
+            read_documents(path, ReadOptions(**options))
+        return str(error.value)
+
+    unnamed = save({"tokens": [["a"]], "ner_tags": [[1]]}, tmp_path / "unnamed")
+    assert error_of(unnamed) == (f"{unnamed} (split train): column 'ner_tags' holds List(Value('int64')), not lists of "
+                                 "ClassLabel tags (integers with names); set data.tags_field")
+    pos = save({"tokens": [["a"]], "pos_tags": [[0]]}, tmp_path / "pos", tokens=STRINGS,
+               pos_tags=datasets.List(datasets.ClassLabel(names=["NN", "VB"])))
+    assert error_of(pos, tags_field="pos_tags") == \
+        f"{pos} (split train): column 'pos_tags' has ClassLabel names that are not BIO / BIOES tags: 'NN', 'VB'"
+    text = save({"tokens": ["a b"], "ner_tags": [[1, 0]]}, tmp_path / "text", tokens=datasets.Value("string"), ner_tags=X_TAGS)
+    assert error_of(text) == f"{text} (split train): column 'tokens' holds Value('string'), not lists of strings; set data.tokens_field"
+    good = save({"tokens": [["a"]], "ner_tags": [[1]]}, tmp_path / "good", tokens=STRINGS, ner_tags=X_TAGS)
     with pytest.raises(InputError) as error:
         read_documents(good, ReadOptions(), split="validation", split_setting="data.dev_split")
     assert str(error.value) == f"{good}: no split 'validation' (has: train); set data.dev_split"
 
 
 def test_malformed_rows_stop_reading_or_are_skipped(tmp_path):
-    rows = {"tokens": [["Holmes", "met", "Watson"], ["in", "London"], ["a", "b"]], "ner_tags": [[1, 0, 1], [0, 2], [1]]}
-    path = save(rows, TAGS, tmp_path / "broken")
+    rows = {"tokens": [["Holmes", "met", "Watson"], ["in", "London"], ["a", "b"], ["unlabelled"]],
+            "ner_tags": [[1, 0, 1], [0, 2], [1], [-1]]}  # ClassLabel's -1 is "no label"
+    path = save(rows, tmp_path / "broken", tokens=STRINGS, ner_tags=X_TAGS)
     with pytest.raises(InputError) as error:
         read_documents(path, ReadOptions())
     assert str(error.value) == (f"{path} (split train) row 2: token 2: I-x does not continue an open x entity (BIO is broken) "
                                 "(on_bad_record: skip skips such records and counts them)")
     documents, report = read_documents(path, ReadOptions(on_bad_record="skip"))
-    assert [d.text for d in documents] == ["Holmes met Watson"] and [(e.start, e.end) for e in documents[0].entities] == [(0, 6), (11, 17)]
-    assert [why for _, why in report.skipped] == ["token 2: I-x does not continue an open x entity (BIO is broken)", "2 tokens but 1 tags"]
-    assert report.skipped[1][0] == f"{path} (split train) row 3"
+    assert [d.text for d in documents] == ["Holmes met Watson"]
+    assert [(e.start, e.end) for e in documents[0].entities] == [(0, 6), (11, 17)]
+    assert [why for _, why in report.skipped] == ["token 2: I-x does not continue an open x entity (BIO is broken)",
+                                                  "2 tokens but 1 tags", "tag ids [-1] are not all in [0, 3)"]
+    assert [where for where, _ in report.skipped] == [f"{path} (split train) row {row}" for row in (2, 3, 4)]
 
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_ner_train_and_eval_on_hf_datasets(tiny_encoder_dir, offline_datasets_cache, tmp_path, capsys):
-    """Train on a name from the datasets cache (offline), score on a save_to_disk directory: no data.format set."""
+    """Train on a name from the datasets cache (offline), score on a save_to_disk directory, with a recipe
+    made for CoNLL files (data.format: conll): a dataset is read as one whatever the files' format."""
     mini = {"train": conll_dataset(NER_FIXTURES / "wnut_train_mini.conll", WNUT_TAGS),
             "validation": conll_dataset(NER_FIXTURES / "wnut_dev_mini.conll", WNUT_TAGS)}
     cache_like_the_hub(tmp_path / "hub", "wnut_17", mini)
@@ -111,7 +124,7 @@ def test_ner_train_and_eval_on_hf_datasets(tiny_encoder_dir, offline_datasets_ca
     datasets.DatasetDict(mini).save_to_disk(str(saved))
     run = tmp_path / "run"
     recipe = write_wnut_recipe(tiny_encoder_dir, run, steps=4)
-    assert main(["ner", "train", str(recipe), "data.format=null", "data.train=hf:wnut_17", f"data.dev={saved}"]) == 0
+    assert main(["ner", "train", str(recipe), "data.train=hf:wnut_17", f"data.dev={saved}"]) == 0
     capsys.readouterr()
     assert json.loads((run / "model" / "labels.json").read_text()) == ["corporation", "creative-work", "group", "location", "person", "product"]
     trained = json.loads((run / "eval.json").read_text())

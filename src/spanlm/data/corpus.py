@@ -28,8 +28,8 @@ TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
 class DataConfig:
     """Where the corpus is and how it becomes token shards and pretraining blocks."""
 
-    # Files or glob patterns, `datasets` save_to_disk directories, or hf:NAME[:CONFIG][:SPLIT] names for
-    # datasets.load_dataset (see spanlm.data.hf_datasets).
+    # Files or glob patterns, `datasets` save_to_disk directories, or hf:NAME[@REVISION][:CONFIG][:SPLIT]
+    # names for datasets.load_dataset (see spanlm.data.hf_datasets).
     inputs: list[str] = dataclasses.field(default_factory=list)
     prepared_dir: str = "runs/prepared"  # output of `spanlm prepare`, input of pretraining
     text_field: str = "text"  # the text column of .jsonl / .parquet records and of datasets

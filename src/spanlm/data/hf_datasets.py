@@ -4,12 +4,14 @@ A reference is one of
 
 * a directory written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk`` (recognised by its
   ``state.json`` or ``dataset_dict.json``); a DatasetDict's split is the caller's split setting;
-* ``hf:NAME[:CONFIG][:SPLIT]`` — what ``datasets.load_dataset(NAME, CONFIG, split=SPLIT)`` loads: a Hub
-  dataset id (``hf:Salesforce/wikitext:wikitext-2-raw-v1``) or a local directory of data files laid out
-  as a dataset repository (``hf:./my_data``). An empty CONFIG is the default configuration
-  (``hf:NAME::validation``); SPLIT may slice (``hf:NAME:CONFIG:train[:1000]``) and defaults to the
-  caller's split setting. With ``HF_HUB_OFFLINE=1`` (or ``HF_DATASETS_OFFLINE=1``) a Hub name loads from
-  the local datasets cache, where an earlier online load left it.
+* ``hf:NAME[@REVISION][:CONFIG][:SPLIT]`` — what ``datasets.load_dataset(NAME, CONFIG, split=SPLIT,
+  revision=REVISION)`` loads: a Hub dataset id (``hf:Salesforce/wikitext:wikitext-2-raw-v1``) or a local
+  directory of data files laid out as a dataset repository (``hf:./my_data``). An empty CONFIG is the
+  default configuration (``hf:NAME::validation``); SPLIT may slice (``hf:NAME:CONFIG:train[:1000]``) and
+  defaults to the caller's split setting; REVISION pins a commit, or reads the Hub's Parquet export of a
+  dataset that still has a loading script (``hf:leondz/wnut_17@refs/convert/parquet``), which datasets no
+  longer runs. With ``HF_HUB_OFFLINE=1`` (or ``HF_DATASETS_OFFLINE=1``) a Hub name loads from the local
+  datasets cache, where an earlier online load left it.
 
 Loaded splits stay memory-mapped Arrow tables; readers walk them in batches.
 """
@@ -102,22 +104,43 @@ def _load_saved(path: Path, split: str, split_setting: str) -> DatasetSplit:
     return DatasetSplit(str(path), split, splits[split])
 
 
+@dataclasses.dataclass(frozen=True)
+class DatasetName:
+    """The parts of ``hf:NAME[@REVISION][:CONFIG][:SPLIT]``; the ones left out are None."""
+
+    name: str
+    revision: str | None
+    config: str | None
+    split: str | None
+
+    @classmethod
+    def parse(cls, reference: str) -> DatasetName:
+        name, _, rest = reference.removeprefix(HF_PREFIX).partition(":")
+        name, _, revision = name.partition("@")
+        config, _, split = rest.partition(":")  # the split keeps any colon of a slice (train[:10])
+        if not name:
+            raise InputError(f"{reference}: no dataset name (hf:NAME[@REVISION][:CONFIG][:SPLIT])")
+        return cls(name, revision or None, config or None, split or None)
+
+
 def _load_named(reference: str, split: str, split_setting: str) -> DatasetSplit:
     import datasets
 
-    name, _, rest = reference[len(HF_PREFIX):].partition(":")
-    config, _, written_split = rest.partition(":")  # the split keeps any colon of a slice (train[:10])
-    if not name:
-        raise InputError(f"{reference}: no dataset name (hf:NAME[:CONFIG][:SPLIT])")
-    split = written_split or split
+    parts = DatasetName.parse(reference)
+    name, split = parts.name, parts.split or split
     try:
-        dataset = datasets.load_dataset(name, config or None, split=split)
+        dataset = datasets.load_dataset(name, parts.config, split=split, revision=parts.revision)
     except ConnectionError:
-        where = "offline mode is on (HF_HUB_OFFLINE)" if datasets.config.HF_HUB_OFFLINE else "the Hugging Face Hub is unreachable"
+        where = "offline mode is on (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)" if datasets.config.HF_HUB_OFFLINE \
+            else "the Hugging Face Hub is unreachable"
         raise InputError(f"{reference}: {where} and '{name}' is not in the local datasets cache "
                          f"({datasets.config.HF_DATASETS_CACHE}); load it once online, or give a save_to_disk directory") from None
     except ValueError as error:  # an unknown split or configuration; datasets lists the known ones
-        raise InputError(f"{reference}: {_one_line(error)} (split from {split_setting} or hf:NAME:CONFIG:SPLIT)") from None
+        raise InputError(f"{reference}: {_one_line(error)} (the configuration comes from hf:NAME:CONFIG, "
+                         f"the split from hf:NAME:CONFIG:SPLIT or {split_setting})") from None
+    except RuntimeError as error:  # "Dataset scripts are no longer supported"
+        raise InputError(f"{reference}: cannot load '{name}' with datasets.load_dataset: {_one_line(error)} (a Hub "
+                         "dataset with a loading script may load from its Parquet export: hf:NAME@refs/convert/parquet)") from None
     except (OSError, datasets.exceptions.DatasetsError) as error:
         raise InputError(f"{reference}: cannot load '{name}' with datasets.load_dataset: {_one_line(error)}") from None
     return DatasetSplit(reference, split, dataset)

@@ -85,13 +85,14 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _data_name(data: str, fmt: str | None, split: str) -> str:
     """The name of ``--data`` in the default metrics file name: a file's stem; a dataset's name and split."""
-    from spanlm.data.hf_datasets import HF_PREFIX
+    from spanlm.data.hf_datasets import HF_PREFIX, DatasetName
 
     if fmt != "hf":
         return Path(data).stem
-    name, _, rest = data.removeprefix(HF_PREFIX).partition(":")
-    written_split = rest.partition(":")[2]
-    return re.sub(r"[^\w.-]+", "_", f"{Path(name).name}-{written_split or split}")  # a sliced split has [ : %
+    if not data.startswith(HF_PREFIX):  # a save_to_disk directory
+        return f"{Path(data).name}-{split}"
+    parts = DatasetName.parse(data)
+    return re.sub(r"[^\w.-]+", "_", f"{Path(parts.name).name}-{parts.split or split}")  # a sliced split has [ : %
 
 
 def _rate(value: str) -> float:
@@ -161,7 +162,7 @@ def add_ner_commands(commands) -> None:
     evaluate = actions.add_parser("eval", help="P / R / F1 of an exported model on a labelled file")
     evaluate.add_argument("model", help="the model/ directory of a `spanlm ner train` run")
     evaluate.add_argument("--data", required=True, help="a labelled file, or a Hugging Face NER dataset (a save_to_disk "
-                                                        "directory or hf:NAME[:CONFIG][:SPLIT])")
+                                                        "directory or hf:NAME[@REVISION][:CONFIG][:SPLIT])")
     evaluate.add_argument("--format", choices=FORMATS, default=None,
                           help="its format (default: hf for a dataset, else from the suffix, else the model's training format)")
     evaluate.add_argument("--split", default="test", help="the split of a dataset that does not name one (default test)")

@@ -18,7 +18,7 @@ class NerDataConfig(ReadOptions):
     ``labels``: the label set in this order (the head's type ids); null takes the sorted labels of the
     training file. A record with a label outside the set is malformed (``on_bad_record``).
     ``train`` / ``dev`` are files, or Hugging Face NER datasets (a save_to_disk directory or an
-    ``hf:NAME[:CONFIG][:SPLIT]`` name) read from ``train_split`` / ``dev_split``.
+    ``hf:NAME[@REVISION][:CONFIG][:SPLIT]`` name) read from ``train_split`` / ``dev_split``.
     """
 
     train: str = ""

@@ -16,7 +16,7 @@ Every reader validates at the edge and reports problems as ``file:line: problem`
   "text"?}], "sent_id"?}``, token ends exclusive; the text is the tokens joined by single spaces.
 * ``hf`` — a Hugging Face NER dataset in the layout of the Hub's conll2003 / wnut_17: a list of tokens
   and a list of integer tags with ``ClassLabel`` names (BIO, or BIOES when the names have ``E-`` / ``S-``)
-  per row, as a ``save_to_disk`` directory or an ``hf:NAME[:CONFIG][:SPLIT]`` name
+  per row, as a ``save_to_disk`` directory or an ``hf:NAME[@REVISION][:CONFIG][:SPLIT]`` name
   (:mod:`spanlm.data.hf_datasets`); one record per row, its text built as for ``conll``.
 
 A malformed record (broken JSON, missing fields, offsets out of range, span text that does not match,
@@ -83,7 +83,7 @@ class _BadRecord(Exception):
 class ReadOptions:
     """How a file is read (the data section of a NER recipe carries the same fields)."""
 
-    format: Format | None = None  # None: from the input (a dataset reference is hf, else the file's suffix)
+    format: Format | None = None  # of files; None: from the suffix (a dataset is always hf)
     labels: list[str] | None = None  # the label set; None accepts any label
     on_bad_record: Literal["error", "skip"] = "error"
     token_column: int = 0  # conll: the token column
@@ -107,7 +107,10 @@ def guess_format(path: str | Path) -> str:
 
 
 def input_format(path: str | Path, options: ReadOptions) -> str:
-    """``options.format``, or the one :func:`guess_format` infers from ``path``."""
+    """``hf`` for a dataset, whatever ``options.format`` says (a recipe's format is its files'; a dataset
+    has only the one), else ``options.format`` or the one the suffix suggests."""
+    if is_dataset_reference(path):
+        return "hf"
     return options.format or guess_format(path)
 
 
