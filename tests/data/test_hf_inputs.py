@@ -155,6 +155,8 @@ CHOICES = "(the configuration comes from hf:NAME:CONFIG, the split from hf:NAME:
     ("hf:Salesforce/wikitext:wikitext-103-raw-v1", "Couldn't find cache for Salesforce/wikitext for config 'wikitext-103-raw-v1'; "
                                                    f"Available configs in the cache: ['wikitext-2-raw-v1'] {CHOICES}"),
     ("hf:", "no dataset name (hf:NAME[@REVISION][:CONFIG][:SPLIT])"),
+    ("hf:{tmp}/no/such/dir", "cannot load '{tmp}/no/such/dir' with datasets.load_dataset: Couldn't find any data file at "
+                             "{tmp}/no/such/dir."),
     ("hf:{tmp}/legacy", "cannot load '{tmp}/legacy' with datasets.load_dataset: Dataset scripts are no longer supported, "
                         "but found legacy.py (a Hub dataset with a loading script may load from its Parquet export: "
                         "hf:NAME@refs/convert/parquet)"),

@@ -29,15 +29,13 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _format(path: str, explicit: str | None, default: str | None) -> str | None:
-    """--format, else what the input says (a dataset, a suffix), else the model's training format."""
+    """hf for a dataset; else --format, else what the suffix says, else the model's training format."""
     from spanlm.errors import InputError
-    from spanlm.ner.data import guess_format
+    from spanlm.ner.data import ReadOptions, input_format
 
-    if explicit:
-        return explicit
     try:
-        return guess_format(path)
-    except InputError:
+        return input_format(path, ReadOptions(format=explicit))
+    except InputError:  # no suffix to go by
         return default
 
 
