@@ -48,3 +48,19 @@ def one_torch_thread():
     """:func:`helpers.one_torch_thread` around a test (``pytestmark = pytest.mark.usefixtures(...)``)."""
     with helpers.one_torch_thread():
         yield
+
+
+@pytest.fixture
+def offline_datasets_cache(tmp_path, monkeypatch) -> Path:
+    """An empty `datasets` cache of this test's own, with the Hub offline: what HF_DATASETS_CACHE=… and
+    HF_HUB_OFFLINE=1 set when datasets is imported (also exported, for subprocesses)."""
+    import datasets
+    import huggingface_hub.constants
+
+    cache = tmp_path / "datasets_cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache

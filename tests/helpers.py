@@ -81,3 +81,60 @@ def readme_section(title: str, language: str = "python") -> list[str]:
             break
         body.append(line)
     return re.findall(rf"```{language}\n(.*?)```", "".join(body), flags=re.S)
+
+
+# The ClassLabel names of the Hub's wnut_17 ner_tags, in its order.
+WNUT_TAGS = ["O", "B-corporation", "I-corporation", "B-creative-work", "I-creative-work", "B-group", "I-group",
+             "B-location", "I-location", "B-person", "I-person", "B-product", "I-product"]
+
+
+def conll_dataset(path: Path, tag_names: list[str]):
+    """A ``token<TAB>tag`` CoNLL file as a `datasets.Dataset` in the Hub's conll2003 / wnut_17 layout: ``id``,
+    ``tokens``, integer ``ner_tags`` with ClassLabel names; one row per sentence (blank, whitespace-only or
+    -DOCSTART- lines end one)."""
+    import datasets
+
+    rows: dict[str, list] = {"id": [], "tokens": [], "ner_tags": []}
+    tokens: list[str] = []
+    tags: list[str] = []
+    for line in [*path.read_text(encoding="utf-8").splitlines(), ""]:
+        columns = line.split()
+        if columns and columns[0] != "-DOCSTART-":
+            tokens.append(columns[0])
+            tags.append(columns[-1])
+        elif tokens:
+            rows["id"].append(str(len(rows["id"])))
+            rows["tokens"].append(tokens)
+            rows["ner_tags"].append([tag_names.index(tag) for tag in tags])
+            tokens, tags = [], []
+    features = datasets.Features({"id": datasets.Value("string"), "tokens": datasets.List(datasets.Value("string")),
+                                  "ner_tags": datasets.List(datasets.ClassLabel(names=tag_names))})
+    return datasets.Dataset.from_dict(rows, features=features)
+
+
+def cache_like_the_hub(root: Path, name: str, splits: dict, config: str | None = None) -> Path:
+    """Put dataset ``name`` into the `datasets` cache as an online ``load_dataset(name[, config])`` leaves it.
+
+    The splits (`datasets.Dataset`s) are written as a local dataset repository in the Hub's layout —
+    ``root/<dataset>/data/<split>-00000-of-00001.parquet``, or ``root/<dataset>/<config>/…`` with a README
+    naming the configuration — and loaded once from there (parquet keeps the features, ClassLabel names
+    included, as on the Hub). A Hub load of ``namespace/dataset`` is cached under ``namespace___dataset``
+    (datasets' ``DatasetBuilder._relative_data_dir``); a local repository has no namespace, so its cache
+    entry is moved there. Returns the repository directory.
+    """
+    import datasets
+
+    namespace, _, dataset_name = name.rpartition("/")
+    repo = root / dataset_name
+    folder = config or "data"
+    (repo / folder).mkdir(parents=True, exist_ok=True)
+    for split, dataset in splits.items():
+        dataset.to_parquet(str(repo / folder / f"{split}-00000-of-00001.parquet"))
+    if config:
+        files = "".join(f"  - split: {split}\n    path: {config}/{split}-*\n" for split in splits)
+        (repo / "README.md").write_text(f"---\nconfigs:\n- config_name: {config}\n  data_files:\n{files}---\n", encoding="utf-8")
+    datasets.load_dataset(str(repo), config)
+    if namespace:
+        cache = Path(datasets.config.HF_DATASETS_CACHE)
+        (cache / dataset_name).rename(cache / f"{namespace}___{dataset_name}")
+    return repo

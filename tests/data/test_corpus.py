@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from spanlm.data.corpus import CorpusReader, resolve_inputs, split_long_line
+from spanlm.data.corpus import CorpusReader, DataConfig, resolve_inputs, split_long_line
 from spanlm.errors import InputError
 
 from helpers import make_recipe
@@ -13,7 +13,7 @@ from helpers import make_recipe
 
 def read(tmp_path, files, **data):
     recipe = make_recipe(tmp_path, files, data=data)
-    reader = CorpusReader(resolve_inputs(recipe.data.inputs), recipe.data)
+    reader = CorpusReader(resolve_inputs(recipe.data), recipe.data)
     return list(reader), reader.stats
 
 
@@ -36,7 +36,7 @@ def test_gzip_and_parquet(tmp_path):
     pq.write_table(pa.table({"body": ["x y", "z"]}), tmp_path / "in" / "d.parquet")
     recipe = make_recipe(tmp_path, {"g.txt.gz": gzip.compress(b"alpha\n\nbeta\n")}, data={"text_field": "body"})
     recipe.data.inputs.append(str(tmp_path / "in" / "d.parquet"))
-    units = list(CorpusReader(resolve_inputs(recipe.data.inputs), recipe.data))
+    units = list(CorpusReader(resolve_inputs(recipe.data), recipe.data))
     assert units == [(0, "alpha"), (1, "beta"), (2, "x y"), (3, "z")]
 
 
@@ -80,11 +80,13 @@ def test_bad_files(tmp_path, files, fragment):
 
 def test_missing_inputs(tmp_path):
     with pytest.raises(InputError, match="no such file"):
-        resolve_inputs([str(tmp_path / "nope.txt")])
+        resolve_inputs(DataConfig(inputs=[str(tmp_path / "nope.txt")]))
     with pytest.raises(InputError, match="no file matches"):
-        resolve_inputs([str(tmp_path / "*.txt")])
+        resolve_inputs(DataConfig(inputs=[str(tmp_path / "*.txt")]))
     with pytest.raises(InputError, match="no input files"):
-        resolve_inputs([])
+        resolve_inputs(DataConfig(inputs=[]))
+    with pytest.raises(InputError, match="a directory, but not a dataset written by datasets' save_to_disk"):
+        resolve_inputs(DataConfig(inputs=[str(tmp_path)]))
 
 
 @pytest.mark.parametrize("lines", [10000, 100])  # cut off after, and within, the first 8 KiB checked up front

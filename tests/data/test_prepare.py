@@ -17,7 +17,7 @@ QUIET = {"log": lambda *_: None}
 
 
 def sentences_of(recipe):
-    return list(CorpusReader(resolve_inputs(recipe.data.inputs), recipe.data))
+    return list(CorpusReader(resolve_inputs(recipe.data), recipe.data))
 
 
 @pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])

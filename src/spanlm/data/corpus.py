@@ -1,8 +1,9 @@
-"""Reading raw text corpora (.txt / .jsonl / .parquet, optionally .gz) into sentences and documents.
+"""Reading raw text corpora (.txt / .jsonl / .parquet, optionally .gz, and Hugging Face `datasets`) into
+sentences and documents.
 
 Validation happens here, at the edge: missing, empty and binary files, invalid UTF-8, broken JSON and
 over-long lines all produce an :class:`InputError` naming the file and line, or are skipped and counted
-when ``on_bad_line: skip``.
+when ``on_bad_line: skip``; a dataset without the text column names the dataset and its columns.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
+from spanlm.data.hf_datasets import HF_PREFIX, DatasetSplit, is_saved_dataset, load_split
 from spanlm.errors import InputError, numbered_lines, undecodable
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
@@ -26,9 +28,12 @@ TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
 class DataConfig:
     """Where the corpus is and how it becomes token shards and pretraining blocks."""
 
-    inputs: list[str] = dataclasses.field(default_factory=list)  # files or glob patterns
+    # Files or glob patterns, `datasets` save_to_disk directories, or hf:NAME[@REVISION][:CONFIG][:SPLIT]
+    # names for datasets.load_dataset (see spanlm.data.hf_datasets).
+    inputs: list[str] = dataclasses.field(default_factory=list)
     prepared_dir: str = "runs/prepared"  # output of `spanlm prepare`, input of pretraining
-    text_field: str = "text"  # the text column of .jsonl / .parquet records
+    text_field: str = "text"  # the text column of .jsonl / .parquet records and of datasets
+    split: str = "train"  # the split of a DatasetDict directory or an hf: name that does not name one
     # Word boundaries for whole-word / span masking: "none" = no segmenter, the fast tokenizer's own
     # pre-tokenized words (any family); "jieba" = jieba segmentation, so a multi-character Chinese word
     # is one unit although BERT tokenizes Chinese per character.
@@ -58,34 +63,55 @@ class DataConfig:
             raise ValueError("num_proc must be at least 1")
 
 
-def resolve_inputs(patterns: list[str]) -> list[Path]:
-    """Expand globs, check every file exists, is a supported kind, is not empty and is not binary."""
-    if not patterns:
-        raise InputError("no input files: set data.inputs (files or glob patterns)")
-    files: list[Path] = []
-    for pattern in patterns:
-        matches = sorted(glob.glob(os.path.expanduser(pattern))) if glob.has_magic(pattern) else [pattern]
+Input = Path | DatasetSplit  # a file, or a split of a Hugging Face dataset
+
+
+def resolve_inputs(config: DataConfig) -> list[Input]:
+    """Expand ``config.inputs``: check every file exists, is a supported kind, is not empty and is not
+    binary; load every dataset split (memory-mapped) and check it has ``config.text_field``."""
+    if not config.inputs:
+        raise InputError("no input files: set data.inputs (files, glob patterns, datasets)")
+    entries: list[str] = []
+    for pattern in config.inputs:
+        if pattern.startswith(HF_PREFIX) or not glob.has_magic(pattern):  # a split may slice: hf:x:y:train[:10]
+            entries.append(pattern)
+            continue
+        matches = sorted(glob.glob(os.path.expanduser(pattern)))
         if not matches:
             raise InputError(f"{pattern}: no file matches this pattern")
-        files.extend(Path(m) for m in matches)
-    for path in files:
-        if not path.is_file():
-            raise InputError(f"{path}: no such file")
-        if input_kind(path) is None:
-            raise InputError(f"{path}: unsupported file type (expected one of {', '.join(TEXT_SUFFIXES)}, optionally .gz)")
-        if path.stat().st_size == 0:
+        entries.extend(matches)
+    inputs: list[Input] = []
+    for entry in entries:
+        if entry.startswith(HF_PREFIX) or is_saved_dataset(Path(entry)):
+            dataset = load_split(entry, config.split, "data.split")
+            dataset.require_columns(config.text_field, setting="data.text_field")
+            inputs.append(dataset)
+        else:
+            inputs.append(_checked_file(Path(entry)))
+    return inputs
+
+
+def _checked_file(path: Path) -> Path:
+    if path.is_dir():
+        raise InputError(f"{path}: a directory, but not a dataset written by datasets' save_to_disk "
+                         "(no state.json or dataset_dict.json); list its files instead")
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    if input_kind(path) is None:
+        raise InputError(f"{path}: unsupported file type (expected one of {', '.join(TEXT_SUFFIXES)}, optionally .gz)")
+    if path.stat().st_size == 0:
+        raise InputError(f"{path}: file is empty")
+    if input_kind(path) != "parquet":
+        try:
+            with _open_binary(path) as handle:
+                head = handle.read(8192)
+        except (OSError, EOFError) as error:  # EOFError: a .gz cut off before 8 KiB of text
+            raise InputError(f"{path}: cannot read: {error}") from None
+        if not head:
             raise InputError(f"{path}: file is empty")
-        if input_kind(path) != "parquet":
-            try:
-                with _open_binary(path) as handle:
-                    head = handle.read(8192)
-            except (OSError, EOFError) as error:  # EOFError: a .gz cut off before 8 KiB of text
-                raise InputError(f"{path}: cannot read: {error}") from None
-            if not head:
-                raise InputError(f"{path}: file is empty")
-            if b"\x00" in head:
-                raise InputError(f"{path}: looks like a binary file (NUL bytes), not text")
-    return files
+        if b"\x00" in head:
+            raise InputError(f"{path}: looks like a binary file (NUL bytes), not text")
+    return path
 
 
 def input_kind(path: Path) -> str | None:
@@ -119,22 +145,23 @@ class CorpusReader:
     """Yields ``(document_index, sentence)`` for every sentence of every input, in order.
 
     Units: in .txt files every non-blank line is a sentence (or paragraph) and a blank line ends a
-    document; in .jsonl / .parquet every record is a document whose text field is split into lines the
-    same way. Each file starts a new document. ``stats`` counts what was skipped or split.
+    document; in .jsonl / .parquet every record, and in a dataset every row, is a document whose text
+    field is split into lines the same way. Each input starts a new document. ``stats`` counts what was
+    skipped or split.
     """
 
-    def __init__(self, files: list[Path], config: DataConfig):
-        self.files = files
+    def __init__(self, inputs: list[Input], config: DataConfig):
+        self.inputs = inputs
         self.config = config
         self.stats: Counter[str] = Counter()
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
+        readers = {"txt": self._txt, "jsonl": self._jsonl, "parquet": self._parquet, "dataset": self._dataset}
         document = 0
-        for path in self.files:
-            kind = input_kind(path)
-            records = self._txt(path) if kind == "txt" else self._jsonl(path) if kind == "jsonl" else self._parquet(path)
+        for source in self.inputs:
+            kind = "dataset" if isinstance(source, DatasetSplit) else input_kind(source)
             started = False
-            for line, new_document in records:
+            for line, new_document in readers[kind](source):
                 if new_document and started:
                     document += 1
                     started = False
@@ -153,9 +180,9 @@ class CorpusReader:
             if started:
                 document += 1
 
-    def _bad(self, path: Path, lineno: int, problem: str) -> None:
+    def _bad(self, where: str, problem: str) -> None:
         if self.config.on_bad_line == "error":
-            raise InputError(f"{path}:{lineno}: {problem} (set data.on_bad_line=skip to skip such lines and count them)")
+            raise InputError(f"{where}: {problem} (set data.on_bad_line=skip to skip such lines and count them)")
         self.stats["bad_lines_skipped"] += 1
 
     def _decoded_lines(self, path: Path) -> Iterator[tuple[int, str]]:
@@ -163,7 +190,7 @@ class CorpusReader:
             try:
                 for lineno, line in numbered_lines(handle):  # a byte-order mark (common in Gutenberg files) dropped
                     if isinstance(line, UnicodeDecodeError):
-                        self._bad(path, lineno, undecodable(line))
+                        self._bad(f"{path}:{lineno}", undecodable(line))
                     else:
                         yield lineno, line
             except (OSError, EOFError) as error:  # e.g. a truncated .gz file
@@ -181,11 +208,11 @@ class CorpusReader:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
-                self._bad(path, lineno, f"invalid JSON: {error.msg} at column {error.colno}")
+                self._bad(f"{path}:{lineno}", f"invalid JSON: {error.msg} at column {error.colno}")
                 continue
             if not isinstance(record, dict) or not isinstance(record.get(field), str):
                 keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
-                self._bad(path, lineno, f"record has no string field '{field}' (has: {keys}); set data.text_field")
+                self._bad(f"{path}:{lineno}", f"record has no string field '{field}' (has: {keys}); set data.text_field")
                 continue
             yield from _record_lines(record[field])
 
@@ -204,9 +231,23 @@ class CorpusReader:
             for text in batch.column(0).to_pylist():
                 row += 1
                 if not isinstance(text, str):
-                    self._bad(path, row, f"row has no text in column '{field}'")
+                    self._bad(f"{path}:{row}", f"row has no text in column '{field}'")
                     continue
                 yield from _record_lines(text)
+
+    def _dataset(self, source: DatasetSplit) -> Iterator[tuple[str, bool]]:
+        field = self.config.text_field
+        row = 0
+        for batch in source.dataset.select_columns([field]).iter(batch_size=DATASET_BATCH_ROWS):
+            for text in batch[field]:
+                row += 1
+                if not isinstance(text, str):
+                    self._bad(f"{source} row {row}", f"no text in column '{field}'")
+                    continue
+                yield from _record_lines(text)
+
+
+DATASET_BATCH_ROWS = 4096  # rows of a dataset in memory at once
 
 
 def _record_lines(text: str) -> Iterator[tuple[str, bool]]:

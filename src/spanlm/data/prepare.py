@@ -1,7 +1,8 @@
 """`spanlm prepare`: raw text → tokenizer + memmappable token shards (see :mod:`spanlm.data.shards`).
 
-Steps: resolve and validate the inputs; reuse the output when the inputs (path, size, mtime) and
-settings are unchanged, or when only the inputs' paths or times changed but not their bytes; otherwise
+Steps: resolve and validate the inputs (files, and `datasets` splits: their Arrow files count as
+the inputs' files); reuse the output when the inputs (path, size, mtime) and settings are unchanged,
+or when only the inputs' paths or times changed but not their bytes; otherwise
 train or load the tokenizer, read the corpus into a `datasets` Arrow table, tokenize it with
 ``map(batched=True, num_proc=N)``, and write the arrays into a temporary directory that is renamed
 into place when complete.
@@ -19,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from spanlm.data.corpus import CorpusReader, resolve_inputs
+from spanlm.data.corpus import CorpusReader, Input, resolve_inputs
+from spanlm.data.hf_datasets import DatasetSplit, file_sha256
 from spanlm.data.shards import FORMAT_VERSION, ids_dtype, read_meta, replace_directory
 from spanlm.data.similar_words import build_similar_words
 from spanlm.data.tokenizer import load_tokenizer, save_tokenizer, tokenizer_fingerprint, train_tokenizer
@@ -29,29 +31,30 @@ from spanlm.errors import InputError
 MAP_BATCH_SIZE = 1000
 
 
-def input_fingerprint(recipe, files: list[Path], by_content: bool = False) -> str:
+def input_fingerprint(recipe, inputs: list[Input], by_content: bool = False) -> str:
     """Hash of everything that decides the shards' content (not where they go or how fast they are made).
 
     Files count by (path, size, modification time) — cheap, checked on every run — or, ``by_content``,
-    by the SHA-256 of their bytes, which survives a copy, a move or a fresh git checkout.
+    by the SHA-256 of their bytes, which survives a copy, a move or a fresh git checkout. A dataset
+    split counts by its Arrow files the same way, with its split and row count
+    (:meth:`DatasetSplit.identity`).
     """
-    def identity(path: Path) -> list:
+    def identity(source: Input) -> list:
+        if isinstance(source, DatasetSplit):
+            return source.identity(by_content)
         if by_content:  # the bytes, and the suffixes that decide how they are read (.txt / .jsonl, .gz)
-            digest = hashlib.sha256()
-            with open(path, "rb") as handle:
-                while chunk := handle.read(1 << 20):
-                    digest.update(chunk)
-            return ["".join(path.suffixes[-2:]).lower(), digest.hexdigest()]
-        return [str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns]
+            return ["".join(source.suffixes[-2:]).lower(), file_sha256(source)]
+        return [str(source.resolve()), source.stat().st_size, source.stat().st_mtime_ns]
 
     data = dataclasses.asdict(recipe.data)
-    for irrelevant in ("prepared_dir", "num_proc", "max_len", "inputs"):
+    # data.split decides only which split a dataset input reads, and that split is in its identity.
+    for irrelevant in ("prepared_dir", "num_proc", "max_len", "inputs", "split"):
         data.pop(irrelevant)
     tokenizer = dataclasses.asdict(recipe.tokenizer)
     if recipe.tokenizer.path:  # a loaded tokenizer: its files decide the ids
         tokenizer["path"] = None if by_content else tokenizer["path"]
         tokenizer["files"] = [[p.name, *identity(p)] for p in sorted(Path(recipe.tokenizer.path).glob("*")) if p.is_file()]
-    stamp = [identity(p) for p in files]
+    stamp = [identity(source) for source in inputs]
     if recipe.data.similar_words_file and Path(recipe.data.similar_words_file).is_file():  # its content decides the table
         data["similar_words_file_stamp"] = identity(Path(recipe.data.similar_words_file))
         data["similar_words_file"] = None if by_content else data["similar_words_file"]
@@ -77,16 +80,16 @@ def prepare(recipe, *, force: bool = False, log=print, keep_tokenizer: str | Non
     from spanlm.config import save_config
 
     config = recipe.data
-    files = resolve_inputs(config.inputs)
+    inputs = resolve_inputs(config)
     final = Path(config.prepared_dir)
-    fingerprint = input_fingerprint(recipe, files)
+    fingerprint = input_fingerprint(recipe, inputs)
     existing = read_meta(final)
     if existing and not force and existing.get("fingerprint") == fingerprint:
         log(f"{final}: up to date with its inputs, reusing it")
         return final
     # Hashed before anything is read: a file that changes while it is being prepared is not recorded
     # as the bytes that were prepared.
-    content_fingerprint = input_fingerprint(recipe, files, by_content=True)
+    content_fingerprint = input_fingerprint(recipe, inputs, by_content=True)
     # Times or paths changed (a copy, a touch, a checkout): the same bytes need no new tokenizer —
     # a tokenizer trained again may differ (tokens, numbering), and checkpoints would not resume.
     if existing and not force and existing.get("content_fingerprint") == content_fingerprint:
@@ -107,10 +110,10 @@ def prepare(recipe, *, force: bool = False, log=print, keep_tokenizer: str | Non
         if recipe.tokenizer.path:
             tokenizer = load_tokenizer(recipe.tokenizer.path)
         else:
-            log(f"training a {recipe.tokenizer.kind} tokenizer (vocab {recipe.tokenizer.vocab_size}) on {len(files)} file(s)")
-            tokenizer = train_tokenizer((text for _, text in CorpusReader(files, config)), recipe.tokenizer)
+            log(f"training a {recipe.tokenizer.kind} tokenizer (vocab {recipe.tokenizer.vocab_size}) on {len(inputs)} input(s)")
+            tokenizer = train_tokenizer((text for _, text in CorpusReader(inputs, config)), recipe.tokenizer)
         save_tokenizer(tokenizer, tmp / "tokenizer")
-        reader = CorpusReader(files, config)
+        reader = CorpusReader(inputs, config)
         table = _tokenize(reader, tokenizer, config, tmp / "cache")
         meta = _write_arrays(table, tokenizer, tmp)
         meta.update(build_similar_words(tmp, tokenizer, config, log=log))
@@ -121,7 +124,7 @@ def prepare(recipe, *, force: bool = False, log=print, keep_tokenizer: str | Non
             content_fingerprint=content_fingerprint,
             tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
             words=config.words,
-            inputs=[str(p) for p in files],
+            inputs=[str(source) for source in inputs],
             stats=dict(reader.stats),
         )
         save_config(recipe, tmp / "config.yaml")
@@ -168,7 +171,7 @@ def _read_corpus(reader: CorpusReader, path: Path):
         if texts:
             flush()
     if reader.stats["sentences"] == 0:
-        raise InputError(f"{', '.join(map(str, reader.files))}: no text found (every line is blank or was skipped)")
+        raise InputError(f"{', '.join(map(str, reader.inputs))}: no text found (every line is blank or was skipped)")
     return datasets.Dataset.from_file(str(path))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 from spanlm.cli_support import add_training_command, log, write_lines_or_stdout
@@ -27,20 +28,18 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _format(path: str, explicit: str | None, default: str) -> str:
-    """--format, else what the suffix says, else the model's training format."""
+def _format(path: str, explicit: str | None, default: str | None) -> str | None:
+    """hf for a dataset; else --format, else what the suffix says, else the model's training format."""
     from spanlm.errors import InputError
-    from spanlm.ner.data import guess_format
+    from spanlm.ner.data import ReadOptions, input_format
 
-    if explicit:
-        return explicit
     try:
-        return guess_format(path)
-    except InputError:
+        return input_format(path, ReadOptions(format=explicit))
+    except InputError:  # no suffix to go by
         return default
 
 
-def _read(model, path: str, fmt: str, on_bad_record: str | None):
+def _read(model, path: str, fmt: str | None, on_bad_record: str | None, split: str):
     import dataclasses
 
     from spanlm.errors import InputError
@@ -48,7 +47,7 @@ def _read(model, path: str, fmt: str, on_bad_record: str | None):
 
     data = model.recipe.data  # the column layout and tag scheme of the training data carry over
     options = dataclasses.replace(data, format=fmt, labels=list(model.labels), on_bad_record=on_bad_record or data.on_bad_record)
-    documents, report = read_documents(path, options)
+    documents, report = read_documents(path, options, split, "--split")
     for line in report.lines():
         log(line)
     if not documents:
@@ -64,7 +63,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     model = NerModel(args.model, device=args.device)
     fmt = _format(args.data, args.format, model.recipe.data.format)
-    documents, report = _read(model, args.data, fmt, args.on_bad_record)
+    documents, report = _read(model, args.data, fmt, args.on_bad_record, args.split)
     scores, predicted = evaluate_model(model, documents, cluener=fmt == "cluener", batch_size=args.batch_size)
     result = {"data": args.data, **scores, **report.summary()}
     if args.noise is not None:  # the same documents again, misspelt (CharBERT's robustness test)
@@ -73,13 +72,25 @@ def _eval(args: argparse.Namespace) -> int:
         attacked_documents, counts = attack_documents(documents, args.noise, args.noise_seed)
         attacked, _ = evaluate_model(model, attacked_documents, cluener=fmt == "cluener", batch_size=args.batch_size)
         result["attacked"] = {"noise": args.noise, "noise_seed": args.noise_seed, **counts.summary(), **attacked}
-    output = Path(args.output) if args.output else Path(args.model) / f"eval-{Path(args.data).stem}.json"
+    output = Path(args.output) if args.output else Path(args.model) / f"eval-{_data_name(args.data, fmt, args.split)}.json"
     output.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     if args.predictions:
         write_jsonl(args.predictions, [d for d, _ in predicted])
     print(format_table(scores) if args.noise is None else format_comparison(scores, attacked, args.noise))
     log(f"wrote {output}")
     return 0
+
+
+def _data_name(data: str, fmt: str | None, split: str) -> str:
+    """The name of ``--data`` in the default metrics file name: a file's stem; a dataset's name and split."""
+    from spanlm.data.hf_datasets import HF_PREFIX, DatasetName
+
+    if fmt != "hf":
+        return Path(data).stem
+    if not data.startswith(HF_PREFIX):  # a save_to_disk directory
+        return f"{Path(data).name}-{split}"
+    parts = DatasetName.parse(data)
+    return re.sub(r"[^\w.-]+", "_", f"{Path(parts.name).name}-{parts.split or split}")  # a sliced split has [ : %
 
 
 def _rate(value: str) -> float:
@@ -148,9 +159,11 @@ def add_ner_commands(commands) -> None:
 
     evaluate = actions.add_parser("eval", help="P / R / F1 of an exported model on a labelled file")
     evaluate.add_argument("model", help="the model/ directory of a `spanlm ner train` run")
-    evaluate.add_argument("--data", required=True, help="a labelled file")
+    evaluate.add_argument("--data", required=True, help="a labelled file, or a Hugging Face NER dataset (a save_to_disk "
+                                                        "directory or hf:NAME[@REVISION][:CONFIG][:SPLIT])")
     evaluate.add_argument("--format", choices=FORMATS, default=None,
-                          help="its format (default: from the suffix, else the model's training format)")
+                          help="its format (default: hf for a dataset, else from the suffix, else the model's training format)")
+    evaluate.add_argument("--split", default="test", help="the split of a dataset that does not name one (default test)")
     evaluate.add_argument("--on-bad-record", choices=["error", "skip"], default=None, help="default: the model's recipe")
     evaluate.add_argument("--output", default=None, metavar="FILE", help="metrics JSON (default MODEL/eval-<data name>.json)")
     evaluate.add_argument("--predictions", default=None, metavar="FILE", help="also write the predictions as JSONL")

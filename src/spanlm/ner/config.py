@@ -17,10 +17,14 @@ class NerDataConfig(ReadOptions):
 
     ``labels``: the label set in this order (the head's type ids); null takes the sorted labels of the
     training file. A record with a label outside the set is malformed (``on_bad_record``).
+    ``train`` / ``dev`` are files, or Hugging Face NER datasets (a save_to_disk directory or an
+    ``hf:NAME[@REVISION][:CONFIG][:SPLIT]`` name) read from ``train_split`` / ``dev_split``.
     """
 
     train: str = ""
     dev: str = ""  # scored during training (the first eval_docs documents) and in full after it
+    train_split: str = "train"  # the split of a dataset train input that does not name one
+    dev_split: str = "validation"  # the split of a dataset dev input that does not name one
     # Tokens per window including the special tokens; longer documents are read through several.
     max_len: int = 256
     # Tokens shared by consecutive windows (the overlap; the step is the window's content minus it).

@@ -14,11 +14,15 @@ Every reader validates at the edge and reports problems as ``file:line: problem`
 * ``nested_jsonl`` — token-level nested jsonlines as in yhcc/CNN_Nested_NER's GENIA files:
   ``{"tokens", "entity_mentions" | "entities": [{"start", "end", "entity_type" | "type" | "label",
   "text"?}], "sent_id"?}``, token ends exclusive; the text is the tokens joined by single spaces.
+* ``hf`` — a Hugging Face NER dataset in the layout of the Hub's conll2003 / wnut_17: a list of tokens
+  and a list of integer tags with ``ClassLabel`` names (BIO, or BIOES when the names have ``E-`` / ``S-``)
+  per row, as a ``save_to_disk`` directory or an ``hf:NAME[@REVISION][:CONFIG][:SPLIT]`` name
+  (:mod:`spanlm.data.hf_datasets`); one record per row, its text built as for ``conll``.
 
 A malformed record (broken JSON, missing fields, offsets out of range, span text that does not match,
 an unknown label, a broken BIO sequence, a wrong column count) is skipped and counted with
-``on_bad_record: skip``, or stops reading with an :class:`InputError` naming file and line with
-``on_bad_record: error``.
+``on_bad_record: skip``, or stops reading with an :class:`InputError` naming file and line (a dataset's
+split and row) with ``on_bad_record: error``.
 """
 
 from __future__ import annotations
@@ -29,10 +33,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
+from spanlm.data.hf_datasets import DatasetSplit, is_dataset_reference, load_split
 from spanlm.errors import InputError, numbered_lines, undecodable
 
-Format = Literal["cluener", "conll", "jsonl", "nested_jsonl"]
-FORMATS: tuple[str, ...] = ("cluener", "conll", "jsonl", "nested_jsonl")
+Format = Literal["cluener", "conll", "jsonl", "nested_jsonl", "hf"]
+FORMATS: tuple[str, ...] = ("cluener", "conll", "jsonl", "nested_jsonl", "hf")
 _SUFFIX_FORMATS = {".json": "cluener", ".jsonl": "jsonl", ".jsonlines": "nested_jsonl", ".conll": "conll", ".txt": "conll",
                    ".iob2": "conll", ".bio": "conll", ".bioes": "conll", ".tsv": "conll"}
 
@@ -78,43 +83,67 @@ class _BadRecord(Exception):
 class ReadOptions:
     """How a file is read (the data section of a NER recipe carries the same fields)."""
 
-    format: Format = "jsonl"
+    format: Format | None = None  # of files; None: from the suffix (a dataset is always hf)
     labels: list[str] | None = None  # the label set; None accepts any label
     on_bad_record: Literal["error", "skip"] = "error"
     token_column: int = 0  # conll: the token column
     tag_columns: list[int] = dataclasses.field(default_factory=lambda: [-1])  # conll: tag columns (several = nested levels)
     tag_scheme: Literal["bio", "bioes"] = "bio"  # conll
     conll_unit: Literal["sentence", "document"] = "sentence"  # conll: one record per sentence, or per -DOCSTART- document
+    tokens_field: str = "tokens"  # hf: the column of token lists
+    tags_field: str = "ner_tags"  # hf: the column of ClassLabel tag lists
 
 
 def guess_format(path: str | Path) -> str:
-    """The format a file's suffix suggests (``.json`` CLUENER, ``.jsonl`` spanlm spans, ``.jsonlines`` nested
+    """The format an input suggests: ``hf`` for a dataset (an ``hf:`` name or a ``save_to_disk``
+    directory), else its suffix's (``.json`` CLUENER, ``.jsonl`` spanlm spans, ``.jsonlines`` nested
     tokens, ``.conll`` / ``.txt`` / ``.iob2`` / ``.tsv`` columns)."""
+    if is_dataset_reference(path):
+        return "hf"
     fmt = _SUFFIX_FORMATS.get(Path(path).suffix.lower())
     if fmt is None:
         raise InputError(f"{path}: cannot tell the NER format from the suffix; pass one of {', '.join(FORMATS)}")
     return fmt
 
 
-def read_documents(path: str | Path, options: ReadOptions) -> tuple[list[NerDocument], ReadReport]:
-    """Every well-formed record of ``path`` as a :class:`NerDocument`, and the report of what was skipped."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
-    report = ReadReport(str(path))
+def input_format(path: str | Path, options: ReadOptions) -> str:
+    """``hf`` for a dataset, whatever ``options.format`` says (a recipe's format is its files'; a dataset
+    has only the one), else ``options.format`` or the one the suffix suggests."""
+    if is_dataset_reference(path):
+        return "hf"
+    return options.format or guess_format(path)
+
+
+def read_documents(path: str | Path, options: ReadOptions, split: str = "train",
+                   split_setting: str = "data.train_split") -> tuple[list[NerDocument], ReadReport]:
+    """Every well-formed record of ``path`` as a :class:`NerDocument`, and the report of what was skipped.
+
+    ``split``: the split a dataset input is read from, unless its ``hf:`` reference names one
+    (``split_setting`` names the setting that chooses it, for the error messages).
+    """
+    fmt = input_format(path, options)
     readers = {"cluener": _cluener, "jsonl": _jsonl, "nested_jsonl": _nested_jsonl, "conll": _conll}
-    if options.format not in readers:
-        raise InputError(f"{path}: unknown NER format {options.format!r} (one of {', '.join(FORMATS)})")
+    if fmt == "hf":
+        dataset = load_split(str(path), split, split_setting)
+        source, records, where_prefix = str(dataset), _hf_records(dataset, options), f"{dataset} row "
+    else:
+        path = Path(path)
+        if not path.is_file():
+            raise InputError(f"{path}: no such file")
+        if fmt not in readers:
+            raise InputError(f"{path}: unknown NER format {fmt!r} (one of {', '.join(FORMATS)})")
+        source, records, where_prefix = str(path), readers[fmt](path, options), f"{path}:"
+    report = ReadReport(source)
     labels = set(options.labels) if options.labels is not None else None
     documents = []
-    for lineno, parsed in readers[options.format](path, options):
+    for lineno, parsed in records:
         report.records += 1
         try:
             if isinstance(parsed, _BadRecord):
                 raise parsed
             _check(parsed, labels)
         except _BadRecord as problem:
-            where = f"{path}:{lineno}"
+            where = f"{where_prefix}{lineno}"
             if options.on_bad_record == "error":
                 raise InputError(f"{where}: {problem} (on_bad_record: skip skips such records and counts them)") from None
             report.skipped.append((where, str(problem)))
@@ -361,21 +390,11 @@ def _conll(path: Path, options: ReadOptions):
             spans.extend(tags_to_spans([columns[column] for columns in rows], options.tag_scheme))
         return [columns[options.token_column] for columns in rows], spans
 
-    def to_document(index: int, sentences: list[tuple[list[str], list[tuple[int, int, str]]]]) -> NerDocument:
-        tokens = [token for words, _ in sentences for token in words]
-        starts = _token_starts(tokens)
-        entities, base = [], 0
-        for words, spans in sentences:
-            for s, e, label in spans:
-                entities.append(Entity(starts[base + s], starts[base + e - 1] + len(tokens[base + e - 1]), label))
-            base += len(words)
-        return NerDocument(str(index), " ".join(tokens), sorted(set(entities)))
-
     # document unit: a malformed sentence is the skipped record; the rest of its document is kept.
     index, pending, pending_line = 0, [], 0
     for lineno, rows, new_document in _conll_sentences(path):
         if options.conll_unit == "document" and new_document and pending:
-            yield pending_line, to_document(index, pending)
+            yield pending_line, tokens_document(str(index), pending)
             index, pending = index + 1, []
         try:
             if isinstance(rows, _BadRecord):
@@ -385,13 +404,70 @@ def _conll(path: Path, options: ReadOptions):
             yield lineno, problem
             continue
         if options.conll_unit == "sentence":
-            yield lineno, to_document(index, [parsed])
+            yield lineno, tokens_document(str(index), [parsed])
             index += 1
         else:
             pending_line = pending_line if pending else lineno
             pending.append(parsed)
     if pending:
-        yield pending_line, to_document(index, pending)
+        yield pending_line, tokens_document(str(index), pending)
+
+
+def tokens_document(document_id: str, sentences: list[tuple[list[str], list[tuple[int, int, str]]]]) -> NerDocument:
+    """Sentences of (tokens, token spans end exclusive) → one document: the tokens joined by single spaces,
+    the spans as character offsets into that text."""
+    tokens = [token for words, _ in sentences for token in words]
+    starts = _token_starts(tokens)
+    entities, base = [], 0
+    for words, spans in sentences:
+        for s, e, label in spans:
+            entities.append(Entity(starts[base + s], starts[base + e - 1] + len(tokens[base + e - 1]), label))
+        base += len(words)
+    return NerDocument(document_id, " ".join(tokens), sorted(set(entities)))
+
+
+HF_BATCH_ROWS = 1000  # rows of a dataset in memory at once
+
+
+def _hf_records(data: DatasetSplit, options: ReadOptions) -> Iterator[tuple[int, NerDocument | _BadRecord]]:
+    """(row number from 1, document) per row of a token-classification dataset split."""
+    import datasets
+
+    tokens_field, tags_field = options.tokens_field, options.tags_field
+    data.require_columns(tokens_field, tags_field, setting="data.tokens_field / data.tags_field")
+    features = data.dataset.features
+
+    def items(column: str):  # the feature of a list column's items, or None when it is no list
+        feature = features[column]
+        return feature.feature if isinstance(feature, (datasets.List, datasets.LargeList)) else None
+
+    if items(tokens_field) != datasets.Value("string"):
+        raise InputError(f"{data}: column '{tokens_field}' holds {features[tokens_field]}, not lists of strings; set data.tokens_field")
+    tag_names = items(tags_field)
+    if not isinstance(tag_names, datasets.ClassLabel):
+        raise InputError(f"{data}: column '{tags_field}' holds {features[tags_field]}, not lists of ClassLabel tags "
+                         "(integers with names); set data.tags_field")
+    names = tag_names.names
+    not_tags = [name for name in names if name != "O" and not (name[:2] in ("B-", "I-", "E-", "S-") and name[2:])]
+    if not_tags:
+        raise InputError(f"{data}: column '{tags_field}' has ClassLabel names that are not BIO / BIOES tags: "
+                         f"{', '.join(map(repr, not_tags[:5]))}")
+    scheme = "bioes" if any(name[:2] in ("E-", "S-") for name in names) else "bio"
+    has_id = "id" in data.dataset.column_names
+    columns = [tokens_field, tags_field, *(["id"] if has_id else [])]
+    row = 0
+    for batch in data.dataset.select_columns(columns).iter(batch_size=HF_BATCH_ROWS):
+        for i, (tokens, tags) in enumerate(zip(batch[tokens_field], batch[tags_field])):
+            row += 1
+            try:
+                if len(tokens) != len(tags):
+                    raise _BadRecord(f"{len(tokens)} tokens but {len(tags)} tags")
+                if not all(0 <= tag < len(names) for tag in tags):  # ClassLabel stores -1 for "no label"
+                    raise _BadRecord(f"tag ids {tags} are not all in [0, {len(names)})")
+                spans = tags_to_spans([names[tag] for tag in tags], scheme)
+                yield row, tokens_document(str(batch["id"][i]) if has_id else str(row - 1), [(tokens, spans)])
+            except _BadRecord as problem:
+                yield row, problem
 
 
 def label_set(documents: Iterable[NerDocument]) -> list[str]:

@@ -24,7 +24,7 @@ from spanlm.errors import ConfigError, InputError
 from spanlm.heads.global_pointer import GlobalPointer
 from spanlm.heads.zlpr import global_pointer_loss
 from spanlm.ner.config import NerConfig, NerRecipe
-from spanlm.ner.data import NerDocument, label_set, read_documents
+from spanlm.ner.data import NerDocument, input_format, label_set, read_documents
 from spanlm.ner.predict import (HEAD_FILE, LABELS_FILE, RECIPE_FILE, NerModel, Spans, by_length, flat_select, merge,
                                 score_documents, spans_to_documents, window_spans)
 from spanlm.ner.windows import make_windows
@@ -54,9 +54,11 @@ class NerObjective(EncoderTask):
 
 
 def read_split(path: str, recipe: NerRecipe, name: str, labels: list[str] | None, log) -> list[NerDocument]:
+    """The documents of ``data.train`` or ``data.dev`` (``name``), a dataset read from ``data.<name>_split``."""
     if not path:
-        raise ConfigError(f"data.{name} is required: a {recipe.data.format} file")
-    documents, report = read_documents(path, dataclasses.replace(recipe.data, labels=labels))
+        raise ConfigError(f"data.{name} is required: a {recipe.data.format or 'NER'} file or dataset")
+    split = getattr(recipe.data, f"{name}_split")
+    documents, report = read_documents(path, dataclasses.replace(recipe.data, labels=labels), split, f"data.{name}_split")
     for line in report.lines():
         log(line)
     if not documents:
@@ -99,6 +101,7 @@ def ner_setup(recipe: NerRecipe, env, log=print) -> TrainingSetup:
         return TrainingSetup(objective, loader, lambda: iter(()))
 
     dev_docs = read_split(data.dev, recipe, "dev", labels, log)[: data.eval_docs or None]
+    dev_format = input_format(data.dev, data)
     dev_windows, dev_report = make_windows(encoder.tokenizer, dev_docs, labels, data.max_len, data.stride, featurizer)
     for line in dev_report.lines(data.dev):
         log(line)
@@ -122,7 +125,7 @@ def ner_setup(recipe: NerRecipe, env, log=print) -> TrainingSetup:
             spans = Spans.concat(every)
         spans = merge(spans)
         predicted = spans_to_documents(flat_select(spans) if recipe.ner.flat else spans, dev_docs, labels)
-        scores = score_documents(dev_docs, [d for d, _ in predicted], labels, cluener=data.format == "cluener")
+        scores = score_documents(dev_docs, [d for d, _ in predicted], labels, cluener=dev_format == "cluener")
         metrics = {"precision": scores["micro"]["precision"], "recall": scores["micro"]["recall"], "f1": scores["micro"]["f1"]}
         if "cluener_macro_f1" in scores:
             metrics["cluener_macro_f1"] = scores["cluener_macro_f1"]["f1"]
@@ -171,7 +174,7 @@ def train_ner(recipe: NerRecipe, resume: str | None = None, log=print) -> tuple[
         return run_dir, None
     model = NerModel(model_dir, device=recipe.train.device)
     dev = read_split(recipe.data.dev, recipe, "dev", recipe.data.labels, lambda *_: None)
-    scores, _ = evaluate_model(model, dev, recipe.data.format == "cluener", recipe.train.batch_size)
+    scores, _ = evaluate_model(model, dev, input_format(recipe.data.dev, recipe.data) == "cluener", recipe.train.batch_size)
     result = {"data": recipe.data.dev, **scores}
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     log(format_table(scores))
