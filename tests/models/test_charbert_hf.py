@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,8 +21,9 @@ from spanlm.data.chars import build_char_vocab
 from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import InputError
 from spanlm.models import BackboneConfig, build_backbone
-from spanlm.models.charbert import CharBertEncoder, CharChannelConfig, DualChannel, char_inputs_to_torch
+from spanlm.models.charbert import CharBertEncoder, CharChannelConfig, DualChannel
 from spanlm.models.encoder import EncoderConfig, load_encoder
+from spanlm.models.modeling_charbert import char_inputs_to_torch
 
 INPUTS = [str(p) for p in sorted(EMBEDDED_CORPUS.glob("*.txt")) if "hongloumeng" not in p.name]  # as embedded_prepared
 UNK_TEXTS = ["Holmes smiled \u2603 at Watson."]  # the snowman is no piece of the tiny vocabulary: [UNK]
@@ -172,6 +174,20 @@ def test_loaded_without_remote_code_the_report_names_the_char_channel(workdir):
     with transformers_warnings() as messages:
         encoder = load_encoder(EncoderConfig(path=str(export)))
     assert isinstance(encoder, CharBertEncoder) and not any("LOAD REPORT" in message for message in messages), messages
+
+
+def test_the_documented_subword_half_is_a_plain_encoder(workdir, monkeypatch):
+    from spanlm.models.encoder import Encoder
+
+    docs = (REPO / "docs" / "charbert.md").read_text(encoding="utf-8")
+    (snippet,) = re.findall(r"```python\n(.*?)```", docs.split("## Robustness")[1].split("\n## ")[0], flags=re.S)
+    monkeypatch.chdir(workdir)
+    exec(compile(snippet, "docs/charbert.md", "exec"), {})
+    plain = load_encoder(EncoderConfig(path="runs/export/charbert-subword"))
+    charbert = load_encoder(EncoderConfig(path="runs/export/charbert"))
+    assert type(plain) is Encoder and plain.hidden_size == charbert.hidden_size // 2
+    for name, tensor in charbert.model.backbone.state_dict().items():
+        assert torch.equal(plain.model.state_dict()[name], tensor), name
 
 
 def test_an_export_whose_parts_disagree_is_a_one_line_error(workdir, tmp_path):

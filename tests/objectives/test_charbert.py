@@ -163,7 +163,8 @@ def _short_nlm_run(corpus) -> tuple[float, float, float]:
 
 @pytest.mark.slow
 def test_pretrain_export_and_load_as_a_fine_tuning_encoder(corpus, tmp_path):
-    from spanlm.models.charbert import CharBertEncoder, char_inputs_to_torch
+    from spanlm.models.charbert import CharBertEncoder
+    from spanlm.models.modeling_charbert import char_inputs_to_torch
     from spanlm.models.encoder import EncoderConfig, load_encoder
     from spanlm.train.export import export_checkpoint, load_objective_weights
     from spanlm.train.checkpoint import latest_checkpoint

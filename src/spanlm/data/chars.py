@@ -1,6 +1,6 @@
 """CharBERT's character inputs: the character vocabulary, every token's spelling, the per-row char stream.
 
-CharBERT (Ma et al. 2020, §3.1; REFERENCE.md §7) reads each sequence a second time as characters: the
+CharBERT (Ma et al. 2020, §3.1) reads each sequence a second time as characters: the
 characters of all its tokens in order, sub-word markers stripped, tokens separated by the pad
 character, run through one BiGRU; a token's char vector is the GRU output at its first and at its last
 character. Special tokens and MLM targets are spelt as a single pad character, so the char channel

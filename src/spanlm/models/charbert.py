@@ -1,14 +1,14 @@
-"""CharBERT's dual-channel encoder over a BERT, RoBERTa or ELECTRA backbone (Ma et al. 2020; REFERENCE.md §7).
+"""CharBERT's dual-channel encoder over a BERT, RoBERTa or ELECTRA backbone (Ma et al. 2020, arXiv 2011.01513).
 
 Two channels run through the same transformer layers:
 
 * the **token channel** is the backbone's own: its embeddings, then every layer;
-* the **char channel** starts from :class:`CharEncoder` — the whole row's character stream
+* the **char channel** starts from the char encoder — the whole row's character stream
   (:mod:`spanlm.data.chars`) embedded (256) and read by one BiGRU with H/4 units per direction; a
   token's vector is ``[GRU out at its first char; GRU out at its last char]`` (2 × 2 × H/4 = H).
 
 In every layer the **same layer object** (shared weights) transforms both channels, and
-:class:`Fusion` mixes them: each channel's output through its own Linear(H→H, no bias), the two
+the fusion mixes them: each channel's output through its own Linear(H→H, no bias), the two
 concatenated and convolved along the sequence (Conv1d 2H→H, kernel 3, padding 1), the result added to
 each channel's layer output and layer-normalised per channel. As in the authors' ``CharBertEncoder``
 (modeling/modeling_bert.py), one fusion module serves every layer; ``per_layer`` gives each layer its own.
@@ -38,17 +38,14 @@ from torch import Tensor, nn
 from spanlm.errors import InputError
 from spanlm.models import modeling_charbert
 from spanlm.models.encoder import ENCODER_LOADERS, EncoderConfig, load_fast_tokenizer
-from spanlm.models.modeling_charbert import (  # noqa: F401  (CharEncoder, Fusion: spanlm's names for them)
+from spanlm.models.modeling_charbert import (
     CHAR_KEYS,
     FAMILIES,
     CharBertModel,
     CharChannelConfig,
-    CharEncoder,
     CharFeaturizer,
     CharVocab,
     DualChannelMixin,
-    Fusion,
-    char_inputs_to_torch,
     init_char_weights,
 )
 
