@@ -220,6 +220,7 @@ def char_stream(input_ids: np.ndarray, blank: np.ndarray, spelling: Spelling, pa
 
 
 CHAR_KEYS = ("char_ids", "char_lengths", "char_first", "char_last")
+TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def char_inputs_to_torch(inputs: dict[str, np.ndarray]) -> dict[str, Tensor]:
@@ -262,11 +263,11 @@ class CharFeaturizer:
         return char_stream(input_ids, np.zeros(input_ids.shape, dtype=bool), self.spelling, self.pad_id, override)
 
     def model_inputs(self, encoding, texts: list[str]) -> dict[str, Tensor]:
-        """:class:`CharBertModel`'s inputs for ``texts``: the tokenizer's ``encoding`` of them (made with
-        ``padding=True, return_offsets_mapping=True``) without its offsets, plus the char inputs."""
+        """:class:`CharBertModel`'s inputs for ``texts``: from the tokenizer's ``encoding`` of them (made with
+        ``padding=True, return_offsets_mapping=True``) its ids and masks, plus the char inputs."""
         if "offset_mapping" not in encoding:
             raise ValueError("the char inputs need the tokens' character offsets: tokenize with return_offsets_mapping=True")
-        inputs = {key: torch.as_tensor(np.asarray(value)) for key, value in encoding.items() if key != "offset_mapping"}
+        inputs = {key: torch.as_tensor(np.asarray(encoding[key])) for key in TOKEN_KEYS if key in encoding}
         chars = self(np.asarray(encoding["input_ids"]), np.asarray(encoding["offset_mapping"]), texts)
         return {**inputs, **char_inputs_to_torch(chars)}
 
