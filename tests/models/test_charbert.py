@@ -8,14 +8,8 @@ import torch
 from spanlm.data.chars import CharFeaturizer, Spelling, build_char_vocab
 from spanlm.data.shards import PreparedCorpus
 from spanlm.models import BackboneConfig, build_backbone
-from spanlm.models.charbert import (
-    CharBertEncoder,
-    CharChannelConfig,
-    CharEncoder,
-    DualChannel,
-    Fusion,
-    char_inputs_to_torch,
-)
+from spanlm.models.charbert import CharBertEncoder, CharChannelConfig, DualChannel
+from spanlm.models.modeling_charbert import CharEncoder, Fusion, char_inputs_to_torch
 from spanlm.models.encoder import EncoderConfig, load_encoder
 
 TEXTS = ["Alice was beginning to get very tired of sitting by her sister.", "Holmes examined the mechanism."]

@@ -163,7 +163,8 @@ def _short_nlm_run(corpus) -> tuple[float, float, float]:
 
 @pytest.mark.slow
 def test_pretrain_export_and_load_as_a_fine_tuning_encoder(corpus, tmp_path):
-    from spanlm.models.charbert import CharBertEncoder, char_inputs_to_torch
+    from spanlm.models.charbert import CharBertEncoder
+    from spanlm.models.modeling_charbert import char_inputs_to_torch
     from spanlm.models.encoder import EncoderConfig, load_encoder
     from spanlm.train.export import export_checkpoint, load_objective_weights
     from spanlm.train.checkpoint import latest_checkpoint
@@ -182,7 +183,7 @@ def test_pretrain_export_and_load_as_a_fine_tuning_encoder(corpus, tmp_path):
     assert any('"nlm_loss"' in line for line in lines) and any('"kind": "eval"' in line for line in lines)
 
     out = export_checkpoint(run, tmp_path / "export")
-    for name in ("config.json", "model.safetensors", "charbert.json", "charbert.safetensors", "chars.json", "heads.safetensors"):
+    for name in ("config.json", "model.safetensors", "modeling_charbert.py", "heads.safetensors", "nlm_terms.json"):
         assert (out / name).is_file(), name
     encoder = load_encoder(EncoderConfig(path=str(out))).eval()
     assert isinstance(encoder, CharBertEncoder) and encoder.hidden_size == 64

@@ -14,8 +14,9 @@ the char channel; both run only on their target rows. Loss::
 
     L = MLM_sum / n_mlm + w_nlm · NLM_sum / n_nlm      (a part with no targets is 0)
 
-Export: the backbone as a Hugging Face directory (AutoModel loads it: the plain subword model), the
-char channel (charbert.json, charbert.safetensors, chars.json) beside it — which is what
+Export: both channels as a directory transformers loads (:func:`~spanlm.models.charbert.save_charbert`:
+``AutoModel.from_pretrained(export, trust_remote_code=True)`` runs the dual channel, plain ``AutoModel``
+the subword backbone alone, with a load report naming the char channel's weights) — which is also what
 ``load_encoder`` turns into a 2H fine-tuning encoder — and the heads plus the NLM term list so
 pretraining can continue from the export.
 """
@@ -37,7 +38,7 @@ from spanlm.heads.nlm import NLMHead
 from spanlm.masking.base import MaskedBatch
 from spanlm.masking.noise import NoiseMasker
 from spanlm.models.backbone import build_backbone, input_embeddings
-from spanlm.models.charbert import CharChannelConfig, DualChannel, is_charbert_directory, load_char_weights, read_charbert_config, save_charbert
+from spanlm.models.charbert import CharChannelConfig, DualChannel, is_charbert_directory, load_char_weights, read_char_vocab, read_charbert_config, save_charbert
 from spanlm.objectives import register
 from spanlm.objectives.base import Objective
 from spanlm.objectives.masked_lm import gather_rows, layer_norm_eps
@@ -178,7 +179,7 @@ def build_charbert(recipe, corpus) -> CharBERT:
     continuing = source is not None and is_charbert_directory(source)
     if continuing:
         # The char embedding rows belong to the export's character vocabulary: keep it.
-        char_vocab = CharVocab.load(source)
+        char_vocab = read_char_vocab(source)
         config = read_charbert_config(source)
     else:
         char_vocab = build_char_vocab(corpus, settings.char_vocab_size)
