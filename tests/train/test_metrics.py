@@ -80,6 +80,17 @@ def test_report_to_is_a_list_of_known_trackers_each_named_once():
         load_recipe(None, ["logging.report_to=wandb"])
 
 
+def test_recipes_saved_with_the_older_tensorboard_switch_still_load(tmp_path):
+    from spanlm.ner.config import NerRecipe
+
+    saved = tmp_path / "recipe.yaml"  # as runs, exports and NER / QA model directories saved it before report_to
+    saved.write_text("logging: {tensorboard: false, progress: false}\n", encoding="utf-8")
+    assert load_recipe(saved, cls=NerRecipe).logging.report_to == []
+    saved.write_text("logging: {tensorboard: true}\n", encoding="utf-8")
+    assert load_recipe(saved).logging.report_to is None  # TensorBoard when installed, as it was
+    assert load_recipe(saved, ["logging.report_to=[wandb]"]).logging.report_to == ["wandb"]
+
+
 def test_tensorboard_by_default_is_skipped_when_not_installed_but_named_it_is_required(prepared, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # what an install without the extra sees
     run = pretrain(tracked_recipe(prepared, tmp_path / "default", None, max_steps=2), **QUIET)
@@ -226,7 +237,7 @@ TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "mode
         "logging.progress=false"]
 
 
-def test_readme_loggers_commands_run(tmp_path, monkeypatch, capsys):
+def test_readme_loggers_commands_run(tmp_path, monkeypatch):
     """Each line of the Loggers section's bash block runs as written (tiny), in a directory like a checkout."""
     from mlflow import MlflowClient
 

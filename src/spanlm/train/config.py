@@ -64,3 +64,14 @@ class LoggingConfig:
         repeated = sorted({name for name in self.report_to or [] if self.report_to.count(name) > 1})
         if repeated:
             raise ValueError(f"report_to names {repeated[0]} twice")
+
+    @staticmethod
+    def from_older(data: dict) -> dict:
+        """The section as recipes saved before ``report_to`` wrote it (runs, exports, NER / QA models): ``tensorboard:
+        true`` was the default, ``false`` meant metrics.jsonl only."""
+        if "tensorboard" not in data:
+            return data
+        data = dict(data)
+        if data.pop("tensorboard") is False and "report_to" not in data:
+            data["report_to"] = []
+        return data

@@ -65,6 +65,11 @@ class MetricsLogger:
 
     def __init__(self, output_dir: Path, resumed_step: int | None, recipe, trackers: list[str], log: Callable[[str], None] = print):
         self.log_line = log
+        self.path = output_dir / "metrics.jsonl"
+        kept = None  # read (and checked) before any tracker starts
+        if resumed_step is not None and self.path.exists():
+            # Records written after the checkpoint we resume from belong to a run that is being redone.
+            kept = [line for line, record in _lines_and_records(self.path) if record.get("step", 0) <= resumed_step]
         ids = _read_ids(output_dir) if resumed_step is not None else {}
         config: LoggingConfig = recipe.logging
         self.trackers = {}
@@ -76,17 +81,17 @@ class MetricsLogger:
             except Exception as error:  # a tracker's client raises many types (network, store, settings)
                 self._close_trackers(failed=True)
                 raise SpanlmError(f"logging.report_to: {name} could not start ({_one_line(error)})") from error
-        ids.update({name: tracker.run_id for name, tracker in self.trackers.items() if tracker.run_id is not None})
-        _write_ids(output_dir, ids)
-
-        self.path = output_dir / "metrics.jsonl"
-        if resumed_step is not None and self.path.exists():
-            # Records written after the checkpoint we resume from belong to a run that is being redone.
-            kept = [line for line, record in _lines_and_records(self.path) if record.get("step", 0) <= resumed_step]
-            self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        elif resumed_step is None and self.path.exists():
-            self.path.unlink()
-        self.handle = open(self.path, "a", encoding="utf-8")
+        try:
+            ids.update({name: tracker.run_id for name, tracker in self.trackers.items() if tracker.run_id is not None})
+            _write_ids(output_dir, ids)
+            if kept is not None:
+                self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+            elif resumed_step is None and self.path.exists():
+                self.path.unlink()
+            self.handle = open(self.path, "a", encoding="utf-8")
+        except BaseException:  # a full disk, say: the trackers' runs are ended, not left open
+            self._close_trackers(failed=True)
+            raise
 
     def log(self, record: dict) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
@@ -159,8 +164,8 @@ class WandbTracker:
 
         self.run = wandb.init(project=run.project or os.environ.get("WANDB_PROJECT") or "spanlm", name=run.name,
                               id=run.run_id, resume="allow" if run.run_id else None,
-                              dir=None if os.environ.get("WANDB_DIR") else str(run.output_dir), config=run.recipe)
-        self.run.config.update(run.recipe, allow_val_change=True)  # a resume may change the recipe (max_steps)
+                              dir=None if os.environ.get("WANDB_DIR") else str(run.output_dir),
+                              config=run.recipe, allow_val_change=True)  # a resume may change the recipe (max_steps)
         # spanlm's step is the x-axis: W&B's own _step counts log calls, and restarts with an offline resume.
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")
