@@ -230,6 +230,14 @@ def test_a_tracker_failing_mid_run_is_switched_off_and_metrics_jsonl_goes_on(pre
     assert len(lines) == 1 and lines[0].startswith("logging: mlflow failed at step 2 (")
     assert [m.step for m in MlflowClient(mlflow_store).get_metric_history(run_id, "train/loss")] == [1]
 
+    # A resume whose MLflow run is gone starts a new one, says so, and remembers it.
+    with MetricsLogger(tmp_path / "run", 3, recipe, ["mlflow"], lines.append) as logger:
+        logger.log({"kind": "train", "step": 4, "loss": 0.5})
+    new_id = json.loads((tmp_path / "run" / "trackers.json").read_text())["mlflow"]
+    assert new_id != run_id and f"mlflow: run {run_id} of " in lines[1] and lines[1].endswith("starting a new run")
+    assert [m.step for m in MlflowClient(mlflow_store).get_metric_history(new_id, "train/loss")] == [4]
+    assert by_kind(tmp_path / "run", "train") == {1: 2.0, 2: 1.5, 3: 1.0, 4: 0.5}
+
 
 # -- README --------------------------------------------------------------------------------------------
 TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64",

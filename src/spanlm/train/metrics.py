@@ -196,10 +196,10 @@ class MlflowTracker:
         self.run_id, earlier = None, {}
         if run.run_id is not None:
             try:
-                earlier = self.client.get_run(run.run_id).data.params
-                self.run_id = run.run_id
-                self.client.update_run(self.run_id, status="RUNNING")
-            except MlflowException:  # not in this tracking store (another MLFLOW_TRACKING_URI, or deleted)
+                found = self.client.get_run(run.run_id)
+                self.client.update_run(run.run_id, status="RUNNING")  # refused for a deleted run
+                self.run_id, earlier = run.run_id, found.data.params
+            except MlflowException:  # not in this tracking store (another MLFLOW_TRACKING_URI), or deleted
                 log(f"mlflow: run {run.run_id} of {run.output_dir} is not in {self.client.tracking_uri}; starting a new run")
         if self.run_id is None:
             self.run_id = self.client.create_run(experiment_id, run_name=run.name).info.run_id
