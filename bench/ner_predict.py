@@ -87,7 +87,7 @@ def train_ner_model(encoder_dir: Path, out: Path, data: Path, steps: int) -> Pat
         "data": {"train": str(data / "train.conll"), "format": "conll", "max_len": 128, "stride": 32},
         "train": {"output_dir": str(out), "max_steps": steps, "batch_size": 32, "lr": 1e-3, "warmup_steps": 0, "eval_every": 0,
                   "save_every": steps, "num_workers": 0, "device": "cpu"},
-        "logging": {"tensorboard": False, "progress": False},
+        "logging": {"report_to": [], "progress": False},
     })
     run_dir, _ = train_ner(recipe, log=lambda *_: None)
     return run_dir / "model"

@@ -29,7 +29,7 @@ model: {{path: {encoder_dir}}}
 data: {{train: {NER_FIXTURES / 'wnut_train_mini.conll'}, dev: {NER_FIXTURES / 'wnut_dev_mini.conll'}, format: conll, max_len: 32, stride: 8}}
 ner: {{head: {{head_size: 16}}}}
 train: {{output_dir: {out}, max_steps: {steps}, batch_size: 8, lr: 0.001, warmup_steps: 0, eval_every: 3, save_every: {steps}, log_every: 3, num_workers: 0, device: cpu}}
-logging: {{tensorboard: false, progress: false}}
+logging: {{report_to: [], progress: false}}
 """, encoding="utf-8")
     return recipe
 

@@ -15,7 +15,7 @@ TINY = {  # appended to the README's commands
     ("prepare",): ["tokenizer.vocab_size=500"],
     ("ner", "train"): ["data.max_len=32", "data.stride=8", "ner.head.head_size=16", "train.max_steps=2", "train.batch_size=8",
                        "train.eval_every=0", "train.save_every=2", "train.num_workers=0", "logging.progress=false",
-                       "logging.tensorboard=false"],
+                       "logging.report_to=[]"],
     ("ner", "eval"): [],
 }
 

@@ -96,7 +96,7 @@ def toy_recipe(prepared: Path, output_dir: Path, **train) -> Recipe:
         "train": {"output_dir": str(output_dir), "max_steps": 8, "batch_size": 4, "lr": 1e-2, "warmup_steps": 2,
                   "log_every": 1, "eval_every": 0, "save_every": 1000, "keep_last": 5, "num_workers": 0,
                   "eval_blocks": 8, **train},
-        "logging": {"tensorboard": False, "progress": False},
+        "logging": {"report_to": [], "progress": False},
     })
 
 

@@ -91,7 +91,12 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
 
 
 def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from ``data``, rejecting unknown keys and wrong types."""
+    """Build dataclass ``cls`` from ``data``, rejecting unknown keys and wrong types.
+
+    A section whose keys changed reads older saved recipes through its ``from_older(data) -> data``.
+    """
+    if hasattr(cls, "from_older"):
+        data = cls.from_older(data)
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = [k for k in data if k not in fields]

@@ -96,7 +96,7 @@ def run_demo(out: str | Path = "runs/demo", quick: bool = False, log=print) -> d
     log(f"[4/4] writing {out / 'report.html'}")
     pretrain_eval = [r for r in read_metrics(out / "pretrain") if r.get("kind") == "eval"]
     summary = {
-        "pretrain": {k: v for k, v in (pretrain_eval[-1] if pretrain_eval else {}).items() if k != "kind"},
+        "pretrain": {k: v for k, v in (pretrain_eval[-1] if pretrain_eval else {}).items() if k not in ("kind", "time", "elapsed")},
         "ner": {"micro": scores["micro"], "per_type": scores["per_type"]},
         "predictions": predictions,
         "steps": dataclasses.asdict(plan),

@@ -105,7 +105,7 @@ def workdir(embedded_prepared, tmp_path_factory) -> Path:
         "masking.noise.max_len=32", "masking.noise.term_vocab_size=100", "objective.charbert.char_embedding_size=16",
         f"train.output_dir={root / 'runs/pretrain/charbert'}", "train.max_steps=2", "train.batch_size=4",
         "train.eval_every=0", "train.save_every=2", "train.num_workers=0", "train.device=cpu",
-        "logging.tensorboard=false", "logging.progress=false",
+        "logging.report_to=[]", "logging.progress=false",
     ])
     torch.manual_seed(0)
     export_checkpoint(pretrain(recipe, log=lambda *_: None), root / "runs/export/charbert")

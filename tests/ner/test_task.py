@@ -44,7 +44,7 @@ def recipe(encoder_dir, data, out, *overrides):
     return load_recipe(None, [f"model.path={encoder_dir}", f"data.train={data}", f"data.dev={data}", "data.format=jsonl",
                               "data.max_len=16", "data.stride=4", f"train.output_dir={out}", "train.batch_size=4", "train.lr=0.003",
                               "train.warmup_steps=0", "train.eval_every=0", "train.num_workers=0", "train.device=cpu",
-                              "logging.tensorboard=false", "logging.progress=false", "ner.head.head_size=16", *overrides], cls=NerRecipe)
+                              "logging.report_to=[]", "logging.progress=false", "ner.head.head_size=16", *overrides], cls=NerRecipe)
 
 
 @pytest.mark.parametrize("kind", ["efficient", "standard"])

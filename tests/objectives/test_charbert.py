@@ -176,7 +176,7 @@ def test_pretrain_export_and_load_as_a_fine_tuning_encoder(corpus, tmp_path):
         "masking.noise.max_len=32", "masking.noise.term_vocab_size=100", "objective.charbert.char_embedding_size=16",
         f"train.output_dir={tmp_path / 'run'}", "train.max_steps=4", "train.batch_size=4", "train.eval_every=4",
         "train.eval_blocks=8", "train.save_every=4", "train.log_every=2", "train.num_workers=0", "train.device=cpu",
-        "logging.tensorboard=false", "logging.progress=false",
+        "logging.report_to=[]", "logging.progress=false",
     ])
     run = pretrain(recipe, log=lambda *_: None)
     lines = (run / "metrics.jsonl").read_text().splitlines()

@@ -30,7 +30,7 @@ def recipe(name: str, prepared, output_dir, *overrides: str, tiny: bool = True):
         "tokenizer.vocab_size=2000", *(TINY if tiny else []),
         f"train.output_dir={output_dir}", "train.max_steps=4", "train.batch_size=4", "train.num_workers=0",
         "train.eval_blocks=4", "train.eval_every=2", "train.save_every=2", "train.log_every=1", "train.warmup_steps=1",
-        "logging.tensorboard=false", "logging.progress=false", *overrides,
+        "logging.report_to=[]", "logging.progress=false", *overrides,
     ])
 
 

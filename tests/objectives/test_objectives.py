@@ -39,7 +39,7 @@ def tiny_recipe(prepared: Path, objective: str, output_dir: Path, **model) -> Re
         "objective": {"name": objective},
         "train": {"output_dir": str(output_dir), "max_steps": 6, "batch_size": 4, "num_workers": 0, "eval_every": 0,
                   "eval_blocks": 4, "log_every": 2, "warmup_steps": 1},
-        "logging": {"tensorboard": False, "progress": False},
+        "logging": {"report_to": [], "progress": False},
     })
 
 

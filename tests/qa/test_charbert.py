@@ -34,7 +34,7 @@ def test_charbert_encoder_trains_exports_and_predicts(embedded_prepared, qa_fixt
         "qa": {"no_answer": True},
         "train": {"output_dir": str(tmp_path / "run"), "max_steps": 2, "batch_size": 4, "lr": 1e-3, "eval_every": 0,
                   "num_workers": 0, "device": "cpu"},
-        "logging": {"tensorboard": False, "progress": False},
+        "logging": {"report_to": [], "progress": False},
     })
     run_dir, result = train_qa(recipe, log=lambda *_: None)
     assert math.isfinite(result["f1"])

@@ -26,7 +26,7 @@ def test_train_eval_predict(qa_encoder_dir, qa_fixtures, tmp_path, capsys):
         "qa": {"metric": "squad", "no_answer": True},
         "train": {"output_dir": str(tmp_path / "run"), "max_steps": 4, "batch_size": 4, "lr": 1e-3, "warmup_steps": 0,
                   "eval_every": 2, "save_every": 2, "log_every": 2, "num_workers": 0, "device": "cpu"},
-        "logging": {"tensorboard": False, "progress": False},
+        "logging": {"report_to": [], "progress": False},
     }))
     code, out, err = run(capsys, "qa", "train", str(recipe), "train.max_steps=3")
     assert code == 0, err

@@ -17,7 +17,7 @@ def tiny_recipe(encoder_dir, data, output_dir, **sections) -> QARecipe:
         "qa": {"metric": "cmrc2018", "max_answer_length": 30},
         "train": {"output_dir": str(output_dir), "max_steps": 200, "batch_size": 8, "lr": 2e-3, "warmup_steps": 10,
                   "eval_every": 0, "save_every": 1000, "log_every": 50, "num_workers": 0, "device": "cpu"},
-        "logging": {"tensorboard": False, "progress": False},
+        "logging": {"report_to": [], "progress": False},
     }
     for name, values in sections.items():
         recipe[name] = {**recipe.get(name, {}), **values}

@@ -19,13 +19,14 @@ from spanlm.train.metrics import read_metrics
 from toy_objective import losses, toy_recipe
 
 
-def torchrun(recipe_path: Path, *extra: str) -> subprocess.CompletedProcess:
+def torchrun(recipe_path: Path, *extra: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1", **(env or {})}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                str(REPO / "tests" / "launch_toy.py"), "pretrain", str(recipe_path), *extra]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
     return result
 
 
@@ -63,3 +64,22 @@ def test_ranks_train_on_disjoint_blocks(prepared, tmp_path):
         sampler = iter(BatchKeySampler(train, 4, seed=0, rank=rank, world_size=2))
         seen.append({int(i) for _ in range(10) for i in next(sampler)[2]})
     assert not seen[0] & seen[1] and len(seen[0]) == len(seen[1]) == 40
+
+
+@pytest.mark.slow
+def test_only_rank_zero_reports_and_a_tracker_that_cannot_start_stops_every_rank(prepared, tmp_path):
+    from mlflow import MlflowClient
+
+    recipe, store = tmp_path / "recipe.yaml", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = toy_recipe(prepared, tmp_path / "run", max_steps=3, batch_size=8, eval_every=3)
+    config.logging.report_to = ["mlflow"]
+    save_config(config, recipe)
+    refused = torchrun(recipe, env={"MLFLOW_TRACKING_URI": "nowhere://tracking"}, check=False)  # no rank waits for rank 0
+    assert refused.returncode != 0 and "error: logging.report_to: mlflow could not start" in refused.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+    torchrun(recipe, env={"MLFLOW_TRACKING_URI": store})
+    client = MlflowClient(store)
+    (found,) = client.search_runs([client.get_experiment_by_name("spanlm").experiment_id])
+    assert [m.step for m in client.get_metric_history(found.info.run_id, "train/loss")] == [1, 2, 3]
+    assert [m.step for m in client.get_metric_history(found.info.run_id, "eval/loss")] == [3]

@@ -46,7 +46,32 @@ class TrainConfig:
             raise ValueError("betas must be two numbers")
 
 
+Tracker = Literal["tensorboard", "wandb", "mlflow"]
+
+
 @dataclasses.dataclass
 class LoggingConfig:
-    tensorboard: bool = True  # used when the tensorboard package is installed
+    """Where rank 0 reports the run: metrics.jsonl always, plus the experiment trackers of ``report_to``."""
+
+    # None: TensorBoard when it is installed, else metrics.jsonl only. A list names the trackers, each of
+    # which must be installed (its extra: pip install 'spanlm[wandb]'); [] is metrics.jsonl only.
+    report_to: list[Tracker] | None = None
+    project: str | None = None  # W&B project / MLflow experiment; None: $WANDB_PROJECT / $MLFLOW_EXPERIMENT_NAME, else "spanlm"
+    run_name: str | None = None  # None: the name of train.output_dir
     progress: bool = True  # a progress bar on rank 0
+
+    def __post_init__(self) -> None:
+        repeated = sorted({name for name in self.report_to or [] if self.report_to.count(name) > 1})
+        if repeated:
+            raise ValueError(f"report_to names {repeated[0]} twice")
+
+    @staticmethod
+    def from_older(data: dict) -> dict:
+        """The section as recipes saved before ``report_to`` wrote it (runs, exports, NER / QA models): ``tensorboard:
+        true`` was the default, ``false`` meant metrics.jsonl only."""
+        if "tensorboard" not in data:
+            return data
+        data = dict(data)
+        if data.pop("tensorboard") is False and "report_to" not in data:
+            data["report_to"] = []
+        return data

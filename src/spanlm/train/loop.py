@@ -14,6 +14,7 @@ import signal
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from spanlm.train import checkpoint as ckpt
 from spanlm.train.data import build_train_loader, eval_batches, split_blocks
 from spanlm.train.dist import DistEnv, all_reduce, any_rank, barrier, init_distributed, shutdown
 from spanlm.train.host_memory import retain_freed_memory
-from spanlm.train.metrics import MetricsLogger
+from spanlm.train.metrics import MetricsLogger, trackers_to_start
 from spanlm.train.optim import build_optimizer, build_scheduler, clip_gradients
 
 
@@ -143,6 +144,7 @@ class Trainer:
     def __init__(self, recipe, env: DistEnv, build_setup: Callable[..., TrainingSetup] = pretraining_setup, log=print):
         self.recipe, self.env, self.config = recipe, env, recipe.train
         self.log = log if env.is_main else (lambda *_: None)
+        self.trackers = trackers_to_start(recipe.logging)  # a tracker named but not installed: refused before any work
         self.output_dir = Path(self.config.output_dir)
         if self.config.retain_freed_memory:
             retain_freed_memory()
@@ -157,6 +159,7 @@ class Trainer:
         self.loader = self.setup.loader
         torch.manual_seed(recipe.seed + env.rank)  # dropout differs across ranks, reproducibly
         self.step = 0
+        self.elapsed_before = 0.0  # seconds trained before this process (a resumed checkpoint's); see elapsed()
         if env.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
 
@@ -211,7 +214,7 @@ class Trainer:
             aliases = ckpt.alias_names(self.objective)  # tied weights (decoder = embedding) are stored once
             tensors = {k: v.contiguous() for k, v in weights.items() if k not in aliases}
             trainer_state = {"step": self.step, "scheduler": self.scheduler.state_dict(), "loaders": loaders,
-                             "world_size": self.env.world_size, "seed": self.recipe.seed,
+                             "world_size": self.env.world_size, "seed": self.recipe.seed, "elapsed": self.elapsed(),
                              "tokenizer_fingerprint": self.setup.tokenizer_fingerprint}
             from spanlm.config import save_config
 
@@ -251,6 +254,7 @@ class Trainer:
         self.loader.load_state_dict(trainer_state["loaders"][self.env.rank])
         ckpt.set_rng_state(ckpt.load_file(path / f"rng-rank{self.env.rank}.pt"))
         self.step = int(trainer_state["step"])
+        self.elapsed_before = float(trainer_state.get("elapsed", 0.0))  # checkpoints written before it was kept: 0
 
     # -- evaluation -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -277,6 +281,7 @@ class Trainer:
     # -- the loop -----------------------------------------------------------------------------------
     def run(self, resume: str | None) -> Path:
         config, env = self.config, self.env
+        self.started = time.monotonic()
         checkpoint = ckpt.resolve_resume(resume, self.output_dir)
         existing = ckpt.latest_checkpoint(self.output_dir)
         if checkpoint is None and existing is not None and resume != "auto":
@@ -287,15 +292,36 @@ class Trainer:
             self.log(f"resumed from {checkpoint} at step {self.step}")
             if env.is_main and (aside := ckpt.set_aside_later(self.output_dir, self.step)) is not None:
                 self.log(f"this run now continues from step {self.step}: its later checkpoints were moved to {aside}")
-        if env.is_main:  # only now: a refused or failed start leaves the run's recipe as it was
-            from spanlm.config import save_config
+        nothing_to_train = self.step >= config.max_steps
+        logger = None if nothing_to_train else self._open_logger(self.step if checkpoint else None)
+        with logger or contextlib.nullcontext():
+            if env.is_main:  # only now: a refused or failed start (a tracker too) leaves the run's recipe as it was
+                from spanlm.config import save_config
 
-            save_config(self.recipe, self.output_dir / "config.yaml")
-        if self.step >= config.max_steps:
-            self.log(f"step {self.step} already reaches train.max_steps {config.max_steps}: nothing to train "
-                     "(raise train.max_steps to continue)")
-            return self.output_dir
-        logger = MetricsLogger(self.output_dir, self.step if checkpoint else None, self.recipe.logging.tensorboard) if env.is_main else None
+                save_config(self.recipe, self.output_dir / "config.yaml")
+            if nothing_to_train:
+                self.log(f"step {self.step} already reaches train.max_steps {config.max_steps}: nothing to train "
+                         "(raise train.max_steps to continue)")
+                return self.output_dir
+            return self._train(logger)
+
+    def _open_logger(self, resumed_step: int | None) -> MetricsLogger | None:
+        """Rank 0's metrics.jsonl and trackers (None on the other ranks); a tracker that cannot start stops every rank."""
+        logger, failure = None, None
+        if self.env.is_main:
+            try:
+                logger = MetricsLogger(self.output_dir, resumed_step, self.recipe, self.trackers, self.log)
+            except SpanlmError as error:
+                failure = error
+        if any_rank(failure is not None, self.env):
+            reason = [str(failure) if failure else None]
+            if self.env.enabled:
+                dist.broadcast_object_list(reason, src=0)  # every rank stops with rank 0's message
+            raise failure or SpanlmError(reason[0])
+        return logger
+
+    def _train(self, logger: MetricsLogger | None) -> Path:
+        config, env = self.config, self.env
         progress = _progress_bar(config.max_steps, self.step, env.is_main and self.recipe.logging.progress)
         batches = iter(self.loader)
         sums, counted, tokens, started, skipped = defaultdict(float), 0, 0, time.perf_counter(), 0
@@ -334,7 +360,7 @@ class Trainer:
                     if config.eval_every and (self.step % config.eval_every == 0 or self.step == config.max_steps):
                         evaluation = self.evaluate()
                         if logger and evaluation:
-                            logger.log({"kind": "eval", "step": self.step, **evaluation})
+                            logger.log({"kind": "eval", "step": self.step, **self._clock(), **evaluation})
                     if any_rank(stop.received is not None, env):
                         self.log(f"received {stop.received or 'a stop signal on another rank'}: saved step {self.step}, exiting")
                         self.save()
@@ -345,8 +371,6 @@ class Trainer:
             return self.output_dir
         finally:
             progress.close()
-            if logger:
-                logger.close()
 
     def _train_step(self, batches) -> tuple[dict[str, float], int]:
         """One optimiser step's forward/backward over ``grad_accum`` micro-batches; returns its metrics."""
@@ -371,11 +395,19 @@ class Trainer:
         keys = sorted(sums)
         values = torch.tensor([sums[k] / max(counted, 1) for k in keys] + [tokens], dtype=torch.float64, device=env.device)
         means = all_reduce(values, env)
-        record = {"kind": "train", "step": self.step, **dict(zip(keys, means[:-1].tolist()))}
+        record = {"kind": "train", "step": self.step, **self._clock(), **dict(zip(keys, means[:-1].tolist()))}
         record["lr"] = self.scheduler.get_last_lr()[0]
         record["tokens_per_s"] = float(means[-1]) * env.world_size / max(time.perf_counter() - started, 1e-9)
         record["skipped_steps"] = skipped
         return record
+
+    def elapsed(self) -> float:
+        """Seconds of training so far: this process's since run() began, plus those of the checkpoint it resumed."""
+        return self.elapsed_before + time.monotonic() - self.started
+
+    def _clock(self) -> dict:
+        """A record's wall-clock time (ISO 8601, UTC) and ``elapsed`` seconds."""
+        return {"time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), "elapsed": round(self.elapsed(), 3)}
 
 
 class _RestoreGradientSync:

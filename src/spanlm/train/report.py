@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from spanlm.errors import InputError
-from spanlm.train.metrics import read_metrics
+from spanlm.train.metrics import NOT_METRICS, read_metrics
 
 # Which columns go on which plot; a plot is drawn when the run logged any of its columns.
 PLOTS = {
@@ -15,7 +15,7 @@ PLOTS = {
     "lr.png": ("Learning rate", lambda key: key == "lr", "train"),
     "throughput.png": ("Throughput (tokens/s)", lambda key: key == "tokens_per_s", "train"),
     "grad_norm.png": ("Gradient norm", lambda key: key == "grad_norm", "train"),
-    "eval.png": ("Held-out evaluation", lambda key: key != "step" and key != "kind", "eval"),
+    "eval.png": ("Held-out evaluation", lambda key: key not in NOT_METRICS, "eval"),
 }
 
 
