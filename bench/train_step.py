@@ -50,7 +50,7 @@ step pair (robust to a load burst on this shared machine hitting a few steps).
 training does (``spanlm.train.host_memory.retain_freed_memory``; both sides profit; ``--system-allocator``
 keeps glibc's defaults).
 
-FLOPs and MFU. FLOPs per token of an encoder MLM training step (../shared/BASELINES.md)::
+FLOPs and MFU. FLOPs per token of an encoder MLM training step::
 
     6·(N_encoder + N_head) + 12·layers·seq·hidden,    N_encoder = layers·(4H² + 2H·I)
 

@@ -23,7 +23,7 @@ def masked_logits(seed, batch=3, types=4, length=10, scale=3.0, lengths=(10, 6, 
 
 
 def reference_loss(logits, labels):
-    """ZLPR per (row, type), one cell at a time, then the mean: REFERENCE.md §8 written out."""
+    """ZLPR per (row, type), one cell at a time, then the mean: docs/objectives.md §8 written out."""
     losses = []
     for row, row_labels in zip(logits.flatten(2).flatten(0, 1).tolist(), labels.flatten(2).flatten(0, 1).tolist()):
         negative = sum(math.exp(s) for s, y in zip(row, row_labels) if not y and s > MIN)

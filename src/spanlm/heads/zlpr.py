@@ -2,7 +2,7 @@
 
 Su et al. 2022 (arXiv 2208.02955) / kexue.fm/archives/7359: multi-label classification as "every
 positive above 0, every negative below 0". For one (row, type) with its candidate cells' scores s
-(REFERENCE.md §8)::
+(docs/objectives.md §8)::
 
     L = log(1 + Σ_{neg} e^{s}) + log(1 + Σ_{pos} e^{-s})
 
@@ -11,7 +11,7 @@ and they drop out of both sums. The batch loss is the mean over the B·T (row, t
 ``global_pointer_crossentropy`` (mean over batch × heads).
 
 Dense form: a 0/1 label per cell, O(T·L²) labels per row. Sparse form (kexue.fm/archives/8888): only the
-positives' flat cell indices α·L² + i·L + j, O(#entities) labels. REFERENCE.md writes its negative term
+positives' flat cell indices α·L² + i·L + j, O(#entities) labels. docs/objectives.md writes its negative term
 through the sum over *all* cells::
 
     a = log(1 + Σ_all e^{s}),  b = log Σ_pos e^{s},  log(1 + Σ_neg e^{s}) = a + log(1 - e^{b - a})

@@ -14,7 +14,7 @@ state gives the same batch, seed 0 included.
 Schemes and their configuration sections (``masking.<section>.<field>`` in a recipe):
 
 =========  ===========================  =====================================================
-scheme     section                      what is selected (REFERENCE.md)
+scheme     section                      what is selected (docs/objectives.md)
 =========  ===========================  =====================================================
 mlm        :class:`MlmConfig`           15% of tokens; 80/10/10 per token (BERT, §1)
 wwm        :class:`WholeWordConfig`     whole words up to 15% of tokens (§2)
