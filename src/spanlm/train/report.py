@@ -9,7 +9,7 @@ from pathlib import Path
 from spanlm.errors import InputError
 from spanlm.train.metrics import NOT_METRICS, read_metrics
 
-# Which columns go on which plot; a plot is drawn when the run logged any of its columns.
+# Which columns go on which figure; a figure is drawn when the run logged any of its columns.
 PLOTS = {
     "loss.png": ("Training loss", lambda key: key == "loss" or key.endswith("_loss"), "train"),
     "lr.png": ("Learning rate", lambda key: key == "lr", "train"),
@@ -17,6 +17,21 @@ PLOTS = {
     "grad_norm.png": ("Gradient norm", lambda key: key == "grad_norm", "train"),
     "eval.png": ("Held-out evaluation", lambda key: key not in NOT_METRICS, "eval"),
 }
+RATE_WORDS = ("accuracy", "precision", "recall", "f1")
+
+
+def is_count(key: str) -> bool:
+    """Target and token counts (``n_mlm``, ``n_replaced``): table entries, never drawn beside losses."""
+    return key.startswith("n_")
+
+
+def panels(keys: list[str]) -> list[tuple[str, list[str]]]:
+    """A figure's panels: each loss alone (an MLM and an SBO line of similar values would hide each other),
+    the rates (accuracy, precision, recall, F1 — one 0..1 scale) together, any other value alone; counts never."""
+    losses = [key for key in keys if key == "loss" or key.endswith("_loss")]
+    rates = [key for key in keys if key not in losses and any(word in key for word in RATE_WORDS)]
+    rest = [key for key in keys if key not in losses and key not in rates and not is_count(key)]
+    return [(key, [key]) for key in losses] + ([("accuracy / precision / recall / F1", rates)] if rates else []) + [(key, [key]) for key in rest]
 
 
 def write_report(run_dir: str | Path) -> Path:
@@ -34,17 +49,24 @@ def write_report(run_dir: str | Path) -> Path:
     for filename, (title, wanted, kind) in PLOTS.items():
         rows = [r for r in records if r.get("kind", "train") == kind]
         keys = sorted({k for r in rows for k, v in r.items() if wanted(k) and isinstance(v, (int, float))})
-        if not keys:
+        layout = panels(keys)
+        if not layout:
             continue
-        figure, axis = plt.subplots(figsize=(6.4, 3.6), dpi=100)
-        for key in keys:
-            points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-            axis.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None, label=key)
-        axis.set_title(title)
-        axis.set_xlabel("step")
-        axis.grid(alpha=0.3)
-        if len(keys) > 1:
-            axis.legend(fontsize=8)
+        columns = min(3, len(layout))
+        lines = -(-len(layout) // columns)
+        figure, axes = plt.subplots(lines, columns, figsize=(4.2 * columns, 3.0 * lines), dpi=100, squeeze=False)
+        for axis, (panel_title, panel_keys) in zip(axes.flat, layout):
+            for key in panel_keys:
+                points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+                axis.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None, label=key)
+            axis.set_title(panel_title, fontsize=10)
+            axis.set_xlabel("step")
+            axis.grid(alpha=0.3)
+            if len(panel_keys) > 1:
+                axis.legend(fontsize=8)
+        for axis in list(axes.flat)[len(layout):]:
+            axis.set_visible(False)
+        figure.suptitle(title)
         figure.tight_layout()
         figure.savefig(run_dir / filename)
         plt.close(figure)
