@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from spanlm.data.hf_datasets import HF_PREFIX, DatasetSplit, is_saved_dataset, load_split
-from spanlm.errors import InputError, numbered_lines, undecodable
+from spanlm.errors import InputError, numbered_lines, require_file, undecodable
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
 
@@ -93,10 +93,9 @@ def resolve_inputs(config: DataConfig) -> list[Input]:
 
 def _checked_file(path: Path) -> Path:
     if path.is_dir():
-        raise InputError(f"{path}: a directory, but not a dataset written by datasets' save_to_disk "
+        raise InputError(f"{path}: is a directory, but not a dataset written by datasets' save_to_disk "
                          "(no state.json or dataset_dict.json); list its files instead")
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
+    require_file(path)
     if input_kind(path) is None:
         raise InputError(f"{path}: unsupported file type (expected one of {', '.join(TEXT_SUFFIXES)}, optionally .gz)")
     if path.stat().st_size == 0:

@@ -21,7 +21,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from spanlm.errors import InputError, numbered_lines, read_text, undecodable
+from spanlm.errors import InputError, numbered_lines, read_text, require_file, undecodable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,8 +190,7 @@ def _read_question(record, context: str, where: str, window: int, report: ReadRe
 def read_questions_jsonl(path: str | Path) -> list[QAExample]:
     """``qa predict`` input: one ``{"question", "context"}`` object per line (``"id"`` optional)."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: file does not exist")
+    require_file(path)
     examples = []
     for number, line in numbered_lines(path):
         if isinstance(line, UnicodeDecodeError):
