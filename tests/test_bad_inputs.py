@@ -602,22 +602,26 @@ def qa_eval(ctx: Ctx, data: Path) -> list:
     return ["qa", "eval", ctx.copy("qa_model", "model"), "--data", data]
 
 
-@case("qa_answer_start_off")
+def qa_train_on(ctx: Ctx, data: Path) -> list:
+    return ["qa", "train", ctx.qa_recipe(train=str(data))]
+
+
+@case("qa_train_answer_start_off")
 def _(ctx):
-    path = ctx.file("dev.json", squad(CONTEXT, [question("q1", "1858", 43), question("q2", "harbour board", 3)]))
-    return qa_eval(ctx, path), [str(path), "q2", "answer_start 3"]
+    path = ctx.file("train.json", squad(CONTEXT, [question("q2", "harbour board", 3)]))
+    return qa_train_on(ctx, path), [str(path), "id q2", "answer_start 3 is off", "occurs at 55"]
 
 
-@case("qa_answer_occurs_far_from_start")
+@case("qa_train_answer_occurs_far_from_start")
 def _(ctx):
-    path = ctx.file("dev.json", squad(CONTEXT, [question("q7", "painted red", 90)]))
-    return qa_eval(ctx, path), [str(path), "q7", "occurs at", "answer_start 90"]
+    path = ctx.file("train.json", squad(CONTEXT, [question("q7", "painted red", 30)]))
+    return qa_train_on(ctx, path), [str(path), "id q7", "answer_start 30 is off", "occurs at"]
 
 
-@case("qa_answer_not_in_context")
+@case("qa_train_answer_not_in_context")
 def _(ctx):
-    path = ctx.file("dev.json", squad(CONTEXT, [question("q9", "a castle", 5)]))
-    return qa_eval(ctx, path), [str(path), "q9", "does not occur"]
+    path = ctx.file("train.json", squad(CONTEXT, [question("q9", "a castle", 5)]))
+    return qa_train_on(ctx, path), [str(path), "id q9", "does not occur"]
 
 
 @case("qa_not_json")
@@ -641,7 +645,7 @@ def _(ctx):
 @case("qa_missing_answers_field")
 def _(ctx):
     path = ctx.file("dev.json", squad(CONTEXT, [{"id": "q3", "question": "When?"}]))
-    return qa_eval(ctx, path), [str(path), "q3", "answers"]
+    return qa_eval(ctx, path), [str(path), "id q3", "missing 'answers'"]
 
 
 @case("qa_empty_file")
@@ -693,6 +697,40 @@ def _(ctx):
     return ["qa", "eval", model, "--data", SQUAD], [str(model / "model.safetensors"), name, "non-finite"]
 
 
+@case("qa_model_threshold_wrong_type")
+def _(ctx):
+    model = ctx.copy("qa_model", "model")
+    (model / "qa.json").write_text('{"no_answer_threshold": "high"}', encoding="utf-8")
+    return ["qa", "eval", model, "--data", SQUAD], [str(model / "qa.json"), "no_answer_threshold"]
+
+
+@case("qa_model_other_tokenizer")
+def _(ctx):
+    model = ctx.copy("qa_model", "model")
+    other_tokenizer(ctx, model, size_delta=-100)
+    return ["qa", "eval", model, "--data", SQUAD], [str(model), "tokenizer", "not the one"]
+
+
+@case("ner_model_weights_of_another_architecture")
+def _(ctx):
+    from safetensors.torch import save_file
+    import torch
+
+    model = ctx.copy("ner_model", "model")
+    save_file({"weight": torch.zeros(2)}, str(model / "model.safetensors"))
+    return ner_eval(model), [str(model), "lack"]
+
+
+@case("ner_model_head_of_another_model")
+def _(ctx):
+    from safetensors.torch import save_file
+    import torch
+
+    model = ctx.copy("ner_model", "model")
+    save_file({"weight": torch.zeros(2)}, str(model / "ner_head.safetensors"))
+    return ner_eval(model), [str(model / "ner_head.safetensors"), "does not fit"]
+
+
 @case("qa_predict_missing_question")
 def _(ctx):
     path = ctx.file("questions.jsonl", '{"context": "Some text."}\n')
@@ -704,6 +742,18 @@ def _(ctx):
     folder = ctx.tmp / "questions.jsonl"
     folder.mkdir()
     return ["qa", "predict", ctx.copy("qa_model", "model"), "--input", folder], [str(folder), "is a directory"]
+
+
+def test_qa_eval_scores_every_question(qa_model, tmp_path, capsys):
+    """An answer whose answer_start is off (too far to repair) keeps its question in the metric, scored on
+    its text as the official scripts do; the notice names the file, the question and what is off."""
+    path = tmp_path / "dev.json"
+    path.write_text(squad(CONTEXT, [question("q1", "1858", 43), question("q2", "harbour board", 3), question("q3", "a castle", 5)]))
+    code, out, err = run_cli(capsys, ["qa", "eval", qa_model, "--data", path, "--device", "cpu"])
+    assert code == 0, err
+    assert json.loads(out)["questions"] == 3
+    assert f"{path}: 2 answer(s) without a span" in err and "id q2: answer_start 3 is off: 'harbour board' occurs at 55" in err
+    assert "id q3: answer 'a castle' does not occur in the context" in err
 
 
 # ---- the table ----------------------------------------------------------------------------------------------

@@ -145,6 +145,21 @@ def score_documents(gold: list[NerDocument], predicted: list[NerDocument], label
     return scores
 
 
+def read_labels(path: Path) -> list[str]:
+    """The type ids' labels of an exported model: a JSON list of distinct names."""
+    from spanlm.errors import InputError, read_text
+
+    try:
+        labels = json.loads(read_text(path))
+    except json.JSONDecodeError as error:
+        raise InputError(f"{path}:{error.lineno}:{error.colno}: not valid JSON: {error.msg}") from None
+    if not (isinstance(labels, list) and labels and all(isinstance(label, str) for label in labels)):
+        raise InputError(f"{path}: must be a non-empty JSON list of label names, got {json.dumps(labels)[:80]}")
+    if len(set(labels)) != len(labels):
+        raise InputError(f"{path}: names a label twice")
+    return labels
+
+
 class NerModel:
     """An exported NER model: encoder + GlobalPointer head + labels + the recipe it was trained with."""
 
@@ -158,7 +173,7 @@ class NerModel:
         directory = Path(directory)
         check_task_directory(directory, (RECIPE_FILE, HEAD_FILE, LABELS_FILE), "NER")
         self.recipe = load_recipe(directory / RECIPE_FILE, cls=NerRecipe)
-        self.labels = json.loads((directory / LABELS_FILE).read_text(encoding="utf-8"))
+        self.labels = read_labels(directory / LABELS_FILE)
         encoder = load_encoder(EncoderConfig(path=str(directory)))
         self.objective = NerObjective(encoder, len(self.labels), self.recipe.ner)
         self.device = ready_for_inference(self.objective, directory, device)
