@@ -101,7 +101,11 @@ class Ctx:
         return self.file(name, yaml.safe_dump(data, allow_unicode=True))
 
     def pretrain_recipe(self, **train) -> Path:
-        return self.recipe({"data": {"prepared_dir": str(self.copy("prepared")), "max_len": 32},
+        prepared = self.copy("prepared")
+        inputs = [str(self.fixture("prepared").parent / "in" / "english.txt")]  # what it was prepared from
+        return self.recipe({"data": {"inputs": inputs, "prepared_dir": str(prepared), "max_len": 32},
+                            "tokenizer": {"vocab_size": 300, "min_frequency": 1},
+                            "objective": {"name": "mlm"},
                             "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64,
                                       "max_position_embeddings": 64},
                             "train": {"output_dir": str(self.tmp / "run"), "max_steps": 1, "batch_size": 2, "num_workers": 0,
@@ -324,10 +328,10 @@ def _(ctx):
 
 # ---- pretrain and export ------------------------------------------------------------------------------------
 
-@case("pretrain_prepared_dir_missing")
+@case("pretrain_prepared_dir_is_a_file")
 def _(ctx):
-    recipe = ctx.pretrain_recipe()
-    return ["pretrain", recipe, f"data.prepared_dir={ctx.tmp / 'none'}"], [str(ctx.tmp / "none")]
+    blocker = ctx.file("blocker", "keep me")
+    return ["pretrain", ctx.pretrain_recipe(), f"data.prepared_dir={blocker}"], [str(blocker)]
 
 
 @case("pretrain_resume_missing")
