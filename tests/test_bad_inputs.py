@@ -760,6 +760,46 @@ def test_qa_eval_scores_every_question(qa_model, tmp_path, capsys):
     assert "id q3: answer 'a castle' does not occur in the context" in err
 
 
+def grapheme_bounds(text: str) -> set[int]:
+    import regex
+
+    return {match.start() for match in regex.finditer(r"\X", text)} | {len(text)}
+
+
+def test_ner_predictions_keep_grapheme_clusters_whole(ner_model, tmp_path, capsys):
+    """Every predicted entity (a threshold that makes every cell one) starts and ends on a grapheme cluster
+    boundary: a combining accent (stripped by the normaliser, so in no token) stays with its base letter,
+    an emoji sequence and CRLF stay whole; and the offsets index the text exactly."""
+    texts = ["Cafe\u0301 Zoe\u0308 met Rene\u0301e .", "Holmes 👩\u200d🔬 Watson\r\nin London .", "Ǹ̈ x̧̌ y"]
+    path = tmp_path / "texts.jsonl"
+    path.write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(texts)), encoding="utf-8")
+    code, out, err = run_cli(capsys, ["ner", "predict", ner_model, "--input", path, "--threshold=-1e9", "--device", "cpu"])
+    assert code == 0, err
+    records = [json.loads(line) for line in out.splitlines()]
+    assert [r["text"] for r in records] == texts
+    cut = [(r["text"], e["start"], e["end"]) for r in records for e in r["entities"]
+           if not {e["start"], e["end"]} <= grapheme_bounds(r["text"])]
+    assert all(e["text"] == r["text"][e["start"]:e["end"]] for r in records for e in r["entities"])
+    assert sum(len(r["entities"]) for r in records) > 0 and cut == []
+    assert any(r["text"][e["start"]:e["end"]] == "Cafe\u0301" for r in records for e in r["entities"])
+
+
+def test_ner_crlf_files_read_as_lf(tmp_path):
+    """A CoNLL file with CRLF line ends reads exactly as with LF; a JSONL text with CRLF keeps its offsets."""
+    from spanlm.ner.data import ReadOptions, read_documents
+
+    conll = CONLL_TRAIN.read_text(encoding="utf-8")
+    lf, crlf = tmp_path / "lf.conll", tmp_path / "crlf.conll"
+    lf.write_bytes(conll.encode())
+    crlf.write_bytes(conll.replace("\n", "\r\n").encode())
+    assert read_documents(crlf, ReadOptions(format="conll"))[0] == read_documents(lf, ReadOptions(format="conll"))[0]
+    text = "Holmes lives\r\nin London\r\n"
+    jsonl = tmp_path / "crlf.jsonl"
+    jsonl.write_text(json.dumps({"text": text, "entities": [{"start": 0, "end": 6, "label": "person"}, {"start": 17, "end": 23, "label": "location"}]}) + "\r\n")
+    (document,), _ = read_documents(jsonl, ReadOptions(format="jsonl"))
+    assert document.text == text and [text[e.start:e.end] for e in document.entities] == ["Holmes", "London"]
+
+
 # ---- the table ----------------------------------------------------------------------------------------------
 
 def snapshot(root: Path) -> dict[str, str]:
