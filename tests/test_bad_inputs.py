@@ -64,6 +64,27 @@ def qa_model(tiny_encoder_dir, tmp_path_factory) -> Path:
     return out / "model"
 
 
+def pretrain_recipe(prepared: Path, out: Path) -> dict:
+    inputs = [str(prepared.parent / "in" / "english.txt")]  # what the small corpus was prepared from
+    return {"data": {"inputs": inputs, "prepared_dir": str(prepared), "max_len": 32},
+            "tokenizer": {"vocab_size": 300, "min_frequency": 1},
+            "objective": {"name": "mlm"},
+            "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64},
+            "train": {"output_dir": str(out), "max_steps": 1, "batch_size": 2, "num_workers": 0, "eval_every": 0,
+                      "save_every": 1, "device": "cpu"},
+            "logging": {"report_to": [], "progress": False}}
+
+
+@pytest.fixture(scope="module")
+def pretrain_run(small_prepared, tmp_path_factory) -> Path:
+    """The run directory of one step of `pretrain` (an MLM on the small prepared corpus)."""
+    out = tmp_path_factory.mktemp("pretrain_run") / "run"
+    recipe = out.parent / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(pretrain_recipe(small_prepared, out)), encoding="utf-8")
+    assert main(["pretrain", str(recipe)]) == 0
+    return out
+
+
 def qa_recipe(encoder: Path, out: Path, **data) -> dict:
     return {"model": {"path": str(encoder)},
             "data": {"train": str(SQUAD), "dev": str(SQUAD), "max_length": 48, "doc_stride": 16, "max_query_length": 16, **data},
@@ -73,7 +94,7 @@ def qa_recipe(encoder: Path, out: Path, **data) -> dict:
             "logging": {"report_to": [], "progress": False}}
 
 
-FIXTURE_NAMES = {"prepared": "small_prepared", "encoder": "tiny_encoder_dir", "ner_model": "ner_model", "qa_model": "qa_model"}
+FIXTURE_NAMES = {"prepared": "small_prepared", "pretrain_run": "pretrain_run", "encoder": "tiny_encoder_dir", "ner_model": "ner_model", "qa_model": "qa_model"}
 
 
 @dataclasses.dataclass
@@ -101,16 +122,10 @@ class Ctx:
         return self.file(name, yaml.safe_dump(data, allow_unicode=True))
 
     def pretrain_recipe(self, **train) -> Path:
-        prepared = self.copy("prepared")
-        inputs = [str(self.fixture("prepared").parent / "in" / "english.txt")]  # what it was prepared from
-        return self.recipe({"data": {"inputs": inputs, "prepared_dir": str(prepared), "max_len": 32},
-                            "tokenizer": {"vocab_size": 300, "min_frequency": 1},
-                            "objective": {"name": "mlm"},
-                            "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64,
-                                      "max_position_embeddings": 64},
-                            "train": {"output_dir": str(self.tmp / "run"), "max_steps": 1, "batch_size": 2, "num_workers": 0,
-                                      "eval_every": 0, "device": "cpu", **train},
-                            "logging": {"report_to": [], "progress": False}})
+        recipe = pretrain_recipe(self.copy("prepared"), self.tmp / "run")
+        recipe["data"]["inputs"] = [str(self.fixture("prepared").parent / "in" / "english.txt")]  # what it was prepared from
+        recipe["train"].update(train)
+        return self.recipe(recipe)
 
     def ner_recipe(self, train: Path | str = CONLL_TRAIN, dev: Path | str = CONLL_DEV, **data) -> Path:
         path = write_wnut_recipe(self.fixture("encoder"), self.tmp / "run", steps=1)
@@ -355,6 +370,78 @@ def _(ctx):
 def _(ctx):
     path = ctx.file("checkpoint", "not a checkpoint")
     return ["export", path, "--out", ctx.tmp / "out"], [str(path)]
+
+
+def run_copy(ctx: Ctx) -> tuple[Path, Path]:
+    """A copy of the pretraining run and its latest checkpoint."""
+    from spanlm.train.checkpoint import latest_checkpoint
+
+    run = ctx.copy("pretrain_run", "run")
+    return run, latest_checkpoint(run)
+
+
+@case("export_checkpoint_nan_weight")
+def _(ctx):
+    run, checkpoint = run_copy(ctx)
+    name = poison(checkpoint / "model.safetensors")
+    return ["export", run, "--out", ctx.tmp / "out"], [str(checkpoint / "model.safetensors"), name, "non-finite"]
+
+
+@case("export_checkpoint_truncated_weights")
+def _(ctx):
+    run, checkpoint = run_copy(ctx)
+    truncate(checkpoint / "model.safetensors")
+    return ["export", run, "--out", ctx.tmp / "out"], [str(checkpoint / "model.safetensors"), "truncated"]
+
+
+@case("export_out_is_a_file")
+def _(ctx):
+    run, _ = run_copy(ctx)
+    blocker = ctx.file("out", "keep me")
+    return ["export", run, "--out", blocker], [str(blocker)]
+
+
+@case("export_out_is_a_directory_of_other_things")
+def _(ctx):
+    run, _ = run_copy(ctx)
+    folder = ctx.tmp / "documents"
+    ctx.file("documents/thesis.tex", "keep me")
+    return ["export", run, "--out", folder], [str(folder), "not an earlier export"]
+
+
+@case("export_over_an_earlier_export_fails_cleanly")
+def _(ctx):
+    run, checkpoint = run_copy(ctx)
+    earlier = ctx.tmp / "exported"
+    earlier.mkdir()
+    (earlier / "config.json").write_text("{}")  # an earlier export: must survive the failed one
+    poison(checkpoint / "model.safetensors")
+    return ["export", run, "--out", earlier], [str(checkpoint / "model.safetensors"), "non-finite"]
+
+
+@case("ner_train_encoder_nan_weight")
+def _(ctx):
+    encoder = ctx.copy("encoder", "encoder")
+    name = poison(encoder / "model.safetensors")
+    recipe = ctx.ner_recipe()
+    return ["ner", "train", recipe, f"model.path={encoder}"], [str(encoder / "model.safetensors"), name, "non-finite"]
+
+
+@case("ner_train_encoder_tokenizer_past_embeddings")
+def _(ctx):
+    encoder = ctx.copy("encoder", "encoder")
+    other_tokenizer(ctx, encoder, size_delta=40)
+    return ["ner", "train", ctx.ner_recipe(), f"model.path={encoder}"], [str(encoder), "embedding"]
+
+
+@case("ner_train_encoder_only_pickle")
+def _(ctx):
+    import torch
+
+    encoder = ctx.copy("encoder", "encoder")
+    (encoder / "model.safetensors").unlink()
+    torch.save({"weight": torch.zeros(2)}, encoder / "pytorch_model.bin")
+    return ["ner", "train", ctx.ner_recipe(), f"model.path={encoder}"], [str(encoder), "pickled"]
 
 
 # ---- NER train -----------------------------------------------------------------------------------------------
@@ -827,4 +914,4 @@ def test_bad_input(bad: Case, ctx: Ctx, capsys):
     for needle in expected:
         assert needle in errors[0], (needle, errors[0])
     after = snapshot(ctx.tmp)
-    assert {k: v for k, v in after.items() if k in before} == before, "a file written before changed"
+    assert {k: after.get(k) for k in before} == before, "a file written before changed or went"
