@@ -240,6 +240,40 @@ def _(ctx):
     return ["pretrain", ctx.pretrain_recipe(), "train.max_steps"], ["train.max_steps", "section.key=value"]
 
 
+@case("ner_stride_not_below_window")
+def _(ctx):
+    return ["ner", "train", ctx.ner_recipe(), "data.stride=40"], ["data.stride", "less than"]
+
+
+@case("qa_query_longer_than_window")
+def _(ctx):
+    return ["qa", "train", ctx.qa_recipe(), "data.max_query_length=48"], ["max_query_length", "max_length"]
+
+
+@case("pretrain_heads_do_not_divide_hidden")
+def _(ctx):
+    return ["pretrain", ctx.pretrain_recipe(), "model.num_heads=3"], ["num_heads", "hidden_size"]
+
+
+@case("ner_model_path_missing")
+def _(ctx):
+    return ["ner", "train", ctx.ner_recipe(), f"model.path={ctx.tmp / 'nowhere'}"], [str(ctx.tmp / "nowhere")]
+
+
+@case("qa_model_path_is_a_file")
+def _(ctx):
+    path = ctx.file("encoder.bin", b"\x00" * 64)
+    return ["qa", "train", ctx.qa_recipe(), f"model.path={path}"], [str(path)]
+
+
+@case("prepare_tokenizer_path_without_tokenizer")
+def _(ctx):
+    empty = ctx.tmp / "tokenizer"
+    empty.mkdir()
+    good = ctx.file("good.txt", "Some words here.\n" * 20)
+    return ["prepare", prepare_recipe(ctx, good), f"tokenizer.path={empty}"], [str(empty), "tokenizer"]
+
+
 @case("recipe_not_a_mapping")
 def _(ctx):
     path = ctx.file("recipe.yaml", "- a\n- b\n")
