@@ -144,6 +144,8 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"recipe {path} is a directory, not a YAML file")
     if not path.is_file():
         raise ConfigError(f"recipe {path} does not exist")
     try:

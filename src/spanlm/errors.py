@@ -20,13 +20,23 @@ class InputError(SpanlmError):
     """Bad input data; the message names the file and, where it applies, the line."""
 
 
+def require_file(path) -> None:
+    """An :class:`InputError` unless ``path`` is a file: a directory is named as one, not as a missing file."""
+    from pathlib import Path
+
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, not a file")
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+
+
 def read_text(path) -> str:
     """The text of a user's UTF-8 file (a leading BOM dropped), or an :class:`InputError` naming the file."""
     from pathlib import Path
 
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
+    require_file(path)
     raw = path.read_bytes()
     bom = len(UTF8_BOM) if raw.startswith(UTF8_BOM) else 0
     try:

@@ -130,29 +130,30 @@ def test_malformed_json_records(tmp_path, kind):
     assert f"{path}:3: " in report.lines()[0]
 
 
-CONLL_MALFORMED = {
-    "I without B": ("bio", "a O\nb I-X\n", "does not continue"),
-    "I after another type": ("bio", "a B-Y\nb I-X\n", "does not continue"),
-    "BIOES unclosed": ("bioes", "a B-X\nb O\n", "unclosed X"),
-    "BIOES unclosed at the end": ("bioes", "a B-X\nb I-X\n", "unclosed X"),
-    "E in BIO": ("bio", "a E-X\n", "not a BIO tag"),
-    "bad tag": ("bio", "a PER\n", "not a BIO tag"),
-    "too few columns": ("bio", "a\n", "column(s)"),
+CONLL_MALFORMED = {  # (scheme, sentence, problem, the line at fault: the sentence starts on line 4)
+    "I without B": ("bio", "a O\nb I-X\n", "does not continue", 5),
+    "I after another type": ("bio", "a B-Y\nb I-X\n", "does not continue", 5),
+    "BIOES unclosed": ("bioes", "a B-X\nb O\n", "unclosed X", 5),
+    "BIOES unclosed at the end": ("bioes", "a B-X\nb I-X\n", "unclosed X", 5),
+    "E in BIO": ("bio", "a E-X\n", "not a BIO tag", 4),
+    "bad tag": ("bio", "a PER\n", "not a BIO tag", 4),
+    "too few columns": ("bio", "a O\nb\n", "column(s)", 5),
+    "invalid UTF-8": ("bio", "a O\nb O\nc\udcff O\n", "invalid UTF-8", 6),
 }
 
 
 @pytest.mark.parametrize("kind", sorted(CONLL_MALFORMED))
 def test_malformed_conll_sentences(tmp_path, kind):
-    scheme, bad, problem = CONLL_MALFORMED[kind]
+    scheme, bad, problem, line = CONLL_MALFORMED[kind]
     good = "Paris S-LOC\nis O\n" if scheme == "bioes" else "Paris B-LOC\nis O\n"
     path = tmp_path / "data.conll"
-    path.write_text(good + "\n" + bad + "\n" + good, encoding="utf-8")
+    path.write_bytes((good + "\n" + bad + "\n" + good).encode("utf-8", "surrogateescape"))
     with pytest.raises(InputError) as error:
         read_documents(path, ReadOptions(format="conll", tag_scheme=scheme))
-    assert f"{path}:4: " in str(error.value) and problem in str(error.value)
+    assert f"{path}:{line}: " in str(error.value) and problem in str(error.value)
     documents, report = read_documents(path, ReadOptions(format="conll", tag_scheme=scheme, on_bad_record="skip"))
     assert [surfaces(d) for d in documents] == [[("LOC", "Paris")]] * 2
-    assert report.skipped[0][0] == f"{path}:4" and problem in report.skipped[0][1]
+    assert report.skipped[0][0] == f"{path}:{line}" and problem in report.skipped[0][1]
 
 
 def test_invalid_utf8_is_a_bad_record(tmp_path):

@@ -58,9 +58,18 @@ def test_unrepairable_answers_dropped_or_question_skipped(tmp_path):
     assert [e.id for e in examples] == ["mixed"]
     assert examples[0].gold == ["France", "Germany"]  # still scored against, as the official scripts do
     assert [a.text for a in examples[0].answers] == ["France"]  # but only located answers are trained on
-    assert report.unlocated == [("far", "Louvre"), ("absent", "Berlin"), ("mixed", "Germany")]
+    # What is off is said: the text occurs, but too far from answer_start; or it does not occur at all.
+    assert [(qid, why.split(":")[0]) for qid, why in report.unlocated] == [
+        ("far", "answer_start 5 is off"), ("absent", "answer 'Berlin' does not occur in the context"), ("mixed", "answer 'Germany' does not occur in the context")]
+    assert "'Louvre' occurs at 46" in report.unlocated[0][1] and "repair_window=20" in report.unlocated[0][1]
     assert [where for where, _ in report.skipped] == ["data[0].paragraphs[0].qas[0] (id far)", "data[0].paragraphs[0].qas[1] (id absent)"]
-    assert {why for _, why in report.skipped} == {"no answer text occurs in the context"}
+    assert all(why.startswith("no answer has a span to train on") for _, why in report.skipped)
+    assert "id far: answer_start 5 is off" in report.lines()[0]
+    # Read for scoring, every question is kept (scored on its texts, as the official scripts do): the
+    # metric's denominator is the whole file.
+    scored, report = read_squad(path, repair_window=20, for_training=False)
+    assert [(e.id, e.gold, e.answers) for e in scored][:2] == [("far", ["Louvre"], []), ("absent", ["Berlin"], [])]
+    assert not report.skipped and len(report.unlocated) == 3
     assert locate_answer("abcabc", "abc", 2, 0) is None and locate_answer("abcabc", "abc", 2, 1) == 3
 
 

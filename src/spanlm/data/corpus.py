@@ -13,13 +13,14 @@ import glob
 import gzip
 import json
 import os
+import re
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
 from spanlm.data.hf_datasets import HF_PREFIX, DatasetSplit, is_saved_dataset, load_split
-from spanlm.errors import InputError, numbered_lines, undecodable
+from spanlm.errors import InputError, numbered_lines, require_file, undecodable
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
 
@@ -93,10 +94,9 @@ def resolve_inputs(config: DataConfig) -> list[Input]:
 
 def _checked_file(path: Path) -> Path:
     if path.is_dir():
-        raise InputError(f"{path}: a directory, but not a dataset written by datasets' save_to_disk "
+        raise InputError(f"{path}: is a directory, but not a dataset written by datasets' save_to_disk "
                          "(no state.json or dataset_dict.json); list its files instead")
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
+    require_file(path)
     if input_kind(path) is None:
         raise InputError(f"{path}: unsupported file type (expected one of {', '.join(TEXT_SUFFIXES)}, optionally .gz)")
     if path.stat().st_size == 0:
@@ -127,6 +127,16 @@ def _open_binary(path: Path):
         return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
     except OSError as error:
         raise InputError(f"{path}: cannot open: {error.strerror or error}") from None
+
+
+# A run of characters a tokenizer reads as one word: neither whitespace nor a script written without
+# spaces (CJK ideographs, kana, hangul), whose characters the BERT pre-tokenizer splits one by one.
+_WORD_RUN = re.compile(r"[^\s\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]+")
+
+
+def longest_word_run(line: str) -> int:
+    """The length of the longest run of ``line`` that no whitespace splits (0 for a line of CJK text)."""
+    return max((match.end() - match.start() for match in _WORD_RUN.finditer(line)), default=0)
 
 
 def split_long_line(line: str, limit: int) -> list[str]:
@@ -191,6 +201,10 @@ class CorpusReader:
                 for lineno, line in numbered_lines(handle):  # a byte-order mark (common in Gutenberg files) dropped
                     if isinstance(line, UnicodeDecodeError):
                         self._bad(f"{path}:{lineno}", undecodable(line))
+                    elif len(line) > self.config.max_line_chars and (run := longest_word_run(line)) > self.config.max_line_chars:
+                        # Cut into pieces, it would become a few [UNK]s: no text a careful user wants trained on.
+                        self._bad(f"{path}:{lineno}", f"{run} characters without whitespace (more than data.max_line_chars="
+                                                      f"{self.config.max_line_chars}): no words a tokenizer can split (encoded or binary data?)")
                     else:
                         yield lineno, line
             except (OSError, EOFError) as error:  # e.g. a truncated .gz file

@@ -17,6 +17,7 @@ never depend on which kind it is.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from collections.abc import Callable
@@ -85,6 +86,8 @@ def load_encoder(config: EncoderConfig) -> nn.Module:
     if not (directory / "config.json").is_file():
         raise InputError(f"{directory}: not a model directory (no config.json); pass a Hugging Face checkpoint "
                          "directory or the output of `spanlm export`")
+    if config.init == "pretrained":
+        check_weights(directory)
     import spanlm.models.charbert  # noqa: F401  (registers the CharBERT loader; it imports this module)
 
     for is_mine, load in ENCODER_LOADERS:
@@ -110,11 +113,56 @@ def _load_model(directory: Path, config: EncoderConfig):
         if config.init == "random":
             model = AutoModel.from_config(model_config, attn_implementation=attention, **kwargs)
         else:
-            model = AutoModel.from_pretrained(str(directory), config=model_config, local_files_only=True,
-                                              attn_implementation=attention, **kwargs)
+            with quiet_transformers():  # its load report would list what is checked just below, in many lines
+                model, loading = AutoModel.from_pretrained(str(directory), config=model_config, local_files_only=True,
+                                                           attn_implementation=attention, output_loading_info=True, **kwargs)
+            if loading["missing_keys"]:  # transformers would start them from random values, without a word
+                missing = sorted(loading["missing_keys"])
+                raise InputError(f"{directory}: the weights lack {len(missing)} of the model's tensors (e.g. {missing[0]}); "
+                                 "they are not this config.json's model")
     except (OSError, ValueError) as error:
         raise InputError(f"{directory}: cannot load the encoder: {error}".replace("\n", " ")) from None
     return use_fast_dropout(model)
+
+
+def check_weights(directory: Path) -> None:
+    """Refuse, naming the file (and tensor), weights that would load wrong: a directory holding only pickled
+    weights (unpickling can run any code, so spanlm reads safetensors only), a truncated or corrupt
+    safetensors file, a tensor with NaN or infinite values."""
+    files = sorted(directory.glob("*.safetensors"))
+    pickled = sorted(path.name for pattern in ("*.bin", "*.pt", "*.pth", "*.ckpt") for path in directory.glob(pattern))
+    if pickled and not any(path.name.startswith("model") for path in files):  # heads' files lie beside the encoder's
+        raise InputError(f"{directory}: holds only pickled weights ({', '.join(pickled)}), which spanlm does not load "
+                         "(unpickling can run code); convert them to model.safetensors where you trust their source")
+    for path in files:
+        check_safetensors(path)
+
+
+def check_safetensors(path: Path) -> None:
+    """``path`` is a whole safetensors file whose floating-point tensors are all finite."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():
+                tensor = handle.get_tensor(name)
+                if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                    raise InputError(f"{path}: tensor {name} holds non-finite values (NaN or infinity)")
+    except SafetensorError as error:
+        raise InputError(f"{path}: not a whole safetensors file (truncated or corrupt: {error})") from None
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """transformers logs errors only within the block."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def load_fast_tokenizer(directory: Path):

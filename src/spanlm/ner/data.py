@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Literal
 
 from spanlm.data.hf_datasets import DatasetSplit, is_dataset_reference, load_split
-from spanlm.errors import InputError, numbered_lines, undecodable
+from spanlm.errors import InputError, numbered_lines, require_file, undecodable
 
 Format = Literal["cluener", "conll", "jsonl", "nested_jsonl", "hf"]
 FORMATS: tuple[str, ...] = ("cluener", "conll", "jsonl", "nested_jsonl", "hf")
@@ -76,7 +76,15 @@ class ReadReport:
 
 
 class _BadRecord(Exception):
-    """One record is malformed; raised inside a reader, turned into a skip or an InputError."""
+    """One record is malformed; raised inside a reader, turned into a skip or an InputError.
+
+    ``token``: the (0-based) token of a tag sequence at fault; ``line``: the line at fault, where it is
+    not the record's first (a CoNLL sentence spans several lines).
+    """
+
+    def __init__(self, message: str, token: int | None = None, line: int | None = None):
+        super().__init__(message)
+        self.token, self.line = token, line
 
 
 @dataclasses.dataclass
@@ -128,8 +136,7 @@ def read_documents(path: str | Path, options: ReadOptions, split: str = "train",
         source, records, where_prefix = str(dataset), _hf_records(dataset, options), f"{dataset} row "
     else:
         path = Path(path)
-        if not path.is_file():
-            raise InputError(f"{path}: no such file")
+        require_file(path)
         if fmt not in readers:
             raise InputError(f"{path}: unknown NER format {fmt!r} (one of {', '.join(FORMATS)})")
         source, records, where_prefix = str(path), readers[fmt](path, options), f"{path}:"
@@ -159,8 +166,7 @@ def read_texts(path: str | Path) -> list[NerDocument]:
     stops reading with an :class:`InputError` naming file and line.
     """
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
+    require_file(path)
     jsonl = path.suffix.lower() == ".jsonl"
 
     def text_only(record: dict, index: int) -> NerDocument:
@@ -331,17 +337,17 @@ def tags_to_spans(tags: list[str], scheme: str) -> list[tuple[int, int, str]]:
         else:
             prefix, _, label = tag.partition("-")
             if prefix not in ("B", "I", "E", "S") or not label or (scheme == "bio" and prefix in ("E", "S")):
-                raise _BadRecord(f"token {i + 1}: tag {tag!r} is not a {scheme.upper()} tag")
+                raise _BadRecord(f"token {i + 1}: tag {tag!r} is not a {scheme.upper()} tag", token=i)
         if prefix in inside:
             if open_label != label:
-                raise _BadRecord(f"token {i + 1}: {tag} does not continue an open {label} entity ({scheme.upper()} is broken)")
+                raise _BadRecord(f"token {i + 1}: {tag} does not continue an open {label} entity ({scheme.upper()} is broken)", token=i)
             if prefix == "E":
                 spans.append((open_start, i + 1, label))
                 open_start = open_label = None
             continue
         if open_label is not None:
             if scheme == "bioes":
-                raise _BadRecord(f"token {i + 1}: {tag} follows an unclosed {open_label} entity (BIOES needs E-{open_label})")
+                raise _BadRecord(f"token {i + 1}: {tag} follows an unclosed {open_label} entity (BIOES needs E-{open_label})", token=i)
             spans.append((open_start, i, open_label))
             open_start = open_label = None
         if prefix == "B":
@@ -350,7 +356,7 @@ def tags_to_spans(tags: list[str], scheme: str) -> list[tuple[int, int, str]]:
             spans.append((i, i + 1, label))
     if open_label is not None:
         if scheme == "bioes":
-            raise _BadRecord(f"the sentence ends inside an unclosed {open_label} entity (BIOES needs E-{open_label})")
+            raise _BadRecord(f"the sentence ends inside an unclosed {open_label} entity (BIOES needs E-{open_label})", token=len(tags) - 1)
         spans.append((open_start, len(tags), open_label))
     return spans
 
@@ -360,7 +366,7 @@ def _conll_sentences(path: Path) -> Iterator[tuple[int, list[list[str]] | _BadRe
     rows, first, new_document, broken = [], 0, True, None
     for lineno, line in _lines(path):
         if isinstance(line, _BadRecord):
-            broken = broken or line
+            broken = broken or _BadRecord(str(line), line=lineno)
             first = first or lineno
             continue
         columns = line.split()
@@ -384,7 +390,7 @@ def _conll(path: Path, options: ReadOptions):
             # Negative columns count from the end, so a short line could make the token its own tag.
             if not all(-len(columns) <= c < len(columns) for c in wanted) or len({c % len(columns) for c in wanted}) < len(wanted):
                 raise _BadRecord(f"token {offset + 1} has {len(columns)} column(s); token_column={options.token_column} "
-                                 f"and tag_columns={options.tag_columns} do not fit")
+                                 f"and tag_columns={options.tag_columns} do not fit", token=offset)
         spans = []
         for column in options.tag_columns:
             spans.extend(tags_to_spans([columns[column] for columns in rows], options.tag_scheme))
@@ -400,8 +406,8 @@ def _conll(path: Path, options: ReadOptions):
             if isinstance(rows, _BadRecord):
                 raise rows
             parsed = sentence(rows)
-        except _BadRecord as problem:
-            yield lineno, problem
+        except _BadRecord as problem:  # named by the line at fault: a sentence's rows are consecutive lines
+            yield problem.line or lineno + (problem.token or 0), problem
             continue
         if options.conll_unit == "sentence":
             yield lineno, tokens_document(str(index), [parsed])

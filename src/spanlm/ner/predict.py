@@ -80,6 +80,26 @@ def by_length(windows: Windows, indices: np.ndarray) -> np.ndarray:
     return indices[np.argsort(windows.attention_mask[indices].sum(1), kind="stable")]
 
 
+def snap_to_graphemes(spans: Spans, documents: list[NerDocument]) -> Spans:
+    """Spans widened to whole grapheme clusters (a base character with its combining marks, an emoji
+    sequence, CRLF). Token offsets can end inside one — BERT's normaliser strips a combining accent, so
+    it belongs to no token — and an entity must never cut a character as its reader sees it."""
+    import regex
+
+    start, end = spans.start.copy(), spans.end.copy()
+    order = np.argsort(spans.document, kind="stable")
+    ranges = np.searchsorted(spans.document[order], np.arange(len(documents) + 1))
+    for d, document in enumerate(documents):
+        rows = order[ranges[d]:ranges[d + 1]]
+        text = document.text
+        if len(rows) == 0 or (text.isascii() and "\r" not in text):  # every character its own cluster
+            continue
+        bounds = np.array([match.start() for match in regex.finditer(r"\X", text)] + [len(text)], dtype=np.int64)
+        start[rows] = bounds[np.searchsorted(bounds, start[rows], "right") - 1]
+        end[rows] = bounds[np.searchsorted(bounds, end[rows], "left")]
+    return Spans(spans.document, spans.type, start, end, spans.score)
+
+
 def merge(spans: Spans) -> Spans:
     """One row per (document, type, start, end): the best score over the windows that found it."""
     order = np.lexsort((-spans.score, spans.end, spans.start, spans.type, spans.document))
@@ -122,7 +142,8 @@ def predict_documents(model: torch.nn.Module, windows: Windows, documents: list[
     was_training = model.training
     model.eval()
     try:
-        spans = merge(window_spans(model, windows, by_length(windows, np.arange(len(windows))), threshold, batch_size, device))
+        spans = window_spans(model, windows, by_length(windows, np.arange(len(windows))), threshold, batch_size, device)
+        spans = merge(snap_to_graphemes(spans, documents))
     finally:
         model.train(was_training)
     return spans_to_documents(flat_select(spans) if flat else spans, documents, labels)
@@ -145,6 +166,21 @@ def score_documents(gold: list[NerDocument], predicted: list[NerDocument], label
     return scores
 
 
+def read_labels(path: Path) -> list[str]:
+    """The type ids' labels of an exported model: a JSON list of distinct names."""
+    from spanlm.errors import InputError, read_text
+
+    try:
+        labels = json.loads(read_text(path))
+    except json.JSONDecodeError as error:
+        raise InputError(f"{path}:{error.lineno}:{error.colno}: not valid JSON: {error.msg}") from None
+    if not (isinstance(labels, list) and labels and all(isinstance(label, str) for label in labels)):
+        raise InputError(f"{path}: must be a non-empty JSON list of label names, got {json.dumps(labels)[:80]}")
+    if len(set(labels)) != len(labels):
+        raise InputError(f"{path}: names a label twice")
+    return labels
+
+
 class NerModel:
     """An exported NER model: encoder + GlobalPointer head + labels + the recipe it was trained with."""
 
@@ -158,7 +194,7 @@ class NerModel:
         directory = Path(directory)
         check_task_directory(directory, (RECIPE_FILE, HEAD_FILE, LABELS_FILE), "NER")
         self.recipe = load_recipe(directory / RECIPE_FILE, cls=NerRecipe)
-        self.labels = json.loads((directory / LABELS_FILE).read_text(encoding="utf-8"))
+        self.labels = read_labels(directory / LABELS_FILE)
         encoder = load_encoder(EncoderConfig(path=str(directory)))
         self.objective = NerObjective(encoder, len(self.labels), self.recipe.ner)
         self.device = ready_for_inference(self.objective, directory, device)

@@ -26,7 +26,7 @@ from spanlm.heads.zlpr import global_pointer_loss
 from spanlm.ner.config import NerConfig, NerRecipe
 from spanlm.ner.data import NerDocument, input_format, label_set, read_documents
 from spanlm.ner.predict import (HEAD_FILE, LABELS_FILE, RECIPE_FILE, NerModel, Spans, by_length, flat_select, merge,
-                                score_documents, spans_to_documents, window_spans)
+                                score_documents, snap_to_graphemes, spans_to_documents, window_spans)
 from spanlm.ner.windows import make_windows
 from spanlm.objectives.base import EncoderTask
 from spanlm.train.data import build_window_loader
@@ -123,7 +123,7 @@ def ner_setup(recipe: NerRecipe, env, log=print) -> TrainingSetup:
             every = [None] * env.world_size
             dist.all_gather_object(every, spans)
             spans = Spans.concat(every)
-        spans = merge(spans)
+        spans = merge(snap_to_graphemes(spans, dev_docs))
         predicted = spans_to_documents(flat_select(spans) if recipe.ner.flat else spans, dev_docs, labels)
         scores = score_documents(dev_docs, [d for d, _ in predicted], labels, cluener=dev_format == "cluener")
         metrics = {"precision": scores["micro"]["precision"], "recall": scores["micro"]["recall"], "f1": scores["micro"]["f1"]}

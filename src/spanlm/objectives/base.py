@@ -13,6 +13,9 @@ import torch
 from torch import nn
 
 
+TOKENIZER_FINGERPRINT_FILE = "tokenizer_fingerprint.txt"  # in a task model directory, beside the tokenizer files
+
+
 class Objective(nn.Module):
     """Base class of every objective (pretraining and fine-tuning alike)."""
 
@@ -48,8 +51,12 @@ class EncoderTask(Objective):
     def export(self, directory: Path, tokenizer=None) -> None:
         from safetensors.torch import save_file
 
+        from spanlm.data.tokenizer import tokenizer_fingerprint
+
         self.encoder.save(directory)
         save_file({k: v.contiguous() for k, v in self.head.state_dict().items()}, str(directory / self.head_file))
+        # The ids the model was trained on mean these tokens only: a loader checks the tokenizer beside it.
+        (directory / TOKENIZER_FINGERPRINT_FILE).write_text(tokenizer_fingerprint(self.encoder.tokenizer) + "\n", encoding="utf-8")
 
     def shard_units(self) -> list[nn.Module]:
         return self.encoder.shard_units()
@@ -69,7 +76,23 @@ def ready_for_inference(objective: EncoderTask, directory: Path, device: str) ->
     """Load the head's weights from ``directory``, move ``objective`` to ``device`` (auto: CUDA when present), eval mode."""
     from safetensors.torch import load_file
 
-    objective.head.load_state_dict(load_file(str(directory / objective.head_file)))
+    from spanlm.data.tokenizer import tokenizer_fingerprint
+    from spanlm.errors import InputError
+    from spanlm.models.encoder import check_safetensors
+
+    recorded = directory / TOKENIZER_FINGERPRINT_FILE
+    if recorded.is_file():  # directories exported before it was recorded have none
+        expected, found = recorded.read_text(encoding="utf-8").strip(), tokenizer_fingerprint(objective.encoder.tokenizer)
+        if found != expected:
+            raise InputError(f"{directory}: its tokenizer (fingerprint {found}) is not the one the model was trained with "
+                             f"({expected}, in {TOKENIZER_FINGERPRINT_FILE}); the token ids would mean other words: "
+                             "restore the tokenizer files exported with the model")
+    head = directory / objective.head_file
+    check_safetensors(head)
+    try:
+        objective.head.load_state_dict(load_file(str(head)))
+    except RuntimeError as error:  # other shapes or names: another head's file
+        raise InputError(f"{head}: does not fit this model's head: {error}".replace("\n", " ")) from None
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     objective.to(device).eval()

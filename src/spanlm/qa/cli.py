@@ -25,13 +25,14 @@ def _eval(args: argparse.Namespace) -> int:
     from spanlm.qa.predict import QAModel, final_answer
 
     model = QAModel(args.model, device=args.device)
-    examples, report = read_squad(args.data, model.recipe.data.repair_window, allow_impossible=model.recipe.qa.no_answer)
+    examples, report = read_squad(args.data, model.recipe.data.repair_window, allow_impossible=model.recipe.qa.no_answer,
+                                  for_training=False)
     for line in report.lines():
         log(line)
     if not examples:
         from spanlm.errors import InputError
 
-        raise InputError(f"{args.data}: no usable question ({report.questions} read, {len(report.skipped)} skipped)")
+        raise InputError(report.nothing_usable())
     metrics, predictions = model.evaluate(examples, args.batch_size)
     if args.predictions:  # the official scripts' input: {question id: answer}
         answers = {p.id: final_answer(p, model.recipe.qa.no_answer, model.threshold) for p in predictions}

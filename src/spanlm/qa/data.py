@@ -10,8 +10,11 @@ answers at ``answer_start = -1``, 7 off by one or two characters), so every answ
 * otherwise the answer has no span: it is dropped from training, but its text still counts as a gold
   answer when scoring, as in the official scripts, which only compare texts.
 
-A question none of whose answers has a span is skipped and counted; so is a malformed record (missing
-or mistyped field), named by its JSON path. Nothing in a record crashes the reader; a file that is not
+A question none of whose answers has a span cannot be trained on: read for training it is skipped and
+counted; read for scoring (``for_training=False``: ``qa eval``, the dev set) it is kept, scored on its
+texts, so the metric's denominator is every question of the file. Either way the report names the
+question and what is off (where the text does occur, or that it does not). A malformed record (missing
+or mistyped field) is skipped, named by its JSON path. Nothing in a record crashes the reader; a file that is not
 JSON at all is an :class:`~spanlm.errors.InputError` naming the line and column.
 """
 
@@ -21,7 +24,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from spanlm.errors import InputError, numbered_lines, read_text, undecodable
+from spanlm.errors import InputError, numbered_lines, read_text, require_file, undecodable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,12 +53,17 @@ class ReadReport:
     path: str
     questions: int = 0  # question records seen
     repaired: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)  # (question id, given start, repaired start)
-    unlocated: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (question id, answer text)
+    unlocated: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (question id, what is off)
     skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (location, reason)
 
     def summary(self) -> dict:
         return {"file": self.path, "questions": self.questions, "repaired_answers": len(self.repaired),
                 "unlocated_answers": len(self.unlocated), "skipped_questions": len(self.skipped)}
+
+    def nothing_usable(self) -> str:
+        """The message for a file of which no question could be read: the counts and the first reason."""
+        first = f"; first: {self.skipped[0][0]}: {self.skipped[0][1]}" if self.skipped else ""
+        return f"{self.path}: no usable question ({self.questions} read, {len(self.skipped)} skipped{first})"
 
     def lines(self, limit: int = 5) -> list[str]:
         """Human-readable lines naming the first ``limit`` cases of each kind."""
@@ -64,8 +72,8 @@ class ReadReport:
             cases = ", ".join(f"{qid} ({old}→{new})" for qid, old, new in self.repaired[:limit])
             out.append(f"{self.path}: repaired {len(self.repaired)} answer_start value(s): {cases}")
         if self.unlocated:
-            cases = ", ".join(f"{qid} ({text[:20]!r})" for qid, text in self.unlocated[:limit])
-            out.append(f"{self.path}: {len(self.unlocated)} answer(s) not found in their context (kept for scoring only): {cases}")
+            cases = "; ".join(f"id {qid}: {why}" for qid, why in self.unlocated[:limit])
+            out.append(f"{self.path}: {len(self.unlocated)} answer(s) without a span in their context (kept for scoring only): {cases}")
         if self.skipped:
             cases = "; ".join(f"{where}: {why}" for where, why in self.skipped[:limit])
             out.append(f"{self.path}: skipped {len(self.skipped)} question(s): {cases}")
@@ -87,6 +95,15 @@ def locate_answer(context: str, text: str, start: int, window: int) -> int | Non
         return occurrences[0]
     nearest = min(occurrences, key=lambda position: (abs(position - start), position))
     return nearest if abs(nearest - start) <= window else None
+
+
+def unlocated_reason(context: str, text: str, start: int, window: int) -> str:
+    """What is off with an answer :func:`locate_answer` could not place."""
+    found = context.find(text)
+    if found == -1:
+        return f"answer {text[:40]!r} does not occur in the context"
+    return (f"answer_start {start} is off: {text[:40]!r} occurs at {found}"
+            f"{' (and later)' if context.find(text, found + 1) != -1 else ''}, farther than data.repair_window={window} characters")
 
 
 def _field(record, key: str, kind: type, where: str):
@@ -114,10 +131,12 @@ def load_json(path: str | Path) -> object:
         raise InputError(f"{path}:{error.lineno}:{error.colno}: not valid JSON: {error.msg}") from None
 
 
-def read_squad(path: str | Path, repair_window: int = 20, allow_impossible: bool = True) -> tuple[list[QAExample], ReadReport]:
+def read_squad(path: str | Path, repair_window: int = 20, allow_impossible: bool = True,
+               for_training: bool = True) -> tuple[list[QAExample], ReadReport]:
     """Examples of a SQuAD v1.1 / v2.0 file and the report of what was repaired or skipped.
 
     ``allow_impossible=False`` (SQuAD v1.1 training) skips questions without an answer, reporting them.
+    ``for_training=False`` keeps questions none of whose answers has a span (scored on their texts).
     """
     data = load_json(path)
     report = ReadReport(str(path))
@@ -143,7 +162,7 @@ def read_squad(path: str | Path, repair_window: int = 20, allow_impossible: bool
             for k, record in enumerate(questions):
                 report.questions += 1
                 try:
-                    example = _read_question(record, context, f"{where}.qas[{k}]", repair_window, report)
+                    example = _read_question(record, context, f"{where}.qas[{k}]", repair_window, report, for_training)
                 except _Malformed as error:
                     report.skipped.append((error.where, error.reason))
                     continue
@@ -158,7 +177,7 @@ def read_squad(path: str | Path, repair_window: int = 20, allow_impossible: bool
     return examples, report
 
 
-def _read_question(record, context: str, where: str, window: int, report: ReadReport) -> QAExample:
+def _read_question(record, context: str, where: str, window: int, report: ReadReport, for_training: bool) -> QAExample:
     qid = str(_field(record, "id", (str, int), where))  # some SQuAD-format files number their questions
     where = f"{where} (id {qid})"
     question = _field(record, "question", str, where)
@@ -168,7 +187,7 @@ def _read_question(record, context: str, where: str, window: int, report: ReadRe
         # SQuAD v2.0 lists no answers for these (the annotators' guesses are "plausible_answers").
         return QAExample(qid, question, context, [], [])
     answers = _field(record, "answers", list, where)
-    located, gold = [], []
+    located, gold, unlocated = [], [], []
     for n, answer in enumerate(answers):
         text = _field(answer, "text", str, f"{where}.answers[{n}]")
         start = _field(answer, "answer_start", int, f"{where}.answers[{n}]")
@@ -177,21 +196,21 @@ def _read_question(record, context: str, where: str, window: int, report: ReadRe
         gold.append(text)
         position = locate_answer(context, text, start, window)
         if position is None:
-            report.unlocated.append((qid, text))
+            unlocated.append(unlocated_reason(context, text, start, window))
+            report.unlocated.append((qid, unlocated[-1]))
             continue
         if position != start:
             report.repaired.append((qid, start, position))
         located.append(Answer(text, position))
-    if gold and not located:
-        raise _Malformed(where, "no answer text occurs in the context")
+    if gold and not located and for_training:
+        raise _Malformed(where, f"no answer has a span to train on ({'; '.join(unlocated)})")
     return QAExample(qid, question, context, located, gold)
 
 
 def read_questions_jsonl(path: str | Path) -> list[QAExample]:
     """``qa predict`` input: one ``{"question", "context"}`` object per line (``"id"`` optional)."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: file does not exist")
+    require_file(path)
     examples = []
     for number, line in numbered_lines(path):
         if isinstance(line, UnicodeDecodeError):

@@ -111,6 +111,20 @@ def final_answer(prediction: Prediction, no_answer: bool, threshold: float) -> s
     return "" if no_answer and prediction.null_margin > threshold else prediction.text
 
 
+def read_threshold(path: Path) -> float:
+    """The tuned no-answer threshold of an exported model's settings file."""
+    import math
+
+    from spanlm.errors import InputError
+    from spanlm.qa.data import load_json
+
+    settings = load_json(path)
+    threshold = settings.get("no_answer_threshold") if isinstance(settings, dict) else None
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
+        raise InputError(f"{path}: 'no_answer_threshold' must be a finite number, got {json.dumps(threshold)}")
+    return float(threshold)
+
+
 class QAModel:
     """An exported QA model: encoder + span head + the recipe it was trained with + tuned threshold."""
 
@@ -123,8 +137,7 @@ class QAModel:
         directory = Path(directory)
         check_task_directory(directory, (RECIPE_FILE, HEAD_FILE, SETTINGS_FILE), "QA")
         self.recipe = load_recipe(directory / RECIPE_FILE, cls=QARecipe)
-        settings = json.loads((directory / SETTINGS_FILE).read_text(encoding="utf-8"))
-        self.threshold = float(settings["no_answer_threshold"])
+        self.threshold = read_threshold(directory / SETTINGS_FILE)
         encoder = load_encoder(EncoderConfig(path=str(directory), dropout=self.recipe.model.dropout))
         self.objective = QAObjective(encoder)
         self.device = ready_for_inference(self.objective, directory, device)

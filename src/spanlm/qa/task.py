@@ -50,11 +50,12 @@ class QAObjective(EncoderTask):
 def read_split(path: str, recipe: QARecipe, name: str, log) -> list[QAExample]:
     if not path:
         raise ConfigError(f"data.{name} is required: a SQuAD-format JSON file")
-    examples, report = read_squad(path, recipe.data.repair_window, allow_impossible=recipe.qa.no_answer)
+    examples, report = read_squad(path, recipe.data.repair_window, allow_impossible=recipe.qa.no_answer,
+                                  for_training=name == "train")
     for line in report.lines():
         log(line)
     if not examples:
-        raise InputError(f"{path}: no usable question ({report.questions} read, {len(report.skipped)} skipped)")
+        raise InputError(report.nothing_usable())
     log(f"{path}: {len(examples)} questions " + json.dumps(report.summary(), ensure_ascii=False))
     return examples
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Literal
 
 
@@ -42,8 +43,18 @@ class TrainConfig:
         for name in ("eval_every", "eval_blocks", "num_workers", "warmup_steps", "max_grad_norm"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive finite number, got {self.lr}")
+        if not (math.isfinite(self.eps) and self.eps > 0):
+            raise ValueError(f"eps must be a positive finite number, got {self.eps}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must not be negative, got {self.weight_decay}")
+        if not math.isfinite(self.max_grad_norm):
+            raise ValueError(f"max_grad_norm must be finite, got {self.max_grad_norm}")
         if len(self.betas) != 2:
             raise ValueError("betas must be two numbers")
+        if not all(0 <= beta < 1 for beta in self.betas):
+            raise ValueError(f"betas must be in [0, 1), got {self.betas}")
 
 
 Tracker = Literal["tensorboard", "wandb", "mlflow"]

@@ -18,7 +18,20 @@ from spanlm.train.checkpoint import MARKER, check_same_tokenizer, latest_checkpo
 
 def load_objective_weights(objective, path: Path) -> None:
     """Load ``model.safetensors`` into an (unwrapped) objective; tied aliases may be absent."""
+    from spanlm.models.encoder import check_safetensors
+
+    check_safetensors(path)  # whole and finite, or a one-line error naming the file and tensor
     objective.load_state_dict(load_weights(path, objective), strict=False)
+
+
+def check_replaceable(out: Path) -> None:
+    """``out`` may become an export: absent, empty, or an earlier export (which the new one replaces whole).
+    Anything else — a file, a directory of other things — would be lost with the swap."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out}: exists and is not a directory; --out names the directory to write")
+    if out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
+        raise InputError(f"{out}: a directory that is not an earlier export (no config.json) would be replaced "
+                         "with everything in it; choose a new --out")
 
 
 def write_directory(out: Path, fill: Callable[[Path], None]) -> Path:
@@ -47,6 +60,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
     from spanlm.objectives import build_objective
 
     checkpoint, out = Path(checkpoint), Path(out)
+    check_replaceable(out)
     if not checkpoint.exists():
         raise InputError(f"{checkpoint}: no such checkpoint or run directory")
     if not (checkpoint / MARKER).is_file():

@@ -1,0 +1,951 @@
+"""The bad-input table: every case builds one bad input in a temporary directory, runs the `spanlm` command
+in-process and asserts what a user must get — exit code 2, exactly one stderr line ``spanlm <command>:
+error: …`` naming the file (and line / field / key) and the problem, no traceback — and that nothing
+written before (a prepared corpus, a model directory, an earlier output) changed.
+
+Cases share a few fixtures built once (a tiny prepared corpus, a tiny NER model directory, a tiny QA model
+directory); a case copies what it corrupts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import NER_FIXTURES, REPO, write_wnut_recipe
+from spanlm.cli import main
+
+QA_FIXTURES = REPO / "tests" / "fixtures" / "qa"
+SQUAD = QA_FIXTURES / "squad_v2_sample.json"
+CONLL_TRAIN, CONLL_DEV = NER_FIXTURES / "wnut_train_mini.conll", NER_FIXTURES / "wnut_dev_mini.conll"
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: see helpers.one_torch_thread
+
+
+def run_cli(capsys, argv: list[str]) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def small_prepared(tmp_path_factory) -> Path:
+    """A prepared corpus of a few English lines (WordPiece, vocab 300)."""
+    from helpers import ENGLISH, make_recipe
+    from spanlm.data.prepare import prepare
+
+    tmp = tmp_path_factory.mktemp("small_prepared")
+    return prepare(make_recipe(tmp, {"english.txt": ENGLISH * 4}), log=lambda *_: None)
+
+
+@pytest.fixture(scope="module")
+def ner_model(tiny_encoder_dir, tmp_path_factory) -> Path:
+    """The model/ directory of one step of `ner train` on the WNUT-17 fixtures."""
+    out = tmp_path_factory.mktemp("ner_model") / "run"
+    recipe = write_wnut_recipe(tiny_encoder_dir, out, steps=1)
+    assert main(["ner", "train", str(recipe), "data.eval_docs=2"]) == 0
+    return out / "model"
+
+
+@pytest.fixture(scope="module")
+def qa_model(tiny_encoder_dir, tmp_path_factory) -> Path:
+    """The model/ directory of one step of `qa train` on the SQuAD v2.0 fixture."""
+    out = tmp_path_factory.mktemp("qa_model") / "run"
+    recipe = out.parent / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(qa_recipe(tiny_encoder_dir, out)), encoding="utf-8")
+    assert main(["qa", "train", str(recipe)]) == 0
+    return out / "model"
+
+
+def pretrain_recipe(prepared: Path, out: Path) -> dict:
+    inputs = [str(prepared.parent / "in" / "english.txt")]  # what the small corpus was prepared from
+    return {"data": {"inputs": inputs, "prepared_dir": str(prepared), "max_len": 32},
+            "tokenizer": {"vocab_size": 300, "min_frequency": 1},
+            "objective": {"name": "mlm"},
+            "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64},
+            "train": {"output_dir": str(out), "max_steps": 1, "batch_size": 2, "num_workers": 0, "eval_every": 0,
+                      "save_every": 1, "device": "cpu"},
+            "logging": {"report_to": [], "progress": False}}
+
+
+@pytest.fixture(scope="module")
+def pretrain_run(small_prepared, tmp_path_factory) -> Path:
+    """The run directory of one step of `pretrain` (an MLM on the small prepared corpus)."""
+    out = tmp_path_factory.mktemp("pretrain_run") / "run"
+    recipe = out.parent / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(pretrain_recipe(small_prepared, out)), encoding="utf-8")
+    assert main(["pretrain", str(recipe)]) == 0
+    return out
+
+
+def qa_recipe(encoder: Path, out: Path, **data) -> dict:
+    return {"model": {"path": str(encoder)},
+            "data": {"train": str(SQUAD), "dev": str(SQUAD), "max_length": 48, "doc_stride": 16, "max_query_length": 16, **data},
+            "qa": {"metric": "squad", "no_answer": True},
+            "train": {"output_dir": str(out), "max_steps": 1, "batch_size": 4, "lr": 1e-3, "warmup_steps": 0, "eval_every": 0,
+                      "save_every": 1, "log_every": 1, "num_workers": 0, "device": "cpu"},
+            "logging": {"report_to": [], "progress": False}}
+
+
+FIXTURE_NAMES = {"prepared": "small_prepared", "pretrain_run": "pretrain_run", "encoder": "tiny_encoder_dir", "ner_model": "ner_model", "qa_model": "qa_model"}
+
+
+@dataclasses.dataclass
+class Ctx:
+    """What a case builds in: its own temporary directory and the shared fixtures (copied before corrupting)."""
+
+    tmp: Path
+    request: pytest.FixtureRequest
+
+    def fixture(self, name: str) -> Path:
+        return self.request.getfixturevalue(FIXTURE_NAMES[name])
+
+    def file(self, name: str, content: str | bytes) -> Path:
+        path = self.tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+        return path
+
+    def copy(self, fixture: str, name: str | None = None) -> Path:
+        out = self.tmp / (name or fixture)
+        shutil.copytree(self.fixture(fixture), out)
+        return out
+
+    def recipe(self, data: dict, name: str = "recipe.yaml") -> Path:
+        return self.file(name, yaml.safe_dump(data, allow_unicode=True))
+
+    def pretrain_recipe(self, **train) -> Path:
+        recipe = pretrain_recipe(self.copy("prepared"), self.tmp / "run")
+        recipe["data"]["inputs"] = [str(self.fixture("prepared").parent / "in" / "english.txt")]  # what it was prepared from
+        recipe["train"].update(train)
+        return self.recipe(recipe)
+
+    def ner_recipe(self, train: Path | str = CONLL_TRAIN, dev: Path | str = CONLL_DEV, **data) -> Path:
+        path = write_wnut_recipe(self.fixture("encoder"), self.tmp / "run", steps=1)
+        recipe = yaml.safe_load(path.read_text(encoding="utf-8"))
+        recipe["data"].update({"train": str(train), "dev": str(dev), **data})
+        return self.recipe(recipe, "ner.yaml")
+
+    def qa_recipe(self, **data) -> Path:
+        return self.recipe(qa_recipe(self.fixture("encoder"), self.tmp / "run", **data), "qa.yaml")
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    build: Callable[[Ctx], tuple[list, list[str]]]  # → (argv, what the error line must contain besides the command)
+
+
+CASES: list[Case] = []
+
+
+def case(name: str):
+    def register(build):
+        CASES.append(Case(name, build))
+        return build
+    return register
+
+
+def squad(context: str, qas: list[dict]) -> str:
+    return json.dumps({"version": "v2.0", "data": [{"title": "t", "paragraphs": [{"context": context, "qas": qas}]}]})
+
+
+def question(qid: str, text: str, start: int, q: str = "Which one?") -> dict:
+    return {"id": qid, "question": q, "answers": [{"text": text, "answer_start": start}], "is_impossible": False}
+
+
+CONTEXT = "The lighthouse on Gull Island was built in 1858 by the harbour board, and painted red in 1858 again."
+
+
+# ---- recipes and overrides, for each recipe kind ------------------------------------------------------------
+
+for kind, command in (("pretrain", ["pretrain"]), ("ner", ["ner", "train"]), ("qa", ["qa", "train"])):
+    def build_recipe(ctx: Ctx, kind=kind):
+        return {"pretrain": ctx.pretrain_recipe, "ner": ctx.ner_recipe, "qa": ctx.qa_recipe}[kind]()
+
+    for label, override, expected in (
+        ("negative_lr", "train.lr=-0.001", ["'train': lr", "positive"]),
+        ("nan_lr", "train.lr=.nan", ["'train': lr", "finite"]),
+        ("batch_size_zero", "train.batch_size=0", ["batch_size", "at least 1"]),
+        ("unknown_key", "train.max_stpes=3", ["train.max_stpes", "unknown"]),
+        ("wrong_type", "train.max_steps=many", ["train.max_steps", "int"]),
+        ("bool_for_int", "train.max_steps=true", ["train.max_steps", "int"]),
+        ("bad_choice", "train.optimizer=sgd", ["train.optimizer", "one of"]),
+        ("negative_weight_decay", "train.weight_decay=-1", ["'train': weight_decay", "negative"]),
+        ("betas_out_of_range", "train.betas=[0.9,1.5]", ["'train': betas", "[0, 1)"]),
+    ):
+        def build(ctx: Ctx, command=command, build_recipe=build_recipe, override=override, expected=expected):
+            recipe = build_recipe(ctx)
+            return [*command, recipe, override], [*expected]
+        case(f"{kind}_{label}")(build)
+
+    def build_missing(ctx: Ctx, command=command):
+        return [*command, ctx.tmp / "nope.yaml"], [str(ctx.tmp / "nope.yaml"), "does not exist"]
+    case(f"{kind}_recipe_missing")(build_missing)
+
+    def build_dir(ctx: Ctx, command=command):
+        return [*command, ctx.tmp], [str(ctx.tmp), "is a directory"]
+    case(f"{kind}_recipe_is_directory")(build_dir)
+
+    def build_binary(ctx: Ctx, command=command):
+        path = ctx.file("recipe.yaml", b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe")
+        return [*command, path], [str(path), "not"]
+    case(f"{kind}_recipe_binary")(build_binary)
+
+
+@case("pretrain_dropout_one")
+def _(ctx):
+    return ["pretrain", ctx.pretrain_recipe(), "model.hidden_dropout=1.0"], ["hidden_dropout", "[0, 1)"]
+
+
+@case("ner_dropout_one")
+def _(ctx):
+    return ["ner", "train", ctx.ner_recipe(), "model.dropout=1.0"], ["model", "dropout", "[0, 1)"]
+
+
+@case("pretrain_max_len_2")
+def _(ctx):
+    return ["pretrain", ctx.pretrain_recipe(), "data.max_len=2"], ["data", "max_len"]
+
+
+@case("ner_max_len_2")
+def _(ctx):
+    return ["ner", "train", ctx.ner_recipe(), "data.max_len=2"], ["data", "max_len"]
+
+
+@case("qa_max_length_2")
+def _(ctx):
+    return ["qa", "train", ctx.qa_recipe(), "data.max_length=2"], ["data", "max_length"]
+
+
+@case("qa_unknown_nested_key")
+def _(ctx):
+    return ["qa", "train", ctx.qa_recipe(), "qa.metrik=squad"], ["qa.metrik", "unknown"]
+
+
+@case("ner_wrong_type_labels")
+def _(ctx):
+    return ["ner", "train", ctx.ner_recipe(), "data.labels=person"], ["data.labels", "list"]
+
+
+@case("override_without_equals")
+def _(ctx):
+    return ["pretrain", ctx.pretrain_recipe(), "train.max_steps"], ["train.max_steps", "section.key=value"]
+
+
+@case("ner_stride_not_below_window")
+def _(ctx):
+    return ["ner", "train", ctx.ner_recipe(), "data.stride=40"], ["data.stride", "less than"]
+
+
+@case("qa_query_longer_than_window")
+def _(ctx):
+    return ["qa", "train", ctx.qa_recipe(), "data.max_query_length=48"], ["max_query_length", "max_length"]
+
+
+@case("pretrain_heads_do_not_divide_hidden")
+def _(ctx):
+    return ["pretrain", ctx.pretrain_recipe(), "model.num_heads=3"], ["num_heads", "hidden_size"]
+
+
+@case("ner_model_path_missing")
+def _(ctx):
+    return ["ner", "train", ctx.ner_recipe(), f"model.path={ctx.tmp / 'nowhere'}"], [str(ctx.tmp / "nowhere")]
+
+
+@case("qa_model_path_is_a_file")
+def _(ctx):
+    path = ctx.file("encoder.bin", b"\x00" * 64)
+    return ["qa", "train", ctx.qa_recipe(), f"model.path={path}"], [str(path)]
+
+
+@case("prepare_tokenizer_path_without_tokenizer")
+def _(ctx):
+    empty = ctx.tmp / "tokenizer"
+    empty.mkdir()
+    good = ctx.file("good.txt", "Some words here.\n" * 20)
+    return ["prepare", prepare_recipe(ctx, good), f"tokenizer.path={empty}"], [str(empty), "tokenizer"]
+
+
+@case("recipe_not_a_mapping")
+def _(ctx):
+    path = ctx.file("recipe.yaml", "- a\n- b\n")
+    return ["pretrain", path], [str(path), "mapping"]
+
+
+@case("recipe_invalid_yaml")
+def _(ctx):
+    path = ctx.file("recipe.yaml", "train: {max_steps: 3\n")
+    return ["pretrain", path], [str(path), "YAML"]
+
+
+@case("pretrain_output_dir_is_a_file")
+def _(ctx):
+    blocker = ctx.file("blocker", "keep me")
+    return ["pretrain", ctx.pretrain_recipe(output_dir=str(blocker / "run"))], [str(blocker)]
+
+
+@case("ner_output_dir_is_a_file")
+def _(ctx):
+    blocker = ctx.file("blocker", "keep me")
+    return ["ner", "train", ctx.ner_recipe(), f"train.output_dir={blocker}"], [str(blocker)]
+
+
+# ---- prepare --------------------------------------------------------------------------------------------
+
+def prepare_recipe(ctx: Ctx, *inputs: Path, **data) -> Path:
+    """A recipe preparing ``inputs`` over a copy of the small prepared corpus (which must survive a failure)."""
+    prepared = ctx.copy("prepared")
+    return ctx.recipe({"data": {"inputs": [str(p) for p in inputs], "prepared_dir": str(prepared), **data},
+                       "tokenizer": {"vocab_size": 300, "min_frequency": 1}})
+
+
+@case("prepare_input_missing")
+def _(ctx):
+    path = ctx.tmp / "missing.txt"
+    return ["prepare", prepare_recipe(ctx, path)], [str(path)]
+
+
+@case("prepare_input_is_directory")
+def _(ctx):
+    path = ctx.tmp / "folder.txt"
+    path.mkdir()
+    return ["prepare", prepare_recipe(ctx, path)], [str(path), "is a directory"]
+
+
+@case("prepare_invalid_utf8")
+def _(ctx):
+    path = ctx.file("bad.txt", b"good line one\ngood line two\nbad \xff\xfe line\n")
+    return ["prepare", prepare_recipe(ctx, path)], [f"{path}:3", "UTF-8"]
+
+
+@case("prepare_binary_file")
+def _(ctx):
+    path = ctx.file("image.txt", b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4)
+    return ["prepare", prepare_recipe(ctx, path)], [str(path)]
+
+
+@case("prepare_empty_file")
+def _(ctx):
+    path = ctx.file("empty.txt", "")
+    return ["prepare", prepare_recipe(ctx, path)], [str(path), "empty"]
+
+
+@case("prepare_long_line_without_spaces")
+def _(ctx):
+    path = ctx.file("long.txt", "The first line is fine.\n" + "abcdefghij" * 500_000 + "\n")
+    return ["prepare", prepare_recipe(ctx, path)], [f"{path}:2", "without whitespace"]
+
+
+@case("prepare_jsonl_broken_json")
+def _(ctx):
+    path = ctx.file("docs.jsonl", '{"text": "fine"}\n{"text": "broken\n')
+    return ["prepare", prepare_recipe(ctx, path)], [f"{path}:2", "JSON"]
+
+
+@case("prepare_jsonl_missing_field")
+def _(ctx):
+    path = ctx.file("docs.jsonl", '{"text": "fine"}\n{"body": "no text"}\n')
+    return ["prepare", prepare_recipe(ctx, path)], [f"{path}:2", "text"]
+
+
+@case("prepare_jsonl_wrong_type")
+def _(ctx):
+    path = ctx.file("docs.jsonl", '{"text": "fine"}\n{"text": 42}\n')
+    return ["prepare", prepare_recipe(ctx, path)], [f"{path}:2", "text"]
+
+
+@case("prepare_prepared_dir_is_a_file")
+def _(ctx):
+    good = ctx.file("good.txt", "Some words here.\n" * 20)
+    blocker = ctx.file("blocker", "keep me")
+    recipe = ctx.recipe({"data": {"inputs": [str(good)], "prepared_dir": str(blocker)}, "tokenizer": {"vocab_size": 300}})
+    return ["prepare", recipe], [str(blocker)]
+
+
+@case("prepare_no_inputs")
+def _(ctx):
+    return ["prepare", prepare_recipe(ctx)], ["data.inputs"]
+
+
+# ---- pretrain and export ------------------------------------------------------------------------------------
+
+@case("pretrain_prepared_dir_is_a_file")
+def _(ctx):
+    blocker = ctx.file("blocker", "keep me")
+    return ["pretrain", ctx.pretrain_recipe(), f"data.prepared_dir={blocker}"], [str(blocker)]
+
+
+@case("pretrain_resume_missing")
+def _(ctx):
+    return ["pretrain", ctx.pretrain_recipe(), "--resume", ctx.tmp / "nothing"], [str(ctx.tmp / "nothing")]
+
+
+@case("export_checkpoint_missing")
+def _(ctx):
+    return ["export", ctx.tmp / "nothing", "--out", ctx.tmp / "out"], [str(ctx.tmp / "nothing")]
+
+
+@case("export_empty_run_dir")
+def _(ctx):
+    run = ctx.tmp / "run"
+    run.mkdir()
+    return ["export", run, "--out", ctx.tmp / "out"], [str(run), "checkpoint"]
+
+
+@case("export_checkpoint_is_a_file")
+def _(ctx):
+    path = ctx.file("checkpoint", "not a checkpoint")
+    return ["export", path, "--out", ctx.tmp / "out"], [str(path)]
+
+
+def run_copy(ctx: Ctx) -> tuple[Path, Path]:
+    """A copy of the pretraining run and its latest checkpoint."""
+    from spanlm.train.checkpoint import latest_checkpoint
+
+    run = ctx.copy("pretrain_run", "run")
+    return run, latest_checkpoint(run)
+
+
+@case("export_checkpoint_nan_weight")
+def _(ctx):
+    run, checkpoint = run_copy(ctx)
+    name = poison(checkpoint / "model.safetensors")
+    return ["export", run, "--out", ctx.tmp / "out"], [str(checkpoint / "model.safetensors"), name, "non-finite"]
+
+
+@case("export_checkpoint_truncated_weights")
+def _(ctx):
+    run, checkpoint = run_copy(ctx)
+    truncate(checkpoint / "model.safetensors")
+    return ["export", run, "--out", ctx.tmp / "out"], [str(checkpoint / "model.safetensors"), "truncated"]
+
+
+@case("export_out_is_a_file")
+def _(ctx):
+    run, _ = run_copy(ctx)
+    blocker = ctx.file("out", "keep me")
+    return ["export", run, "--out", blocker], [str(blocker)]
+
+
+@case("export_out_is_a_directory_of_other_things")
+def _(ctx):
+    run, _ = run_copy(ctx)
+    folder = ctx.tmp / "documents"
+    ctx.file("documents/thesis.tex", "keep me")
+    return ["export", run, "--out", folder], [str(folder), "not an earlier export"]
+
+
+@case("export_over_an_earlier_export_fails_cleanly")
+def _(ctx):
+    run, checkpoint = run_copy(ctx)
+    earlier = ctx.tmp / "exported"
+    earlier.mkdir()
+    (earlier / "config.json").write_text("{}")  # an earlier export: must survive the failed one
+    poison(checkpoint / "model.safetensors")
+    return ["export", run, "--out", earlier], [str(checkpoint / "model.safetensors"), "non-finite"]
+
+
+@case("ner_train_encoder_nan_weight")
+def _(ctx):
+    encoder = ctx.copy("encoder", "encoder")
+    name = poison(encoder / "model.safetensors")
+    recipe = ctx.ner_recipe()
+    return ["ner", "train", recipe, f"model.path={encoder}"], [str(encoder / "model.safetensors"), name, "non-finite"]
+
+
+@case("ner_train_encoder_tokenizer_past_embeddings")
+def _(ctx):
+    encoder = ctx.copy("encoder", "encoder")
+    other_tokenizer(ctx, encoder, size_delta=40)
+    return ["ner", "train", ctx.ner_recipe(), f"model.path={encoder}"], [str(encoder), "embedding"]
+
+
+@case("ner_train_encoder_only_pickle")
+def _(ctx):
+    import torch
+
+    encoder = ctx.copy("encoder", "encoder")
+    (encoder / "model.safetensors").unlink()
+    torch.save({"weight": torch.zeros(2)}, encoder / "pytorch_model.bin")
+    return ["ner", "train", ctx.ner_recipe(), f"model.path={encoder}"], [str(encoder), "pickled"]
+
+
+# ---- NER train -----------------------------------------------------------------------------------------------
+
+CONLL_OK = "Holmes\tB-person\nmet\tO\nWatson\tB-person\n\nParis\tB-location\nis\tO\nbig\tO\n"
+
+
+@case("ner_train_missing")
+def _(ctx):
+    return ["ner", "train", ctx.ner_recipe(train=ctx.tmp / "missing.conll")], [str(ctx.tmp / "missing.conll")]
+
+
+@case("ner_train_is_directory")
+def _(ctx):
+    folder = ctx.tmp / "train.conll"
+    folder.mkdir()
+    return ["ner", "train", ctx.ner_recipe(train=folder)], [str(folder), "is a directory"]
+
+
+@case("ner_conll_invalid_utf8_line")
+def _(ctx):
+    path = ctx.file("train.conll", CONLL_OK.encode() + b"caf\xe9\tO\n")
+    return ["ner", "train", ctx.ner_recipe(train=path)], [f"{path}:8:", "UTF-8"]
+
+
+@case("ner_conll_missing_column")
+def _(ctx):
+    path = ctx.file("train.conll", CONLL_OK + "lonely\n")
+    return ["ner", "train", ctx.ner_recipe(train=path)], [f"{path}:8:", "column"]
+
+
+@case("ner_conll_bad_tag")
+def _(ctx):
+    path = ctx.file("train.conll", CONLL_OK + "\nLondon\tX-location\n")
+    return ["ner", "train", ctx.ner_recipe(train=path)], [f"{path}:9:", "X-location"]
+
+
+@case("ner_conll_unknown_label")
+def _(ctx):
+    path = ctx.file("train.conll", CONLL_OK + "\nLondon\tB-city\n")
+    return ["ner", "train", ctx.ner_recipe(train=path), "data.labels=[person,location]"], [str(path), "city"]
+
+
+@case("ner_train_empty")
+def _(ctx):
+    path = ctx.file("train.conll", "")
+    return ["ner", "train", ctx.ner_recipe(train=path)], [str(path)]
+
+
+@case("ner_dev_empty")
+def _(ctx):
+    path = ctx.file("dev.conll", "\n\n")
+    return ["ner", "train", ctx.ner_recipe(dev=path)], [str(path)]
+
+
+@case("ner_train_binary")
+def _(ctx):
+    path = ctx.file("train.conll", b"\x00\x01\x02PK\x03\x04" + bytes(range(256)))
+    return ["ner", "train", ctx.ner_recipe(train=path)], [str(path)]
+
+
+@case("ner_jsonl_wrong_types")
+def _(ctx):
+    path = ctx.file("train.jsonl", '{"text": "Holmes met Watson", "entities": "Holmes"}\n')
+    return ["ner", "train", ctx.ner_recipe(train=path, format="jsonl")], [f"{path}:1", "entities"]
+
+
+@case("ner_jsonl_entity_out_of_range")
+def _(ctx):
+    path = ctx.file("train.jsonl", '{"text": "Holmes", "entities": [{"start": 0, "end": 60, "label": "person"}]}\n')
+    return ["ner", "train", ctx.ner_recipe(train=path, format="jsonl")], [f"{path}:1"]
+
+
+# ---- NER model directories: eval / predict --------------------------------------------------------------------
+
+def truncate(path: Path) -> None:
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2])
+
+
+def poison(path: Path, tensor: str | None = None) -> str:
+    """Set one value of a tensor of the safetensors file ``path`` to NaN; returns the tensor's name."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    name = tensor or sorted(n for n, t in tensors.items() if t.is_floating_point())[0]
+    tensors[name].view(-1)[0] = float("nan")
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    return name
+
+
+def other_tokenizer(ctx: Ctx, model: Path, size_delta: int = 0) -> None:
+    """Replace the tokenizer of ``model`` by one trained on other text (``size_delta`` more tokens than the embedding rows allow)."""
+    from spanlm.data.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
+    from transformers import AutoConfig
+
+    rows = AutoConfig.from_pretrained(str(model)).vocab_size
+    texts = ["zebra quartz lumberjack xylophone " * 3, "völlig andere wörter hier"] * 50
+    tokenizer = train_tokenizer(texts, TokenizerConfig(vocab_size=rows + size_delta, min_frequency=1))
+    if len(tokenizer) < rows + size_delta:
+        tokenizer.add_tokens([f"extra{i}" for i in range(rows + size_delta - len(tokenizer))])
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        (model / name).unlink(missing_ok=True)
+    save_tokenizer(tokenizer, model)
+
+
+def ner_eval(model: Path, data: Path = CONLL_DEV, *extra) -> list:
+    return ["ner", "eval", model, "--data", data, "--output", model.parent / "eval.json", *extra]
+
+
+@case("ner_model_missing")
+def _(ctx):
+    return ner_eval(ctx.tmp / "nothing"), [str(ctx.tmp / "nothing")]
+
+
+@case("ner_model_truncated_safetensors")
+def _(ctx):
+    model = ctx.copy("ner_model", "model")
+    truncate(model / "model.safetensors")
+    return ner_eval(model), [str(model / "model.safetensors")]
+
+
+@case("ner_model_truncated_head")
+def _(ctx):
+    model = ctx.copy("ner_model", "model")
+    truncate(model / "ner_head.safetensors")
+    return ner_eval(model), [str(model / "ner_head.safetensors")]
+
+
+@case("ner_model_only_pickle")
+def _(ctx):
+    import torch
+
+    model = ctx.copy("ner_model", "model")
+    (model / "model.safetensors").unlink()
+    torch.save({"weight": torch.zeros(2)}, model / "pytorch_model.bin")
+    return ner_eval(model), [str(model), "pytorch_model.bin", "safetensors"]
+
+
+@case("ner_model_nan_encoder_weight")
+def _(ctx):
+    model = ctx.copy("ner_model", "model")
+    name = poison(model / "model.safetensors")
+    return ner_eval(model), [str(model / "model.safetensors"), name, "non-finite"]
+
+
+@case("ner_model_nan_head_weight")
+def _(ctx):
+    model = ctx.copy("ner_model", "model")
+    name = poison(model / "ner_head.safetensors")
+    return ner_eval(model), [str(model / "ner_head.safetensors"), name, "non-finite"]
+
+
+@case("ner_model_tokenizer_past_embeddings")
+def _(ctx):
+    model = ctx.copy("ner_model", "model")
+    other_tokenizer(ctx, model, size_delta=50)
+    return ner_eval(model), [str(model), "embedding"]
+
+
+@case("ner_model_other_tokenizer")
+def _(ctx):
+    model = ctx.copy("ner_model", "model")
+    other_tokenizer(ctx, model, size_delta=-100)
+    return ner_eval(model), [str(model), "tokenizer", "not the one"]
+
+
+@case("ner_model_labels_broken")
+def _(ctx):
+    model = ctx.copy("ner_model", "model")
+    (model / "labels.json").write_text('["person", ', encoding="utf-8")
+    return ner_eval(model), [str(model / "labels.json"), "JSON"]
+
+
+@case("ner_model_labels_wrong_type")
+def _(ctx):
+    model = ctx.copy("ner_model", "model")
+    (model / "labels.json").write_text('{"person": 0}', encoding="utf-8")
+    return ner_eval(model), [str(model / "labels.json"), "list"]
+
+
+@case("ner_model_recipe_missing")
+def _(ctx):
+    model = ctx.copy("ner_model", "model")
+    (model / "recipe.yaml").unlink()
+    return ner_eval(model), [str(model), "recipe.yaml"]
+
+
+@case("ner_model_config_broken")
+def _(ctx):
+    model = ctx.copy("ner_model", "model")
+    (model / "config.json").write_text("{", encoding="utf-8")
+    return ner_eval(model), [str(model / "config.json")]
+
+
+@case("ner_model_is_a_file")
+def _(ctx):
+    path = ctx.file("model", "not a model")
+    return ner_eval(path), [str(path)]
+
+
+@case("ner_eval_unknown_label")
+def _(ctx):
+    path = ctx.file("dev.conll", "Holmes\tB-wizard\nmet\tO\n")
+    return ner_eval(ctx.copy("ner_model", "model"), path, "--on-bad-record", "error"), [f"{path}:1", "wizard"]
+
+
+@case("ner_eval_data_is_directory")
+def _(ctx):
+    folder = ctx.tmp / "dev.conll"
+    folder.mkdir()
+    return ner_eval(ctx.copy("ner_model", "model"), folder), [str(folder), "is a directory"]
+
+
+@case("ner_eval_output_dir_missing")
+def _(ctx):
+    model = ctx.copy("ner_model", "model")
+    return ["ner", "eval", model, "--data", CONLL_DEV, "--output", ctx.tmp / "no" / "eval.json"], [str(ctx.tmp / "no" / "eval.json")]
+
+
+@case("ner_predict_input_is_directory")
+def _(ctx):
+    folder = ctx.tmp / "texts.jsonl"
+    folder.mkdir()
+    return ["ner", "predict", ctx.copy("ner_model", "model"), "--input", folder], [str(folder), "is a directory"]
+
+
+@case("ner_predict_invalid_utf8")
+def _(ctx):
+    path = ctx.file("texts.txt", b"fine text\nmore fine text\n\xc3\x28 broken\n")
+    return ["ner", "predict", ctx.copy("ner_model", "model"), "--input", path], [f"{path}:3", "UTF-8"]
+
+
+@case("ner_predict_jsonl_text_wrong_type")
+def _(ctx):
+    path = ctx.file("texts.jsonl", '{"text": "fine"}\n{"text": ["not", "a", "string"]}\n')
+    return ["ner", "predict", ctx.copy("ner_model", "model"), "--input", path], [f"{path}:2", "text"]
+
+
+@case("ner_predict_jsonl_missing_text")
+def _(ctx):
+    path = ctx.file("texts.jsonl", '{"body": "fine"}\n')
+    return ["ner", "predict", ctx.copy("ner_model", "model"), "--input", path], [f"{path}:1", "text"]
+
+
+# ---- QA -----------------------------------------------------------------------------------------------------
+
+def qa_eval(ctx: Ctx, data: Path) -> list:
+    return ["qa", "eval", ctx.copy("qa_model", "model"), "--data", data]
+
+
+def qa_train_on(ctx: Ctx, data: Path) -> list:
+    return ["qa", "train", ctx.qa_recipe(train=str(data))]
+
+
+@case("qa_train_answer_start_off")
+def _(ctx):
+    path = ctx.file("train.json", squad(CONTEXT, [question("q2", "harbour board", 3)]))
+    return qa_train_on(ctx, path), [str(path), "id q2", "answer_start 3 is off", "occurs at 55"]
+
+
+@case("qa_train_answer_occurs_far_from_start")
+def _(ctx):
+    path = ctx.file("train.json", squad(CONTEXT, [question("q7", "painted red", 30)]))
+    return qa_train_on(ctx, path), [str(path), "id q7", "answer_start 30 is off", "occurs at"]
+
+
+@case("qa_train_answer_not_in_context")
+def _(ctx):
+    path = ctx.file("train.json", squad(CONTEXT, [question("q9", "a castle", 5)]))
+    return qa_train_on(ctx, path), [str(path), "id q9", "does not occur"]
+
+
+@case("qa_not_json")
+def _(ctx):
+    path = ctx.file("dev.json", '{"data": [\n  oops\n]}')
+    return qa_eval(ctx, path), [f"{path}:2", "JSON"]
+
+
+@case("qa_not_squad")
+def _(ctx):
+    path = ctx.file("dev.json", '{"questions": []}')
+    return qa_eval(ctx, path), [str(path), "'data'"]
+
+
+@case("qa_context_wrong_type")
+def _(ctx):
+    path = ctx.file("dev.json", json.dumps({"data": [{"paragraphs": [{"context": 7, "qas": [question("q1", "7", 0)]}]}]}))
+    return qa_eval(ctx, path), [str(path), "context"]
+
+
+@case("qa_missing_answers_field")
+def _(ctx):
+    path = ctx.file("dev.json", squad(CONTEXT, [{"id": "q3", "question": "When?"}]))
+    return qa_eval(ctx, path), [str(path), "id q3", "missing 'answers'"]
+
+
+@case("qa_empty_file")
+def _(ctx):
+    path = ctx.file("dev.json", "")
+    return qa_eval(ctx, path), [str(path)]
+
+
+@case("qa_data_is_directory")
+def _(ctx):
+    folder = ctx.tmp / "dev.json"
+    folder.mkdir()
+    return qa_eval(ctx, folder), [str(folder), "is a directory"]
+
+
+@case("qa_empty_dev_set")
+def _(ctx):
+    path = ctx.file("dev.json", json.dumps({"data": []}))
+    return ["qa", "train", ctx.qa_recipe(dev=str(path))], [str(path), "no usable question"]
+
+
+@case("qa_train_invalid_utf8")
+def _(ctx):
+    path = ctx.file("train.json", b'{"data": [\n{"paragraphs": "\xff"}]}')
+    return ["qa", "train", ctx.qa_recipe(train=str(path))], [f"{path}:2", "UTF-8"]
+
+
+@case("qa_model_only_pickle")
+def _(ctx):
+    import torch
+
+    model = ctx.copy("qa_model", "model")
+    (model / "model.safetensors").unlink()
+    torch.save({"weight": torch.zeros(2)}, model / "pytorch_model.bin")
+    return ["qa", "eval", model, "--data", SQUAD], [str(model), "pytorch_model.bin"]
+
+
+@case("qa_model_truncated_safetensors")
+def _(ctx):
+    model = ctx.copy("qa_model", "model")
+    truncate(model / "model.safetensors")
+    return ["qa", "eval", model, "--data", SQUAD], [str(model / "model.safetensors")]
+
+
+@case("qa_model_nan_weight")
+def _(ctx):
+    model = ctx.copy("qa_model", "model")
+    name = poison(model / "model.safetensors")
+    return ["qa", "eval", model, "--data", SQUAD], [str(model / "model.safetensors"), name, "non-finite"]
+
+
+@case("qa_model_threshold_wrong_type")
+def _(ctx):
+    model = ctx.copy("qa_model", "model")
+    (model / "qa.json").write_text('{"no_answer_threshold": "high"}', encoding="utf-8")
+    return ["qa", "eval", model, "--data", SQUAD], [str(model / "qa.json"), "no_answer_threshold"]
+
+
+@case("qa_model_other_tokenizer")
+def _(ctx):
+    model = ctx.copy("qa_model", "model")
+    other_tokenizer(ctx, model, size_delta=-100)
+    return ["qa", "eval", model, "--data", SQUAD], [str(model), "tokenizer", "not the one"]
+
+
+@case("ner_model_weights_of_another_architecture")
+def _(ctx):
+    from safetensors.torch import save_file
+    import torch
+
+    model = ctx.copy("ner_model", "model")
+    save_file({"weight": torch.zeros(2)}, str(model / "model.safetensors"))
+    return ner_eval(model), [str(model), "lack"]
+
+
+@case("ner_model_head_of_another_model")
+def _(ctx):
+    from safetensors.torch import save_file
+    import torch
+
+    model = ctx.copy("ner_model", "model")
+    save_file({"weight": torch.zeros(2)}, str(model / "ner_head.safetensors"))
+    return ner_eval(model), [str(model / "ner_head.safetensors"), "does not fit"]
+
+
+@case("qa_predict_missing_question")
+def _(ctx):
+    path = ctx.file("questions.jsonl", '{"context": "Some text."}\n')
+    return ["qa", "predict", ctx.copy("qa_model", "model"), "--input", path], [f"{path}:1", "question"]
+
+
+@case("qa_predict_input_is_directory")
+def _(ctx):
+    folder = ctx.tmp / "questions.jsonl"
+    folder.mkdir()
+    return ["qa", "predict", ctx.copy("qa_model", "model"), "--input", folder], [str(folder), "is a directory"]
+
+
+def test_qa_eval_scores_every_question(qa_model, tmp_path, capsys):
+    """An answer whose answer_start is off (too far to repair) keeps its question in the metric, scored on
+    its text as the official scripts do; the notice names the file, the question and what is off."""
+    path = tmp_path / "dev.json"
+    path.write_text(squad(CONTEXT, [question("q1", "1858", 43), question("q2", "harbour board", 3), question("q3", "a castle", 5)]))
+    code, out, err = run_cli(capsys, ["qa", "eval", qa_model, "--data", path, "--device", "cpu"])
+    assert code == 0, err
+    assert json.loads(out)["questions"] == 3
+    assert f"{path}: 2 answer(s) without a span" in err and "id q2: answer_start 3 is off: 'harbour board' occurs at 55" in err
+    assert "id q3: answer 'a castle' does not occur in the context" in err
+
+
+def grapheme_bounds(text: str) -> set[int]:
+    import regex
+
+    return {match.start() for match in regex.finditer(r"\X", text)} | {len(text)}
+
+
+def test_ner_predictions_keep_grapheme_clusters_whole(ner_model, tmp_path, capsys):
+    """Every predicted entity (a threshold that makes every cell one) starts and ends on a grapheme cluster
+    boundary: a combining accent (stripped by the normaliser, so in no token) stays with its base letter,
+    an emoji sequence and CRLF stay whole; and the offsets index the text exactly."""
+    texts = ["Cafe\u0301 Zoe\u0308 met Rene\u0301e .", "Holmes 👩\u200d🔬 Watson\r\nin London .", "Ǹ̈ x̧̌ y"]
+    path = tmp_path / "texts.jsonl"
+    path.write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(texts)), encoding="utf-8")
+    code, out, err = run_cli(capsys, ["ner", "predict", ner_model, "--input", path, "--threshold=-1e9", "--device", "cpu"])
+    assert code == 0, err
+    records = [json.loads(line) for line in out.splitlines()]
+    assert [r["text"] for r in records] == texts
+    cut = [(r["text"], e["start"], e["end"]) for r in records for e in r["entities"]
+           if not {e["start"], e["end"]} <= grapheme_bounds(r["text"])]
+    assert all(e["text"] == r["text"][e["start"]:e["end"]] for r in records for e in r["entities"])
+    assert sum(len(r["entities"]) for r in records) > 0 and cut == []
+    assert any(r["text"][e["start"]:e["end"]] == "Cafe\u0301" for r in records for e in r["entities"])
+
+
+def test_ner_crlf_files_read_as_lf(tmp_path):
+    """A CoNLL file with CRLF line ends reads exactly as with LF; a JSONL text with CRLF keeps its offsets."""
+    from spanlm.ner.data import ReadOptions, read_documents
+
+    conll = CONLL_TRAIN.read_text(encoding="utf-8")
+    lf, crlf = tmp_path / "lf.conll", tmp_path / "crlf.conll"
+    lf.write_bytes(conll.encode())
+    crlf.write_bytes(conll.replace("\n", "\r\n").encode())
+    assert read_documents(crlf, ReadOptions(format="conll"))[0] == read_documents(lf, ReadOptions(format="conll"))[0]
+    text = "Holmes lives\r\nin London\r\n"
+    jsonl = tmp_path / "crlf.jsonl"
+    jsonl.write_text(json.dumps({"text": text, "entities": [{"start": 0, "end": 6, "label": "person"}, {"start": 17, "end": 23, "label": "location"}]}) + "\r\n")
+    (document,), _ = read_documents(jsonl, ReadOptions(format="jsonl"))
+    assert document.text == text and [text[e.start:e.end] for e in document.entities] == ["Holmes", "London"]
+
+
+# ---- the table ----------------------------------------------------------------------------------------------
+
+def snapshot(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def ctx(request, tmp_path) -> Ctx:
+    return Ctx(tmp_path, request)
+
+
+def test_table_is_large_enough():
+    assert len(CASES) >= 60 and len({c.name for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("bad", CASES, ids=[c.name for c in CASES])
+def test_bad_input(bad: Case, ctx: Ctx, capsys):
+    argv, expected = bad.build(ctx)
+    before = snapshot(ctx.tmp)
+    code, _, err = run_cli(capsys, argv)
+    lines = err.strip().splitlines()
+    errors = [line for line in lines if line.startswith(f"spanlm {argv[0]}: error: ")]
+    assert code == 2 and len(errors) == 1, err
+    assert "Traceback" not in err
+    for needle in expected:
+        assert needle in errors[0], (needle, errors[0])
+    after = snapshot(ctx.tmp)
+    assert {k: after.get(k) for k in before} == before, "a file written before changed or went"
