@@ -76,6 +76,9 @@ class TrainingSetup:
     # The fingerprint of the tokenizer whose ids the data holds (pretraining: the prepared corpus's).
     # Checkpoints record it; resuming against data of another tokenizer is refused.
     tokenizer_fingerprint: str | None = None
+    # Writes into the run directory what its checkpoints need besides their own files (pretraining:
+    # the tokenizer, see spanlm.train.kept_tokenizer); called on rank 0 before each checkpoint.
+    keep_with_run: Callable[[Path], object] | None = None
 
 
 def pretraining_setup(recipe, env: DistEnv, log=print, keep_tokenizer: str | None = None) -> TrainingSetup:
@@ -85,12 +88,15 @@ def pretraining_setup(recipe, env: DistEnv, log=print, keep_tokenizer: str | Non
     """
     from spanlm.data.prepare import prepare
     from spanlm.objectives import build_objective
+    from spanlm.train.kept_tokenizer import keep_tokenizer as keep_in_run
 
     # Rank 0 prepares the corpus (or finds it up to date); the others wait and read it.
     if env.is_main:
         prepare(recipe, log=log, keep_tokenizer=keep_tokenizer)
     barrier(env)
     corpus = PreparedCorpus(recipe.data.prepared_dir)
+    if env.is_main:
+        corpus.tokenizer  # loaded (and checked against the shards) now: the run keeps the tokenizer it starts with
     blocks = BlockDataset(corpus, recipe.data.max_len)
     train_blocks, held_out = split_blocks(len(blocks), recipe.train.eval_blocks, recipe.seed)
     torch.manual_seed(recipe.seed)  # the same seed on every rank gives identical initial weights
@@ -103,7 +109,8 @@ def pretraining_setup(recipe, env: DistEnv, log=print, keep_tokenizer: str | Non
     loader = build_train_loader(blocks, train_blocks, objective.masker, recipe.train, recipe.seed, env.rank, env.world_size)
     return TrainingSetup(objective, loader, lambda: eval_batches(blocks, held_out, objective.masker, recipe.train.batch_size,
                                                                  recipe.seed, env.rank, env.world_size),
-                         tokenizer_fingerprint=corpus.meta["tokenizer_fingerprint"])
+                         tokenizer_fingerprint=corpus.meta["tokenizer_fingerprint"],
+                         keep_with_run=functools.partial(keep_in_run, corpus))
 
 
 def check_max_len(objective: torch.nn.Module, max_len: int) -> None:
@@ -226,6 +233,8 @@ class Trainer:
             }
             for rank, state in enumerate(rngs):
                 files[f"rng-rank{rank}.pt"] = lambda p, state=state: torch.save(state, p)
+            if self.setup.keep_with_run is not None:  # before the checkpoint: a COMPLETE one always has it
+                self.setup.keep_with_run(self.output_dir)
             path = ckpt.write_checkpoint(self.output_dir, self.step, files, self.config.keep_last)
         barrier(self.env)
         return path

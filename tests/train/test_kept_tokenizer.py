@@ -1,0 +1,91 @@
+"""Every run keeps what it needs to be exported and resumed: its tokenizer outlives the prepared corpus."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import EMBEDDED_CORPUS
+from spanlm.cli import main
+from spanlm.config import Recipe, from_dict, save_config
+from spanlm.data.shards import read_meta
+from spanlm.data.tokenizer import load_tokenizer, tokenizer_fingerprint
+from spanlm.train import checkpoint as ckpt
+
+TINY_MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64}
+
+
+def tiny_recipe(tmp_path: Path, name: str, prepared: Path, output_dir: Path, **tokenizer) -> Path:
+    recipe = from_dict(Recipe, {
+        "data": {"inputs": [str(EMBEDDED_CORPUS / "alice_in_wonderland.txt")], "prepared_dir": str(prepared), "max_len": 32},
+        "tokenizer": {"vocab_size": 400, **tokenizer},
+        "model": TINY_MODEL,
+        "objective": {"name": "mlm"},
+        "train": {"output_dir": str(output_dir), "max_steps": 2, "save_every": 2, "batch_size": 4, "num_workers": 0,
+                  "eval_every": 0, "eval_blocks": 2, "log_every": 1, "warmup_steps": 1},
+        "logging": {"report_to": [], "progress": False},
+    })
+    path = tmp_path / f"{name}.yaml"
+    save_config(recipe, path)
+    return path
+
+
+def fingerprint_of(run: Path) -> str:
+    return torch.load(ckpt.latest_checkpoint(run) / "trainer_state.pt", weights_only=True)["tokenizer_fingerprint"]
+
+
+def test_a_run_is_exported_and_resumed_after_its_corpus_was_prepared_again(tmp_path, capsys):
+    prepared, run = tmp_path / "prepared", tmp_path / "run"
+    recipe = tiny_recipe(tmp_path, "first", prepared, run)
+    assert main(["pretrain", str(recipe)]) == 0
+    trained_on = read_meta(prepared)["tokenizer_fingerprint"]
+    kept = run / "tokenizers" / trained_on
+    assert fingerprint_of(run) == trained_on
+    assert tokenizer_fingerprint(load_tokenizer(kept / "tokenizer")) == trained_on
+
+    # The corpus is prepared again, on purpose, with another tokenizer.
+    assert main(["prepare", str(recipe), "tokenizer.vocab_size=300", "--force"]) == 0
+    assert read_meta(prepared)["tokenizer_fingerprint"] != trained_on
+    capsys.readouterr()
+
+    # Export still works, from the run's own copy of its tokenizer.
+    assert main(["export", str(run), "--out", str(tmp_path / "hf")]) == 0
+    assert tokenizer_fingerprint(load_tokenizer(tmp_path / "hf")) == trained_on
+
+    # Resume against the changed corpus stays refused, saying how to go on ...
+    assert main(["pretrain", str(recipe), "train.max_steps=4", "--resume", "auto"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("spanlm pretrain: error:") and f"tokenizer.path={kept / 'tokenizer'}" in error
+    # ... and doing what it says resumes the run.
+    assert main(["pretrain", str(recipe), "train.max_steps=4", f"tokenizer.path={kept / 'tokenizer'}",
+                 f"data.prepared_dir={tmp_path / 'prepared-again'}", "--resume", "auto"]) == 0
+    assert ckpt.step_of(ckpt.latest_checkpoint(run)) == 4 and fingerprint_of(run) == trained_on
+    assert sorted(p.name for p in (run / "tokenizers").iterdir()) == [trained_on]  # once per run
+
+
+def test_a_checkpoint_from_before_runs_kept_their_tokenizer_exports_as_before(tmp_path, capsys):
+    prepared, run = tmp_path / "prepared", tmp_path / "run"
+    assert main(["pretrain", str(tiny_recipe(tmp_path, "first", prepared, run))]) == 0
+    shutil.rmtree(run / "tokenizers")
+    assert main(["export", str(run), "--out", str(tmp_path / "hf")]) == 0
+    assert main(["prepare", str(tmp_path / "first.yaml"), "tokenizer.vocab_size=300", "--force"]) == 0
+    capsys.readouterr()
+    assert main(["export", str(run), "--out", str(tmp_path / "hf")]) == 2
+    assert "trained on the ids of tokenizer" in capsys.readouterr().err
+
+
+def test_an_objective_that_needs_the_token_arrays_says_so(tmp_path):
+    from spanlm.errors import InputError
+    from spanlm.train.kept_tokenizer import KeptTokenizer
+
+    prepared, run = tmp_path / "prepared", tmp_path / "run"
+    assert main(["pretrain", str(tiny_recipe(tmp_path, "first", prepared, run))]) == 0
+    kept = KeptTokenizer(run / "tokenizers" / read_meta(prepared)["tokenizer_fingerprint"])
+    assert kept.vocab_size == read_meta(prepared)["vocab_size"] and len(kept.token_counts) == kept.vocab_size
+    with pytest.raises(InputError, match=r"needs the token arrays .* tokenizer.path=.*/tokenizer$"):
+        kept.ids
+    assert json.loads((kept.directory / "meta.json").read_text())["tokenizer_fingerprint"] == kept.meta["tokenizer_fingerprint"]
