@@ -89,3 +89,44 @@ def test_an_objective_that_needs_the_token_arrays_says_so(tmp_path):
     with pytest.raises(InputError, match=r"needs the token arrays .* tokenizer.path=.*/tokenizer$"):
         kept.ids
     assert json.loads((kept.directory / "meta.json").read_text())["tokenizer_fingerprint"] == kept.meta["tokenizer_fingerprint"]
+
+
+def test_prepare_replaces_a_tokenizer_only_with_force_and_names_the_runs_trained_on_it(tmp_path, capsys):
+    prepared, run = tmp_path / "prepared", tmp_path / "run"
+    recipe = tiny_recipe(tmp_path, "first", prepared, run)
+    assert main(["pretrain", str(recipe)]) == 0  # pretraining records the run in the prepared directory
+    before = read_meta(prepared)
+    capsys.readouterr()
+
+    assert main(["prepare", str(recipe), "tokenizer.vocab_size=300"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith(f"spanlm prepare: error: {prepared}: holds tokenizer {before['tokenizer_fingerprint']} "
+                            f"(runs trained on it: {run.resolve()}); preparing it with these inputs and settings would replace it")
+    assert f"tokenizer.path={prepared / 'tokenizer'}" in error and "--force" in error
+    assert read_meta(prepared) == before  # nothing touched
+
+    assert main(["prepare", str(recipe), "tokenizer.vocab_size=300", "--force"]) == 0
+    replaced = capsys.readouterr().err
+    assert f"replacing tokenizer {before['tokenizer_fingerprint']} by" in replaced and str(run.resolve()) in replaced
+    assert read_meta(prepared)["vocab_size"] != before["vocab_size"]
+    # The new tokenizer's corpus has no run yet; the same tokenizer prepared again keeps its runs.
+    assert not (prepared / "runs.txt").exists()
+
+
+def test_a_rebuild_that_keeps_the_tokenizer_needs_no_force_and_keeps_its_runs(tmp_path):
+    from spanlm.data.prepare import dependent_runs, prepare, record_run
+
+    source = tmp_path / "source.txt"
+    shutil.copy(EMBEDDED_CORPUS / "alice_in_wonderland.txt", source)
+    recipe = from_dict(Recipe, {"data": {"inputs": [str(source)], "prepared_dir": str(tmp_path / "prepared")},
+                                "tokenizer": {"vocab_size": 400}})
+    first = prepare(recipe, log=lambda *_: None)
+    (tmp_path / "run").mkdir()
+    record_run(first, tmp_path / "run")
+    record_run(first, tmp_path / "run")  # once
+    recipe.tokenizer.path = str(tmp_path / "kept")
+    shutil.copytree(first / "tokenizer", recipe.tokenizer.path)
+    with open(source, "a", encoding="utf-8") as handle:
+        handle.write("One more line.\n")
+    again = prepare(recipe, log=lambda *_: None)
+    assert read_meta(again)["n_sentences"] > 0 and dependent_runs(again) == [str((tmp_path / "run").resolve())]
