@@ -130,3 +130,23 @@ def test_a_rebuild_that_keeps_the_tokenizer_needs_no_force_and_keeps_its_runs(tm
         handle.write("One more line.\n")
     again = prepare(recipe, log=lambda *_: None)
     assert read_meta(again)["n_sentences"] > 0 and dependent_runs(again) == [str((tmp_path / "run").resolve())]
+
+
+def test_default_prepared_directories_are_keyed_by_their_tokenizer(tmp_path):
+    from spanlm.config import load_recipe
+    from helpers import REPO
+
+    default = load_recipe(REPO / "configs/pretrain/spanbert.yaml").data.prepared_dir
+    assert default == "runs/prepared/english-wordpiece-8000"
+    assert load_recipe(REPO / "configs/prepare/english.yaml").data.prepared_dir == default  # prepared once, shared
+    assert load_recipe(REPO / "configs/pretrain/spanbert.yaml", ["tokenizer.kind=bpe", "tokenizer.lowercase=false"]) \
+        .data.prepared_dir == "runs/prepared/english-bpe-8000-cased"
+    tokenizer = tmp_path / "bert-base-uncased"
+    tokenizer.mkdir()
+    (tokenizer / "vocab.txt").write_text("[PAD]\n[UNK]\n", encoding="utf-8")
+    loaded = load_recipe(REPO / "configs/pretrain/spanbert.yaml", [f"tokenizer.path={tokenizer}"]).data.prepared_dir
+    assert loaded.startswith("runs/prepared/english-bert-base-uncased-") and loaded != default
+    (tokenizer / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n", encoding="utf-8")  # another tokenizer, same path
+    assert load_recipe(REPO / "configs/pretrain/spanbert.yaml", [f"tokenizer.path={tokenizer}"]).data.prepared_dir != loaded
+    explicit = load_recipe(REPO / "configs/pretrain/spanbert.yaml", ["data.prepared_dir=runs/mine", "tokenizer.vocab_size=300"])
+    assert explicit.data.prepared_dir == "runs/mine"  # a directory named outright is used as named
