@@ -150,3 +150,41 @@ def test_default_prepared_directories_are_keyed_by_their_tokenizer(tmp_path):
     assert load_recipe(REPO / "configs/pretrain/spanbert.yaml", [f"tokenizer.path={tokenizer}"]).data.prepared_dir != loaded
     explicit = load_recipe(REPO / "configs/pretrain/spanbert.yaml", ["data.prepared_dir=runs/mine", "tokenizer.vocab_size=300"])
     assert explicit.data.prepared_dir == "runs/mine"  # a directory named outright is used as named
+
+
+TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64",
+        "tokenizer.vocab_size=2000", "data.max_len=64", "train.max_steps=2", "train.eval_every=0", "train.num_workers=0",
+        "logging.progress=false"]
+
+
+def test_the_readme_commands_in_sequence_leave_every_run_exportable_and_resumable(tmp_path, monkeypatch):
+    """The issue's scenario: a default recipe, continued pretraining with tokenizer.path=…, the default
+    recipe again with another objective — afterwards each earlier run still exports and resumes."""
+    from helpers import REPO
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").symlink_to(REPO / "data")
+    runs = {
+        "spanbert": ["configs/pretrain/spanbert.yaml", *TINY, "train.output_dir=runs/spanbert"],
+        "continued": ["configs/pretrain/spanbert.yaml", *TINY, "model.path=runs/export/spanbert", "model.family=bert",
+                      "tokenizer.path=runs/export/spanbert", "train.output_dir=runs/continued"],
+        "mlm": ["configs/pretrain/mlm.yaml", *TINY, "train.output_dir=runs/mlm"],
+    }
+    for name, command in runs.items():
+        command[0] = str(REPO / command[0])
+        assert main(["pretrain", *command]) == 0, name
+        if name == "spanbert":
+            assert main(["export", "runs/spanbert", "--out", "runs/export/spanbert"]) == 0
+    for name, command in runs.items():
+        assert main(["export", f"runs/{name}", "--out", f"runs/export/{name}-again"]) == 0, name
+        assert main(["pretrain", *command, "train.max_steps=3", "--resume", "auto"]) == 0, name
+        assert ckpt.step_of(ckpt.latest_checkpoint(Path(f"runs/{name}"))) == 3
+    # The default recipes share one corpus, the continued run has its own.
+    assert sorted(p.name for p in Path("runs/prepared").iterdir()) == \
+        sorted(["english-wordpiece-2000", Path(load_prepared_dir(runs["continued"])).name])
+
+
+def load_prepared_dir(command: list[str]) -> str:
+    from spanlm.config import load_recipe
+
+    return load_recipe(command[0], command[1:]).data.prepared_dir
