@@ -188,3 +188,14 @@ def load_prepared_dir(command: list[str]) -> str:
     from spanlm.config import load_recipe
 
     return load_recipe(command[0], command[1:]).data.prepared_dir
+
+
+def test_a_macbert_run_keeps_its_similar_word_table_and_exports_after_a_forced_prepare(tmp_path):
+    prepared, run = tmp_path / "prepared", tmp_path / "run"
+    recipe = tiny_recipe(tmp_path, "macbert", prepared, run)
+    macbert = ["objective.name=macbert", "masking.scheme=ngram", "data.similar_words=word2vec", "data.similar_words_min_count=2"]
+    assert main(["pretrain", str(recipe), *macbert]) == 0
+    kept = run / "tokenizers" / read_meta(prepared)["tokenizer_fingerprint"]
+    assert (kept / "similar_words.npz").read_bytes() == (prepared / "similar_words.npz").read_bytes()
+    assert main(["prepare", str(recipe), "tokenizer.vocab_size=300", "--force"]) == 0  # no similar-word table now
+    assert main(["export", str(run), "--out", str(tmp_path / "hf")]) == 0

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spanlm.data.shards import PreparedCorpus
+from spanlm.data.shards import PreparedCorpus, read_meta
 from spanlm.data.similar_words import TABLE_FILE
 from spanlm.errors import InputError
 
@@ -62,9 +62,9 @@ def keep_tokenizer(corpus: PreparedCorpus, run_dir: Path) -> Path:
         save_tokenizer(tokenizer, directory / "tokenizer")
         np.save(directory / "token_counts.npy", token_counts)
         table = corpus.directory / TABLE_FILE
-        if table.is_file() and corpus.meta.get("tokenizer_fingerprint") == fingerprint:
+        # The table is read from disk: only while the directory still holds this tokenizer's corpus.
+        if table.is_file() and (read_meta(corpus.directory) or {}).get("tokenizer_fingerprint") == fingerprint:
             shutil.copy2(table, directory / TABLE_FILE)
-        # meta.json last: its presence marks a whole copy (write_directory swaps the directory in anyway).
         (directory / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
 
     return write_directory(target, fill)
