@@ -174,7 +174,7 @@ def test_an_installed_wheel_runs_the_readme_commands_from_anywhere(wheel, tmp_pa
                       for name in ("alice_in_wonderland.txt", "adventures_of_sherlock_holmes.txt", "frankenstein.txt")]
     prepared = json.loads(preparing.stdout)
     assert (prepared["n_documents"], prepared["vocab_size"]) == (3, 500)
-    assert (work / prepared["prepared_dir"]).resolve() == work / "runs/prepared/english"
+    assert (work / prepared["prepared_dir"]).resolve() == work / "runs/prepared/english-wordpiece-500"  # keyed by its tokenizer
     assert (work / json.loads(pretraining.stdout)["run_dir"]).resolve() == work / "runs/pretrain/spanbert"
     assert "reusing it" in pretraining.stderr
     assert [json.loads(line)["step"] for line in (work / "runs/pretrain/spanbert/metrics.jsonl").read_text().splitlines()][-1] == 2

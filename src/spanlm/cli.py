@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
                                   description="Tokenize a corpus into memmappable shards with word starts, sentence and document offsets.")
     prepare.add_argument("recipe", help="a YAML recipe (its data and tokenizer sections are used)")
     prepare.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.inputs=[a.txt] tokenizer.vocab_size=16000")
-    prepare.add_argument("--force", action="store_true", help="rebuild even when the prepared directory is up to date")
+    prepare.add_argument("--force", action="store_true", help="rebuild even when the prepared directory is up to date, or when that replaces its tokenizer "
+                         "(the runs trained on it are named)")
     prepare.set_defaults(run=_prepare)
 
     preview = commands.add_parser("preview", help="show masked blocks and masking statistics for a recipe",

@@ -15,8 +15,8 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from spanlm.data.corpus import DataConfig
-from spanlm.data.tokenizer import TokenizerConfig
+from spanlm.data.corpus import TOKENIZER_KEY, DataConfig
+from spanlm.data.tokenizer import TokenizerConfig, settings_key
 from spanlm.errors import ConfigError
 from spanlm.masking.base import MaskingConfig
 from spanlm.models.backbone import BackboneConfig
@@ -36,6 +36,12 @@ class Recipe:
     objective: ObjectiveConfig = dataclasses.field(default_factory=ObjectiveConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        # "{tokenizer}" in data.prepared_dir names the tokenizer the directory holds, so recipes with
+        # other tokenizers never prepare the same directory (each would replace the other's ids).
+        if TOKENIZER_KEY in self.data.prepared_dir:
+            self.data.prepared_dir = self.data.prepared_dir.replace(TOKENIZER_KEY, settings_key(self.tokenizer))
 
 
 def _type_name(tp: Any) -> str:

@@ -16,6 +16,11 @@ from spanlm.errors import InputError
 QUIET = {"log": lambda *_: None}
 
 
+def fixed_tokenizer(tmp_path) -> str:
+    """A tokenizer directory to load (tokenizer.path): rebuilding with it keeps the same ids."""
+    return str(prepare(make_recipe(tmp_path / "tokenizer-source", {"a.txt": ENGLISH}), **QUIET) / "tokenizer")
+
+
 def sentences_of(recipe):
     return list(CorpusReader(resolve_inputs(recipe.data), recipe.data))
 
@@ -70,12 +75,13 @@ def test_reuse_and_invalidation(tmp_path):
     prepare(recipe, log=messages.append)
     assert "up to date" in messages[-1]  # the new times were recorded: the cheap check suffices again
 
+    # Changed bytes train a new tokenizer, whose replacing the old one must be asked for (--force).
     path.write_text(ENGLISH + "A brand new line.\n", encoding="utf-8")
-    second = read_meta(prepare(recipe, **QUIET))
+    second = read_meta(prepare(recipe, force=True, **QUIET))
     assert second["fingerprint"] != first["fingerprint"] and second["n_sentences"] == first["n_sentences"] + 1
 
     recipe.tokenizer.vocab_size = 250
-    third = read_meta(prepare(recipe, **QUIET))
+    third = read_meta(prepare(recipe, force=True, **QUIET))
     assert third["fingerprint"] != second["fingerprint"]
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
 
@@ -184,7 +190,7 @@ def test_bad_input_found_while_tokenizing_is_reported_plainly(tmp_path):
 def test_same_bytes_under_another_suffix_are_prepared_again(tmp_path):
     # .txt and .jsonl read the same bytes differently: the suffix is part of what the content decides.
     record = json.dumps({"text": "The cat sat on the mat."}) + "\n"
-    recipe = make_recipe(tmp_path, {"a.txt": record * 20})
+    recipe = make_recipe(tmp_path, {"a.txt": record * 20}, tokenizer={"path": fixed_tokenizer(tmp_path)})
     first = PreparedCorpus(prepare(recipe, **QUIET))
     (tmp_path / "in" / "a.txt").rename(tmp_path / "in" / "a.jsonl")
     recipe.data.inputs = [str(tmp_path / "in" / "a.jsonl")]
@@ -196,7 +202,8 @@ def test_same_bytes_under_another_suffix_are_prepared_again(tmp_path):
 def test_an_input_changed_while_it_is_prepared_is_not_taken_for_the_prepared_bytes(tmp_path, monkeypatch):
     import spanlm.data.prepare as prepare_module
 
-    recipe = make_recipe(tmp_path, {"a.txt": ENGLISH})
+    # A loaded tokenizer: the rebuild keeps it, so it needs no --force.
+    recipe = make_recipe(tmp_path, {"a.txt": ENGLISH}, tokenizer={"path": fixed_tokenizer(tmp_path)})
     path = tmp_path / "in" / "a.txt"
     original = prepare_module._tokenize
 

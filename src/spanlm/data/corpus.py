@@ -25,6 +25,9 @@ from spanlm.errors import InputError, numbered_lines, require_file, undecodable
 TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
 
 
+TOKENIZER_KEY = "{tokenizer}"
+
+
 @dataclasses.dataclass
 class DataConfig:
     """Where the corpus is and how it becomes token shards and pretraining blocks."""
@@ -32,7 +35,9 @@ class DataConfig:
     # Files or glob patterns, `datasets` save_to_disk directories, or hf:NAME[@REVISION][:CONFIG][:SPLIT]
     # names for datasets.load_dataset (see spanlm.data.hf_datasets).
     inputs: list[str] = dataclasses.field(default_factory=list)
-    prepared_dir: str = "runs/prepared"  # output of `spanlm prepare`, input of pretraining
+    # Output of `spanlm prepare`, input of pretraining. "{tokenizer}" is replaced by the tokenizer
+    # settings' short name (spanlm.data.tokenizer.settings_key): one directory per tokenizer.
+    prepared_dir: str = f"runs/prepared/{TOKENIZER_KEY}"
     text_field: str = "text"  # the text column of .jsonl / .parquet records and of datasets
     split: str = "train"  # the split of a DatasetDict directory or an hf: name that does not name one
     # Word boundaries for whole-word / span masking: "none" = no segmenter, the fast tokenizer's own

@@ -70,12 +70,15 @@ def _make_tmp_dir(final: Path) -> Path:
         raise InputError(f"{final}: cannot write the output directory: {error.strerror or error}") from None
 
 
-def prepare(recipe, *, force: bool = False, log=print, keep_tokenizer: str | None = None) -> Path:
+def prepare(recipe, *, force: bool = False, log=print, keep_tokenizer: str | None = None,
+            kept_copy: Path | None = None) -> Path:
     """Prepare ``recipe.data.inputs`` into ``recipe.data.prepared_dir``; returns that directory.
 
-    ``keep_tokenizer``: the tokenizer fingerprint a checkpoint about to be resumed was trained with.
-    When the directory holds that tokenizer but must be rebuilt with a newly trained one, nothing is
-    touched and the error says how to keep the tokenizer (the checkpoint could not resume otherwise).
+    A directory whose tokenizer would change is replaced only with ``force`` (see _replacing_tokenizer).
+    ``keep_tokenizer``: the tokenizer fingerprint a checkpoint about to be resumed was trained with;
+    ``kept_copy``: that run's copy of it, when it keeps one. When the directory holds that tokenizer but
+    must be rebuilt with a newly trained one, nothing is touched and the error says how to keep the
+    tokenizer (the checkpoint could not resume otherwise).
     """
     from spanlm.config import save_config
 
@@ -112,7 +115,13 @@ def prepare(recipe, *, force: bool = False, log=print, keep_tokenizer: str | Non
         else:
             log(f"training a {recipe.tokenizer.kind} tokenizer (vocab {recipe.tokenizer.vocab_size}) on {len(inputs)} input(s)")
             tokenizer = train_tokenizer((text for _, text in CorpusReader(inputs, config)), recipe.tokenizer)
+        new_tokenizer = tokenizer_fingerprint(tokenizer)
+        if existing and existing.get("tokenizer_fingerprint") != new_tokenizer:
+            resuming = (keep_tokenizer, kept_copy) if keep_tokenizer is not None and keep_tokenizer != new_tokenizer else None
+            _replacing_tokenizer(final, existing["tokenizer_fingerprint"], new_tokenizer, force, log, resuming)
         save_tokenizer(tokenizer, tmp / "tokenizer")
+        if existing and existing.get("tokenizer_fingerprint") == new_tokenizer and (final / RUNS_FILE).is_file():
+            shutil.copy2(final / RUNS_FILE, tmp / RUNS_FILE)  # the same ids: the runs still depend on it
         reader = CorpusReader(inputs, config)
         table = _tokenize(reader, tokenizer, config, tmp / "cache")
         meta = _write_arrays(table, tokenizer, tmp)
@@ -122,7 +131,7 @@ def prepare(recipe, *, force: bool = False, log=print, keep_tokenizer: str | Non
             format_version=FORMAT_VERSION,
             fingerprint=fingerprint,
             content_fingerprint=content_fingerprint,
-            tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+            tokenizer_fingerprint=new_tokenizer,
             words=config.words,
             inputs=[str(source) for source in inputs],
             stats=dict(reader.stats),
@@ -134,6 +143,53 @@ def prepare(recipe, *, force: bool = False, log=print, keep_tokenizer: str | Non
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+RUNS_FILE = "runs.txt"  # the run directories pretrained on this corpus, one a line (see record_run)
+
+
+def record_run(prepared_dir: str | Path, run_dir: str | Path, log=print) -> None:
+    """Note in the prepared directory that ``run_dir`` trains on its token ids, so that replacing its
+    tokenizer can name the runs that depend on it."""
+    path = Path(prepared_dir) / RUNS_FILE
+    run = str(Path(run_dir).resolve())
+    if run in dependent_runs(prepared_dir):
+        return
+    try:
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(run + "\n")
+    except OSError as error:  # a read-only shared corpus: training goes on, the record is what is lost
+        log(f"{path}: cannot record the run {run} ({error.strerror or error}); replacing this corpus's tokenizer will not name it")
+
+
+def dependent_runs(prepared_dir: str | Path) -> list[str]:
+    """The recorded runs trained on ``prepared_dir`` that still exist."""
+    path = Path(prepared_dir) / RUNS_FILE
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    return [line for line in dict.fromkeys(lines) if line and Path(line).is_dir()]
+
+
+def _replacing_tokenizer(final: Path, old: str, new: str, force: bool, log, resuming: tuple | None) -> None:
+    """Preparing ``final`` again would change its tokenizer: refused unless ``force``, and said either way.
+
+    Why: runs trained on the directory read its token ids; a new tokenizer (even one trained again on
+    the same settings: the trainers do not reproduce a vocabulary) gives those ids other meanings.
+    """
+    runs = dependent_runs(final)
+    trained = f"runs trained on it: {', '.join(runs)}" if runs else "no recorded run trained on it"
+    if resuming is not None and not force:  # the checkpoint could read neither tokenizer: say how to prepare its own
+        fingerprint, copy = resuming
+        keep = f"tokenizer.path={copy / 'tokenizer'}" if copy is not None else "the corpus it was trained on"
+        raise InputError(f"{final}: holds tokenizer {old} and preparing it again would replace it by tokenizer {new}, but "
+                         f"the checkpoint being resumed was trained on tokenizer {fingerprint}: to continue it, prepare "
+                         f"with {keep} (into another data.prepared_dir, or here with --force; {trained})")
+    if not force:
+        raise InputError(f"{final}: holds tokenizer {old} ({trained}); preparing it with these inputs and settings would "
+                         f"replace it by tokenizer {new}. Keep its tokenizer with tokenizer.path={final / 'tokenizer'}, "
+                         "prepare into another data.prepared_dir, or replace it with `spanlm prepare RECIPE --force`")
+    log(f"{final}: replacing tokenizer {old} by {new} (--force); {trained}"
+        + (" — each keeps its own copy under tokenizers/ to be exported, and resumes with "
+           "tokenizer.path=<run>/tokenizers/<fingerprint>/tokenizer" if runs else ""))
 
 
 def _write_json_atomically(path: Path, value: dict) -> None:

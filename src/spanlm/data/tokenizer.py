@@ -39,6 +39,32 @@ class TokenizerConfig:
             raise ValueError("vocab_size must be at least 100")
 
 
+def settings_key(config: TokenizerConfig) -> str:
+    """A short name for the tokenizer ``config`` gives, for keying prepared directories by it
+    (``data.prepared_dir: runs/prepared/english-{tokenizer}`` → ``runs/prepared/english-wordpiece-8000``).
+
+    A trained tokenizer: its kind and size, and each setting that differs from the default. A loaded
+    one (``path``): the directory's name and a hash of its files' bytes, so another tokenizer under
+    the same path gets another directory.
+    """
+    if config.path:
+        path = Path(config.path)
+        digest = hashlib.sha256()
+        for file in sorted(path.iterdir()) if path.is_dir() else []:  # a missing directory fails later, clearly
+            if file.is_file():
+                digest.update(file.name.encode() + b"\0" + file.read_bytes())
+        return f"{path.name}-{digest.hexdigest()[:8]}"
+    default = TokenizerConfig()
+    key = f"{config.kind}-{config.vocab_size}"
+    if config.lowercase != default.lowercase:
+        key += "-cased"
+    if config.min_frequency != default.min_frequency:
+        key += f"-min{config.min_frequency}"
+    if config.extra_special_tokens:
+        key += "-extra" + hashlib.sha256("\n".join(config.extra_special_tokens).encode()).hexdigest()[:6]
+    return key
+
+
 def train_tokenizer(texts: Iterable[str], config: TokenizerConfig):
     """Train a fast tokenizer of ``config.kind`` on ``texts`` and wrap it for transformers."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers

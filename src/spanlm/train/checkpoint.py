@@ -9,6 +9,10 @@ A checkpoint directory ``step-000123/`` holds everything needed to continue exac
     config.yaml            the resolved recipe
     COMPLETE               written last
 
+Its trainer state names the tokenizer the weights read (fingerprint); the tokenizer itself is kept
+once per run in ``tokenizers/<fingerprint>/`` (:mod:`spanlm.train.kept_tokenizer`), written before
+the first checkpoint that names it.
+
 It is written into a temporary directory, marked COMPLETE there once every file is fsynced, and
 renamed into place in one step; `latest_checkpoint` ignores any directory without the marker, so a
 process killed mid-write leaves the previous checkpoint as the latest. Everything loads with
@@ -201,7 +205,12 @@ def check_same_tokenizer(path: Path, trainer_state: dict, fingerprint: str | Non
     saved = trainer_state.get("tokenizer_fingerprint")
     if saved is None or fingerprint is None or saved == fingerprint:
         return
+    from spanlm.train.kept_tokenizer import checkpoint_tokenizer_dir
+
     where = getattr(getattr(recipe, "data", None), "prepared_dir", "the data")
+    kept = checkpoint_tokenizer_dir(path, saved)
+    how = (f"to continue it, prepare a corpus with its tokenizer: tokenizer.path={kept / 'tokenizer'}" if kept is not None
+           else "restore the corpus it was trained on, or start a new run")
     raise InputError(f"{path} was trained on the ids of tokenizer {saved}, but {where} now holds tokenizer {fingerprint} "
-                     "(the corpus was prepared again: its inputs or settings changed, or --force). Its weights would read "
-                     "other tokens: restore the corpus it was trained on, or start a new run")
+                     f"(the corpus was prepared again: its inputs or settings changed, or --force). Its weights would read "
+                     f"other tokens: {how}")

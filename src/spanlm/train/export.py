@@ -14,6 +14,7 @@ from pathlib import Path
 
 from spanlm.errors import InputError
 from spanlm.train.checkpoint import MARKER, check_same_tokenizer, latest_checkpoint, load_file, load_weights
+from spanlm.train.kept_tokenizer import KeptTokenizer, checkpoint_tokenizer_dir
 
 
 def load_objective_weights(objective, path: Path) -> None:
@@ -52,9 +53,19 @@ def write_directory(out: Path, fill: Callable[[Path], None]) -> Path:
     return out
 
 
+def _corpus_of(checkpoint: Path, prepared: Path, fingerprint: str | None):
+    """What the model is built from: the prepared corpus while it still holds the checkpoint's tokenizer
+    (an objective may need its token arrays), else the run's kept copy of that tokenizer."""
+    from spanlm.data.shards import PreparedCorpus, read_meta
+
+    kept = checkpoint_tokenizer_dir(checkpoint, fingerprint)
+    if kept is None or (read_meta(prepared) or {}).get("tokenizer_fingerprint") == fingerprint:
+        return PreparedCorpus(prepared)  # a checkpoint from before runs kept their tokenizer: the corpus or nothing
+    return KeptTokenizer(kept)
+
+
 def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
     from spanlm.config import load_recipe, save_config
-    from spanlm.data.shards import PreparedCorpus
     from spanlm.data.tokenizer import save_tokenizer
     from spanlm.models.backbone import shortest_position_table
     from spanlm.objectives import build_objective
@@ -70,11 +81,13 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
         checkpoint = latest
     recipe = load_recipe(checkpoint / "config.yaml")
     prepared = Path(recipe.data.prepared_dir)
-    if not prepared.is_absolute() and not prepared.exists():
+    trainer_state = load_file(checkpoint / "trainer_state.pt")
+    fingerprint = trainer_state.get("tokenizer_fingerprint")
+    if checkpoint_tokenizer_dir(checkpoint, fingerprint) is None and not prepared.is_absolute() and not prepared.exists():
         raise InputError(f"{checkpoint}: its recipe's data.prepared_dir '{prepared}' is relative to the directory the run was "
                          f"started from and is not found from {Path.cwd()}; run `spanlm export` from there")
-    corpus = PreparedCorpus(prepared)
-    check_same_tokenizer(checkpoint, load_file(checkpoint / "trainer_state.pt"), corpus.meta["tokenizer_fingerprint"], recipe)
+    corpus = _corpus_of(checkpoint, prepared, fingerprint)
+    check_same_tokenizer(checkpoint, trainer_state, corpus.meta["tokenizer_fingerprint"], recipe)
     objective = build_objective(recipe, corpus)
     load_objective_weights(objective, checkpoint / "model.safetensors")
     objective.eval()

@@ -30,6 +30,7 @@ from spanlm.train import checkpoint as ckpt
 from spanlm.train.data import build_train_loader, eval_batches, split_blocks
 from spanlm.train.dist import DistEnv, all_reduce, any_rank, barrier, init_distributed, shutdown
 from spanlm.train.host_memory import retain_freed_memory
+from spanlm.train.kept_tokenizer import checkpoint_tokenizer_dir
 from spanlm.train.metrics import MetricsLogger, trackers_to_start
 from spanlm.train.optim import build_optimizer, build_scheduler, clip_gradients
 
@@ -76,21 +77,29 @@ class TrainingSetup:
     # The fingerprint of the tokenizer whose ids the data holds (pretraining: the prepared corpus's).
     # Checkpoints record it; resuming against data of another tokenizer is refused.
     tokenizer_fingerprint: str | None = None
+    # Writes into the run directory what its checkpoints need besides their own files (pretraining:
+    # the tokenizer, see spanlm.train.kept_tokenizer); called on rank 0 before each checkpoint.
+    keep_with_run: Callable[[Path], object] | None = None
 
 
-def pretraining_setup(recipe, env: DistEnv, log=print, keep_tokenizer: str | None = None) -> TrainingSetup:
+def pretraining_setup(recipe, env: DistEnv, log=print, keep_tokenizer: str | None = None,
+                      kept_copy: Path | None = None) -> TrainingSetup:
     """Prepared shards → blocks → the objective's masker in DataLoader workers.
 
-    ``keep_tokenizer``: the tokenizer fingerprint of the checkpoint to be resumed (see ``prepare``).
+    ``keep_tokenizer``, ``kept_copy``: the tokenizer fingerprint of the checkpoint to be resumed and
+    the run's copy of that tokenizer (see ``prepare``).
     """
-    from spanlm.data.prepare import prepare
+    from spanlm.data.prepare import prepare, record_run
     from spanlm.objectives import build_objective
+    from spanlm.train.kept_tokenizer import keep_tokenizer as keep_in_run
 
     # Rank 0 prepares the corpus (or finds it up to date); the others wait and read it.
     if env.is_main:
-        prepare(recipe, log=log, keep_tokenizer=keep_tokenizer)
+        record_run(prepare(recipe, log=log, keep_tokenizer=keep_tokenizer, kept_copy=kept_copy), recipe.train.output_dir, log=log)
     barrier(env)
     corpus = PreparedCorpus(recipe.data.prepared_dir)
+    if env.is_main:
+        corpus.tokenizer  # loaded (and checked against the shards) now: the run keeps the tokenizer it starts with
     blocks = BlockDataset(corpus, recipe.data.max_len)
     train_blocks, held_out = split_blocks(len(blocks), recipe.train.eval_blocks, recipe.seed)
     torch.manual_seed(recipe.seed)  # the same seed on every rank gives identical initial weights
@@ -103,7 +112,8 @@ def pretraining_setup(recipe, env: DistEnv, log=print, keep_tokenizer: str | Non
     loader = build_train_loader(blocks, train_blocks, objective.masker, recipe.train, recipe.seed, env.rank, env.world_size)
     return TrainingSetup(objective, loader, lambda: eval_batches(blocks, held_out, objective.masker, recipe.train.batch_size,
                                                                  recipe.seed, env.rank, env.world_size),
-                         tokenizer_fingerprint=corpus.meta["tokenizer_fingerprint"])
+                         tokenizer_fingerprint=corpus.meta["tokenizer_fingerprint"],
+                         keep_with_run=functools.partial(keep_in_run, corpus))
 
 
 def check_max_len(objective: torch.nn.Module, max_len: int) -> None:
@@ -137,7 +147,8 @@ def pretrain(recipe, resume: str | None = None, log=print) -> Path:
             keep = ckpt.load_file(checkpoint / "trainer_state.pt").get("tokenizer_fingerprint")
         except ckpt.DamagedCheckpoint:
             pass  # reported, with the checkpoint to use instead, when the trainer loads it
-    return train(recipe, functools.partial(pretraining_setup, keep_tokenizer=keep), resume, log)
+    kept = checkpoint_tokenizer_dir(checkpoint, keep) if checkpoint is not None else None
+    return train(recipe, functools.partial(pretraining_setup, keep_tokenizer=keep, kept_copy=kept), resume, log)
 
 
 class Trainer:
@@ -226,6 +237,8 @@ class Trainer:
             }
             for rank, state in enumerate(rngs):
                 files[f"rng-rank{rank}.pt"] = lambda p, state=state: torch.save(state, p)
+            if self.setup.keep_with_run is not None:  # before the checkpoint: a COMPLETE one always has it
+                self.setup.keep_with_run(self.output_dir)
             path = ckpt.write_checkpoint(self.output_dir, self.step, files, self.config.keep_last)
         barrier(self.env)
         return path
