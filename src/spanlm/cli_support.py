@@ -19,6 +19,9 @@ def add_training_command(actions, name: str, help: str, recipe_example: str, ove
     command.add_argument("overrides", nargs="*", help=f"dotted overrides, e.g. {override_examples}")
     command.add_argument("--resume", default=None, metavar="auto|PATH",
                          help="auto: the latest complete checkpoint of train.output_dir; or a checkpoint / run directory")
+    command.add_argument("--resume-weights-only", default=None, metavar="PATH", dest="weights_from",
+                         help="start a new run (in another train.output_dir) from the weights of this checkpoint / run "
+                              "directory: new optimiser, schedule and data position, any settings may differ")
     command.set_defaults(run=run)
     return command
 

@@ -3,6 +3,8 @@ resumes, torn logs, refused starts — each a clear error or a kept promise, nev
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -18,14 +20,25 @@ from toy_objective import losses, toy_recipe
 QUIET = {"log": lambda *_: None}
 
 
-def test_a_damaged_weights_file_is_named_with_an_earlier_checkpoint(prepared, tmp_path):
+def test_a_cut_checkpoint_is_passed_over_by_auto_and_named_when_given(prepared, tmp_path):
     run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=4, save_every=2), **QUIET)
     weights = ckpt.step_dir(run, 4) / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:1000])  # cut off
+    weights.write_bytes(weights.read_bytes()[:1000])  # cut off: its manifest says how long it was
+    with pytest.raises(InputError, match=r"step-0000004: damaged checkpoint \(model.safetensors has 1000 of its \d+ bytes\); "
+                                         r"an earlier checkpoint is whole: --resume .*step-0000002"):
+        pretrain(toy_recipe(prepared, run, max_steps=6, save_every=2), resume=str(ckpt.step_dir(run, 4)), **QUIET)
+    messages = []
+    pretrain(toy_recipe(prepared, run, max_steps=6, save_every=2), resume="auto", log=messages.append)
+    assert any("step-0000004 is damaged (model.safetensors has 1000 of" in m and "passed over" in m for m in messages)
+    assert any("resumed from" in m and "step-0000002" in m for m in messages)
+    assert sorted(losses(run)) == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_file_damaged_within_its_size_is_named_with_an_earlier_checkpoint(prepared, tmp_path):
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=4, save_every=2), **QUIET)
+    weights = ckpt.step_dir(run, 4) / "model.safetensors"
+    weights.write_bytes(b"\0" * weights.stat().st_size)  # the right size, unreadable content
     with pytest.raises(InputError, match=r"step-0000004/model.safetensors: unreadable checkpoint file.*--resume .*step-0000002"):
-        pretrain(toy_recipe(prepared, run, max_steps=6, save_every=2), resume="auto", **QUIET)
-    weights.unlink()
-    with pytest.raises(InputError, match=r"model.safetensors: missing from the checkpoint"):
         pretrain(toy_recipe(prepared, run, max_steps=6, save_every=2), resume="auto", **QUIET)
 
 
@@ -35,6 +48,12 @@ def test_weights_of_another_shape_are_a_clear_error(prepared, tmp_path):
     tensors = load_file(str(path))
     tensors["norm.weight"] = torch.ones(32)  # as if trained with hidden 32
     save_file(tensors, str(path))
+    with pytest.raises(InputError, match=r"step-0000002: damaged checkpoint \(model.safetensors has \d+ of its \d+ bytes\), "
+                                         "and no earlier one"):
+        pretrain(toy_recipe(prepared, run, max_steps=4), resume="auto", **QUIET)
+    manifest = json.loads((path.parent / ckpt.MANIFEST).read_text())
+    manifest["model.safetensors"] = path.stat().st_size  # as another recipe's checkpoint would say
+    (path.parent / ckpt.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(InputError, match=r"do not fit the model the recipe builds: 1 of another shape \(norm.weight \(32,\) here vs \(16,\)"):
         pretrain(toy_recipe(prepared, run, max_steps=4), resume="auto", **QUIET)
 
@@ -152,7 +171,7 @@ def test_the_hint_for_a_damaged_checkpoint_names_only_an_earlier_one(prepared, t
     weights.write_bytes(weights.read_bytes()[:1000])
     with pytest.raises(InputError) as error:
         pretrain(toy_recipe(prepared, run, max_steps=6, save_every=2), resume=str(ckpt.step_dir(run, 2)), **QUIET)
-    assert "unreadable" in str(error.value) and "step-0000004" not in str(error.value)
+    assert "damaged checkpoint" in str(error.value) and "step-0000004" not in str(error.value)
 
 
 def test_fewer_training_examples_than_processes_is_a_config_error():

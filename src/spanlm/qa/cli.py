@@ -14,7 +14,7 @@ def _train(args: argparse.Namespace) -> int:
     from spanlm.qa.task import train_qa
 
     recipe = load_recipe(args.recipe, args.overrides, cls=QARecipe)
-    run_dir, metrics = train_qa(recipe, resume=args.resume, log=log)
+    run_dir, metrics = train_qa(recipe, resume=args.resume, log=log, weights_from=args.weights_from)
     if metrics is not None:  # the main process reports; the others only trained
         print(json.dumps({"run_dir": str(run_dir), "model_dir": str(run_dir / "model"), **metrics}, ensure_ascii=False))
     return 0
