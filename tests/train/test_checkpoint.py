@@ -211,3 +211,56 @@ def test_a_changed_corpus_is_not_prepared_again_under_a_resume(prepared, tmp_pat
     pretrain(kept, resume="auto", **QUIET)
     assert sorted(losses(tmp_path / "run")) == [1, 2, 3, 4]
     assert read_meta(own)["tokenizer_fingerprint"] == before["tokenizer_fingerprint"]
+
+
+def test_resuming_with_changed_settings_is_refused_listing_each(prepared, tmp_path, capsys):
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), **QUIET)
+    changed = toy_recipe(prepared, run, max_steps=4, batch_size=8, grad_accum=2, lr=0.5)
+    changed.seed, changed.data.max_len = 7, 64
+    with pytest.raises(InputError) as error:
+        pretrain(changed, resume="auto", **QUIET)
+    message = str(error.value)
+    for change in ("seed: 0 → 7", "data.max_len: 32 → 64", "train.batch_size: 4 → 8", "train.grad_accum: 1 → 2", "train.lr: 0.01 → 0.5"):
+        assert change in message, change
+    assert "--resume-weights-only" in message and "\n" not in message and "max_steps" not in message
+    assert sorted(losses(run)) == [1, 2]  # nothing trained, nothing lost
+
+
+def test_harmless_settings_may_change_on_resume(prepared, tmp_path):
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), **QUIET)
+    pretrain(toy_recipe(prepared, run, max_steps=3, log_every=2, save_every=5, eval_every=1, num_workers=1, keep_last=3),
+             resume="auto", **QUIET)
+    assert ckpt.latest_checkpoint(run) == ckpt.step_dir(run, 3)
+
+
+def test_a_changed_process_count_is_refused(prepared, tmp_path):
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), **QUIET)
+    state_path = ckpt.step_dir(run, 2) / "trainer_state.pt"
+    state = torch.load(state_path, weights_only=True)
+    state["world_size"], state["loaders"] = 2, state["loaders"] * 2  # as written by two processes
+    torch.save(state, state_path)
+    manifest = json.loads((state_path.parent / ckpt.MANIFEST).read_text())
+    manifest["trainer_state.pt"] = state_path.stat().st_size
+    (state_path.parent / ckpt.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(InputError, match=r"changed settings would not continue the same run \(processes: 2 → 1\).*--resume-weights-only"):
+        pretrain(toy_recipe(prepared, run, max_steps=4), resume="auto", **QUIET)
+
+
+def test_resume_weights_only_starts_a_new_run_from_the_weights(prepared, tmp_path, capsys):
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), **QUIET)
+    weights = load_file(str(ckpt.step_dir(run, 2) / "model.safetensors"))
+    # Changed settings are fine; the new run starts at step 0 with the checkpoint's weights.
+    new = pretrain(toy_recipe(prepared, tmp_path / "new", max_steps=1, batch_size=8, lr=0.0, warmup_steps=0),
+                   weights_from=str(run), **QUIET)
+    assert sorted(losses(new)) == [1]
+    after = load_file(str(ckpt.step_dir(new, 1) / "model.safetensors"))
+    assert all(torch.equal(weights[k], after[k]) for k in weights)  # lr 0: exactly the weights it started from
+    with pytest.raises(Exception, match="already holds a run.*a run from another's weights starts at step 0"):
+        pretrain(toy_recipe(prepared, run, max_steps=4, batch_size=8), weights_from=str(run), **QUIET)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text((run / "config.yaml").read_text())
+    code = main(["pretrain", str(recipe), f"train.output_dir={tmp_path / 'cli'}", "seed=3",
+                 "--resume-weights-only", str(run)])
+    assert code == 0 and ckpt.latest_checkpoint(tmp_path / "cli") is not None
+    assert main(["pretrain", str(recipe), "seed=3", "--resume", "auto"]) == 2
+    assert "resuming with changed settings would not continue the same run (seed: 0 → 3)" in capsys.readouterr().err
