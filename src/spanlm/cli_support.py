@@ -29,8 +29,11 @@ def add_training_command(actions, name: str, help: str, recipe_example: str, ove
 def write_lines_or_stdout(lines: list[str], output: str | None, what: str) -> None:
     """JSON lines (each ending in a newline) to ``output``, or to stdout when it is None."""
     if output:
-        with open(output, "w", encoding="utf-8") as handle:
-            handle.writelines(lines)
+        from pathlib import Path
+
+        from spanlm.data.shards import write_text_atomically
+
+        write_text_atomically(Path(output), "".join(lines))  # whole, or the previous file as it was
         log(f"wrote {len(lines)} {what} to {output}")
     else:
         sys.stdout.writelines(lines)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from spanlm.cli_support import add_training_command, log, write_lines_or_stdout
 
@@ -35,8 +36,9 @@ def _eval(args: argparse.Namespace) -> int:
     metrics, predictions = model.evaluate(examples, args.batch_size)
     if args.predictions:  # the official scripts' input: {question id: answer}
         answers = {p.id: final_answer(p, model.recipe.qa.no_answer, model.threshold) for p in predictions}
-        with open(args.predictions, "w", encoding="utf-8") as handle:
-            json.dump(answers, handle, ensure_ascii=False, indent=1)
+        from spanlm.data.shards import write_text_atomically
+
+        write_text_atomically(Path(args.predictions), json.dumps(answers, ensure_ascii=False, indent=1))
     print(json.dumps({"data": args.data, "metric": model.recipe.qa.metric, **metrics, "read": report.summary()}, ensure_ascii=False))
     return 0
 

@@ -26,7 +26,6 @@ deleted and never taken for the latest again.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import random
@@ -38,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spanlm.data.shards import fsync_directory, fsync_tree, replace_directory
+from spanlm.data.shards import fsync_directory, fsync_tree, out_of_space, replace_directory
 from spanlm.errors import InputError
 
 MARKER = "COMPLETE"
@@ -209,10 +208,10 @@ def write_checkpoint(output_dir: Path, step: int, files: dict[str, object], keep
         fsync_directory(final.parent)
     except BaseException as error:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(error, OSError) and is_out_of_space(error):
+        if (reason := out_of_space(error)) is not None:
             latest = latest_checkpoint(output_dir)
-            raise InputError(f"{final}: could not write the checkpoint ({error.strerror}); "
-                             f"the latest checkpoint {latest or '(none)'} is intact") from None
+            raise InputError(f"{final}: could not write the checkpoint ({reason}); "
+                             + (f"the latest checkpoint {latest} is intact" if latest else "no earlier checkpoint")) from None
         raise
     for old in complete_checkpoints(output_dir)[:-keep_last]:
         remove_checkpoint(old)
@@ -225,11 +224,6 @@ def remove_checkpoint(path: Path) -> None:
     (path / MARKER).unlink(missing_ok=True)
     fsync_directory(path)
     shutil.rmtree(path, ignore_errors=True)
-
-
-def is_out_of_space(error: OSError) -> bool:
-    """A full disk, a quota, or a file-size limit (RLIMIT_FSIZE, a file system's largest file)."""
-    return error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def set_aside_later(output_dir: Path, step: int) -> Path | None:
