@@ -1,8 +1,15 @@
 """Saves and rotates checkpoints of a tiny model forever, continuing its run directory: the process
-the kill tests SIGKILL at random points. Every file of step N is a pure function of N (``expected``)."""
+the kill tests (tests/train/test_kill.py) SIGKILL at random points. Every file of step N is a pure
+function of N (``expected``).
+
+Run as a script it serves those processes: for each line ``RUN_DIR`` on stdin it forks one (which
+prints ``ready PID`` once started and saves until killed), waits for it to die, and prints ``reaped``.
+Why fork from here: torch is imported once, so a trial costs its saves, not an interpreter start; and
+this process runs no threads, so a fork inherits no held lock (a pytest process may)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -26,15 +33,27 @@ def files(step: int) -> dict:
     }
 
 
-def main(run: Path) -> None:
+def save_forever(run: Path) -> None:
     ckpt.remove_leftovers(run)  # as the trainer does at start-up
     latest = ckpt.latest_checkpoint(run)
     step = ckpt.step_of(latest) if latest is not None else 0
-    print("ready", flush=True)
+    print(f"ready {os.getpid()}", flush=True)
     while True:
         step += 1
         ckpt.write_checkpoint(run, step, files(step), keep_last=2)
 
 
+def serve() -> None:
+    for line in sys.stdin:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                save_forever(Path(line.strip()))
+            finally:
+                os._exit(1)
+        os.waitpid(pid, 0)
+        print("reaped", flush=True)
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    serve()

@@ -25,30 +25,43 @@ SAVER = Path(kill_saver.__file__)
 
 
 def kill_during_saves(run: Path, trials: int, seed: int) -> None:
-    rng = random.Random(seed)
-    for trial in range(trials):
-        child = subprocess.Popen([sys.executable, str(SAVER), str(run)], stdout=subprocess.PIPE, text=True,
-                                 env={**os.environ, "PYTHONPATH": str(SAVER.parent)})
-        assert child.stdout.readline().strip() == "ready"
-        time.sleep(rng.uniform(0.0, 0.3))  # a few saves and rotations in, then killed at a random point of one
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-        child.stdout.close()
-        check_restart(run, trial)
+    rng, latest_step = random.Random(seed), 0
+    server = subprocess.Popen([sys.executable, str(SAVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        for trial in range(trials):
+            (run / "checkpoints").mkdir(parents=True, exist_ok=True)
+            server.stdin.write(f"{run}\n")
+            server.stdin.flush()
+            word, pid = server.stdout.readline().split()
+            assert word == "ready"
+            time.sleep(rng.uniform(0.0, 0.3))  # a few saves and rotations in, then killed at a random point of one
+            os.kill(int(pid), signal.SIGKILL)
+            assert server.stdout.readline().strip() == "reaped"
+            latest_step = check_restart(run, trial, latest_step)
+    finally:
+        server.kill()
+        server.wait()
+    assert latest_step > 0  # the kills did land among saves
 
 
-def check_restart(run: Path, trial: int) -> None:
+def check_restart(run: Path, trial: int, latest_before: int) -> int:
+    """Checks the run as a restart finds it; returns the step of its latest checkpoint (0: none yet)."""
     ckpt.remove_leftovers(run)  # what the restart does first
     left = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert all(ckpt.STEP_DIR.match(name) and (run / "checkpoints" / name / ckpt.MARKER).is_file() for name in left), (trial, left)
     complete = ckpt.complete_checkpoints(run)
-    assert complete, trial
+    if not complete:  # killed before its first save completed: allowed only while none ever did
+        assert latest_before == 0, trial
+        return 0
     latest = complete[-1]
-    assert ckpt.missing_parts(latest) is None, (trial, latest, ckpt.missing_parts(latest))
+    assert ckpt.step_of(latest) >= latest_before, trial  # no complete checkpoint is ever lost to a later kill
+    # Every checkpoint marked complete is whole, the older ones a rotation was deleting included.
+    assert all(ckpt.missing_parts(p) is None for p in complete), (trial, [(p.name, ckpt.missing_parts(p)) for p in complete])
     assert ckpt.latest_checkpoint(run) == latest
     saved = load_file(str(latest / "model.safetensors"))
     assert all(torch.equal(saved[k], v) for k, v in kill_saver.expected(ckpt.step_of(latest)).items()), trial
     assert torch.load(latest / "trainer_state.pt", weights_only=True) == {"step": ckpt.step_of(latest)}
+    return ckpt.step_of(latest)
 
 
 def test_ten_kills_during_saves_and_rotations(tmp_path):
