@@ -330,8 +330,9 @@ def check_same_settings(path: Path, trainer_state: dict, recipe, world_size: int
     except (OSError, yaml.YAMLError) as error:
         raise DamagedCheckpoint(f"{path / 'config.yaml'}: unreadable checkpoint file ({error})".split("\n")[0]) from None
     old, new = _flatten(saved or {}), _flatten(to_dict(recipe))
-    changed = [f"{key}: {old.get(key, '(unset)')!r} → {new.get(key, '(unset)')!r}" for key in sorted(old.keys() | new.keys())
-               if old.get(key) != new.get(key) and key not in HARMLESS_SETTINGS
+    # Keys only one side has are settings an older or newer spanlm did not record: nothing to compare.
+    changed = [f"{key}: {old[key]!r} → {new[key]!r}" for key in sorted(old.keys() & new.keys())
+               if old[key] != new[key] and key not in HARMLESS_SETTINGS
                and (key in CHECKED_DATA_SETTINGS or not key.startswith(UNCHECKED_SECTIONS))]
     if trainer_state["world_size"] != world_size:
         # Every rank's data position is its own share of the batches: another count would repeat or skip data.
