@@ -32,7 +32,7 @@ def _pretrain(args: argparse.Namespace) -> int:
     from spanlm.train.loop import pretrain
 
     recipe = load_recipe(args.recipe, args.overrides)
-    run_dir = pretrain(recipe, resume=args.resume, log=log)
+    run_dir = pretrain(recipe, resume=args.resume, log=log, weights_from=args.weights_from)
     if is_main_process():  # under torchrun every rank returns here; one reports
         print(json.dumps({"run_dir": str(run_dir)}))
     return 0

@@ -19,6 +19,9 @@ def add_training_command(actions, name: str, help: str, recipe_example: str, ove
     command.add_argument("overrides", nargs="*", help=f"dotted overrides, e.g. {override_examples}")
     command.add_argument("--resume", default=None, metavar="auto|PATH",
                          help="auto: the latest complete checkpoint of train.output_dir; or a checkpoint / run directory")
+    command.add_argument("--resume-weights-only", default=None, metavar="PATH", dest="weights_from",
+                         help="start a new run (in another train.output_dir) from the weights of this checkpoint / run "
+                              "directory: new optimiser, schedule and data position, any settings may differ")
     command.set_defaults(run=run)
     return command
 
@@ -26,8 +29,11 @@ def add_training_command(actions, name: str, help: str, recipe_example: str, ove
 def write_lines_or_stdout(lines: list[str], output: str | None, what: str) -> None:
     """JSON lines (each ending in a newline) to ``output``, or to stdout when it is None."""
     if output:
-        with open(output, "w", encoding="utf-8") as handle:
-            handle.writelines(lines)
+        from pathlib import Path
+
+        from spanlm.data.shards import write_text_atomically
+
+        write_text_atomically(Path(output), "".join(lines))  # whole, or the previous file as it was
         log(f"wrote {len(lines)} {what} to {output}")
     else:
         sys.stdout.writelines(lines)

@@ -2,6 +2,7 @@
 cross-entropy to float rounding), and spanlm falls back to that path where they cannot be built."""
 
 import collections
+import os
 import warnings
 
 import pytest
@@ -200,17 +201,80 @@ def test_switched_off_or_unbuildable_means_the_pytorch_path(monkeypatch):
         assert torch.isfinite(embedding.weight.grad).all()
 
 
-def test_a_lock_left_by_a_killed_build_is_removed_a_fresh_one_is_kept(tmp_path):
+def test_a_live_build_s_lock_is_waited_for_saying_whose_and_never_taken(tmp_path, capsys):
     import os
+    import subprocess
+    import sys
+    import threading
     import time
 
-    lock = tmp_path / "lock"
-    lock.touch()
-    native._remove_stale_lock(tmp_path)
-    assert lock.exists()  # a build may be running: wait for it
-    old = time.time() - 3600
-    os.utime(lock, (old, old))
-    native._remove_stale_lock(tmp_path)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; from spanlm import native\n"
+                               "with native.build_lock(Path(sys.argv[1])):\n    print('held', flush=True); sys.stdin.read()",
+                               str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        lock = tmp_path / native.LOCK_NAME
+        old = time.time() - 3600  # an hour-long build on a loaded machine is still a live one
+        os.utime(lock, (old, old))
+        acquired = threading.Event()
+
+        def wait_for_lock():
+            with native.build_lock(tmp_path, poll_s=0.05):
+                acquired.set()
+
+        waiter = threading.Thread(target=wait_for_lock)
+        waiter.start()
+        time.sleep(1.0)
+        assert not acquired.is_set() and lock.exists()
+        holder.stdin.close()  # the build ends; its lock is released
+        waiter.join(timeout=30)
+        assert acquired.is_set()
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capsys.readouterr().err
+    assert err.count("waiting for process") == 1 and f"waiting for process {holder.pid} to finish building" in err
     assert not lock.exists()
-    native._remove_stale_lock(tmp_path)  # nothing to remove: no error
-    native._remove_stale_lock(None)  # no known build directory: nothing to do
+
+
+def test_the_lock_of_a_build_killed_outright_is_taken_over(tmp_path, capsys):
+    import socket
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # its pid names no process now
+    lock = tmp_path / native.LOCK_NAME
+    for owner in (f"{dead.pid} {socket.gethostname()} {native._boot_id()}", f"{os.getpid()} {socket.gethostname()} an-earlier-boot"):
+        lock.write_text(owner + "\n")
+        (tmp_path / "lock").touch()  # PyTorch's own lock, left by the killed build
+        with native.build_lock(tmp_path):
+            assert lock.read_text().split()[0] == str(os.getpid()) and not (tmp_path / "lock").exists()
+        assert not lock.exists()
+        assert "removed the build lock" in capsys.readouterr().err
+    with native.build_lock(None):  # no known build directory: nothing to lock
+        pass
+
+
+def test_a_lock_of_another_host_is_waited_for_naming_the_host(tmp_path, capsys):
+    import threading
+
+    lock = tmp_path / native.LOCK_NAME
+    lock.write_text("4242 another-host boot\n")
+    acquired = threading.Event()
+
+    def wait_for_lock():
+        with native.build_lock(tmp_path, poll_s=0.05):
+            acquired.set()
+
+    waiter = threading.Thread(target=wait_for_lock)
+    waiter.start()
+    try:
+        import time
+
+        time.sleep(0.5)
+        assert not acquired.is_set()
+    finally:
+        lock.unlink()
+        waiter.join(timeout=30)
+    assert acquired.is_set() and "waiting for process 4242 on another-host" in capsys.readouterr().err

@@ -3,6 +3,8 @@ resumes, torn logs, refused starts — each a clear error or a kept promise, nev
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -18,14 +20,25 @@ from toy_objective import losses, toy_recipe
 QUIET = {"log": lambda *_: None}
 
 
-def test_a_damaged_weights_file_is_named_with_an_earlier_checkpoint(prepared, tmp_path):
+def test_a_cut_checkpoint_is_passed_over_by_auto_and_named_when_given(prepared, tmp_path):
     run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=4, save_every=2), **QUIET)
     weights = ckpt.step_dir(run, 4) / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:1000])  # cut off
+    weights.write_bytes(weights.read_bytes()[:1000])  # cut off: its manifest says how long it was
+    with pytest.raises(InputError, match=r"step-0000004: damaged checkpoint \(model.safetensors has 1000 of its \d+ bytes\); "
+                                         r"an earlier checkpoint is whole: --resume .*step-0000002"):
+        pretrain(toy_recipe(prepared, run, max_steps=6, save_every=2), resume=str(ckpt.step_dir(run, 4)), **QUIET)
+    messages = []
+    pretrain(toy_recipe(prepared, run, max_steps=6, save_every=2), resume="auto", log=messages.append)
+    assert any("step-0000004 is damaged (model.safetensors has 1000 of" in m and "passed over" in m for m in messages)
+    assert any("resumed from" in m and "step-0000002" in m for m in messages)
+    assert sorted(losses(run)) == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_file_damaged_within_its_size_is_named_with_an_earlier_checkpoint(prepared, tmp_path):
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=4, save_every=2), **QUIET)
+    weights = ckpt.step_dir(run, 4) / "model.safetensors"
+    weights.write_bytes(b"\0" * weights.stat().st_size)  # the right size, unreadable content
     with pytest.raises(InputError, match=r"step-0000004/model.safetensors: unreadable checkpoint file.*--resume .*step-0000002"):
-        pretrain(toy_recipe(prepared, run, max_steps=6, save_every=2), resume="auto", **QUIET)
-    weights.unlink()
-    with pytest.raises(InputError, match=r"model.safetensors: missing from the checkpoint"):
         pretrain(toy_recipe(prepared, run, max_steps=6, save_every=2), resume="auto", **QUIET)
 
 
@@ -35,6 +48,12 @@ def test_weights_of_another_shape_are_a_clear_error(prepared, tmp_path):
     tensors = load_file(str(path))
     tensors["norm.weight"] = torch.ones(32)  # as if trained with hidden 32
     save_file(tensors, str(path))
+    with pytest.raises(InputError, match=r"step-0000002: damaged checkpoint \(model.safetensors has \d+ of its \d+ bytes\), "
+                                         "and no earlier one"):
+        pretrain(toy_recipe(prepared, run, max_steps=4), resume="auto", **QUIET)
+    manifest = json.loads((path.parent / ckpt.MANIFEST).read_text())
+    manifest["model.safetensors"] = path.stat().st_size  # as another recipe's checkpoint would say
+    (path.parent / ckpt.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(InputError, match=r"do not fit the model the recipe builds: 1 of another shape \(norm.weight \(32,\) here vs \(16,\)"):
         pretrain(toy_recipe(prepared, run, max_steps=4), resume="auto", **QUIET)
 
@@ -152,7 +171,7 @@ def test_the_hint_for_a_damaged_checkpoint_names_only_an_earlier_one(prepared, t
     weights.write_bytes(weights.read_bytes()[:1000])
     with pytest.raises(InputError) as error:
         pretrain(toy_recipe(prepared, run, max_steps=6, save_every=2), resume=str(ckpt.step_dir(run, 2)), **QUIET)
-    assert "unreadable" in str(error.value) and "step-0000004" not in str(error.value)
+    assert "damaged checkpoint" in str(error.value) and "step-0000004" not in str(error.value)
 
 
 def test_fewer_training_examples_than_processes_is_a_config_error():
@@ -192,3 +211,56 @@ def test_a_changed_corpus_is_not_prepared_again_under_a_resume(prepared, tmp_pat
     pretrain(kept, resume="auto", **QUIET)
     assert sorted(losses(tmp_path / "run")) == [1, 2, 3, 4]
     assert read_meta(own)["tokenizer_fingerprint"] == before["tokenizer_fingerprint"]
+
+
+def test_resuming_with_changed_settings_is_refused_listing_each(prepared, tmp_path, capsys):
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), **QUIET)
+    changed = toy_recipe(prepared, run, max_steps=4, batch_size=8, grad_accum=2, lr=0.5)
+    changed.seed, changed.data.max_len = 7, 64
+    with pytest.raises(InputError) as error:
+        pretrain(changed, resume="auto", **QUIET)
+    message = str(error.value)
+    for change in ("seed: 0 → 7", "data.max_len: 32 → 64", "train.batch_size: 4 → 8", "train.grad_accum: 1 → 2", "train.lr: 0.01 → 0.5"):
+        assert change in message, change
+    assert "--resume-weights-only" in message and "\n" not in message and "max_steps" not in message
+    assert sorted(losses(run)) == [1, 2]  # nothing trained, nothing lost
+
+
+def test_harmless_settings_may_change_on_resume(prepared, tmp_path):
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), **QUIET)
+    pretrain(toy_recipe(prepared, run, max_steps=3, log_every=2, save_every=5, eval_every=1, num_workers=1, keep_last=3),
+             resume="auto", **QUIET)
+    assert ckpt.latest_checkpoint(run) == ckpt.step_dir(run, 3)
+
+
+def test_a_changed_process_count_is_refused(prepared, tmp_path):
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), **QUIET)
+    state_path = ckpt.step_dir(run, 2) / "trainer_state.pt"
+    state = torch.load(state_path, weights_only=True)
+    state["world_size"], state["loaders"] = 2, state["loaders"] * 2  # as written by two processes
+    torch.save(state, state_path)
+    manifest = json.loads((state_path.parent / ckpt.MANIFEST).read_text())
+    manifest["trainer_state.pt"] = state_path.stat().st_size
+    (state_path.parent / ckpt.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(InputError, match=r"changed settings would not continue the same run \(processes: 2 → 1\).*--resume-weights-only"):
+        pretrain(toy_recipe(prepared, run, max_steps=4), resume="auto", **QUIET)
+
+
+def test_resume_weights_only_starts_a_new_run_from_the_weights(prepared, tmp_path, capsys):
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), **QUIET)
+    weights = load_file(str(ckpt.step_dir(run, 2) / "model.safetensors"))
+    # Changed settings are fine; the new run starts at step 0 with the checkpoint's weights.
+    new = pretrain(toy_recipe(prepared, tmp_path / "new", max_steps=1, batch_size=8, lr=0.0, warmup_steps=0),
+                   weights_from=str(run), **QUIET)
+    assert sorted(losses(new)) == [1]
+    after = load_file(str(ckpt.step_dir(new, 1) / "model.safetensors"))
+    assert all(torch.equal(weights[k], after[k]) for k in weights)  # lr 0: exactly the weights it started from
+    with pytest.raises(Exception, match="already holds a run.*a run from another's weights starts at step 0"):
+        pretrain(toy_recipe(prepared, run, max_steps=4, batch_size=8), weights_from=str(run), **QUIET)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text((run / "config.yaml").read_text())
+    code = main(["pretrain", str(recipe), f"train.output_dir={tmp_path / 'cli'}", "seed=3",
+                 "--resume-weights-only", str(run)])
+    assert code == 0 and ckpt.latest_checkpoint(tmp_path / "cli") is not None
+    assert main(["pretrain", str(recipe), "seed=3", "--resume", "auto"]) == 2
+    assert "resuming with changed settings would not continue the same run (seed: 0 → 3)" in capsys.readouterr().err

@@ -22,7 +22,7 @@ import numpy as np
 
 from spanlm.data.corpus import CorpusReader, Input, resolve_inputs
 from spanlm.data.hf_datasets import DatasetSplit, file_sha256
-from spanlm.data.shards import FORMAT_VERSION, ids_dtype, read_meta, replace_directory
+from spanlm.data.shards import FORMAT_VERSION, ids_dtype, out_of_space, read_meta, replace_directory
 from spanlm.data.similar_words import build_similar_words
 from spanlm.data.tokenizer import load_tokenizer, save_tokenizer, tokenizer_fingerprint, train_tokenizer
 from spanlm.data.words import encode_sentences
@@ -109,6 +109,7 @@ def prepare(recipe, *, force: bool = False, log=print, keep_tokenizer: str | Non
     if final.exists() and not final.is_dir():
         raise InputError(f"{final}: exists and is not a directory")
     tmp = _make_tmp_dir(final)
+    kept = f"the previous {final} is intact" if existing else "nothing was written"
     try:
         if recipe.tokenizer.path:
             tokenizer = load_tokenizer(recipe.tokenizer.path)
@@ -139,8 +140,10 @@ def prepare(recipe, *, force: bool = False, log=print, keep_tokenizer: str | Non
         save_config(recipe, tmp / "config.yaml")
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         replace_directory(tmp, final)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(tmp, ignore_errors=True)
+        if (reason := out_of_space(error)) is not None:  # a full disk: one line, the corpus there is kept
+            raise InputError(f"{final}: could not be written ({reason}); {kept}") from None
         raise
     return final
 

@@ -17,8 +17,11 @@ directory that is renamed into place, so nothing half-written ever looks complet
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import re
 import shutil
 import stat
 from pathlib import Path
@@ -74,6 +77,52 @@ def replace_directory(tmp: Path, final: Path) -> None:
     tmp.rename(final)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+# How libraries that wrap the OSError say it: safetensors "(os error 28)", numpy's short write.
+_OUT_OF_SPACE_TEXT = re.compile(r"No space left on device|Disk quota exceeded|File too large|\d+ requested and \d+ written")
+
+
+def out_of_space(error: BaseException) -> str | None:
+    """Why, when ``error`` or what led to it is the file system refusing more bytes (a full disk, a quota,
+    a file-size limit); else None. The chain is searched because libraries wrap the OSError (torch.save
+    raises a RuntimeError in whose context it is; safetensors and numpy raise their own types)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in OUT_OF_SPACE:
+            return os.strerror(seen.errno)
+        if (match := _OUT_OF_SPACE_TEXT.search(str(seen))) is not None:
+            return match.group(0)
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+@contextlib.contextmanager
+def full_disk_is_an_input_error(target: Path, kept: str):
+    """Turn running out of space while writing ``target`` into a one-line InputError saying what is ``kept``."""
+    try:
+        yield
+    except Exception as error:
+        reason = out_of_space(error)
+        if reason is None:
+            raise
+        raise InputError(f"{target}: could not be written ({reason}); {kept}") from None
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """``path`` holds ``text`` whole, or what it held before (a full disk leaves it as it was)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    kept = f"the previous {path} is intact" if path.exists() else "nothing was written"
+    try:
+        with full_disk_is_an_input_error(path, kept):
+            with open(tmp, "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _usual_modes(root: Path) -> None:

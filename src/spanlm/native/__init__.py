@@ -27,6 +27,7 @@ import functools
 import os
 import re
 import shutil
+import socket
 import sys
 import time
 import warnings
@@ -58,13 +59,13 @@ def kernels() -> ModuleType | None:
         capability = torch.backends.cpu.get_cpu_capability()
         name = "spanlm_native_" + re.sub(r"\W", "_", capability.lower())
         build_directory = _build_directory(cpp_extension, name)
-        _remove_stale_lock(build_directory)
-        if not _built(build_directory, name):
-            print(f"spanlm: building the native CPU kernels ({capability}; once per machine, ~30 s)", file=sys.stderr)
-        started = time.perf_counter()
-        with _ninja_on_path():
-            module = cpp_extension.load(name=name, sources=[str(SOURCE)], verbose=False,
-                                        extra_cflags=["-O3", "-fopenmp", *_CAPABILITY_FLAGS.get(capability, [])])
+        with build_lock(build_directory):
+            if not _built(build_directory, name):
+                print(f"spanlm: building the native CPU kernels ({capability}; once per machine, ~30 s)", file=sys.stderr)
+            started = time.perf_counter()
+            with _ninja_on_path():
+                module = cpp_extension.load(name=name, sources=[str(SOURCE)], verbose=False,
+                                            extra_cflags=["-O3", "-fopenmp", *_CAPABILITY_FLAGS.get(capability, [])])
     except Exception as error:  # noqa: BLE001 — any build failure means: use the PyTorch path
         warnings.warn(f"spanlm: the native CPU kernels could not be built ({_reason(error)}); using the PyTorch "
                       "path (same results up to float rounding, slower). SPANLM_NATIVE=0 skips the attempt.",
@@ -91,19 +92,83 @@ def _built(build_directory: Path | None, name: str) -> bool:
         return False
 
 
-def _remove_stale_lock(build_directory: Path | None, older_than_s: float = 600.0) -> None:
-    """Remove a build lock that no build holds any more. PyTorch's builder waits, without a time limit, for
-    the lock file a build leaves while it runs; a build killed outright (SIGKILL, a lost machine) leaves it
-    behind, and every later start would wait forever. A build takes well under a minute."""
+LOCK_NAME = "spanlm-build.lock"  # beside PyTorch's own "lock"; holds "PID HOST BOOT_ID" of the process building
+_UNWRITTEN_LOCK_S = 10.0  # a lock file still empty after this long: its owner died between creating and writing it
+
+
+@contextlib.contextmanager
+def build_lock(build_directory: Path | None, poll_s: float = 0.2):
+    """Hold spanlm's build lock of ``build_directory`` while PyTorch builds or loads the kernels there.
+
+    Why: PyTorch's builder waits silently, without a time limit, for its own ``lock`` file, which says
+    nothing about who holds it; a build killed outright leaves it behind for ever. spanlm's lock names
+    its owner (pid, host, boot), so a waiting process says whom it waits for, and a lock is taken over
+    only when its owner is certainly gone (this machine, and no such process since its last boot) —
+    never from a live build, however long it takes. Under spanlm's lock, PyTorch's ``lock`` can only
+    be a killed build's: it is removed.
+    """
     if build_directory is None:
+        yield
         return
-    lock = build_directory / "lock"
+    lock, announced = build_directory / LOCK_NAME, False
+    while True:
+        try:
+            descriptor = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            break
+        except FileExistsError:
+            owner = _lock_owner(lock)
+            if owner == "gone":
+                lock.unlink(missing_ok=True)
+                print(f"spanlm: removed the build lock {lock} of a build killed while it ran", file=sys.stderr)
+                continue
+            if not announced and owner is not None:
+                print(f"spanlm: waiting for process {owner} to finish building the native CPU kernels (lock {lock})",
+                      file=sys.stderr)
+                announced = True
+            time.sleep(poll_s)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(f"{os.getpid()} {socket.gethostname()} {_boot_id()}\n")
     try:
-        if time.time() - lock.stat().st_mtime > older_than_s:
-            lock.unlink()
-            print(f"spanlm: removed a stale build lock {lock} (a build killed while it ran)", file=sys.stderr)
+        (build_directory / "lock").unlink(missing_ok=True)
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _lock_owner(lock: Path) -> str | None:
+    """"gone" when the lock's owner is certainly not running; else its description ("1234 on host"),
+    or None while the lock file is still being written (or was removed meanwhile)."""
+    try:
+        text, age = lock.read_text(encoding="utf-8"), time.time() - lock.stat().st_mtime
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+    fields = text.split()
+    if len(fields) != 3 or not fields[0].isdigit():
+        return "gone" if age > _UNWRITTEN_LOCK_S else None
+    pid, host, boot = int(fields[0]), fields[1], fields[2]
+    if host != socket.gethostname():
+        return f"{pid} on {host}"  # cannot be checked from here: waited for
+    if boot != _boot_id() or not _process_alive(pid):
+        return "gone"
+    return str(pid)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def _boot_id() -> str:
+    """This boot of the machine (Linux); a pid recorded before a reboot names no process of this one."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
-        pass
+        return "unknown"
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ def _train(args: argparse.Namespace) -> int:
     from spanlm.train.dist import is_main_process
 
     recipe = load_recipe(args.recipe, args.overrides, cls=NerRecipe)
-    run_dir, scores = train_ner(recipe, resume=args.resume, log=log)
+    run_dir, scores = train_ner(recipe, resume=args.resume, log=log, weights_from=args.weights_from)
     if is_main_process():  # the main process reports; the others only trained
         summary = {"run_dir": str(run_dir), "model_dir": str(run_dir / "model")}
         if scores is not None:

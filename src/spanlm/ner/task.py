@@ -162,11 +162,11 @@ def evaluate_model(model: NerModel, documents: list[NerDocument], cluener: bool,
     return score_documents(documents, [d for d, _ in predicted], model.labels, cluener), predicted
 
 
-def train_ner(recipe: NerRecipe, resume: str | None = None, log=print) -> tuple[Path, dict | None]:
+def train_ner(recipe: NerRecipe, resume: str | None = None, log=print, weights_from: str | None = None) -> tuple[Path, dict | None]:
     """Fine-tune, export ``<run>/model/`` and score it on the whole dev set; returns (run dir, dev scores)."""
     from spanlm.ner.metrics import format_table
 
-    run_dir = train(recipe, ner_setup, resume, log)
+    run_dir = train(recipe, ner_setup, resume, log, weights_from)
     if not is_main_process():
         return run_dir, None
     model_dir = export_model(run_dir, recipe)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from spanlm.cli_support import add_training_command, log, write_lines_or_stdout
 
@@ -14,7 +15,7 @@ def _train(args: argparse.Namespace) -> int:
     from spanlm.qa.task import train_qa
 
     recipe = load_recipe(args.recipe, args.overrides, cls=QARecipe)
-    run_dir, metrics = train_qa(recipe, resume=args.resume, log=log)
+    run_dir, metrics = train_qa(recipe, resume=args.resume, log=log, weights_from=args.weights_from)
     if metrics is not None:  # the main process reports; the others only trained
         print(json.dumps({"run_dir": str(run_dir), "model_dir": str(run_dir / "model"), **metrics}, ensure_ascii=False))
     return 0
@@ -36,8 +37,9 @@ def _eval(args: argparse.Namespace) -> int:
     metrics, predictions = model.evaluate(examples, args.batch_size)
     if args.predictions:  # the official scripts' input: {question id: answer}
         answers = {p.id: final_answer(p, model.recipe.qa.no_answer, model.threshold) for p in predictions}
-        with open(args.predictions, "w", encoding="utf-8") as handle:
-            json.dump(answers, handle, ensure_ascii=False, indent=1)
+        from spanlm.data.shards import write_text_atomically
+
+        write_text_atomically(Path(args.predictions), json.dumps(answers, ensure_ascii=False, indent=1))
     print(json.dumps({"data": args.data, "metric": model.recipe.qa.metric, **metrics, "read": report.summary()}, ensure_ascii=False))
     return 0
 

@@ -121,9 +121,9 @@ def write_threshold(model_dir: Path, threshold: float) -> None:
     (model_dir / SETTINGS_FILE).write_text(json.dumps({"no_answer_threshold": threshold}) + "\n", encoding="utf-8")
 
 
-def train_qa(recipe: QARecipe, resume: str | None = None, log=print) -> tuple[Path, dict | None]:
+def train_qa(recipe: QARecipe, resume: str | None = None, log=print, weights_from: str | None = None) -> tuple[Path, dict | None]:
     """Fine-tune, export ``<run>/model/`` and score it on the dev set; returns (run dir, dev metrics)."""
-    run_dir = train(recipe, qa_setup, resume, log)
+    run_dir = train(recipe, qa_setup, resume, log, weights_from)
     if not is_main_process():
         return run_dir, None
     model_dir = export_model(run_dir, recipe)

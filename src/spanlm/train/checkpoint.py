@@ -7,16 +7,21 @@ A checkpoint directory ``step-000123/`` holds everything needed to continue exac
     trainer_state.pt       step, scheduler, data-loader position, metrics so far
     rng-rank{R}.pt         every RNG state of rank R (torch, CUDA, NumPy, Python) as tensors/primitives
     config.yaml            the resolved recipe
+    manifest.json          every file above (and in subdirectories) with its size in bytes
     COMPLETE               written last
 
 Its trainer state names the tokenizer the weights read (fingerprint); the tokenizer itself is kept
 once per run in ``tokenizers/<fingerprint>/`` (:mod:`spanlm.train.kept_tokenizer`), written before
 the first checkpoint that names it.
 
-It is written into a temporary directory, marked COMPLETE there once every file is fsynced, and
-renamed into place in one step; `latest_checkpoint` ignores any directory without the marker, so a
-process killed mid-write leaves the previous checkpoint as the latest. Everything loads with
-``torch.load(weights_only=True)``.
+Whole or absent: it is written into a temporary directory, marked COMPLETE there once every file and
+the manifest are fsynced, and renamed into place in one step. Rotation (``train.keep_last``) removes an
+old checkpoint's marker first, makes that durable, and only then deletes the rest, so a kill midway
+leaves a directory without the marker, never a half-deleted one that claims to be complete. Only
+directories with the marker count; of those, one whose files disagree with its manifest (a missing
+or cut file: a disk fault, a hand-edited run) is passed over by ``--resume auto`` for the previous whole
+one, saying so. A restart removes the temporary and half-deleted directories killed processes left.
+Everything loads with ``torch.load(weights_only=True)``.
 
 Resuming from a checkpoint older than the run's latest starts a new branch of the run: the later
 checkpoints are moved to ``checkpoints/superseded-<time>/`` (with a copy of ``metrics.jsonl``), never
@@ -25,6 +30,7 @@ deleted and never taken for the latest again.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -35,11 +41,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spanlm.data.shards import fsync_directory, fsync_tree, replace_directory
+from spanlm.data.shards import fsync_directory, fsync_tree, out_of_space, replace_directory
 from spanlm.errors import InputError
 
 MARKER = "COMPLETE"
+MANIFEST = "manifest.json"
 STEP_DIR = re.compile(r"^step-(\d+)$")
+# What a killed save or rotation can leave: a temporary directory (".step-N.tmp-PID"), a checkpoint of
+# the same step being replaced ("step-N.old-PID", see replace_directory), or one being deleted ("step-N").
+LEFTOVER = re.compile(r"^(\.step-\d+\.tmp-(?P<tmp_pid>\d+)|step-\d+\.old-(?P<old_pid>\d+))$")
 
 
 class DamagedCheckpoint(InputError):
@@ -64,23 +74,89 @@ def complete_checkpoints(output_dir: Path) -> list[Path]:
     return sorted(found, key=step_of)
 
 
-def latest_checkpoint(output_dir: Path) -> Path | None:
-    found = complete_checkpoints(output_dir)
-    return found[-1] if found else None
+def missing_parts(path: Path) -> str | None:
+    """What of a complete checkpoint is gone or cut short against its manifest (None: it is whole).
+
+    Checkpoints written before manifests were kept are checked for the files every checkpoint has.
+    """
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        manifest = {name: None for name in ("model.safetensors", "optimizer.pt", "trainer_state.pt", "config.yaml")}
+    except (OSError, ValueError):
+        return f"{MANIFEST} unreadable"
+    problems = []
+    for name, size in manifest.items():
+        try:
+            found = (path / name).stat().st_size
+        except FileNotFoundError:
+            problems.append(f"{name} missing")
+            continue
+        if size is not None and found != size:
+            problems.append(f"{name} has {found} of its {size} bytes")
+    return ", ".join(problems) or None
 
 
-def resolve_resume(resume: str | None, output_dir: Path) -> Path | None:
-    """``auto`` → the latest complete checkpoint of this run (or None); a path → that checkpoint."""
+def latest_checkpoint(output_dir: Path, log=None) -> Path | None:
+    """The run's latest whole checkpoint; a complete one that is not whole is passed over (``log`` says so)."""
+    for path in reversed(complete_checkpoints(output_dir)):
+        problem = missing_parts(path)
+        if problem is None:
+            return path
+        if log is not None:
+            log(f"{path} is damaged ({problem}): passed over for the previous whole checkpoint")
+    return None
+
+
+def resolve_resume(resume: str | None, output_dir: Path, log=None) -> Path | None:
+    """``auto`` → the latest whole checkpoint of this run (or None); a path → that checkpoint."""
     if not resume or resume == "none":
         return None
     if resume == "auto":
-        return latest_checkpoint(output_dir)
+        latest = latest_checkpoint(output_dir, log)
+        if latest is None and (damaged := complete_checkpoints(output_dir)):  # never start afresh over a run
+            raise DamagedCheckpoint(f"{damaged[-1]}: damaged checkpoint ({missing_parts(damaged[-1])}), and no earlier one of "
+                                    f"{output_dir} is whole; restore it, or set another train.output_dir")
+        return latest
     path = Path(resume)
     if (path / MARKER).is_file():
+        if (problem := missing_parts(path)) is not None:
+            earlier = [p for p in complete_checkpoints(path.parent.parent) if step_of(p) < step_of(path) and missing_parts(p) is None]
+            hint = f"; an earlier checkpoint is whole: --resume {earlier[-1]}" if earlier else ""
+            raise DamagedCheckpoint(f"{path}: damaged checkpoint ({problem}){hint}")
         return path
-    if path.is_dir() and (latest := latest_checkpoint(path)) is not None:  # a run directory
+    if path.is_dir() and (latest := latest_checkpoint(path, log)) is not None:  # a run directory
         return latest
     raise InputError(f"{path}: not a complete checkpoint (no {MARKER} marker) nor a run directory with one")
+
+
+def remove_leftovers(output_dir: Path, log=None) -> None:
+    """Remove what killed saves and rotations of this run left: temporary directories of processes no
+    longer alive, and checkpoint directories without the marker (half written, or half deleted)."""
+    root = output_dir / "checkpoints"
+    if not root.is_dir():
+        return
+    for path in root.iterdir():
+        match = LEFTOVER.match(path.name)
+        if match is not None:
+            pid = int(match.group("tmp_pid") or match.group("old_pid"))
+            if pid != os.getpid() and _alive(pid):
+                continue  # another process's save in progress
+        elif not (STEP_DIR.match(path.name) and not (path / MARKER).exists()):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        if log is not None:
+            log(f"removed {path}, left by a save or rotation that was killed")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 def rng_state() -> dict:
@@ -112,24 +188,46 @@ def _python_state_to_primitives(state) -> list:
 
 
 def write_checkpoint(output_dir: Path, step: int, files: dict[str, object], keep_last: int) -> Path:
-    """Write ``files`` (name → callable(path) writing it) atomically as the checkpoint of ``step``."""
+    """Write ``files`` (name → callable(path) writing it) atomically as the checkpoint of ``step``.
+
+    A write that fails (a full disk, a file-size limit) removes the temporary directory and raises an
+    InputError naming the checkpoint; the checkpoints already there are untouched.
+    """
     final = step_dir(output_dir, step)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    for name, write in files.items():
-        write(tmp / name)
-    fsync_tree(tmp)
-    with open(tmp / MARKER, "w") as handle:  # only after every file is on disk
-        handle.write(f"{step}\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    replace_directory(tmp, final)  # a checkpoint of the same step is removed only once the new one is in place
-    fsync_directory(final.parent)
+    try:
+        tmp.mkdir()
+        for name, write in files.items():
+            write(tmp / name)
+        sizes = {str(file.relative_to(tmp)): file.stat().st_size for file in sorted(tmp.rglob("*")) if file.is_file()}
+        (tmp / MANIFEST).write_text(json.dumps(sizes, indent=1), encoding="utf-8")
+        fsync_tree(tmp)
+        with open(tmp / MARKER, "w") as handle:  # only after every file is on disk
+            handle.write(f"{step}\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        replace_directory(tmp, final)  # a checkpoint of the same step is removed only once the new one is in place
+        fsync_directory(final.parent)
+    except BaseException as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if (reason := out_of_space(error)) is not None:
+            latest = latest_checkpoint(output_dir)
+            raise InputError(f"{final}: could not write the checkpoint ({reason}); "
+                             + (f"the latest checkpoint {latest} is intact" if latest else "no earlier checkpoint")) from None
+        raise
     for old in complete_checkpoints(output_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+        remove_checkpoint(old)
     return final
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Unmark first (durably), then delete: a kill midway leaves an unmarked directory, never a
+    half-deleted one marked complete. A restart removes it (remove_leftovers)."""
+    (path / MARKER).unlink(missing_ok=True)
+    fsync_directory(path)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def set_aside_later(output_dir: Path, step: int) -> Path | None:
@@ -214,3 +312,51 @@ def check_same_tokenizer(path: Path, trainer_state: dict, fingerprint: str | Non
     raise InputError(f"{path} was trained on the ids of tokenizer {saved}, but {where} now holds tokenizer {fingerprint} "
                      f"(the corpus was prepared again: its inputs or settings changed, or --force). Its weights would read "
                      f"other tokens: {how}")
+
+
+# Settings a resume may change: they move where and how often the run reports, saves and evaluates, or
+# how fast it runs, not which batches it trains on, the model, or the optimisation.
+HARMLESS_SETTINGS = {f"train.{key}" for key in ("output_dir", "max_steps", "log_every", "save_every", "eval_every", "keep_last",
+                                                 "num_workers", "device", "compile", "retain_freed_memory", "distributed", "nonfinite")}
+# Sections checked elsewhere (the tokenizer and the corpus by check_same_tokenizer) or about reporting only.
+UNCHECKED_SECTIONS = ("logging.", "tokenizer.", "data.")
+CHECKED_DATA_SETTINGS = {"data.max_len"}  # the block length: changes every batch
+
+
+def check_same_settings(path: Path, trainer_state: dict, recipe, world_size: int) -> None:
+    """Refuse to resume with settings that change the data order, the model or the optimisation.
+
+    Why: such a resume runs without error but is no longer the run it continues (another seed or
+    batch size draws other batches; another schedule or model shape learns something else), and
+    nothing in its metrics would say so. Every changed setting is listed, old → new.
+    """
+    import yaml
+
+    from spanlm.config import to_dict
+
+    try:
+        saved = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as error:
+        raise DamagedCheckpoint(f"{path / 'config.yaml'}: unreadable checkpoint file ({error})".split("\n")[0]) from None
+    old, new = _flatten(saved or {}), _flatten(to_dict(recipe))
+    # Keys only one side has are settings an older or newer spanlm did not record: nothing to compare.
+    changed = [f"{key}: {old[key]!r} → {new[key]!r}" for key in sorted(old.keys() & new.keys())
+               if old[key] != new[key] and key not in HARMLESS_SETTINGS
+               and (key in CHECKED_DATA_SETTINGS or not key.startswith(UNCHECKED_SECTIONS))]
+    if trainer_state["world_size"] != world_size:
+        # Every rank's data position is its own share of the batches: another count would repeat or skip data.
+        changed.append(f"processes: {trainer_state['world_size']} → {world_size}")
+    if changed:
+        raise InputError(f"{path}: resuming with changed settings would not continue the same run ({'; '.join(changed)}). "
+                         "Restore them (the checkpoint's config.yaml), or pass --resume-weights-only PATH with another "
+                         "train.output_dir to start a new run from its weights (new optimiser, schedule and data position)")
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

@@ -38,15 +38,18 @@ def check_replaceable(out: Path) -> None:
 def write_directory(out: Path, fill: Callable[[Path], None]) -> Path:
     """Write ``out`` through ``fill(tmp)`` into a temporary sibling, fsync it and swap it into place.
 
-    A crash or error midway leaves the previous ``out`` (if any) as it was and no partial directory.
+    A crash or error midway leaves the previous ``out`` (if any) as it was and no partial directory; a
+    full disk is a one-line InputError saying so.
     """
-    from spanlm.data.shards import replace_directory
+    from spanlm.data.shards import full_disk_is_an_input_error, replace_directory
 
     out.parent.mkdir(parents=True, exist_ok=True)
+    kept = f"the previous {out} is intact" if out.exists() else "nothing was written"
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        fill(tmp)
-        replace_directory(tmp, out)
+        with full_disk_is_an_input_error(out, kept):
+            fill(tmp)
+            replace_directory(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

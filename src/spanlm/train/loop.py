@@ -126,29 +126,34 @@ def check_max_len(objective: torch.nn.Module, max_len: int) -> None:
                           "(model.max_position_embeddings, or the checkpoint of model.path)")
 
 
-def train(recipe, build_setup: Callable[..., TrainingSetup], resume: str | None = None, log=print) -> Path:
+def train(recipe, build_setup: Callable[..., TrainingSetup], resume: str | None = None, log=print,
+          weights_from: str | None = None) -> Path:
     """Train what ``build_setup(recipe, env, log)`` sets up; returns the run directory.
 
     ``recipe`` is any typed recipe with ``seed``, ``train`` (TrainConfig) and ``logging`` sections.
-    ``resume``: None, "auto" or a checkpoint / run directory.
+    ``resume``: None, "auto" or a checkpoint / run directory. ``weights_from``: a checkpoint / run
+    directory whose weights start a new run (``--resume-weights-only``; any settings may differ).
     """
     env = init_distributed(recipe.train.device)
     try:
-        return Trainer(recipe, env, build_setup, log).run(resume)
+        return Trainer(recipe, env, build_setup, log).run(resume, weights_from)
     finally:
         shutdown(env)
 
 
-def pretrain(recipe, resume: str | None = None, log=print) -> Path:
+def pretrain(recipe, resume: str | None = None, log=print, weights_from: str | None = None) -> Path:
     """Train ``recipe``'s pretraining objective; returns the run directory."""
-    checkpoint, keep = ckpt.resolve_resume(resume, Path(recipe.train.output_dir)), None
+    if weights_from is not None:
+        checkpoint, keep = ckpt.resolve_resume(weights_from, Path(recipe.train.output_dir)), None
+    else:
+        checkpoint, keep = ckpt.resolve_resume(resume, Path(recipe.train.output_dir)), None
     if checkpoint is not None:
         try:
             keep = ckpt.load_file(checkpoint / "trainer_state.pt").get("tokenizer_fingerprint")
         except ckpt.DamagedCheckpoint:
             pass  # reported, with the checkpoint to use instead, when the trainer loads it
     kept = checkpoint_tokenizer_dir(checkpoint, keep) if checkpoint is not None else None
-    return train(recipe, functools.partial(pretraining_setup, keep_tokenizer=keep, kept_copy=kept), resume, log)
+    return train(recipe, functools.partial(pretraining_setup, keep_tokenizer=keep, kept_copy=kept), resume, log, weights_from)
 
 
 class Trainer:
@@ -170,6 +175,7 @@ class Trainer:
         self.loader = self.setup.loader
         torch.manual_seed(recipe.seed + env.rank)  # dropout differs across ranks, reproducibly
         self.step = 0
+        self.weights_only = False  # set by run(): load only a checkpoint's weights
         self.elapsed_before = 0.0  # seconds trained before this process (a resumed checkpoint's); see elapsed()
         if env.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -247,7 +253,8 @@ class Trainer:
         try:
             self._load(path)
         except ckpt.DamagedCheckpoint as error:  # say which other complete checkpoint could be used instead
-            earlier = [p for p in ckpt.complete_checkpoints(path.parent.parent) if ckpt.step_of(p) < ckpt.step_of(path)]
+            earlier = [p for p in ckpt.complete_checkpoints(path.parent.parent)
+                       if ckpt.step_of(p) < ckpt.step_of(path) and ckpt.missing_parts(p) is None]
             if not earlier:
                 raise
             raise ckpt.DamagedCheckpoint(f"{error}; an earlier checkpoint may still be whole: --resume {earlier[-1]}") from None
@@ -256,12 +263,13 @@ class Trainer:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
         trainer_state = ckpt.load_file(path / "trainer_state.pt")
-        if trainer_state["world_size"] != self.env.world_size:
-            raise SpanlmError(f"{path} was written by {trainer_state['world_size']} process(es); resume it with the same number "
-                              f"(now {self.env.world_size}) so every rank continues its own data exactly")
         ckpt.check_same_tokenizer(path, trainer_state, self.setup.tokenizer_fingerprint, self.recipe)
+        if not self.weights_only:
+            ckpt.check_same_settings(path, trainer_state, self.recipe, self.env.world_size)
         weights = ckpt.load_weights(path / "model.safetensors", self.objective)
         set_model_state_dict(self.model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+        if self.weights_only:  # a new run from these weights: fresh optimiser, schedule, data position and step
+            return
         set_optimizer_state_dict(self.model, self.optimizer, ckpt.load_file(path / "optimizer.pt"), options=StateDictOptions(full_state_dict=True))
         self.scheduler.load_state_dict(trainer_state["scheduler"])
         self.loader.load_state_dict(trainer_state["loaders"][self.env.rank])
@@ -292,15 +300,25 @@ class Trainer:
         return metrics
 
     # -- the loop -----------------------------------------------------------------------------------
-    def run(self, resume: str | None) -> Path:
+    def run(self, resume: str | None, weights_from: str | None = None) -> Path:
         config, env = self.config, self.env
         self.started = time.monotonic()
-        checkpoint = ckpt.resolve_resume(resume, self.output_dir)
+        if env.is_main:
+            ckpt.remove_leftovers(self.output_dir, self.log)
+        self.weights_only = weights_from is not None
+        if self.weights_only and resume:
+            raise ConfigError("--resume and --resume-weights-only exclude each other: pass one")
+        checkpoint = ckpt.resolve_resume(weights_from or resume, self.output_dir, self.log)
         existing = ckpt.latest_checkpoint(self.output_dir)
-        if checkpoint is None and existing is not None and resume != "auto":
+        if existing is not None and (self.weights_only or (checkpoint is None and resume != "auto")):
             raise SpanlmError(f"{self.output_dir} already holds a run (latest checkpoint {existing.name}); "
-                              "pass --resume auto to continue it, or set another train.output_dir")
-        if checkpoint is not None:
+                              + ("a run from another's weights starts at step 0: set another train.output_dir" if self.weights_only
+                                 else "pass --resume auto to continue it, or set another train.output_dir"))
+        if self.weights_only and checkpoint is not None:
+            self.load(checkpoint)
+            self.log(f"started from the weights of {checkpoint} (new optimiser, schedule and data position)")
+            checkpoint = None  # a new run: metrics start afresh
+        elif checkpoint is not None:
             self.load(checkpoint)
             self.log(f"resumed from {checkpoint} at step {self.step}")
             if env.is_main and (aside := ckpt.set_aside_later(self.output_dir, self.step)) is not None:
