@@ -414,10 +414,19 @@ def run_copy(ctx: Ctx) -> tuple[Path, Path]:
     return run, latest_checkpoint(run)
 
 
+def as_saved(checkpoint: Path) -> None:
+    """Record the checkpoint's files in its manifest as they are now: a checkpoint written that way (e.g. by a run
+    whose weights went NaN), not one damaged afterwards (which the manifest catches: the truncated case)."""
+    manifest = checkpoint / "manifest.json"
+    sizes = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({name: (checkpoint / name).stat().st_size for name in sizes}))
+
+
 @case("export_checkpoint_nan_weight")
 def _(ctx):
     run, checkpoint = run_copy(ctx)
     name = poison(checkpoint / "model.safetensors")
+    as_saved(checkpoint)
     return ["export", run, "--out", ctx.tmp / "out"], [str(checkpoint / "model.safetensors"), name, "non-finite"]
 
 
@@ -425,7 +434,7 @@ def _(ctx):
 def _(ctx):
     run, checkpoint = run_copy(ctx)
     truncate(checkpoint / "model.safetensors")
-    return ["export", run, "--out", ctx.tmp / "out"], [str(checkpoint / "model.safetensors"), "truncated"]
+    return ["export", run, "--out", ctx.tmp / "out"], [str(checkpoint / "model.safetensors"), "bytes", "damaged"]
 
 
 @case("export_out_is_a_file")
@@ -450,6 +459,7 @@ def _(ctx):
     earlier.mkdir()
     (earlier / "config.json").write_text("{}")  # an earlier export: must survive the failed one
     poison(checkpoint / "model.safetensors")
+    as_saved(checkpoint)
     return ["export", run, "--out", earlier], [str(checkpoint / "model.safetensors"), "non-finite"]
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from spanlm.errors import InputError
-from spanlm.train.checkpoint import MARKER, check_same_tokenizer, latest_checkpoint, load_file, load_weights
+from spanlm.train.checkpoint import MARKER, check_same_tokenizer, complete_checkpoints, load_file, load_weights, missing_parts, step_of
 from spanlm.train.kept_tokenizer import KeptTokenizer, checkpoint_tokenizer_dir
 
 
@@ -30,9 +30,9 @@ def check_replaceable(out: Path) -> None:
     Anything else — a file, a directory of other things — would be lost with the swap."""
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: exists and is not a directory; --out names the directory to write")
-    if out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
-        raise InputError(f"{out}: a directory that is not an earlier export (no config.json) would be replaced "
-                         "with everything in it; choose a new --out")
+    if out.is_dir() and any(out.iterdir()) and not any((out / name).is_file() for name in ("config.json", "config.yaml")):
+        raise InputError(f"{out}: a directory that is not an earlier export (no config.json or config.yaml) would be "
+                         "replaced with everything in it; choose a new --out")
 
 
 def write_directory(out: Path, fill: Callable[[Path], None]) -> Path:
@@ -78,10 +78,15 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
     if not checkpoint.exists():
         raise InputError(f"{checkpoint}: no such checkpoint or run directory")
     if not (checkpoint / MARKER).is_file():
-        latest = latest_checkpoint(checkpoint) if checkpoint.is_dir() else None
-        if latest is None:
+        complete = complete_checkpoints(checkpoint) if checkpoint.is_dir() else []
+        if not complete:
             raise InputError(f"{checkpoint}: not a complete checkpoint nor a run directory with one")
-        checkpoint = latest
+        checkpoint = complete[-1]
+    if (problem := missing_parts(checkpoint)) is not None:
+        # An export is of the checkpoint asked for (a run's latest): never quietly of an older one.
+        earlier = [p for p in complete_checkpoints(checkpoint.parent) if step_of(p) < step_of(checkpoint) and missing_parts(p) is None]
+        hint = f"; an earlier checkpoint is whole: spanlm export {earlier[-1]}" if earlier else ""
+        raise InputError(f"{checkpoint}/{problem}: the checkpoint is damaged{hint}")
     recipe = load_recipe(checkpoint / "config.yaml")
     prepared = Path(recipe.data.prepared_dir)
     trainer_state = load_file(checkpoint / "trainer_state.pt")
