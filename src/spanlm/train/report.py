@@ -34,6 +34,28 @@ def panels(keys: list[str]) -> list[tuple[str, list[str]]]:
     return [(key, [key]) for key in losses] + ([("accuracy / precision / recall / F1", rates)] if rates else []) + [(key, [key]) for key in rest]
 
 
+def unigram_accuracy(run_dir: Path) -> float | None:
+    """The masked-token accuracy of always guessing the corpus's most frequent token: the level an MLM
+    reaches from token frequencies alone, before it learns anything from context.
+
+    From the tokenizer copy a pretraining run keeps (its corpus token counts and special ids); None for
+    runs without one (fine-tuning, runs from before runs kept their tokenizer). Masking picks non-special
+    tokens about uniformly (whole words and spans shift this a little), so the share of the most frequent
+    normal token among normal tokens is the baseline.
+    """
+    import numpy as np
+
+    from spanlm.train.kept_tokenizer import KEPT_ROOT
+
+    kept = sorted((Path(run_dir) / KEPT_ROOT).glob("*/token_counts.npy"), key=lambda path: path.stat().st_mtime)
+    if not kept:
+        return None
+    counts = np.load(kept[-1]).astype(np.float64)
+    meta = json.loads((kept[-1].parent / "meta.json").read_text(encoding="utf-8"))
+    counts[[i for i in meta.get("all_special_ids", []) if i < len(counts)]] = 0
+    return float(counts.max() / counts.sum()) if counts.sum() > 0 else None
+
+
 def write_report(run_dir: str | Path) -> Path:
     """Write the plots and ``report.html`` into ``run_dir``; returns the HTML path."""
     import matplotlib
@@ -45,6 +67,7 @@ def write_report(run_dir: str | Path) -> Path:
     records = read_metrics(run_dir)
     if not records:
         raise InputError(f"{run_dir}: no metrics.jsonl records (is this a spanlm run directory?)")
+    baseline = unigram_accuracy(run_dir)
     plots = []
     for filename, (title, wanted, kind) in PLOTS.items():
         rows = [r for r in records if r.get("kind", "train") == kind]
@@ -59,6 +82,9 @@ def write_report(run_dir: str | Path) -> Path:
             for key in panel_keys:
                 points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
                 axis.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None, label=key)
+            if baseline is not None and any(key.endswith("mlm_accuracy") for key in panel_keys):
+                axis.axhline(baseline, color="grey", linestyle="--", linewidth=1, label="unigram baseline")
+                axis.legend(fontsize=8)
             axis.set_title(panel_title, fontsize=10)
             axis.set_xlabel("step")
             axis.grid(alpha=0.3)
@@ -73,6 +99,8 @@ def write_report(run_dir: str | Path) -> Path:
         plots.append((title, filename))
 
     final = {kind: next((r for r in reversed(records) if r.get("kind", "train") == kind), None) for kind in ("train", "eval")}
+    if baseline is not None and final["eval"] is not None:
+        final["eval"] = {**final["eval"], "unigram_accuracy": baseline}  # beside mlm_accuracy in the table and summary.json
     config = (run_dir / "config.yaml").read_text(encoding="utf-8") if (run_dir / "config.yaml").is_file() else "(no config.yaml)"
     page = ["<!doctype html><html><head><meta charset='utf-8'><title>spanlm run report</title>",
             "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}table{border-collapse:collapse}"
