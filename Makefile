@@ -7,7 +7,7 @@ CONSTRAINTS ?= constraints.txt
 PIP_CONSTRAINT_FLAG = $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 BIN = $(VENV)/bin
 
-.PHONY: demo test venv clean
+.PHONY: demo test gpu-check venv clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,13 @@ demo: venv
 
 test: venv
 	$(BIN)/python -m pytest -q
+
+# On a machine with a CUDA GPU (install a CUDA torch: CONSTRAINTS= make gpu-check): the GPU tests (pytest -m gpu:
+# per objective a bf16 step, save -> resume, export; NER / QA one step), then bench/train_step_gpu.py's JSON line.
+gpu-check: venv
+	$(BIN)/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make gpu-check: no CUDA device')"
+	$(BIN)/python -m pytest -q -m gpu -rs tests
+	$(BIN)/python bench/train_step_gpu.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -278,3 +278,45 @@ def test_a_lock_of_another_host_is_waited_for_naming_the_host(tmp_path, capsys):
         lock.unlink()
         waiter.join(timeout=30)
     assert acquired.is_set() and "waiting for process 4242 on another-host" in capsys.readouterr().err
+
+
+def test_tensors_off_the_cpu_never_build_or_load_the_kernels(monkeypatch):
+    def no_build():
+        raise AssertionError("the CPU kernels were asked for by tensors on another device")
+
+    monkeypatch.setattr(native, "kernels", no_build)
+    from spanlm.train.optim import clip_gradients, total_norm
+
+    parameters = [torch.nn.Parameter(torch.zeros(n, 8, device="meta")) for n in (4, 1 << 17)]
+    for parameter in parameters:
+        parameter.grad = torch.ones_like(parameter)
+    assert total_norm([p.grad for p in parameters]).device.type == "meta"
+    optimizer = torch.optim.AdamW(parameters, lr=1e-3)
+    assert clip_gradients(optimizer, parameters, 1.0).device.type == "meta"
+    x = torch.ones(4, 8, device="meta")
+    assert dropout.fast_dropout(x, 0.1).device.type == "meta"
+    key, threshold, kept = dropout.dropout_stream(0.1)
+    # It reaches the PyTorch path, whose CPU-drawn multiplier cannot meet a meta tensor: not the kernels.
+    with pytest.raises(RuntimeError, match="device"):
+        dropout.apply_dropout(x, torch.empty_like(x), key, threshold, kept)
+
+
+def test_the_build_is_keyed_by_source_and_flags_not_by_checkout_or_file_time(tmp_path, monkeypatch):
+    flags = ["-O3", "-fopenmp", "-mavx2", "-mfma"]
+    source = native.SOURCE.read_bytes()
+    for checkout in ("a", "b"):
+        (tmp_path / checkout).mkdir()
+        (tmp_path / checkout / "kernels.cpp").write_bytes(source)
+        os.utime(tmp_path / checkout / "kernels.cpp", (1e9 if checkout == "a" else 2e9,) * 2)
+    names = {native.build_name((tmp_path / c / "kernels.cpp").read_bytes(), "AVX2", flags) for c in ("a", "b")}
+    assert len(names) == 1 and next(iter(names)).startswith("spanlm_native_avx2_")
+    assert native.build_name(source + b"\n// changed", "AVX2", flags) not in names
+    assert native.build_name(source, "AVX2", flags[:-1]) not in names
+    assert native.build_name(source, "AVX512", flags) not in names
+    # Both checkouts compile the same file, in the build directory: the commands PyTorch writes are identical.
+    build = tmp_path / "build"
+    build.mkdir()
+    copy = native._source_copy(build)
+    assert copy.parent == build and copy.read_bytes() == source
+    monkeypatch.setattr(native, "SOURCE", tmp_path / "b" / "kernels.cpp")
+    assert native._source_copy(build) == copy and not native._built(build, "spanlm_native_x")

@@ -31,12 +31,19 @@ def torchrun(recipe_path: Path, *extra: str, env: dict[str, str] | None = None, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_two_processes_resume_exactly(prepared, tmp_path, strategy):
+@pytest.mark.parametrize("strategy, settings", [
+    ("ddp", {}),
+    ("fsdp", {}),
+    # DDP's bucket views and static graph across micro-batches (no_sync) and recomputed layers
+    ("ddp", {"grad_accum": 2, "activation_checkpointing": True}),
+    # FSDP2's bf16 all-gathers with fp32 reductions, and recomputed layers under it
+    ("fsdp", {"precision": "bf16", "activation_checkpointing": True}),
+], ids=["ddp", "fsdp", "ddp-accum-checkpointed", "fsdp-bf16-checkpointed"])
+def test_two_processes_resume_exactly(prepared, tmp_path, strategy, settings):
     def recipe(name: str) -> Path:
         path = tmp_path / f"{name}.yaml"
         save_config(toy_recipe(prepared, tmp_path / name, max_steps=6, save_every=3, batch_size=8, distributed=strategy,
-                               eval_every=3), path)
+                               eval_every=3, **settings), path)
         return path
 
     torchrun(recipe("full"))

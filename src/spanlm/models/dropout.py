@@ -102,7 +102,7 @@ def apply_dropout(x: Tensor, out: Tensor, key: int, threshold: int, kept: float)
     may be strided views with a dense last dimension. Applied again to the upstream gradient with the same
     stream, it is the backward pass (dropout is linear in x). spanlm.native's kernel forms the decisions
     on the fly (float32); elsewhere :func:`dropout_multiplier` draws them — the same results bit for bit."""
-    kernels = native.kernels() if x.dtype == out.dtype == torch.float32 else None
+    kernels = native.kernels() if x.dtype == out.dtype == torch.float32 and x.device.type == "cpu" else None
     if kernels is not None:
         kernels.dropout_apply(x, out, key, threshold, kept)
         return out

@@ -15,7 +15,11 @@ The extension is compiled once per machine and instruction set (~30 s on 2 cores
 ``torch.utils.cpp_extension`` under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``)
 for the CPU capability PyTorch itself dispatches to (AVX-512, AVX2 or portable code), with the flags
 PyTorch builds its own kernels of that capability with, so a cached build runs on every CPU of that
-capability. Where it cannot be built (no C++ compiler or OpenMP, an unwritable cache directory) spanlm
+capability. The build's name carries a hash of the source and those flags, and it is compiled from a
+copy of the source inside its own build directory: every checkout on a machine with the same source
+shares one build (a file time or a checkout's path would make each rebuild it), and a changed source
+or flag builds anew. Only CPU tensors ever use the kernels: a run on another device neither builds nor
+loads them. Where it cannot be built (no C++ compiler or OpenMP, an unwritable cache directory) spanlm
 warns once and runs the PyTorch path, which gives the same results up to float rounding.
 ``SPANLM_NATIVE=0`` switches the kernels off.
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import os
 import re
 import shutil
@@ -57,15 +62,16 @@ def kernels() -> ModuleType | None:
         from torch.utils import cpp_extension
 
         capability = torch.backends.cpu.get_cpu_capability()
-        name = "spanlm_native_" + re.sub(r"\W", "_", capability.lower())
+        flags = ["-O3", "-fopenmp", *_CAPABILITY_FLAGS.get(capability, [])]
+        name = build_name(SOURCE.read_bytes(), capability, flags)
         build_directory = _build_directory(cpp_extension, name)
         with build_lock(build_directory):
             if not _built(build_directory, name):
                 print(f"spanlm: building the native CPU kernels ({capability}; once per machine, ~30 s)", file=sys.stderr)
             started = time.perf_counter()
             with _ninja_on_path():
-                module = cpp_extension.load(name=name, sources=[str(SOURCE)], verbose=False,
-                                            extra_cflags=["-O3", "-fopenmp", *_CAPABILITY_FLAGS.get(capability, [])])
+                module = cpp_extension.load(name=name, sources=[str(_source_copy(build_directory))], verbose=False,
+                                            extra_cflags=flags)
     except Exception as error:  # noqa: BLE001 — any build failure means: use the PyTorch path
         warnings.warn(f"spanlm: the native CPU kernels could not be built ({_reason(error)}); using the PyTorch "
                       "path (same results up to float rounding, slower). SPANLM_NATIVE=0 skips the attempt.",
@@ -84,11 +90,30 @@ def _build_directory(cpp_extension: ModuleType, name: str) -> Path | None:
         return None
 
 
+def build_name(source: bytes, capability: str, flags: list[str]) -> str:
+    """The extension's name (and so its build directory): the capability and a hash of the source and flags."""
+    digest = hashlib.sha256(source + b"\0" + " ".join(flags).encode()).hexdigest()[:16]
+    return "spanlm_native_" + re.sub(r"\W", "_", capability.lower()) + "_" + digest
+
+
+def _source_copy(build_directory: Path | None) -> Path:
+    """The source as the build compiles it: a copy in the (content-keyed) build directory, so that the build
+    commands PyTorch writes (and ninja compares) name the same file from every checkout."""
+    if build_directory is None:
+        return SOURCE
+    copy, source = build_directory / SOURCE.name, SOURCE.read_bytes()
+    if not copy.is_file() or copy.read_bytes() != source:  # under the build lock: no other writer
+        partial = copy.with_suffix(".partial")
+        partial.write_bytes(source)
+        partial.replace(copy)
+    return copy
+
+
 def _built(build_directory: Path | None, name: str) -> bool:
-    """Whether a build of ``name`` newer than the source is in ``build_directory`` (False when unsure)."""
+    """Whether a build of ``name`` is in ``build_directory`` (False when unsure); the name keys its content."""
     try:
-        return (build_directory / f"{name}.so").stat().st_mtime >= SOURCE.stat().st_mtime
-    except (TypeError, OSError):
+        return (build_directory / f"{name}.so").is_file()
+    except TypeError:
         return False
 
 

@@ -25,6 +25,9 @@ class TrainConfig:
     max_grad_norm: float = 1.0  # 0 disables clipping
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16 = autocast; weights and optimiser stay fp32
     compile: bool = False  # torch.compile the objective's forward
+    # Recompute each transformer layer's activations in the backward pass instead of keeping them: less
+    # memory for longer blocks or larger batches, one more forward pass of compute.
+    activation_checkpointing: bool = False
     eval_every: int = 50  # steps; 0 disables periodic evaluation
     eval_blocks: int = 64  # held-out blocks (never trained on)
     save_every: int = 100  # steps; a final checkpoint is always written

@@ -182,6 +182,8 @@ class Trainer:
 
     # -- distribution ---------------------------------------------------------------------------
     def _wrap(self, objective):
+        if self.config.activation_checkpointing:
+            checkpoint_layers(objective)
         if self.config.compile:
             objective.forward = torch.compile(objective.forward)
         if not self.env.enabled:
@@ -189,14 +191,21 @@ class Trainer:
         if self.config.distributed == "fsdp":
             from torch.distributed.fsdp import fully_shard
 
+            policy = fsdp_precision(self.config.precision)
             for unit in objective.shard_units():
-                fully_shard(unit)
-            fully_shard(objective)
+                fully_shard(unit, mp_policy=policy)
+            fully_shard(objective, mp_policy=policy)
             return objective
         from torch.nn.parallel import DistributedDataParallel
 
         device_ids = [self.env.device.index] if self.env.device.type == "cuda" else None
-        return DistributedDataParallel(objective, device_ids=device_ids)
+        # Gradients live in DDP's all-reduce buckets (no copy in or out of them each step). static_graph:
+        # the loop already needs every parameter used at every step (find_unused_parameters is off), so the
+        # graph never changes; DDP then overlaps reductions from the second step on by the recorded order.
+        # Not with micro-batches: DDP's reducer fails an internal assertion when its first backward pass
+        # runs under no_sync with a static graph.
+        return DistributedDataParallel(objective, device_ids=device_ids, gradient_as_bucket_view=True,
+                                       static_graph=self.config.grad_accum == 1)
 
     def _no_sync(self, last_micro_batch: bool):
         if last_micro_batch or not self.env.enabled:
@@ -439,6 +448,32 @@ class Trainer:
     def _clock(self) -> dict:
         """A record's wall-clock time (ISO 8601, UTC) and ``elapsed`` seconds."""
         return {"time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), "elapsed": round(self.elapsed(), 3)}
+
+
+def fsdp_precision(precision: str):
+    """FSDP2's policy for ``train.precision``: under bf16, layers all-gather and compute in bf16 (half the
+    traffic and memory of fp32) while gradients are reduced in fp32 and weights and optimiser stay fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if precision == "bf16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def checkpoint_layers(objective: Objective) -> None:
+    """Recompute each of ``objective.shard_units()`` (its transformer layers) in the backward pass.
+
+    The layer's forward is wrapped in place (not the module: parameter and state-dict names stay the
+    same); the non-reentrant checkpoint restores the RNG state, so the recomputed dropout is the
+    original's and the gradients are those without checkpointing.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    units = objective.shard_units()
+    if not units:
+        raise ConfigError(f"train.activation_checkpointing: objective {type(objective).__name__} names no layers to checkpoint")
+    for unit in units:
+        unit.forward = functools.partial(checkpoint, unit.forward, use_reentrant=False)
 
 
 class _RestoreGradientSync:

@@ -93,9 +93,10 @@ def total_norm(gradients: list[torch.Tensor]) -> torch.Tensor:
     added in float32 over 1,024 elements and those sums in float64 (~10⁻¹² from the float64 norm), ~1.6×
     faster than one norm per gradient.
     """
-    kernels = native.kernels()
-    if kernels is not None and all(type(g) is torch.Tensor and g.device.type == "cpu" and g.dtype == torch.float32
-                                   for g in gradients):
+    # The device is checked first: on a GPU the CPU kernels are neither built nor loaded.
+    plain_cpu = all(type(g) is torch.Tensor and g.device.type == "cpu" and g.dtype == torch.float32 for g in gradients)
+    kernels = native.kernels() if plain_cpu else None
+    if kernels is not None:
         return torch.tensor(math.sqrt(kernels.sum_of_squares([g.contiguous() for g in gradients])), dtype=torch.float32)
     large, rest = [], []
     for g in gradients:

@@ -1,0 +1,44 @@
+"""bench/train_step_gpu.py: its options, and a dry run of the whole script on the CPU with a tiny model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from helpers import REPO
+
+SCRIPT = REPO / "bench" / "train_step_gpu.py"
+
+
+def test_help_names_the_comparison_and_options():
+    result = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60, check=True)
+    assert "BertForMaskedLM" in result.stdout and all(f"--{o}" in result.stdout for o in ("device", "tiny", "seqs", "compile"))
+
+
+def test_a_tiny_cpu_dry_run_prints_one_json_line_with_ratio_and_mfu(tmp_path):
+    result = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--seqs", "64,32", "--batch", "2",
+                             "--steps", "2", "--warmup", "1", "--peak-size", "128", "--work", str(tmp_path)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1
+    output = json.loads(lines[0])
+    assert output["bench"] == "train_step_gpu" and output["device"] == "cpu (dry run)"
+    assert set(output["ratio"]) == set(output["mfu"]) == {"64", "32"}
+    assert output["peak_bf16_tflops"] > 0 and len(output["peak_samples_tflops"]) == 3
+    for run in output["results"]:
+        assert run["tokens_per_step"] == 2 * run["seq"]  # full-length blocks, no padding
+        for side in ("spanlm", "peer"):
+            assert run[side]["tokens_per_s"] > 0 and 0 < run[side]["mfu"] and len(run[side]["step_ms"]) == 2
+        assert run["ratio"] == round(run["spanlm"]["tokens_per_s"] / run["peer"]["tokens_per_s"], 3)
+        assert run["spanlm"]["targets_mlm"] > 0 and run["spanlm"]["targets_sbo"] > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here")
+def test_without_a_gpu_it_says_so_in_one_line(tmp_path):
+    result = subprocess.run([sys.executable, str(SCRIPT), "--work", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and result.stderr.strip().splitlines()[-1].startswith("bench/train_step_gpu.py: no CUDA device")
