@@ -39,6 +39,8 @@ import warnings
 from pathlib import Path
 from types import ModuleType
 
+from spanlm.processes import process_alive
+
 SOURCE = Path(__file__).with_name("kernels.cpp")
 
 # The flags ATen compiles its own kernels of each capability with (cmake/Codegen.cmake).
@@ -173,19 +175,10 @@ def _lock_owner(lock: Path) -> str | None:
     pid, host, boot = int(fields[0]), fields[1], fields[2]
     if host != socket.gethostname():
         return f"{pid} on {host}"  # cannot be checked from here: waited for
-    if boot != _boot_id() or not _process_alive(pid):
+    if boot != _boot_id() or not process_alive(pid):
         return "gone"
     return str(pid)
 
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
 
 
 def _boot_id() -> str:

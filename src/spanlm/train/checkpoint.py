@@ -43,6 +43,7 @@ import torch
 
 from spanlm.data.shards import fsync_directory, fsync_tree, out_of_space, replace_directory
 from spanlm.errors import InputError
+from spanlm.processes import process_alive
 
 MARKER = "COMPLETE"
 MANIFEST = "manifest.json"
@@ -140,7 +141,7 @@ def remove_leftovers(output_dir: Path, log=None) -> None:
         match = LEFTOVER.match(path.name)
         if match is not None:
             pid = int(match.group("tmp_pid") or match.group("old_pid"))
-            if pid != os.getpid() and _alive(pid):
+            if pid != os.getpid() and process_alive(pid):
                 continue  # another process's save in progress
         elif not (STEP_DIR.match(path.name) and not (path / MARKER).exists()):
             continue
@@ -148,15 +149,6 @@ def remove_leftovers(output_dir: Path, log=None) -> None:
         if log is not None:
             log(f"removed {path}, left by a save or rotation that was killed")
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
 
 
 def rng_state() -> dict:
