@@ -39,9 +39,10 @@ def unigram_accuracy(run_dir: Path) -> float | None:
     reaches from token frequencies alone, before it learns anything from context.
 
     From the tokenizer copy a pretraining run keeps (its corpus token counts and special ids); None for
-    runs without one (fine-tuning, runs from before runs kept their tokenizer). Masking picks non-special
-    tokens about uniformly (whole words and spans shift this a little), so the share of the most frequent
-    normal token among normal tokens is the baseline.
+    runs without one (fine-tuning, runs from before runs kept their tokenizer). It is the share of the most
+    frequent normal token among normal tokens: exact for token-level MLM, which picks tokens uniformly;
+    whole-word and span masking pick fewer of the short, frequent words, so their baseline is lower and
+    this line is a conservative bar for them.
     """
     import numpy as np
 
