@@ -359,23 +359,7 @@ class Trainer:
         try:
             with StopSignal() as stop:
                 while self.step < config.max_steps:
-                    parts, step_tokens = self._train_step(batches)
-                    bad = self._nonfinite(parts)
-                    if self._skips_on_device():
-                        # Fused AdamW leaves weights and moments alone where ``found_inf`` is set (the hook
-                        # GradScaler uses), on the device: no host read. Under nonfinite=stop nothing after
-                        # the first bad step is applied either; the run halts at the next record.
-                        self.optimizer.found_inf = (bad | window.halted if config.nonfinite == "stop" else bad).float()
-                        self.optimizer.step()
-                    elif bool(bad):  # any other optimiser: the step's one host read decides
-                        if config.nonfinite == "stop":
-                            raise TrainingHalted(_nonfinite_message(self.step + 1, parts) + _STOPPED)
-                    else:
-                        self.optimizer.step()
-                    self.scheduler.step()
-                    self.optimizer.zero_grad(set_to_none=True)
-                    self.step += 1
-                    window.add(parts, bad, step_tokens, self.step)
+                    self._step(batches, window)
                     progress.update(1)
 
                     if self.step % config.log_every == 0 or self.step == config.max_steps:
@@ -404,6 +388,30 @@ class Trainer:
             return self.output_dir
         finally:
             progress.close()
+
+    def _step(self, batches, window: "_Window") -> None:
+        """One training step: forward/backward, the update unless a value is not finite, the schedule.
+
+        At most one host read (none with fused AdamW): the metrics go to ``window``, on the device.
+        """
+        config = self.config
+        parts, step_tokens = self._train_step(batches)
+        bad = self._nonfinite(parts)
+        if self._skips_on_device():
+            # Fused AdamW leaves weights and moments alone where ``found_inf`` is set (the hook GradScaler
+            # uses), on the device: no host read. Under nonfinite=stop nothing after the first bad step is
+            # applied either; the run halts at the next record, save or evaluation (_check_finite).
+            self.optimizer.found_inf = (bad | window.halted if config.nonfinite == "stop" else bad).float()
+            self.optimizer.step()
+        elif bool(bad):  # any other optimiser: the step's one host read decides
+            if config.nonfinite == "stop":
+                raise TrainingHalted(_nonfinite_message(self.step + 1, parts) + _STOPPED)
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        window.add(parts, bad, step_tokens, self.step)
 
     def _train_step(self, batches) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """One optimiser step's forward/backward over ``grad_accum`` micro-batches; returns its metrics and

@@ -1,0 +1,137 @@
+"""The device-agnostic step (spanlm.heads.device_path), run on the CPU by forcing it: the same losses and
+gradients as the CPU path, no graph break under torch.compile, at most one host sync per training step."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import EMBEDDED_CORPUS, REPO
+from spanlm.config import load_recipe
+from spanlm.data.blocks import BlockDataset, collate_blocks
+from spanlm.data.shards import PreparedCorpus
+from spanlm.heads import losses
+from spanlm.heads.device_path import force_device_agnostic
+from spanlm.objectives import build_objective
+from spanlm.train.dist import init_distributed
+from spanlm.train.loop import Trainer, _Window, pretraining_setup
+
+INPUTS = [str(p) for p in sorted(EMBEDDED_CORPUS.glob("*.txt")) if "hongloumeng" not in p.name]  # as embedded_prepared
+MAX_LEN = 32
+TINY = ["model.hidden_size=32", "model.num_heads=2", "model.intermediate_size=64", "model.num_layers=2",
+        f"model.max_position_embeddings={MAX_LEN}", "model.hidden_dropout=0.0", "model.attention_dropout=0.0"]
+# (recipe in configs/pretrain, overrides): every objective, ELECTRA with each sharing mode and the SBO generator
+OBJECTIVES = {
+    "mlm": ("mlm", []),
+    "wwm": ("wwm", []),
+    # the embedded corpus has no similar-word table: [MASK] in its place (the same model and loss)
+    "macbert": ("macbert", ['masking.ngram.proportions={"mask": 0.8, "similar": 0.0, "random": 0.1, "keep": 0.1}']),
+    "spanbert": ("spanbert", []),
+    "charbert": ("charbert", [f"masking.noise.max_len={MAX_LEN}"]),
+    "electra-es": ("electra", ["objective.electra.sharing=es"]),
+    "electra-gdes": ("deberta_v3_gdes", ["objective.electra.sharing=gdes"]),
+    "electra-sbo": ("electra", ["objective.electra.generator_head=sbo", "masking.scheme=span"]),
+}
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: see helpers.one_torch_thread
+
+
+def recipe(name: str, prepared, output_dir, *overrides: str):
+    return load_recipe(REPO / "configs" / "pretrain" / f"{name}.yaml", [
+        f"data.inputs={json.dumps(INPUTS)}", f"data.prepared_dir={prepared}", f"data.max_len={MAX_LEN}",
+        "tokenizer.vocab_size=2000", *TINY, f"train.output_dir={output_dir}", "train.max_steps=4", "train.batch_size=4",
+        "train.num_workers=0", "train.eval_blocks=4", "train.log_every=100", "train.warmup_steps=1",
+        "logging.report_to=[]", "logging.progress=false", *overrides,
+    ])
+
+
+@pytest.fixture(scope="module")
+def corpus(embedded_prepared) -> PreparedCorpus:
+    return PreparedCorpus(embedded_prepared)
+
+
+def objective_and_batch(corpus, tmp_path, case: str):
+    name, overrides = OBJECTIVES[case]
+    torch.manual_seed(0)
+    objective = build_objective(recipe(name, corpus.directory, tmp_path / "run", *overrides), corpus)
+    blocks = BlockDataset(corpus, MAX_LEN)
+    batch = collate_blocks([blocks[i] for i in range(8)], corpus.special_ids["pad"])
+    return objective, objective.masker(batch, np.random.default_rng(0)).to_torch()
+
+
+def training_step(objective, batch) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The output parts and every parameter's gradient of one forward/backward."""
+    objective.zero_grad(set_to_none=True)
+    output = objective(batch)
+    output["loss"].backward()
+    gradients = {name: p.grad.clone() for name, p in objective.named_parameters() if p.grad is not None}
+    return {key: value.detach().clone() for key, value in output.items()}, gradients
+
+
+@pytest.mark.parametrize("case", list(OBJECTIVES))
+def test_same_losses_and_gradients_as_the_cpu_path(corpus, tmp_path, monkeypatch, case):
+    objective, batch = objective_and_batch(corpus, tmp_path, case)
+    decoded = []
+    original = losses._decode
+    monkeypatch.setattr(losses, "_decode", lambda *args: decoded.append(1) or original(*args))
+    cpu_parts, cpu_gradients = training_step(objective, batch)
+    assert decoded, "the CPU path was not taken"
+    decoded.clear()
+    with force_device_agnostic():
+        parts, gradients = training_step(objective, batch)
+    assert not decoded, "the forced device-agnostic path still ran the CPU path's decoder"
+    assert parts.keys() == cpu_parts.keys() and gradients.keys() == cpu_gradients.keys()
+    for key, value in parts.items():
+        assert torch.allclose(value.double(), cpu_parts[key].double(), rtol=1e-5, atol=1e-6), (key, value, cpu_parts[key])
+    for name, gradient in gradients.items():
+        assert torch.allclose(gradient, cpu_gradients[name], rtol=1e-4, atol=1e-6), name
+
+
+@pytest.mark.parametrize("case", list(OBJECTIVES))
+def test_one_training_step_compiles_without_graph_breaks(corpus, tmp_path, case):
+    objective, batch = objective_and_batch(corpus, tmp_path, case)
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(objective)(batch)
+    assert explanation.graph_break_count == 0, [reason.reason for reason in explanation.break_reasons]
+    assert explanation.graph_count == 1
+
+
+SYNCING = ("item", "__bool__", "__int__", "__float__", "__index__", "cpu", "tolist", "numpy")
+
+
+class HostReads:
+    """Counts the Tensor methods that read a value on the host (on a GPU, each waits for the device)."""
+
+    def __init__(self, monkeypatch):
+        self.calls: list[str] = []
+        for name in SYNCING:
+            original = getattr(torch.Tensor, name)
+
+            def counted(tensor, *args, _name=name, _original=original, **kwargs):
+                self.calls.append(_name)
+                return _original(tensor, *args, **kwargs)
+
+            monkeypatch.setattr(torch.Tensor, name, counted)
+
+
+@pytest.mark.parametrize("settings", [[], ["train.nonfinite=skip"], ["train.optimizer=lamb"], ["train.grad_accum=2"]],
+                         ids=["fused-adamw", "skip", "lamb", "grad-accum"])
+def test_a_non_logging_step_reads_the_host_at_most_once(corpus, tmp_path, monkeypatch, settings):
+    config = recipe("spanbert", corpus.directory, tmp_path / "run", *settings)
+    trainer = Trainer(config, init_distributed("cpu"), pretraining_setup, log=lambda *_: None)
+    loader = iter(trainer.loader)
+    batches = iter([next(loader) for _ in range(4)])  # masked before counting: the data loader is not the step
+    window = _Window(trainer.env.device)
+    trainer.objective.train()
+    with force_device_agnostic():
+        trainer._step(batches, window)  # first step: optimiser state created
+        reads = HostReads(monkeypatch)
+        trainer._step(batches, window)
+    monkeypatch.undo()
+    assert len(reads.calls) <= 1, reads.calls
+    if "train.optimizer=lamb" not in settings:  # fused AdamW skips a bad step on the device: no read at all
+        assert reads.calls == []
+    assert trainer.step == 2 and int(window.counted) == 2 and int(window.tokens) > 0
