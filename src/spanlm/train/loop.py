@@ -182,7 +182,10 @@ class Trainer:
     # -- distribution ---------------------------------------------------------------------------
     def _wrap(self, objective):
         if self.config.compile:
-            objective.forward = torch.compile(objective.forward)
+            compiled = torch.compile(objective.forward)
+            if self.env.device.type != "cpu":
+                compiled = compile_recurrent_layers(compiled)
+            objective.forward = compiled
         if not self.env.enabled:
             return objective
         if self.config.distributed == "fsdp":
@@ -517,6 +520,16 @@ class _Window:
     def first_bad_step(self) -> tuple[int, dict[str, float]]:
         """The first non-finite step and its parts (host reads: only when the window is known to hold one)."""
         return int(self.bad_step), dict(zip(self.keys, self.bad_values.tolist()))
+
+
+def compile_recurrent_layers(function: Callable) -> Callable:
+    """``function`` traced with its recurrent layers (CharBERT's BiGRU) inside the graph, not around it.
+
+    Dynamo leaves ``nn.GRU`` out of the graph by default (a graph break before and after each call);
+    with ``allow_rnn`` it traces the layer as one recurrent operator, which is cuDNN's on a GPU. Not on
+    the CPU, where that operator decomposes into one step per character and compiling it takes minutes.
+    """
+    return torch._dynamo.config.patch(allow_rnn=True)(function)
 
 
 class _RestoreGradientSync:
