@@ -92,6 +92,20 @@ def test_same_losses_and_gradients_as_the_cpu_path(corpus, tmp_path, monkeypatch
         assert torch.allclose(gradient, cpu_gradients[name], rtol=1e-4, atol=1e-6), name
 
 
+def test_same_bf16_losses_as_the_cpu_path(corpus, tmp_path):
+    objective, batch = objective_and_batch(corpus, tmp_path, "spanbert")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cpu_parts, cpu_gradients = training_step(objective, batch)
+        with force_device_agnostic():
+            parts, gradients = training_step(objective, batch)
+    for key in ("mlm_loss", "sbo_loss"):  # both round the logits to bf16, then take a float32 cross-entropy
+        assert torch.allclose(parts[key], cpu_parts[key], rtol=1e-3), (key, parts[key], cpu_parts[key])
+    embedding = "backbone.embeddings.word_embeddings.weight"
+    # the CPU path multiplies its logits' gradient out in bf16, autograd in its own order: compare as a whole
+    difference = (gradients[embedding] - cpu_gradients[embedding]).norm() / cpu_gradients[embedding].norm()
+    assert difference < 0.02, difference
+
+
 @pytest.mark.parametrize("case", list(OBJECTIVES))
 def test_one_training_step_compiles_without_graph_breaks(corpus, tmp_path, case):
     objective, batch = objective_and_batch(corpus, tmp_path, case)
