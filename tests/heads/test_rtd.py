@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch.nn import functional as F
@@ -9,8 +10,8 @@ from torch.nn import functional as F
 from spanlm.heads.rtd import DebertaV3RTDHead, ElectraRTDHead, gumbel_max_sample, replace_tokens, rtd_loss
 
 
-def seeded(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+def seeded(seed: int) -> torch.Tensor:
+    return torch.tensor(seed)
 
 
 def test_gumbel_max_samples_the_softmax():
@@ -24,7 +25,7 @@ def test_gumbel_max_samples_the_softmax():
     assert torch.allclose(cold, torch.softmax(probs.log() / 0.5, -1), atol=0.01), cold
 
 
-def test_gumbel_max_is_a_function_of_its_generator_without_gradient():
+def test_gumbel_max_is_a_function_of_its_seed_without_gradient():
     logits = torch.randn(64, 50, requires_grad=True)
     first = gumbel_max_sample(logits, 1.0, seeded(7))
     torch.manual_seed(123)  # the global RNG plays no part
@@ -112,3 +113,13 @@ def test_pad_positions_never_reach_the_loss():
 def test_an_empty_batch_is_zero_not_nan():
     loss = rtd_loss(torch.zeros(0), torch.zeros(0, dtype=torch.bool))
     assert float(loss.mean) == 0.0 and all(torch.isfinite(v.float()) for v in loss.metrics().values())
+
+
+def test_uniforms_are_splitmix64_words_of_the_seed():
+    from spanlm.heads.rtd import uniforms
+    from spanlm.models.splitmix import splitmix64
+
+    seed = 2**62 + 12345  # large enough that the int64 arithmetic wraps
+    words = splitmix64(seed, 12)
+    expected = torch.tensor(((words >> np.uint64(40)).astype(np.float64) + 0.5) * 2.0**-24, dtype=torch.float32)
+    assert torch.equal(uniforms(torch.tensor(seed), (3, 4), torch.device("cpu")), expected.view(3, 4))

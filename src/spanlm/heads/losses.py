@@ -23,6 +23,8 @@ autograd's separate log-softmax and NLL backward passes over them are kept or ru
 the same embedding (SpanBERT's MLM and SBO) share one projection and one (V, E) weight gradient
 (bench/train_step.py). Each part says how the loss will weigh it (``loss_weight``, from
 :func:`masked_lm_weight` / :func:`span_bert_weights`), which is what lets the gradients be formed early.
+That is the CPU path; other devices and compiled code take :func:`plain_cross_entropies`, the same
+losses as plain tensor operations without a host sync (:mod:`spanlm.heads.device_path`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from spanlm import native
+from spanlm.heads.device_path import device_agnostic
 from spanlm.heads.tied_embedding import TiedGradient
 
 IGNORE_INDEX = -100
@@ -105,8 +108,9 @@ class DecodedTarget:
     sampler: Callable[[Tensor], Tensor] | None = None  # called without gradient on the rows' log-probabilities
 
 
-def count_targets(labels: Tensor) -> int:
-    return int((labels != IGNORE_INDEX).sum())
+def count_targets(labels: Tensor) -> Tensor:
+    """The number of target rows of ``labels``, an int64 scalar on their device (no host read)."""
+    return (labels != IGNORE_INDEX).sum()
 
 
 @dataclasses.dataclass
@@ -279,6 +283,8 @@ def decoded_cross_entropies(targets: Sequence[DecodedTarget]) -> list[TokenLoss]
     log-probabilities (N, V) — the logits shifted per row, so any arg-max over them is the logits' — and
     its result (N,) is returned as ``samples``.
     """
+    if device_agnostic(targets[0].features.device):
+        return plain_cross_entropies(targets)
     results: list[TokenLoss | None] = [None] * len(targets)
     groups: dict[int, list[int]] = {}
     for index, target in enumerate(targets):
@@ -302,19 +308,44 @@ def decoded_cross_entropies(targets: Sequence[DecodedTarget]) -> list[TokenLoss]
     return results
 
 
+def plain_cross_entropies(targets: Sequence[DecodedTarget]) -> list[TokenLoss]:
+    """The device-agnostic :func:`decoded_cross_entropies`: projection and float32 cross-entropy as plain
+    tensor operations, gradients by autograd (so ``loss_weight`` plays no part).
+
+    No Python loop over rows and no host read of a tensor value: on a GPU it queues without waiting,
+    and ``torch.compile`` traces it into the step's graph (the loop over targets is over a fixed
+    number of heads). Same values as the CPU path to float tolerance; a sampler gets the float32
+    log-probabilities, as there.
+    """
+    results = []
+    for target in targets:
+        logits = target.decoder(target.features)  # (N, V): under autocast in its dtype, as the CPU path's addmm
+        loss = token_cross_entropy(logits, target.labels)
+        if target.sampler is not None:
+            with torch.no_grad(), torch.autocast(device_type=logits.device.type, enabled=False):
+                loss.samples = target.sampler(torch.log_softmax(logits.detach().float(), dim=-1))  # (N,)
+        results.append(loss)
+    return results
+
+
 def decoded_cross_entropy(features: Tensor, decoder, labels: Tensor, sampler=None, loss_weight: float | Tensor = 1.0) -> TokenLoss:
     """:func:`decoded_cross_entropies` of one target."""
     return decoded_cross_entropies([DecodedTarget(features, decoder, labels, loss_weight, sampler)])[0]
 
 
-def masked_lm_weight(n_mlm: int) -> float:
+def at_least_one(count: int | Tensor) -> int | Tensor:
+    """``max(count, 1)`` of a count or a count tensor (a tensor stays on its device: no host read)."""
+    return count.clamp(min=1) if isinstance(count, Tensor) else max(count, 1)
+
+
+def masked_lm_weight(n_mlm: int | Tensor) -> float | Tensor:
     """∂loss/∂MLM_sum of :func:`masked_lm_loss`: the ``loss_weight`` of its :class:`DecodedTarget`."""
-    return 1.0 / max(n_mlm, 1)
+    return 1.0 / at_least_one(n_mlm)
 
 
-def span_bert_weights(n_mlm: int, n_sbo: int, w_sbo: float = 1.0) -> tuple[float, float]:
+def span_bert_weights(n_mlm: int | Tensor, n_sbo: int | Tensor, w_sbo: float = 1.0) -> tuple[float | Tensor, float | Tensor]:
     """∂loss/∂MLM_sum and ∂loss/∂SBO_sum of :func:`span_bert_loss`: its targets' ``loss_weight``."""
-    return 1.0 / max(n_mlm, 1), w_sbo / (n_sbo + 1)
+    return 1.0 / at_least_one(n_mlm), w_sbo / (n_sbo + 1)
 
 
 def masked_lm_loss(mlm: TokenLoss) -> dict[str, Tensor]:

@@ -17,24 +17,49 @@ Heads (both score gathered non-pad rows only, so padded slots cost nothing):
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
 
-def gumbel_max_sample(logits: Tensor, temperature: float, generator: torch.Generator) -> Tensor:
+def gumbel_max_sample(logits: Tensor, temperature: float, seed: Tensor) -> Tensor:
     """One token per row of ``logits`` (N, V), distributed as softmax(logits / T); no gradient.
 
     Gumbel-max: argmax(logits / T + g) with g = −log(E), E ~ Exp(1) — exactly a categorical sample
     (ELECTRA's ``sample_from_softmax``; DeBERTa-V3's multinomial draw has the same distribution).
-    All noise comes from ``generator``, so a sample is a function of its seed.
+    All noise comes from ``seed`` (an int64 scalar tensor): element i of the (N, V) noise is drawn from
+    the i-th SplitMix64 word of the seed (:func:`uniforms`), so a sample is a function of its seed
+    on every device, and neither reading the seed into Python nor a ``torch.Generator`` is needed
+    (either would stall a GPU or break a compiled graph).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
     with torch.no_grad():
-        exponential = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_(generator=generator)
+        exponential = -uniforms(seed, logits.shape, logits.device).log()  # Exp(1)
         return (logits.float() / temperature - exponential.log()).argmax(dim=-1)  # (N,)
+
+
+# SplitMix64 (spanlm.models.splitmix) in int64 tensor arithmetic, which wraps modulo 2⁶⁴ as uint64 does.
+_GAMMA = 0x9E3779B97F4A7C15 - 2**64
+_MIX1 = 0xBF58476D1CE4E5B9 - 2**64
+_MIX2 = 0x94D049BB133111EB - 2**64
+
+
+def _shift_right(z: Tensor, bits: int) -> Tensor:
+    """Logical right shift of int64 words (>> on int64 is arithmetic: clear the copied sign bits)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def uniforms(seed: Tensor, shape: torch.Size | tuple[int, ...], device: torch.device) -> Tensor:
+    """float32 uniforms in (0, 1) of ``shape``: the top 24 bits of SplitMix64 outputs j = 0, 1, … from ``seed``."""
+    index = torch.arange(1, math.prod(shape) + 1, dtype=torch.int64, device=device).view(shape)
+    z = seed.to(device=device, dtype=torch.int64) + index * _GAMMA
+    z = (z ^ _shift_right(z, 30)) * _MIX1
+    z = (z ^ _shift_right(z, 27)) * _MIX2
+    z = z ^ _shift_right(z, 31)
+    return (_shift_right(z, 40).float() + 0.5) * 2.0**-24  # never 0 or 1: both logs stay finite
 
 
 def replace_tokens(input_ids: Tensor, target_index: Tensor, samples: Tensor, originals: Tensor) -> tuple[Tensor, Tensor]:
@@ -125,16 +150,20 @@ class RTDLoss:
         }
 
 
-def rtd_loss(logits: Tensor, labels: Tensor) -> RTDLoss:
-    """Sigmoid BCE of ``logits`` (T,) against boolean ``labels`` (T,), summed in float32 (T may be 0)."""
+def rtd_loss(logits: Tensor, labels: Tensor, scored: Tensor | None = None) -> RTDLoss:
+    """Sigmoid BCE of ``logits`` (T,) against boolean ``labels`` (T,), summed in float32 (T may be 0),
+    over the rows where ``scored`` (T,) is true (all rows without it)."""
+    if scored is None:
+        scored = torch.ones_like(labels, dtype=torch.bool)
     with torch.autocast(device_type=logits.device.type, enabled=False):
-        total = F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="sum")
+        total = F.binary_cross_entropy_with_logits(logits.float(), labels.float(), weight=scored.float(), reduction="sum")
     with torch.no_grad():
-        predicted = logits > 0
+        predicted = (logits > 0) & scored
+        labels = labels & scored
         return RTDLoss(
             total=total,
-            count=torch.tensor(labels.numel(), device=labels.device),
-            correct=(predicted == labels).sum(),
+            count=scored.sum(),
+            correct=((predicted == labels) & scored).sum(),
             replaced=labels.sum(),
             predicted=predicted.sum(),
             true_positive=(predicted & labels).sum(),

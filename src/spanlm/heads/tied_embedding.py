@@ -26,6 +26,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from spanlm.heads.device_path import device_agnostic
+
 
 class TiedGradient:
     """The decoder's weight gradient on its way to the lookup of the same forward pass."""
@@ -85,14 +87,14 @@ class TiedEmbedding(nn.Embedding):
     """``nn.Embedding`` whose training-time lookup can take over a tied decoder's weight gradient.
 
     The hand-over applies to plain lookups with gradient (no ``max_norm``, ``scale_grad_by_freq`` or
-    sparse gradient), outside ``torch.compile``; anything else is ``nn.Embedding.forward``.
+    sparse gradient) on the CPU path (:mod:`spanlm.heads.device_path`); anything else is ``nn.Embedding.forward``.
     """
 
     gradient_slot: TiedGradient | None = None
 
     def forward(self, ids: Tensor) -> Tensor:
         plain = self.max_norm is None and not self.scale_grad_by_freq and not self.sparse
-        if not (plain and torch.is_grad_enabled() and self.weight.requires_grad) or torch.compiler.is_compiling():
+        if not (plain and torch.is_grad_enabled() and self.weight.requires_grad) or device_agnostic(ids.device):
             self.gradient_slot = None
             return super().forward(ids)
         slot = TiedGradient()

@@ -32,7 +32,7 @@ import torch
 
 from spanlm.data.chars import CharVocab, Spelling, build_char_vocab, char_stream
 from spanlm.errors import ConfigError, InputError
-from spanlm.heads.losses import DecodedTarget, TokenLoss, count_targets, decoded_cross_entropies
+from spanlm.heads.losses import DecodedTarget, TokenLoss, at_least_one, count_targets, decoded_cross_entropies
 from spanlm.heads.mlm import MLMHead
 from spanlm.heads.nlm import NLMHead
 from spanlm.masking.base import MaskedBatch
@@ -82,9 +82,9 @@ class CharNoiseMasker:
         return CharMaskedBatch(**fields, **chars)
 
 
-def charbert_weights(n_mlm: int, n_nlm: int, nlm_weight: float) -> tuple[float, float]:
+def charbert_weights(n_mlm: int | torch.Tensor, n_nlm: int | torch.Tensor, nlm_weight: float) -> tuple:
     """∂loss/∂MLM_sum and ∂loss/∂NLM_sum of :func:`charbert_loss`: its targets' ``loss_weight``."""
-    return 1.0 / max(n_mlm, 1), nlm_weight / max(n_nlm, 1)
+    return 1.0 / at_least_one(n_mlm), nlm_weight / at_least_one(n_nlm)
 
 
 def charbert_loss(mlm: TokenLoss, nlm: TokenLoss, nlm_weight: float) -> dict[str, torch.Tensor]:

@@ -18,7 +18,7 @@ hidden states"), projected to G's hidden size inside the model (``embedding_size
 deberta-v2 families).
 
 Randomness: the masker (in DataLoader workers, seeded by the batch key) also draws a 63-bit
-``sample_seed`` per batch; the Gumbel noise comes from a ``torch.Generator`` seeded with it. So the
+``sample_seed`` per batch; the Gumbel noise is drawn from it (:func:`~spanlm.heads.rtd.uniforms`). So the
 replacements are a function of the batch key, like the masks: independent of the global RNG, of the
 number of workers and ranks, and replayed exactly on resume.
 
@@ -123,10 +123,8 @@ class Electra(Objective):
         rows = self.mlm_head.features(gather_rows(hidden, batch["target_index"]))  # (N, E)
         # Replacements: sampled from G's softmax at every target, without gradient (ELECTRA §2), inside
         # the MLM loss from the same log-probabilities (softmax(logits/T) is unchanged by the row shift).
-        noise = torch.Generator(device=rows.device)
-        noise.manual_seed(int(batch["sample_seed"][0]))
-        temperature = self.settings.temperature
-        sampler = lambda log_probs: gumbel_max_sample(log_probs, temperature, noise)  # noqa: E731
+        seed, temperature = batch["sample_seed"][0], self.settings.temperature
+        sampler = lambda log_probs: gumbel_max_sample(log_probs, temperature, seed)  # noqa: E731
         n_mlm = count_targets(batch["target_labels"])
         if self.sbo_head is None:
             (mlm,) = decoded_cross_entropies([DecodedTarget(rows, self.mlm_head.decoder, batch["target_labels"], masked_lm_weight(n_mlm), sampler)])
@@ -145,12 +143,15 @@ class Electra(Objective):
         with torch.no_grad():
             samples = mlm.samples  # (N,)
             ids, replaced = replace_tokens(batch["input_ids"], batch["target_index"], samples, batch["target_labels"])  # (B, L) each
-            positions = batch["attention_mask"].flatten().nonzero().squeeze(1)  # (T,) non-pad tokens
+            # Every position is scored and the pads are masked out of the loss: selecting the non-pad rows
+            # would give a data-dependent shape (a host sync on a GPU, a graph break under torch.compile).
+            positions = torch.arange(ids.numel(), device=ids.device)  # (B·L,)
+            scored = batch["attention_mask"].flatten().bool()  # (B·L,)
             sample_accuracy = (samples == batch["target_labels"]).sum().float() / max(samples.numel(), 1)
 
         # --- discriminator: original / replaced for every non-pad token
         d_hidden = self.discriminator(input_ids=ids, attention_mask=batch["attention_mask"].long()).last_hidden_state  # (B, L, H_D)
-        rtd = rtd_loss(self.rtd_head(d_hidden, positions), replaced.flatten().index_select(0, positions))
+        rtd = rtd_loss(self.rtd_head(d_hidden, positions), replaced.flatten(), scored)
         return {
             "loss": generator_loss + self.settings.rtd_weight * rtd.mean,
             **parts,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import math
 import signal
 import time
 from collections import defaultdict
@@ -185,7 +184,10 @@ class Trainer:
         if self.config.activation_checkpointing:
             checkpoint_layers(objective)
         if self.config.compile:
-            objective.forward = torch.compile(objective.forward)
+            compiled = torch.compile(objective.forward)
+            if self.env.device.type != "cpu":
+                compiled = compile_recurrent_layers(compiled)
+            objective.forward = compiled
         if not self.env.enabled:
             return objective
         if self.config.distributed == "fsdp":
@@ -364,81 +366,113 @@ class Trainer:
         config, env = self.config, self.env
         progress = _progress_bar(config.max_steps, self.step, env.is_main and self.recipe.logging.progress)
         batches = iter(self.loader)
-        sums, counted, tokens, started, skipped = defaultdict(float), 0, 0, time.perf_counter(), 0
+        window, started, skipped = _Window(env.device), time.perf_counter(), 0
         self.objective.train()
         try:
             with StopSignal() as stop:
                 while self.step < config.max_steps:
-                    parts, step_tokens = self._train_step(batches)
-                    nonfinite = any_rank(not all(math.isfinite(v) for v in parts.values()), env)
-                    if nonfinite:
-                        message = (f"non-finite loss or gradient norm at step {self.step + 1} "
-                                   f"({', '.join(f'{k}={v:.4g}' for k, v in sorted(parts.items()))})")
-                        if config.nonfinite == "stop":
-                            raise TrainingHalted(message + "; stopped without updating the weights (nonfinite=skip skips such steps)")
-                        self.log(message + "; step skipped")
-                        skipped += 1
-                        self.optimizer.zero_grad(set_to_none=True)
-                        self.scheduler.step()
-                    else:
-                        self.optimizer.step()
-                        self.scheduler.step()
-                        self.optimizer.zero_grad(set_to_none=True)
-                        for key, value in parts.items():
-                            sums[key] += value
-                        counted += 1
-                    self.step += 1
-                    tokens += step_tokens
+                    self._step(batches, window)
                     progress.update(1)
 
                     if self.step % config.log_every == 0 or self.step == config.max_steps:
-                        record = self._log_record(sums, counted, tokens, started, skipped)
+                        record = self._log_record(window, started, skipped)  # the one host read of the window
+                        skipped = record["skipped_steps"]
                         if logger:
                             logger.log(record)
                         progress.set_postfix(loss=f"{record.get('loss', float('nan')):.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
-                        sums, counted, tokens, started = defaultdict(float), 0, 0, time.perf_counter()
+                        window, started = _Window(env.device), time.perf_counter()
                     if config.eval_every and (self.step % config.eval_every == 0 or self.step == config.max_steps):
+                        self._check_finite(window)
                         evaluation = self.evaluate()
                         if logger and evaluation:
                             logger.log({"kind": "eval", "step": self.step, **self._clock(), **evaluation})
-                    if any_rank(stop.received is not None, env):
+                    received = any_rank(stop.received is not None, env) if env.enabled else stop.received is not None
+                    if received:
+                        self._check_finite(window)
                         self.log(f"received {stop.received or 'a stop signal on another rank'}: saved step {self.step}, exiting")
                         self.save()
                         return self.output_dir
                     if self.step % config.save_every == 0 and self.step < config.max_steps:
+                        self._check_finite(window)
                         self.save()
+            self._check_finite(window)
             self.save()
             return self.output_dir
         finally:
             progress.close()
 
-    def _train_step(self, batches) -> tuple[dict[str, float], int]:
-        """One optimiser step's forward/backward over ``grad_accum`` micro-batches; returns its metrics."""
+    def _step(self, batches, window: "_Window") -> None:
+        """One training step: forward/backward, the update unless a value is not finite, the schedule.
+
+        At most one host read (none with fused AdamW): the metrics go to ``window``, on the device.
+        """
         config = self.config
-        parts, tokens = defaultdict(float), 0
+        parts, step_tokens = self._train_step(batches)
+        bad = self._nonfinite(parts)
+        if self._skips_on_device():
+            # Fused AdamW leaves weights and moments alone where ``found_inf`` is set (the hook GradScaler
+            # uses), on the device: no host read. Under nonfinite=stop nothing after the first bad step is
+            # applied either; the run halts at the next record, save or evaluation (_check_finite).
+            self.optimizer.found_inf = (bad | window.halted if config.nonfinite == "stop" else bad).float()
+            self.optimizer.step()
+        elif bool(bad):  # any other optimiser: the step's one host read decides
+            if config.nonfinite == "stop":
+                raise TrainingHalted(_nonfinite_message(self.step + 1, parts) + _STOPPED)
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        window.add(parts, bad, step_tokens, self.step)
+
+    def _train_step(self, batches) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """One optimiser step's forward/backward over ``grad_accum`` micro-batches; returns its metrics and
+        token count as tensors on the device (read only when a record is written: no host sync here)."""
+        config = self.config
+        parts, tokens = {}, torch.zeros((), dtype=torch.int64, device=self.env.device)
         for micro in range(config.grad_accum):
             batch = _to(next(batches), self.env.device)
-            tokens += int(batch["attention_mask"].sum())
+            tokens = tokens + batch["attention_mask"].sum()
             with self._no_sync(micro == config.grad_accum - 1):
                 with self._autocast():
                     output = self.model(batch)
                 (output["loss"] / config.grad_accum).backward()
             for key, value in output.items():
-                parts[key] += float(value.detach()) / config.grad_accum
+                share = value.detach().double() / config.grad_accum
+                parts[key] = parts[key] + share if key in parts else share
         # Clipped here, or by optimizer.step() itself (fused AdamW: spanlm.train.optim.clip_gradients)
-        parts["grad_norm"] = float(clip_gradients(self.optimizer, self.objective.parameters(), config.max_grad_norm))
-        return dict(parts), tokens
+        parts["grad_norm"] = clip_gradients(self.optimizer, self.objective.parameters(), config.max_grad_norm).detach().double()
+        return parts, tokens
 
-    def _log_record(self, sums, counted, tokens, started, skipped) -> dict:
+    def _nonfinite(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+        """A bool scalar on the device: a part or the gradient norm is not finite here or on another rank."""
+        bad = ~torch.isfinite(torch.stack(list(parts.values()))).all()
+        return all_reduce(bad.double()[None], self.env, op="max")[0] > 0 if self.env.enabled else bad
+
+    def _skips_on_device(self) -> bool:
+        return isinstance(self.optimizer, torch.optim.AdamW) and bool(self.optimizer.defaults.get("fused"))
+
+    def _check_finite(self, window: "_Window") -> None:
+        """Under nonfinite=stop, halt (naming the step) before anything reads or keeps weights of a bad window."""
+        if self.config.nonfinite == "stop" and bool(window.halted):
+            step, values = window.first_bad_step()
+            raise TrainingHalted(_nonfinite_message(step, values) + _STOPPED)
+
+    def _log_record(self, window: "_Window", started: float, skipped: int) -> dict:
         """Means over the steps since the last record (skipped steps excluded), reduced over ranks."""
         env = self.env
-        keys = sorted(sums)
-        values = torch.tensor([sums[k] / max(counted, 1) for k in keys] + [tokens], dtype=torch.float64, device=env.device)
-        means = all_reduce(values, env)
-        record = {"kind": "train", "step": self.step, **self._clock(), **dict(zip(keys, means[:-1].tolist()))}
+        self._check_finite(window)
+        keys = window.keys
+        means = all_reduce(torch.cat([window.sums / window.counted.clamp(min=1), window.tokens.double()[None]]), env)
+        if window.keys and bool(window.skipped):  # nonfinite=skip: say which step went bad first
+            step, values = window.first_bad_step()
+            more = int(window.skipped) - 1
+            self.log(_nonfinite_message(step, values) + "; step skipped" + (f" ({more} more skipped by step {self.step})" if more else ""))
+        values = means.tolist()
+        record = {"kind": "train", "step": self.step, **self._clock(), **dict(zip(keys, values[:-1]))}
         record["lr"] = self.scheduler.get_last_lr()[0]
-        record["tokens_per_s"] = float(means[-1]) * env.world_size / max(time.perf_counter() - started, 1e-9)
-        record["skipped_steps"] = skipped
+        record["tokens_per_s"] = values[-1] * env.world_size / max(time.perf_counter() - started, 1e-9)
+        record["skipped_steps"] = skipped + int(window.skipped)
         return record
 
     def elapsed(self) -> float:
@@ -474,6 +508,63 @@ def checkpoint_layers(objective: Objective) -> None:
         raise ConfigError(f"train.activation_checkpointing: objective {type(objective).__name__} names no layers to checkpoint")
     for unit in units:
         unit.forward = functools.partial(checkpoint, unit.forward, use_reentrant=False)
+
+
+_STOPPED = "; stopped without updating the weights (nonfinite=skip skips such steps)"
+
+
+def _nonfinite_message(step: int, parts: dict[str, float | torch.Tensor]) -> str:
+    return f"non-finite loss or gradient norm at step {step} ({', '.join(f'{k}={float(v):.4g}' for k, v in sorted(parts.items()))})"
+
+
+class _Window:
+    """The training metrics of the steps since the last record, kept on the device.
+
+    Why: reading a tensor's value on the host waits for the device to finish everything queued before
+    it; read every step, that keeps a GPU idle while Python prepares the next step. Here each step adds
+    to device tensors, and the record reads them all at once, every ``train.log_every`` steps.
+    """
+
+    def __init__(self, device: torch.device):
+        self.keys: list[str] = []  # the logged parts (the same every step), sorted
+        self.sums = torch.zeros(0, dtype=torch.float64, device=device)  # (K,) over the finite steps
+        self.counted = torch.zeros((), dtype=torch.int64, device=device)  # finite steps
+        self.skipped = torch.zeros((), dtype=torch.int64, device=device)  # non-finite steps
+        self.tokens = torch.zeros((), dtype=torch.int64, device=device)
+        self.bad_step = torch.full((), -1, dtype=torch.int64, device=device)  # the first non-finite step, or −1
+        self.bad_values = self.sums  # (K,) its parts
+
+    @property
+    def halted(self) -> torch.Tensor:
+        """A bool scalar on the device: some step of the window was not finite."""
+        return self.bad_step >= 0
+
+    def add(self, parts: dict[str, torch.Tensor], bad: torch.Tensor, tokens: torch.Tensor, step: int) -> None:
+        if not self.keys:
+            self.keys = sorted(parts)
+            self.sums = self.bad_values = self.sums.new_zeros(len(self.keys))
+        values = torch.stack([parts[key] for key in self.keys])  # (K,)
+        self.sums = self.sums + torch.where(bad, 0.0, values)  # NaN · 0 would be NaN: select instead
+        self.counted = self.counted + (~bad).long()
+        self.skipped = self.skipped + bad.long()
+        self.tokens = self.tokens + tokens
+        first = bad & (self.bad_step < 0)
+        self.bad_step = torch.where(first, step, self.bad_step)
+        self.bad_values = torch.where(first, values, self.bad_values)
+
+    def first_bad_step(self) -> tuple[int, dict[str, float]]:
+        """The first non-finite step and its parts (host reads: only when the window is known to hold one)."""
+        return int(self.bad_step), dict(zip(self.keys, self.bad_values.tolist()))
+
+
+def compile_recurrent_layers(function: Callable) -> Callable:
+    """``function`` traced with its recurrent layers (CharBERT's BiGRU) inside the graph, not around it.
+
+    Dynamo leaves ``nn.GRU`` out of the graph by default (a graph break before and after each call);
+    with ``allow_rnn`` it traces the layer as one recurrent operator, which is cuDNN's on a GPU. Not on
+    the CPU, where that operator decomposes into one step per character and compiling it takes minutes.
+    """
+    return torch._dynamo.config.patch(allow_rnn=True)(function)
 
 
 class _RestoreGradientSync:

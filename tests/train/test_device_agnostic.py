@@ -1,0 +1,195 @@
+"""The device-agnostic step (spanlm.heads.device_path), run on the CPU by forcing it: the same losses and
+gradients as the CPU path, no graph break under torch.compile, at most one host sync per training step."""
+
+from __future__ import annotations
+
+import json
+import traceback
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import EMBEDDED_CORPUS, REPO
+from spanlm.config import load_recipe
+from spanlm.data.blocks import BlockDataset, collate_blocks
+from spanlm.data.shards import PreparedCorpus
+from spanlm.heads import losses
+from spanlm.heads.device_path import force_device_agnostic
+from spanlm.objectives import build_objective
+from spanlm.train.dist import init_distributed
+from spanlm.train.loop import Trainer, _Window, compile_recurrent_layers, pretraining_setup
+
+INPUTS = [str(p) for p in sorted(EMBEDDED_CORPUS.glob("*.txt")) if "hongloumeng" not in p.name]  # as embedded_prepared
+MAX_LEN = 32
+TINY = ["model.hidden_size=32", "model.num_heads=2", "model.intermediate_size=64", "model.num_layers=2",
+        f"model.max_position_embeddings={MAX_LEN}", "model.hidden_dropout=0.0", "model.attention_dropout=0.0"]
+# (recipe in configs/pretrain, overrides): every objective, ELECTRA with each sharing mode and the SBO generator
+OBJECTIVES = {
+    "mlm": ("mlm", []),
+    "wwm": ("wwm", []),
+    # the embedded corpus has no similar-word table: [MASK] in its place (the same model and loss)
+    "macbert": ("macbert", ['masking.ngram.proportions={"mask": 0.8, "similar": 0.0, "random": 0.1, "keep": 0.1}']),
+    "spanbert": ("spanbert", []),
+    "charbert": ("charbert", [f"masking.noise.max_len={MAX_LEN}"]),
+    "electra-es": ("electra", ["objective.electra.sharing=es"]),
+    "electra-gdes": ("deberta_v3_gdes", ["objective.electra.sharing=gdes"]),
+    "electra-sbo": ("electra", ["objective.electra.generator_head=sbo", "masking.scheme=span"]),
+}
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: see helpers.one_torch_thread
+
+
+def recipe(name: str, prepared, output_dir, *overrides: str):
+    return load_recipe(REPO / "configs" / "pretrain" / f"{name}.yaml", [
+        f"data.inputs={json.dumps(INPUTS)}", f"data.prepared_dir={prepared}", f"data.max_len={MAX_LEN}",
+        "tokenizer.vocab_size=2000", *TINY, f"train.output_dir={output_dir}", "train.max_steps=4", "train.batch_size=4",
+        "train.num_workers=0", "train.eval_blocks=4", "train.log_every=100", "train.warmup_steps=1",
+        "logging.report_to=[]", "logging.progress=false", *overrides,
+    ])
+
+
+@pytest.fixture(scope="module")
+def corpus(embedded_prepared) -> PreparedCorpus:
+    return PreparedCorpus(embedded_prepared)
+
+
+def objective_and_batch(corpus, tmp_path, case: str):
+    name, overrides = OBJECTIVES[case]
+    torch.manual_seed(0)
+    objective = build_objective(recipe(name, corpus.directory, tmp_path / "run", *overrides), corpus)
+    blocks = BlockDataset(corpus, MAX_LEN)
+    batch = collate_blocks([blocks[i] for i in range(8)], corpus.special_ids["pad"])
+    return objective, objective.masker(batch, np.random.default_rng(0)).to_torch()
+
+
+def training_step(objective, batch) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The output parts and every parameter's gradient of one forward/backward."""
+    objective.zero_grad(set_to_none=True)
+    output = objective(batch)
+    output["loss"].backward()
+    gradients = {name: p.grad.clone() for name, p in objective.named_parameters() if p.grad is not None}
+    return {key: value.detach().clone() for key, value in output.items()}, gradients
+
+
+@pytest.mark.parametrize("case", list(OBJECTIVES))
+def test_same_losses_and_gradients_as_the_cpu_path(corpus, tmp_path, monkeypatch, case):
+    objective, batch = objective_and_batch(corpus, tmp_path, case)
+    decoded = []
+    original = losses._decode
+    monkeypatch.setattr(losses, "_decode", lambda *args: decoded.append(1) or original(*args))
+    cpu_parts, cpu_gradients = training_step(objective, batch)
+    assert decoded, "the CPU path was not taken"
+    decoded.clear()
+    with force_device_agnostic():
+        parts, gradients = training_step(objective, batch)
+    assert not decoded, "the forced device-agnostic path still ran the CPU path's decoder"
+    assert parts.keys() == cpu_parts.keys() and gradients.keys() == cpu_gradients.keys()
+    for key, value in parts.items():
+        assert torch.allclose(value.double(), cpu_parts[key].double(), rtol=1e-5, atol=1e-6), (key, value, cpu_parts[key])
+    for name, gradient in gradients.items():
+        assert torch.allclose(gradient, cpu_gradients[name], rtol=1e-4, atol=1e-6), name
+
+
+def test_same_bf16_losses_as_the_cpu_path(corpus, tmp_path):
+    objective, batch = objective_and_batch(corpus, tmp_path, "spanbert")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cpu_parts, cpu_gradients = training_step(objective, batch)
+        with force_device_agnostic():
+            parts, gradients = training_step(objective, batch)
+    for key in ("mlm_loss", "sbo_loss"):  # both round the logits to bf16, then take a float32 cross-entropy
+        assert torch.allclose(parts[key], cpu_parts[key], rtol=1e-3), (key, parts[key], cpu_parts[key])
+    embedding = "backbone.embeddings.word_embeddings.weight"
+    # the CPU path multiplies its logits' gradient out in bf16, autograd in its own order: compare as a whole
+    difference = (gradients[embedding] - cpu_gradients[embedding]).norm() / cpu_gradients[embedding].norm()
+    assert difference < 0.02, difference
+
+
+@pytest.mark.parametrize("case", list(OBJECTIVES))
+def test_one_training_step_compiles_without_graph_breaks(corpus, tmp_path, case):
+    objective, batch = objective_and_batch(corpus, tmp_path, case)
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(compile_recurrent_layers(objective))(batch)  # as the loop compiles off the CPU
+    assert explanation.graph_break_count == 0, [reason.reason for reason in explanation.break_reasons]
+    assert explanation.graph_count == 1
+
+
+SYNCING = ("item", "__bool__", "__int__", "__float__", "__index__", "cpu", "tolist", "numpy")
+
+
+class HostReads:
+    """Counts the Tensor methods that read a value on the host (on a GPU, each waits for the device)."""
+
+    def __init__(self, monkeypatch):
+        self.calls: list[str] = []
+        for name in SYNCING:
+            original = getattr(torch.Tensor, name)
+
+            def counted(tensor, *args, _name=name, _original=original, **kwargs):
+                caller = traceback.extract_stack(limit=2)[0]
+                self.calls.append(f"{_name} in {Path(caller.filename).name}:{caller.lineno}")
+                return _original(tensor, *args, **kwargs)
+
+            monkeypatch.setattr(torch.Tensor, name, counted)
+
+
+# transformers' SDPA mask preparation reads ``attention_mask.all()`` once per eager forward, to drop a mask
+# without padding so that SDPA may take the flash kernel; under torch.compile it does not (is_tracing).
+ENCODER_MASK_CHECK = "masking_utils.py"
+
+
+@pytest.mark.parametrize("settings", [[], ["train.nonfinite=skip"], ["train.grad_accum=2"]], ids=["stop", "skip", "grad-accum"])
+def test_a_non_logging_step_reads_the_host_only_in_the_encoders_mask_check(corpus, tmp_path, monkeypatch, settings):
+    config = recipe("spanbert", corpus.directory, tmp_path / "run", *settings)
+    trainer = Trainer(config, init_distributed("cpu"), pretraining_setup, log=lambda *_: None)
+    loader = iter(trainer.loader)
+    batches = iter([next(loader) for _ in range(4)])  # masked before counting: the data loader is not the step
+    window = _Window(trainer.env.device)
+    trainer.objective.train()
+    with force_device_agnostic():
+        trainer._step(batches, window)  # first step: optimiser state created
+        reads = HostReads(monkeypatch)
+        trainer._step(batches, window)
+    monkeypatch.undo()
+    # fused AdamW skips a non-finite step on the device: the loop itself reads nothing
+    assert len(reads.calls) == config.train.grad_accum and all(ENCODER_MASK_CHECK in call for call in reads.calls), reads.calls
+    assert trainer.step == 2 and int(window.counted) == 2 and int(window.tokens) > 0
+
+
+def test_a_non_fused_optimiser_step_reads_the_non_finite_flag_once(corpus, tmp_path, monkeypatch):
+    config = recipe("spanbert", corpus.directory, tmp_path / "run", "train.nonfinite=skip")
+    trainer = Trainer(config, init_distributed("cpu"), pretraining_setup, log=lambda *_: None)
+    monkeypatch.setattr(Trainer, "_skips_on_device", lambda self: False)  # as for the foreach AdamW under FSDP, or LAMB
+    batches = iter(trainer.loader)
+    window = _Window(trainer.env.device)
+    trainer.objective.train()
+    with force_device_agnostic():
+        trainer._step(batches, window)
+        reads = HostReads(monkeypatch)
+        trainer._step(batches, window)
+    loop_reads = [call for call in reads.calls if ENCODER_MASK_CHECK not in call]
+    monkeypatch.undo()
+    assert len(loop_reads) == 1 and "loop.py" in loop_reads[0], reads.calls
+
+
+def test_a_non_finite_step_is_skipped_on_the_device_and_named_at_the_record(corpus, tmp_path):
+    config = recipe("spanbert", corpus.directory, tmp_path / "run")
+    trainer = Trainer(config, init_distributed("cpu"), pretraining_setup, log=lambda *_: None)
+    batches = iter(trainer.loader)
+    window = _Window(trainer.env.device)
+    trainer.objective.train()
+    with force_device_agnostic():
+        trainer._step(batches, window)
+        before = {name: p.detach().clone() for name, p in trainer.objective.named_parameters()}
+        poisoned = next(p for p in trainer.objective.parameters() if p.requires_grad)
+        hook = poisoned.register_hook(lambda grad: grad * float("nan"))
+        trainer._step(batches, window)  # step 2 goes bad
+        hook.remove()
+        trainer._step(batches, window)  # nonfinite=stop: nothing after the bad step is applied either
+    assert all(torch.equal(p, before[name]) for name, p in trainer.objective.named_parameters())
+    assert int(window.skipped) == 1 and int(window.bad_step) == 2
+    from spanlm.train.loop import TrainingHalted
+
+    with pytest.raises(TrainingHalted, match="non-finite loss or gradient norm at step 2 .*grad_norm=nan"):
+        trainer._log_record(window, 0.0, 0)
