@@ -108,9 +108,11 @@ class _SelfAttention(torch.autograd.Function):
 class _TrainingForward:
     """Mixin: the module's forward through :class:`_SelfAttention` whenever that applies (module docstring)."""
 
-    def forward(self, hidden_states: Tensor, attention_mask: Tensor | None = None, past_key_values=None, **kwargs):
+    def forward(self, hidden_states: Tensor, attention_mask: Tensor | None = None, *args, **kwargs):
+        # The key/value cache: `past_key_values` up to transformers 5.23, `cache` from 5.24 (positional or keyword).
+        cache = args[0] if args else kwargs.get("cache", kwargs.get("past_key_values"))
         p = self.dropout.p
-        if (self.training and past_key_values is None and not getattr(self, "is_causal", False)
+        if (self.training and cache is None and not getattr(self, "is_causal", False)
                 and hidden_states.device.type == "cpu" and hidden_states.dtype in (torch.float32, torch.float64)
                 and hidden_states.dim() == 3 and self.all_head_size == hidden_states.shape[-1]
                 and (attention_mask is None or (attention_mask.dtype == torch.bool and attention_mask.dim() == 4))
@@ -121,7 +123,7 @@ class _TrainingForward:
                                            self.query.weight, self.query.bias, self.key.weight, self.key.bias,
                                            self.value.weight, self.value.bias)
             return context, None
-        return super().forward(hidden_states, attention_mask, past_key_values, **kwargs)
+        return super().forward(hidden_states, attention_mask, *args, **kwargs)
 
 
 class FusedBertSelfAttention(_TrainingForward, BertSelfAttention):
