@@ -17,7 +17,6 @@ never depend on which kind it is.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 from collections.abc import Callable
@@ -101,7 +100,7 @@ def load_encoder(config: EncoderConfig) -> nn.Module:
 def _load_model(directory: Path, config: EncoderConfig):
     from transformers import AutoConfig, AutoModel
 
-    from spanlm.models.backbone import ATTENTION
+    from spanlm.models.backbone import ATTENTION, quiet_load_report
     from spanlm.models.dropout import use_fast_dropout
 
     model_config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
@@ -113,7 +112,7 @@ def _load_model(directory: Path, config: EncoderConfig):
         if config.init == "random":
             model = AutoModel.from_config(model_config, attn_implementation=attention, **kwargs)
         else:
-            with quiet_transformers():  # its load report would list what is checked just below, in many lines
+            with quiet_load_report():  # its load report would list what is checked just below, in many lines
                 model, loading = AutoModel.from_pretrained(str(directory), config=model_config, local_files_only=True,
                                                            attn_implementation=attention, output_loading_info=True, **kwargs)
             if loading["missing_keys"]:  # transformers would start them from random values, without a word
@@ -151,18 +150,6 @@ def check_safetensors(path: Path) -> None:
     except SafetensorError as error:
         raise InputError(f"{path}: not a whole safetensors file (truncated or corrupt: {error})") from None
 
-
-@contextlib.contextmanager
-def quiet_transformers():
-    """transformers logs errors only within the block."""
-    from transformers.utils import logging as hf_logging
-
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
 
 
 def load_fast_tokenizer(directory: Path):
