@@ -3,9 +3,9 @@
 What is compared (one self-attention module of the bench/train_step.py model: BERT, hidden 256, 4 heads,
 attention dropout 0.1, training mode; the same weights, hidden states and upstream gradient; forward,
 then backward into the input and all six projection parameters)
-    spanlm      the module as spanlm's encoders run it (``spanlm.models.dropout.use_fast_dropout``):
+    spanlm      the module as spanlm's encoders run it (``spanlm.accel.dropout.use_fast_dropout``):
                 ``FusedBertSelfAttention``, hidden states to context in one autograd function
-                (``spanlm.models.attention``).
+                (``spanlm.accel.attention``).
     unfused     the same module with transformers' own forward and spanlm's ``"spanlm_sdpa"`` attention
                 (SDPA's math path with FastDropout): what spanlm ran before the fused function, shown to
                 separate the fusion's share from the dropout's.
@@ -32,8 +32,8 @@ import time
 
 import torch
 
-from spanlm.models.attention import FUSED
-from spanlm.models.dropout import use_fast_dropout
+from spanlm.accel.attention import FUSED
+from spanlm.accel.dropout import use_fast_dropout
 
 SHAPES = {"seq128": (16, 128), "seq512": (4, 512)}
 HIDDEN, HEADS = 256, 4

@@ -2,7 +2,7 @@
 
 What is compared (the same input, p = 0.1, training mode, forward then backward of a fixed upstream
 gradient; the input's gradient is produced in both cases)
-    spanlm      ``spanlm.models.dropout.fast_dropout``: four 16-bit keep decisions per 64-bit SplitMix64 random
+    spanlm      ``spanlm.accel.dropout.fast_dropout``: four 16-bit keep decisions per 64-bit SplitMix64 random
                 word, P(drop) = round(p·2¹⁶)/2¹⁶, kept elements scaled by 1/(1 − P(drop)).
     peer        ``torch.nn.functional.dropout`` (one Bernoulli draw per element), what ``nn.Dropout``
                 and transformers' SDPA math path run.
@@ -30,7 +30,7 @@ import time
 import torch
 from torch.nn import functional as F
 
-from spanlm.models.dropout import fast_dropout
+from spanlm.accel.dropout import fast_dropout
 
 SHAPES = {"hidden_seq128": (16, 128, 256), "attention_seq128": (16, 4, 128, 128), "attention_seq512": (16, 4, 512, 512)}
 P = 0.1

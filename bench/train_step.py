@@ -5,14 +5,16 @@ What is compared (one optimiser step each: forward, backward, gradient clipping 
 4 heads, intermediate 1024, vocab 30,522, 512 positions, dropout 0.1, batch 16, seq 128 and 512)
     spanlm      ``build_objective`` on a Recipe with ``objective.name: spanbert``, ``masking.scheme: span``
                 and ``model.family: bert`` of those sizes: the bare BertModel (no pooler) as spanlm runs
-                it (``spanlm.models.dropout``: FastDropout for every dropout; self-attention in training
-                = ``spanlm.models.attention``'s one autograd function, SDPA's math with that dropout on
+                it with ``spanlm.accel.apply`` (``train.accel: auto``, what the Trainer does; ``--accel off``
+                for none): ``spanlm.accel.dropout``: FastDropout for every dropout; self-attention in training
+                = ``spanlm.accel.attention``'s one autograd function, SDPA's math with that dropout on
                 the probabilities), the MLM head and the Span Boundary
                 Objective head, both computed only at their target rows, decoders tied to the input
                 embedding and projected together, projection + cross-entropy fused
-                (``decoded_cross_entropies``). Optimiser ``spanlm.train.optim.build_optimizer`` (AdamW as
+                (``spanlm.accel.cross_entropy``). Optimiser ``spanlm.train.optim.build_optimizer`` (AdamW as
                 configured by default: no decay on biases / LayerNorm), clipped by
-                ``spanlm.train.optim.clip_gradients`` (the clip factor inside fused AdamW's pass). The step
+                ``spanlm.train.optim.clip_gradients`` (the clip factor inside fused AdamW's pass; the norm
+                from ``spanlm.accel.gradient_norm``). The step
                 is the body of ``Trainer._train_step`` + ``optimizer.step()`` of spanlm.train.loop, minus
                 the data loader.
     peer        ``transformers.BertForMaskedLM`` with the same config and ``attn_implementation="sdpa"``,
@@ -47,8 +49,8 @@ sequence length of ``--seqs`` (128 by default; ``ratio_min`` is the smaller rati
 Per length, ``ratio_paired_median`` is the median over steps of peer time ÷ spanlm time of the same
 step pair (robust to a load burst on this shared machine hitting a few steps).
 ``torch.set_num_threads`` is left at its default. The process keeps freed memory for reuse as spanlm's
-training does (``spanlm.train.host_memory.retain_freed_memory``; both sides profit; ``--system-allocator``
-keeps glibc's defaults).
+CPU backend does (``spanlm.accel.host_memory.retain_freed_memory``, process-wide: both sides profit;
+``--accel off`` keeps glibc's defaults).
 
 FLOPs and MFU. FLOPs per token of an encoder MLM training step::
 
@@ -81,13 +83,14 @@ Output: one JSON line on stdout (anything printed meanwhile goes to stderr).
 
     python bench/train_step.py [--steps 16,6] [--warmup 2,1] [--seqs 128,512] [--batch 16]
                                [--batches 4] [--compile] [--bf16] [--seed 0] [--data DIR]
-                               [--system-allocator]
+                               [--accel auto|off]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -118,8 +121,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--compile", action="store_true", help="torch.compile both sides' forward")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast on both sides (weights stay fp32)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--system-allocator", action="store_true",
-                        help="keep glibc's malloc defaults (spanlm training runs with retain_freed_memory)")
+    parser.add_argument("--accel", choices=["auto", "off"], default="auto",
+                        help="spanlm's speed backend (train.accel; off: the model as built, glibc's malloc defaults)")
     parser.add_argument("--peak-size", type=int, default=2048, help="matrix size of the matmul-peak measurement")
     parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "english_text"),
                         help="directory searched recursively for *.txt (default: ../shared/data/english_text)")
@@ -205,13 +208,17 @@ def peer_features(block) -> dict:
 
 
 def build_spanlm(recipe, corpus, seed: int):
+    """spanlm's objective with the speed backend recipe.train.accel puts in (as the Trainer does), its optimiser
+    and its clipping norm."""
+    from spanlm import accel
     from spanlm.objectives import build_objective
     from spanlm.train.optim import build_optimizer
 
     torch.manual_seed(seed)
     objective = build_objective(recipe, corpus)
+    backend = accel.apply(objective, torch.device("cpu"), recipe.train.accel)
     objective.train()
-    return objective, build_optimizer(objective, recipe.train)
+    return objective, build_optimizer(objective, recipe.train), accel.gradient_norm(backend)
 
 
 def build_peer(corpus, recipe, seed: int):
@@ -298,6 +305,7 @@ def run_length(args, seq: int, steps: int, warmup: int, recipe_dict: dict, corpu
     recipe_dict = json.loads(json.dumps(recipe_dict))
     recipe_dict["data"]["max_len"] = seq
     recipe_dict["train"]["batch_size"] = args.batch
+    recipe_dict["train"]["accel"] = args.accel
     recipe = from_dict(Recipe, recipe_dict)
 
     blocks = BlockDataset(corpus, seq)
@@ -305,7 +313,7 @@ def run_length(args, seq: int, steps: int, warmup: int, recipe_dict: dict, corpu
     groups = [[blocks[int(i)] for i in chosen[k * args.batch:(k + 1) * args.batch]] for k in range(args.batches)]
 
     torch._dynamo.reset()
-    objective, spanlm_optimizer = build_spanlm(recipe, corpus, args.seed)
+    objective, spanlm_optimizer, gradient_norm = build_spanlm(recipe, corpus, args.seed)
     model, peer_optimizer = build_peer(corpus, recipe, args.seed)
 
     pad = corpus.special_ids["pad"]
@@ -322,7 +330,8 @@ def run_length(args, seq: int, steps: int, warmup: int, recipe_dict: dict, corpu
         spanlm_forward = torch.compile(spanlm_forward)
         peer_forward = torch.compile(peer_forward)
     sides = {
-        "spanlm": (make_step(objective, spanlm_optimizer, lambda b: spanlm_forward(b)["loss"], args.bf16, 1.0, clip_gradients), spanlm_batches),
+        "spanlm": (make_step(objective, spanlm_optimizer, lambda b: spanlm_forward(b)["loss"], args.bf16, 1.0,
+                             functools.partial(clip_gradients, norm=gradient_norm)), spanlm_batches),
         "peer": (make_step(model, peer_optimizer, lambda b: peer_forward(**b).loss, args.bf16, 1.0), peer_batches),
     }
     tokens = {"spanlm": [int(b["attention_mask"].sum()) for b in spanlm_batches],
@@ -402,10 +411,6 @@ def main() -> None:
         from spanlm.config import Recipe, from_dict
         from spanlm.data.prepare import prepare
         from spanlm.data.shards import PreparedCorpus
-        from spanlm.train.host_memory import retain_freed_memory
-
-        # As spanlm's Trainer does (train.retain_freed_memory); process-wide, so the peer runs with it too.
-        retained = False if args.system_allocator else retain_freed_memory()
         recipe_dict = base_recipe(book_inputs(args.data))
         prepared = prepare(from_dict(Recipe, recipe_dict), log=lambda message: print(message, file=sys.stderr))
         corpus = PreparedCorpus(prepared)
@@ -470,7 +475,7 @@ def main() -> None:
                        "peer": "torch.optim.AdamW(fused=True) (HF Trainer default adamw_torch_fused)"},
         "peer_collator": "DataCollatorForLanguageModeling(mlm_probability=0.15, whole_word_mask=True)",
         "data": "gutenberg + tinyshakespeare, one document per book, spanlm WordPiece (min_frequency 1), full-length blocks",
-        "retain_freed_memory": retained,
+        "accel": args.accel,
         "threads": torch.get_num_threads(),
         "cpus": len(os.sched_getaffinity(0)),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},

@@ -138,3 +138,28 @@ def cache_like_the_hub(root: Path, name: str, splits: dict, config: str | None =
         cache = Path(datasets.config.HF_DATASETS_CACHE)
         (cache / dataset_name).rename(cache / f"{namespace}___{dataset_name}")
     return repo
+
+
+def splitmix64_words(seed: int, count: int):
+    """The first ``count`` outputs of SplitMix64 from ``seed`` (Steele, Lea & Flood 2014) as a uint64 array:
+    output j is mix(seed + (j + 1)·γ mod 2⁶⁴), the reference spanlm's dropout kernel and ELECTRA's Gumbel
+    noise are checked against. NumPy's uint64 arithmetic wraps modulo 2⁶⁴ as the C code's does."""
+    import numpy as np
+
+    z = np.uint64(seed) + np.arange(1, count + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def dropout_multiplier(shape, key: int, threshold: int, kept: float = 1.0):
+    """Dropout's float32 multiplier for the stream (key, threshold, kept): element i (row-major) is kept when
+    the i-th 16-bit quarter of the SplitMix64 words, read as int16, is at least ``threshold``."""
+    import math
+
+    import numpy as np
+    import torch
+
+    n = math.prod(shape)
+    quarters = torch.from_numpy(splitmix64_words(key, (n + 3) // 4).view(np.int16)[:n].copy()).view(shape)
+    return (quarters >= threshold).float() * kept

@@ -6,21 +6,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from spanlm import native
-from spanlm.heads import (
-    IGNORE_INDEX,
-    DecodedTarget,
-    TiedDecoder,
-    count_targets,
-    decoded_cross_entropies,
-    decoded_cross_entropy,
-    masked_lm_loss,
-    masked_lm_weight,
-    span_bert_loss,
-    span_bert_weights,
-    token_cross_entropy,
-)
-from spanlm.heads.losses import _decode
+from spanlm.heads import (IGNORE_INDEX, TiedDecoder, VocabTarget, masked_lm_loss, span_bert_loss, token_cross_entropy,
+                          vocab_cross_entropies)
 
 LN2 = math.log(2.0)
 # Two logit rows over a 3-token vocabulary with simple softmaxes:
@@ -108,17 +95,8 @@ def test_cross_entropy_is_float32_under_bf16_autocast():
     assert torch.isfinite(weight.grad).all()
 
 
-@pytest.fixture(params=["native", "pytorch"])
-def cross_entropy_path(request, monkeypatch):
-    """Both ways the decoded cross-entropy runs: spanlm.native's compiled kernel, and the PyTorch passes."""
-    if request.param == "pytorch":
-        monkeypatch.setattr(native, "kernels", lambda: None)
-    elif native.kernels() is None:
-        pytest.skip("spanlm's native kernels cannot be built on this machine")
-    return request.param
-
-
-def _decoder_case(n_rows: int, ignored: int = 0, seed: int = 0):
+def decoder_case(n_rows: int, ignored: int = 0, seed: int = 0):
+    """A decoder tied to a 50 × 8 embedding, ``n_rows`` feature rows and labels (the first ``ignored`` ignored)."""
     generator = torch.Generator().manual_seed(seed)
     embedding = torch.nn.Embedding(50, 8)
     torch.nn.init.normal_(embedding.weight, generator=generator)
@@ -130,158 +108,25 @@ def _decoder_case(n_rows: int, ignored: int = 0, seed: int = 0):
     return embedding, decoder, features, labels
 
 
-@pytest.mark.parametrize("n_rows, ignored", [(12, 0), (12, 3), (0, 0)])
-def test_decoded_cross_entropy_equals_logits_then_cross_entropy(n_rows, ignored, cross_entropy_path):
-    results = []
-    for fused in (False, True):
-        embedding, decoder, features, labels = _decoder_case(n_rows, ignored)
-        loss = decoded_cross_entropy(features, decoder, labels) if fused else token_cross_entropy(decoder(features), labels)
-        (loss.total * 0.37).backward()  # a non-unit upstream gradient
-        results.append((loss, features.grad, embedding.weight.grad, decoder.bias.grad))
-    (reference, *reference_grads), (fused, *fused_grads) = results
-    torch.testing.assert_close(fused.total, reference.total, atol=1e-5, rtol=1e-6)
-    assert fused.count.item() == reference.count.item() == n_rows - ignored
-    assert fused.correct.item() == reference.correct.item()
-    for got, expected in zip(fused_grads, reference_grads):
-        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+def test_vocab_cross_entropies_are_the_decoders_logits_then_cross_entropy():
+    embedding, decoder, features, labels = decoder_case(12, ignored=3)
+    (loss,) = vocab_cross_entropies([VocabTarget(features, decoder, labels)])
+    reference = F.cross_entropy(features @ embedding.weight.T + decoder.bias, labels, reduction="sum", ignore_index=IGNORE_INDEX)
+    assert loss.total.item() == pytest.approx(reference.item(), rel=1e-6)
+    assert loss.count.item() == 9 and loss.samples is None
 
 
-def test_decoded_cross_entropy_under_bf16_autocast():
-    embedding, decoder, features, labels = _decoder_case(16)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        fused = decoded_cross_entropy(features, decoder, labels)
-        reference = token_cross_entropy(decoder(features), labels)
-    assert fused.total.dtype == torch.float32
-    assert fused.total.item() == pytest.approx(reference.total.item(), rel=1e-5)
-    fused.total.backward()
-    assert features.grad.dtype == torch.float32 and embedding.weight.grad.dtype == torch.float32
-    assert torch.isfinite(features.grad).all() and torch.isfinite(embedding.weight.grad).all()
-
-
-def test_decoded_cross_entropy_samples_from_the_same_rows():
+def test_vocab_cross_entropies_sample_from_the_log_probabilities():
     from spanlm.heads.rtd import gumbel_max_sample
 
-    embedding, decoder, features, labels = _decoder_case(64)
+    embedding, decoder, features, labels = decoder_case(64)
     draw = lambda rows: gumbel_max_sample(rows, 0.7, torch.tensor(3))  # noqa: E731
-    fused = decoded_cross_entropy(features, decoder, labels, sampler=draw)
-    assert torch.equal(fused.samples, draw(decoder(features).detach()))  # the row shift leaves the arg-max alone
-    assert fused.total.item() == pytest.approx(decoded_cross_entropy(features, decoder, labels).total.item(), rel=1e-6)
-    assert decoded_cross_entropy(features, decoder, labels).samples is None
+    (loss,) = vocab_cross_entropies([VocabTarget(features, decoder, labels, draw)])
+    assert torch.equal(loss.samples, draw(torch.log_softmax(decoder(features).detach(), dim=-1)))
 
 
-def _reference_gradients(n_rows=12):
-    embedding, decoder, features, labels = _decoder_case(n_rows)
-    token_cross_entropy(decoder(features), labels).total.backward()
-    return features.grad, embedding.weight.grad, decoder.bias.grad
-
-
-def test_decoded_cross_entropy_reuses_its_workspace_across_steps(cross_entropy_path):
-    embedding, decoder, features, labels = _decoder_case(12)
-    pointers = []
-    for _ in range(3):
-        features.grad = embedding.weight.grad = decoder.bias.grad = None
-        loss = decoded_cross_entropy(features, decoder, labels)
-        pointers.append(decoder.workspace.buffer.data_ptr())
-        loss.total.backward()
-        for got, expected in zip((features.grad, embedding.weight.grad, decoder.bias.grad), _reference_gradients()):
-            torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
-    with torch.no_grad():
-        decoded_cross_entropy(features, decoder, labels)
-    assert len(set(pointers + [decoder.workspace.buffer.data_ptr()])) == 1
-
-
-def test_decoded_cross_entropy_two_forwards_before_backward_are_both_right():
-    embedding, decoder, features, labels = _decoder_case(12)
-    first = decoded_cross_entropy(features, decoder, labels)
-    second = decoded_cross_entropy(features * 1.0, decoder, labels)  # reuses the buffer the first forward used
-    (first.total + second.total).backward()
-    for got, expected in zip((features.grad, embedding.weight.grad, decoder.bias.grad), _reference_gradients()):
-        torch.testing.assert_close(got, 2 * expected, atol=1e-6, rtol=1e-5)
-
-
-def test_a_retained_graph_gives_the_same_gradients_twice(cross_entropy_path):
-    embedding, decoder, features, labels = _decoder_case(12)
-    loss = decoded_cross_entropy(features, decoder, labels)
-    loss.total.backward(retain_graph=True)  # hands over the gradients formed in the forward pass
-    first = [t.grad.clone() for t in (features, embedding.weight, decoder.bias)]
-    for t in (features, embedding.weight, decoder.bias):
-        t.grad = None
-    loss.total.backward()  # forms them again from the saved inputs
-    for tensor, expected in zip((features, embedding.weight, decoder.bias), first):
-        torch.testing.assert_close(tensor.grad, expected, atol=1e-6, rtol=1e-5)
-
-
-def _two_heads_case(ignored: int = 0):
-    """Two decoders tied to one embedding, each with its own bias, as SpanBERT's MLM and SBO heads."""
-    embedding, first, features, labels = _decoder_case(12, ignored, seed=1)
-    second = TiedDecoder(embedding)
-    torch.nn.init.normal_(second.bias, generator=torch.Generator().manual_seed(2))
-    generator = torch.Generator().manual_seed(3)
-    other_features = torch.randn(7, 8, generator=generator, requires_grad=True)
-    other_labels = torch.randint(0, 50, (7,), generator=generator)
-    return embedding, (first, second), (features, other_features), (labels, other_labels)
-
-
-@pytest.mark.parametrize("announced, upstream", [
-    ((0.25, 0.5), (0.25, 0.5)),    # as announced: the gradients formed in the forward pass
-    ((0.25, 0.5), (0.125, 0.25)),  # a common factor (gradient accumulation): rescaled
-    ((0.25, 0.5), (0.5, 0.1)),     # out of proportion: formed again
-    ((0.0, 0.5), (0.0, 0.5)),      # a part weighted 0
-])
-@pytest.mark.parametrize("ignored", [0, 3])
-@pytest.mark.parametrize("block_rows", [32, 5])  # one block per part; several, the last one short
-def test_tied_decoders_decoded_together_equal_each_decoded_alone(announced, upstream, ignored, block_rows, monkeypatch, cross_entropy_path):
-    from spanlm.heads import losses
-
-    monkeypatch.setattr(losses, "ROWS_PER_BLOCK", block_rows)
-    results = []
-    for together in (False, True):
-        embedding, decoders, features, labels = _two_heads_case(ignored)
-        if together:
-            parts = decoded_cross_entropies([DecodedTarget(f, d, y, w) for f, d, y, w in zip(features, decoders, labels, announced)])
-        else:
-            parts = [token_cross_entropy(d(f), y) for f, d, y in zip(features, decoders, labels)]
-        sum(g * part.total for g, part in zip(upstream, parts)).backward()
-        grads = [embedding.weight.grad, *(d.bias.grad for d in decoders), *(f.grad for f in features)]
-        results.append((parts, grads))
-    (reference, reference_grads), (fused, fused_grads) = results
-    for got, expected in zip(fused, reference):
-        torch.testing.assert_close(got.total, expected.total, atol=1e-5, rtol=1e-6)
-        assert got.count.item() == expected.count.item() and got.correct.item() == expected.correct.item()
-    for got, expected in zip(fused_grads, reference_grads):
-        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
-
-
-def test_tied_decoders_share_one_projection():
-    embedding, decoders, features, labels = _two_heads_case()
-    calls = []
-    original = torch.mm
-
-    def counting_mm(*args, **kwargs):
-        calls.append(args[1].shape if len(args) > 1 else None)
-        return original(*args, **kwargs)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(torch, "mm", counting_mm)
-        decoded_cross_entropies([DecodedTarget(f, d, y) for f, d, y in zip(features, decoders, labels)])
-    assert len(calls) == 1  # one (12 + 7, E) × (E, V) projection for both heads
-
-
-@pytest.mark.parametrize("w_sbo", [1.0, 0.7])
-def test_the_loss_weights_announce_what_span_bert_loss_backpropagates(w_sbo):
-    """With the weights of span_bert_weights / masked_lm_weight, backward only hands over the gradients
-    formed in the forward pass: the (N, V) pass runs once."""
-    from spanlm.heads import losses
-
-    embedding, decoders, features, labels = _two_heads_case(ignored=3)
-    counts = [count_targets(y) for y in labels]
-    with pytest.MonkeyPatch.context() as patch:
-        calls = []
-        patch.setattr(losses, "_decode", lambda *a, **k: calls.append(1) or _decode(*a, **k))
-        weights = span_bert_weights(*counts, w_sbo)
-        mlm, sbo = decoded_cross_entropies([DecodedTarget(f, d, y, w) for f, d, y, w in zip(features, decoders, labels, weights)])
-        span_bert_loss(mlm, sbo, w_sbo)["loss"].backward()
-        assert len(calls) == 1
-        (alone,) = decoded_cross_entropies([DecodedTarget(features[0], decoders[0], labels[0], masked_lm_weight(counts[0]))])
-        masked_lm_loss(alone)["loss"].backward()
-        assert len(calls) == 2
+def test_a_decoder_with_cross_entropies_computes_the_targets_itself():
+    embedding, decoder, features, labels = decoder_case(4)
+    seen = []
+    decoder.cross_entropies = lambda targets: seen.append(targets) or ["computed"]
+    assert vocab_cross_entropies([VocabTarget(features, decoder, labels)]) == ["computed"] and len(seen) == 1

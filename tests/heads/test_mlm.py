@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from spanlm.data.shards import PreparedCorpus
-from spanlm.heads import MLMHead, decoded_cross_entropy, masked_lm_loss
+from spanlm.heads import MLMHead, VocabTarget, masked_lm_loss, vocab_cross_entropies
 from spanlm.models import BackboneConfig, build_backbone, hidden_size, input_embeddings
 
 
@@ -23,7 +23,7 @@ class TinyObjective(nn.Module):
     def forward(self, ids, targets, labels):
         hidden = self.backbone(input_ids=ids).last_hidden_state  # (B, L, H)
         flat = hidden.reshape(-1, hidden.shape[-1])  # (B·L, H)
-        return masked_lm_loss(decoded_cross_entropy(self.head.features(flat[targets]), self.head.decoder, labels))
+        return masked_lm_loss(vocab_cross_entropies([VocabTarget(self.head.features(flat[targets]), self.head.decoder, labels)])[0])
 
 
 @pytest.fixture(scope="module")

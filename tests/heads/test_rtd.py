@@ -117,9 +117,9 @@ def test_an_empty_batch_is_zero_not_nan():
 
 def test_uniforms_are_splitmix64_words_of_the_seed():
     from spanlm.heads.rtd import uniforms
-    from spanlm.models.splitmix import splitmix64
+    from helpers import splitmix64_words
 
     seed = 2**62 + 12345  # large enough that the int64 arithmetic wraps
-    words = splitmix64(seed, 12)
+    words = splitmix64_words(seed, 12)
     expected = torch.tensor(((words >> np.uint64(40)).astype(np.float64) + 0.5) * 2.0**-24, dtype=torch.float32)
     assert torch.equal(uniforms(torch.tensor(seed), (3, 4), torch.device("cpu")), expected.view(3, 4))

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from spanlm.train.config import TrainConfig
-from spanlm import native
+from spanlm.accel import native
 from spanlm.train.optim import build_optimizer, clip_gradients, total_norm
 
 

@@ -15,9 +15,6 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from spanlm.heads.losses import LogitsWorkspace
-from spanlm.heads.tied_embedding import tie_gradients
-
 
 class TiedDecoder(nn.Module):
     """Projection onto the vocabulary whose weight *is* the input word embedding, with its own bias.
@@ -31,19 +28,15 @@ class TiedDecoder(nn.Module):
     (``objective.to(device)``); ``head.to()`` alone does not move a weight it does not own.
     """
 
-    def __init__(self, embedding: nn.Embedding, hand_over_gradient: bool = True):
+    def __init__(self, embedding: nn.Embedding):
         super().__init__()
-        self.hand_over_gradient = hand_over_gradient
         self.tie(embedding)
         weight = embedding.weight
         self.bias = nn.Parameter(torch.zeros(weight.shape[0], device=weight.device, dtype=weight.dtype))
-        self.workspace = LogitsWorkspace()  # the (N, V) logits buffer decoded_cross_entropies reuses
 
     def tie(self, embedding: nn.Embedding) -> None:
         # object.__setattr__ bypasses nn.Module.__setattr__, which would register `embedding` as a child.
         object.__setattr__(self, "embedding", embedding)
-        if self.hand_over_gradient:  # off for a stock transformers model, whose embedding stays nn.Embedding
-            tie_gradients(embedding)  # its lookup delivers this decoder's weight gradient with its own
 
     @property
     def weight(self) -> Tensor:

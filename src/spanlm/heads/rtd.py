@@ -41,7 +41,7 @@ def gumbel_max_sample(logits: Tensor, temperature: float, seed: Tensor) -> Tenso
         return (logits.float() / temperature - exponential.log()).argmax(dim=-1)  # (N,)
 
 
-# SplitMix64 (spanlm.models.splitmix) in int64 tensor arithmetic, which wraps modulo 2⁶⁴ as uint64 does.
+# SplitMix64 (Steele et al. 2014) in int64 tensor arithmetic, which wraps modulo 2⁶⁴ as uint64 does.
 _GAMMA = 0x9E3779B97F4A7C15 - 2**64
 _MIX1 = 0xBF58476D1CE4E5B9 - 2**64
 _MIX2 = 0x94D049BB133111EB - 2**64

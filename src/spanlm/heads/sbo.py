@@ -46,16 +46,13 @@ class SBOHead(nn.Module):
         max_targets: rows of the relative-position table, i.e. the most targets one span can have.
         position_size: width of the relative-position embedding p (200 in the paper's code).
         layer_norm_eps: epsilon of both LayerNorms (the backbone's ``layer_norm_eps``).
-        hand_over_gradient: let :func:`~spanlm.heads.losses.decoded_cross_entropies` hand the decoder's
-            weight gradient to the embedding lookup (spanlm's objectives); off on a stock transformers model.
 
     W_2 maps H → E; E = H in every SpanBERT model, E < H only for an ELECTRA-style factorised embedding,
     where the tied decoder needs E-wide inputs.
     """
 
     def __init__(self, hidden_size: int, embedding: nn.Embedding, max_targets: int = MAX_TARGETS,
-                 position_size: int = POSITION_SIZE, layer_norm_eps: float = 1e-12, initializer_range: float = 0.02,
-                 hand_over_gradient: bool = True):
+                 position_size: int = POSITION_SIZE, layer_norm_eps: float = 1e-12, initializer_range: float = 0.02):
         super().__init__()
         width = embedding.embedding_dim
         self.max_targets = max_targets
@@ -66,7 +63,7 @@ class SBOHead(nn.Module):
         self.dense2 = nn.Linear(hidden_size, width)  # W_2
         self.layer_norm2 = nn.LayerNorm(width, eps=layer_norm_eps)
         self.activation = nn.GELU()  # exact (erf) GeLU, as the authors' `gelu`
-        self.decoder = TiedDecoder(embedding, hand_over_gradient)
+        self.decoder = TiedDecoder(embedding)
         self.initializer_range = initializer_range
         self.reset_parameters()
 

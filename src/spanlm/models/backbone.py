@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, Literal
 from torch import nn
 
 from spanlm.errors import ConfigError, InputError
-from spanlm.models.dropout import use_fast_dropout
 
 if TYPE_CHECKING:  # transformers is imported lazily: reading a recipe must not pay for it
     from transformers import PreTrainedModel
@@ -138,7 +137,7 @@ def build_backbone(config: BackboneConfig, corpus: PreparedCorpus) -> PreTrained
         model_config = _transformers_config(config, corpus)
         kwargs = {"add_pooling_layer": False} if config.family in _HAS_POOLER else {}
         model = AutoModel.from_config(model_config, attn_implementation=ATTENTION[config.family], **kwargs)
-    return use_fast_dropout(model)
+    return model
 
 
 def _transformers_config(config: BackboneConfig, corpus: PreparedCorpus):

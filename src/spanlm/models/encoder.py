@@ -101,8 +101,7 @@ def _load_model(directory: Path, config: EncoderConfig):
     from transformers import AutoConfig, AutoModel
 
     from spanlm.models.backbone import ATTENTION, quiet_load_report
-    from spanlm.models.dropout import use_fast_dropout
-
+    
     model_config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
     if config.dropout is not None:
         model_config.hidden_dropout_prob = model_config.attention_probs_dropout_prob = config.dropout
@@ -121,7 +120,7 @@ def _load_model(directory: Path, config: EncoderConfig):
                                  "they are not this config.json's model")
     except (OSError, ValueError) as error:
         raise InputError(f"{directory}: cannot load the encoder: {error}".replace("\n", " ")) from None
-    return use_fast_dropout(model)
+    return model
 
 
 def check_weights(directory: Path) -> None:

@@ -38,8 +38,7 @@ class SpanBoundaryModel(PreTrainedModel):
         config = masked_lm.config
         self.sbo_head = SBOHead(int(config.hidden_size), masked_lm.get_input_embeddings(), max_targets=max_targets,
                                 layer_norm_eps=float(getattr(config, "layer_norm_eps", 1e-12)),
-                                initializer_range=float(getattr(config, "initializer_range", 0.02)),
-                                hand_over_gradient=False)
+                                initializer_range=float(getattr(config, "initializer_range", 0.02)))
 
     def forward(self, input_ids, attention_mask=None, labels=None, sbo_left=None, sbo_right=None, sbo_relative=None,
                 sbo_labels=None, **inputs) -> MaskedLMOutput:

@@ -32,7 +32,7 @@ import torch
 
 from spanlm.data.chars import CharVocab, Spelling, build_char_vocab, char_stream
 from spanlm.errors import ConfigError, InputError
-from spanlm.heads.losses import DecodedTarget, TokenLoss, at_least_one, count_targets, decoded_cross_entropies
+from spanlm.heads.losses import TokenLoss, VocabTarget, vocab_cross_entropies
 from spanlm.heads.mlm import MLMHead
 from spanlm.heads.nlm import NLMHead
 from spanlm.masking.base import MaskedBatch
@@ -82,11 +82,6 @@ class CharNoiseMasker:
         return CharMaskedBatch(**fields, **chars)
 
 
-def charbert_weights(n_mlm: int | torch.Tensor, n_nlm: int | torch.Tensor, nlm_weight: float) -> tuple:
-    """∂loss/∂MLM_sum and ∂loss/∂NLM_sum of :func:`charbert_loss`: its targets' ``loss_weight``."""
-    return 1.0 / at_least_one(n_mlm), nlm_weight / at_least_one(n_nlm)
-
-
 def charbert_loss(mlm: TokenLoss, nlm: TokenLoss, nlm_weight: float) -> dict[str, torch.Tensor]:
     """``MLM_sum / n_mlm + w · NLM_sum / n_nlm`` (an empty part is 0, not NaN) and the logged parts."""
     mlm_part = mlm.total / mlm.count.clamp(min=1)
@@ -125,10 +120,9 @@ class CharBERT(Objective):
         token, char = self.model(batch)  # (B, L, H) each
         mlm_rows = self.mlm_head.features(gather_rows(token, batch["target_index"]))  # (N, E)
         nlm_rows = self.nlm_head.features(gather_rows(char, batch["nlm_index"]))  # (K, H)
-        mlm_weight, nlm_weight = charbert_weights(count_targets(batch["target_labels"]), count_targets(batch["nlm_labels"]), self.nlm_weight)
-        mlm, nlm = decoded_cross_entropies([
-            DecodedTarget(mlm_rows, self.mlm_head.decoder, batch["target_labels"], mlm_weight),
-            DecodedTarget(nlm_rows, self.nlm_head.decoder, batch["nlm_labels"], nlm_weight),
+        mlm, nlm = vocab_cross_entropies([
+            VocabTarget(mlm_rows, self.mlm_head.decoder, batch["target_labels"]),
+            VocabTarget(nlm_rows, self.nlm_head.decoder, batch["nlm_labels"]),
         ])
         return charbert_loss(mlm, nlm, self.nlm_weight)
 

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from spanlm.errors import ConfigError, InputError
-from spanlm.heads.losses import DecodedTarget, count_targets, decoded_cross_entropies, masked_lm_loss, masked_lm_weight, span_bert_loss, span_bert_weights
+from spanlm.heads.losses import VocabTarget, masked_lm_loss, span_bert_loss, vocab_cross_entropies
 from spanlm.heads.mlm import MLMHead
 from spanlm.heads.rtd import RTD_HEADS, DebertaV3RTDHead, gumbel_max_sample, replace_tokens, rtd_loss
 from spanlm.heads.sbo import MAX_TARGETS, SBOHead
@@ -125,16 +125,14 @@ class Electra(Objective):
         # the MLM loss from the same log-probabilities (softmax(logits/T) is unchanged by the row shift).
         seed, temperature = batch["sample_seed"][0], self.settings.temperature
         sampler = lambda log_probs: gumbel_max_sample(log_probs, temperature, seed)  # noqa: E731
-        n_mlm = count_targets(batch["target_labels"])
         if self.sbo_head is None:
-            (mlm,) = decoded_cross_entropies([DecodedTarget(rows, self.mlm_head.decoder, batch["target_labels"], masked_lm_weight(n_mlm), sampler)])
+            (mlm,) = vocab_cross_entropies([VocabTarget(rows, self.mlm_head.decoder, batch["target_labels"], sampler)])
             parts = masked_lm_loss(mlm)
         else:
             sbo_rows = self.sbo_head.features(hidden, batch["sbo_left"], batch["sbo_right"], batch["sbo_relative"])  # (M, E)
-            mlm_weight, sbo_weight = span_bert_weights(n_mlm, count_targets(batch["sbo_labels"]), self.sbo_weight)
-            mlm, sbo = decoded_cross_entropies([  # both decoders are tied to E_G: one projection
-                DecodedTarget(rows, self.mlm_head.decoder, batch["target_labels"], mlm_weight, sampler),
-                DecodedTarget(sbo_rows, self.sbo_head.decoder, batch["sbo_labels"], sbo_weight),
+            mlm, sbo = vocab_cross_entropies([
+                VocabTarget(rows, self.mlm_head.decoder, batch["target_labels"], sampler),
+                VocabTarget(sbo_rows, self.sbo_head.decoder, batch["sbo_labels"]),
             ])
             parts = span_bert_loss(mlm, sbo, self.sbo_weight)
         generator_loss = parts.pop("loss")

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from spanlm.errors import ConfigError
-from spanlm.heads.losses import count_targets, decoded_cross_entropy, masked_lm_loss, masked_lm_weight
+from spanlm.heads.losses import VocabTarget, masked_lm_loss, vocab_cross_entropies
 from spanlm.heads.mlm import MLMHead
 from spanlm.masking.base import build_masker
 from spanlm.models.backbone import build_backbone, hidden_size, input_embeddings
@@ -59,8 +59,8 @@ class MaskedLM(Objective):
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         hidden = encode(self.backbone, batch)  # (B, L, H)
         rows = self.mlm_head.features(gather_rows(hidden, batch["target_index"]))  # (N, E): targets only
-        labels = batch["target_labels"]
-        return masked_lm_loss(decoded_cross_entropy(rows, self.mlm_head.decoder, labels, loss_weight=masked_lm_weight(count_targets(labels))))
+        (mlm,) = vocab_cross_entropies([VocabTarget(rows, self.mlm_head.decoder, batch["target_labels"])])
+        return masked_lm_loss(mlm)
 
     def export(self, directory: Path, tokenizer) -> None:
         export_with_heads(self, directory)

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from spanlm.errors import ConfigError
-from spanlm.heads.losses import DecodedTarget, count_targets, decoded_cross_entropies, span_bert_loss, span_bert_weights
+from spanlm.heads.losses import VocabTarget, span_bert_loss, vocab_cross_entropies
 from spanlm.heads.mlm import MLMHead
 from spanlm.heads.sbo import SBOHead
 from spanlm.masking.base import build_masker
@@ -39,10 +39,9 @@ class SpanBERT(Objective):
         hidden = encode(self.backbone, batch)  # (B, L, H)
         mlm_rows = self.mlm_head.features(gather_rows(hidden, batch["target_index"]))  # (N, E)
         sbo_rows = self.sbo_head.features(hidden, batch["sbo_left"], batch["sbo_right"], batch["sbo_relative"])  # (M, E)
-        mlm_weight, sbo_weight = span_bert_weights(count_targets(batch["target_labels"]), count_targets(batch["sbo_labels"]), self.sbo_weight)
-        mlm, sbo = decoded_cross_entropies([  # both decoders are tied to the input embedding: one projection
-            DecodedTarget(mlm_rows, self.mlm_head.decoder, batch["target_labels"], mlm_weight),
-            DecodedTarget(sbo_rows, self.sbo_head.decoder, batch["sbo_labels"], sbo_weight),
+        mlm, sbo = vocab_cross_entropies([
+            VocabTarget(mlm_rows, self.mlm_head.decoder, batch["target_labels"]),
+            VocabTarget(sbo_rows, self.sbo_head.decoder, batch["sbo_labels"]),
         ])
         return span_bert_loss(mlm, sbo, self.sbo_weight)
 

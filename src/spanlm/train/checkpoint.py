@@ -307,9 +307,11 @@ def check_same_tokenizer(path: Path, trainer_state: dict, fingerprint: str | Non
 
 
 # Settings a resume may change: they move where and how often the run reports, saves and evaluates, or
-# how fast it runs, not which batches it trains on, the model, or the optimisation.
+# how fast it runs, not which batches it trains on, the model, or the optimisation. (retain_freed_memory:
+# what runs saved before train.accel took it over.)
 HARMLESS_SETTINGS = {f"train.{key}" for key in ("output_dir", "max_steps", "log_every", "save_every", "eval_every", "keep_last",
-                                                 "num_workers", "device", "compile", "retain_freed_memory", "distributed", "nonfinite")}
+                                                 "num_workers", "device", "compile", "accel", "retain_freed_memory",
+                                                 "distributed", "nonfinite")}
 # Sections checked elsewhere (the tokenizer and the corpus by check_same_tokenizer) or about reporting only.
 UNCHECKED_SECTIONS = ("logging.", "tokenizer.", "data.")
 CHECKED_DATA_SETTINGS = {"data.max_len"}  # the block length: changes every batch

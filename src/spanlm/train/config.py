@@ -37,7 +37,9 @@ class TrainConfig:
     distributed: Literal["ddp", "fsdp"] = "ddp"  # FSDP2 (fully_shard) for models that do not fit
     nonfinite: Literal["stop", "skip"] = "stop"  # non-finite loss / grad norm: halt, or skip the step
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    retain_freed_memory: bool = True  # glibc keeps freed host memory: no page faults on every step's large tensors
+    # The device's speed backend (spanlm.accel): "auto" = spanlm's CPU path on CPU (compiled kernels, fused
+    # attention and cross-entropy, host-memory tuning), nothing on other devices; "off" = the model as built.
+    accel: Literal["auto", "off"] = "auto"
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "batch_size", "grad_accum", "keep_last", "log_every", "save_every"):
@@ -58,6 +60,11 @@ class TrainConfig:
             raise ValueError("betas must be two numbers")
         if not all(0 <= beta < 1 for beta in self.betas):
             raise ValueError(f"betas must be in [0, 1), got {self.betas}")
+
+    @staticmethod
+    def from_older(data: dict) -> dict:
+        """The section as runs saved it before ``accel``: ``retain_freed_memory`` is part of ``accel: auto`` now."""
+        return {key: value for key, value in data.items() if key != "retain_freed_memory"}
 
 
 Tracker = Literal["tensorboard", "wandb", "mlflow"]

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from spanlm import native
+from spanlm import accel
 from spanlm.data.blocks import BlockDataset
 from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import ConfigError, SpanlmError
@@ -28,7 +28,6 @@ from spanlm.objectives.base import Objective
 from spanlm.train import checkpoint as ckpt
 from spanlm.train.data import build_train_loader, eval_batches, split_blocks
 from spanlm.train.dist import DistEnv, all_reduce, any_rank, barrier, init_distributed, shutdown
-from spanlm.train.host_memory import retain_freed_memory
 from spanlm.train.kept_tokenizer import checkpoint_tokenizer_dir
 from spanlm.train.metrics import MetricsLogger, trackers_to_start
 from spanlm.train.optim import build_optimizer, build_scheduler, clip_gradients
@@ -161,13 +160,12 @@ class Trainer:
         self.log = log if env.is_main else (lambda *_: None)
         self.trackers = trackers_to_start(recipe.logging)  # a tracker named but not installed: refused before any work
         self.output_dir = Path(self.config.output_dir)
-        if self.config.retain_freed_memory:
-            retain_freed_memory()
 
         self.setup = build_setup(recipe, env, self.log)
-        if env.device.type == "cpu":
-            native.kernels()  # built on this machine's first run (~30 s) or loaded: now, not under the progress bar
         self.objective = self.setup.objective.to(env.device)
+        # The device's speed backend, in place (spanlm.accel; on CPU its kernels are built now, not under the progress bar)
+        self.accel = accel.apply(self.objective, env.device, self.config.accel)
+        self.gradient_norm = accel.gradient_norm(self.accel)
         self.model = self._wrap(self.objective)
         self.optimizer = build_optimizer(self.objective, self.config)
         self.scheduler = build_scheduler(self.optimizer, self.config)
@@ -441,7 +439,8 @@ class Trainer:
                 share = value.detach().double() / config.grad_accum
                 parts[key] = parts[key] + share if key in parts else share
         # Clipped here, or by optimizer.step() itself (fused AdamW: spanlm.train.optim.clip_gradients)
-        parts["grad_norm"] = clip_gradients(self.optimizer, self.objective.parameters(), config.max_grad_norm).detach().double()
+        parts["grad_norm"] = clip_gradients(self.optimizer, self.objective.parameters(), config.max_grad_norm,
+                                            self.gradient_norm).detach().double()
         return parts, tokens
 
     def _nonfinite(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:

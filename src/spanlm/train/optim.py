@@ -7,11 +7,11 @@ them). LAMB (You et al. 2020) is provided for the large-batch setting MacBERT us
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from spanlm import native
 from spanlm.train.config import TrainConfig
 
 
@@ -88,16 +88,9 @@ def total_norm(gradients: list[torch.Tensor]) -> torch.Tensor:
     (V, E) embedding gradient (7.8M elements at 30k × 256) it is off by ~2·10⁻⁴ relative to a float64
     reference, and it takes ~1.4 ms there on 2 cores. The norm of the rows' norms is the same quantity,
     ~10⁻⁷ from that reference and ~1.3× faster (a short reduction per row, then one over V values).
-    Smaller gradients and FSDP2's sharded DTensors keep ``get_total_norm``. Where spanlm's compiled kernels
-    are available (:mod:`spanlm.native`), plain float32 CPU gradients take one call instead: every square
-    added in float32 over 1,024 elements and those sums in float64 (~10⁻¹² from the float64 norm), ~1.6×
-    faster than one norm per gradient.
+    Smaller gradients and FSDP2's sharded DTensors keep ``get_total_norm``. (On CPU, spanlm.accel's
+    backend takes one kernel call instead: :func:`spanlm.accel.gradient_norm`.)
     """
-    # The device is checked first: on a GPU the CPU kernels are neither built nor loaded.
-    plain_cpu = all(type(g) is torch.Tensor and g.device.type == "cpu" and g.dtype == torch.float32 for g in gradients)
-    kernels = native.kernels() if plain_cpu else None
-    if kernels is not None:
-        return torch.tensor(math.sqrt(kernels.sum_of_squares([g.contiguous() for g in gradients])), dtype=torch.float32)
     large, rest = [], []
     for g in gradients:
         (large if g.dim() >= 2 and g.numel() >= _ROW_WISE_NUMEL and type(g) is torch.Tensor else rest).append(g)
@@ -109,7 +102,8 @@ def total_norm(gradients: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack(norms))
 
 
-def clip_gradients(optimizer: torch.optim.Optimizer, parameters, max_norm: float) -> torch.Tensor:
+def clip_gradients(optimizer: torch.optim.Optimizer, parameters, max_norm: float,
+                   norm: Callable[[list[torch.Tensor]], torch.Tensor] = total_norm) -> torch.Tensor:
     """The total gradient norm; the gradients are scaled to ``max_norm`` when above it (``max_norm`` ≤ 0
     or inf: no clipping), as ``torch.nn.utils.clip_grad_norm_`` scales them.
 
@@ -121,7 +115,7 @@ def clip_gradients(optimizer: torch.optim.Optimizer, parameters, max_norm: float
     before its step.
     """
     parameters = [p for p in parameters if p.grad is not None]
-    total = total_norm([p.grad for p in parameters])
+    total = norm([p.grad for p in parameters])
     optimizer.grad_scale = None
     if 0 < max_norm < math.inf:
         if isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults.get("fused"):

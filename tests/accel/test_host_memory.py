@@ -7,7 +7,7 @@ import pytest
 # Allocate, touch and free a 64 MB tensor, sixteen times; print the minor page faults of the last round.
 SCRIPT = textwrap.dedent("""
     import resource, sys, torch
-    from spanlm.train.host_memory import retain_freed_memory
+    from spanlm.accel.host_memory import retain_freed_memory
     took = retain_freed_memory() if sys.argv[1] == "retain" else False
     for _ in range(16):  # retained, glibc settles on reusing one block within about eight rounds
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from spanlm.models.dropout import ATTENTION_NAME, FastDropout, fast_dropout, fast_dropout_sdpa_attention, use_fast_dropout
+from spanlm.accel.dropout import ATTENTION_NAME, FastDropout, fast_dropout, fast_dropout_sdpa_attention, use_fast_dropout
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])

@@ -14,14 +14,14 @@ input and three for the weights, summed with two more passes, three bias reducti
   forms the input gradient, the three weight gradients and the three bias gradients with one product or
   one reduction each.
 
-The arithmetic is that of transformers' SDPA path with :mod:`spanlm.models.dropout`'s dropout on the
+The arithmetic is that of transformers' SDPA path with :mod:`spanlm.accel.dropout`'s dropout on the
 probabilities (Vaswani et al. 2017, softmax(QKᵀ/√d)V; BERT's attention-probability dropout), with the
 same random draws in the same order, so a run gives the same losses either way up to float rounding
-(tests/models/test_attention.py). Parameters, state-dict keys and the saved config are untouched.
+(tests/accel/test_attention.py). Parameters, state-dict keys and the saved config are untouched.
 
-Only training on CPU in float32/float64 takes this path, with dropout on and a boolean or no attention
-mask (what ``"spanlm_sdpa"`` receives), outside autocast and torch.compile; everything else runs the
-module's own forward.
+Only training on CPU in float32 takes this path (where spanlm.accel.native's kernels are built), with
+dropout on and a boolean or no attention mask (what ``"spanlm_sdpa"`` receives), outside autocast and
+torch.compile; everything else runs the module's own forward.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from transformers.models.bert.modeling_bert import BertSelfAttention
 from transformers.models.electra.modeling_electra import ElectraSelfAttention
 from transformers.models.roberta.modeling_roberta import RobertaSelfAttention
 
-from spanlm.models.dropout import apply_dropout, dropout_stream, fast_dropout_applies
+from spanlm.accel.dropout import kernels_for, apply_dropout, dropout_stream, fast_dropout_applies
 
 
 class _SelfAttention(torch.autograd.Function):
@@ -112,11 +112,11 @@ class _TrainingForward:
         # The key/value cache: `past_key_values` up to transformers 5.23, `cache` from 5.24 (positional or keyword).
         cache = args[0] if args else kwargs.get("cache", kwargs.get("past_key_values"))
         p = self.dropout.p
-        if (self.training and cache is None and not getattr(self, "is_causal", False)
-                and hidden_states.device.type == "cpu" and hidden_states.dtype in (torch.float32, torch.float64)
+        if (self.training and cache is None and not getattr(self, "is_causal", False) and fast_dropout_applies(p)
+                and kernels_for(hidden_states) is not None
                 and hidden_states.dim() == 3 and self.all_head_size == hidden_states.shape[-1]
                 and (attention_mask is None or (attention_mask.dtype == torch.bool and attention_mask.dim() == 4))
-                and fast_dropout_applies(p) and not torch.is_autocast_enabled("cpu")
+                and not torch.is_autocast_enabled("cpu")
                 and all(layer.bias is not None and layer.weight.dtype == hidden_states.dtype
                         for layer in (self.query, self.key, self.value))):
             context = _SelfAttention.apply(hidden_states, attention_mask, self.num_attention_heads, self.scaling, p,

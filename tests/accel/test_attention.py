@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-import spanlm.models.attention as attention
-import spanlm.models.dropout as dropout
-from spanlm.models.attention import FUSED, _SelfAttention, use_fused_self_attention
-from spanlm.models.dropout import use_fast_dropout
+import spanlm.accel.attention as attention
+import spanlm.accel.dropout as dropout
+from spanlm.accel.attention import FUSED, _SelfAttention, use_fused_self_attention
+from spanlm.accel.dropout import use_fast_dropout
 
 STOCK = {fused: stock for stock, fused in FUSED.items()}
 
@@ -106,7 +106,8 @@ def test_forward_and_gradients_equal_the_formula_in_float64(monkeypatch):
     batch, length, width, heads = 2, 5, 8, 2
     keep = (torch.rand(batch, heads, length, length, generator=generator) > 0.3).double()
     monkeypatch.setattr(attention, "dropout_stream", lambda p: (0, 0, 1 / 0.7))
-    monkeypatch.setattr(dropout, "dropout_multiplier", lambda shape, key, threshold, dtype, kept: keep.to(dtype) * kept)
+    monkeypatch.setattr(attention, "apply_dropout",  # the decisions of `keep` (the kernels are float32 only)
+                        lambda x, out, key, threshold, kept: torch.mul(x, keep.to(x.dtype) * kept, out=out))
     allowed = torch.ones(batch, 1, length, length, dtype=torch.bool)
     allowed[1, :, :, 3:] = False
     inputs = [torch.randn(batch, length, width, dtype=torch.float64, generator=generator, requires_grad=True)]

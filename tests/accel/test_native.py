@@ -1,4 +1,4 @@
-"""spanlm.native: the compiled kernels give the PyTorch path's results (dropout bit for bit, the
+"""spanlm.accel.native: the compiled kernels give the PyTorch path's results (dropout bit for bit, the
 cross-entropy to float rounding), and spanlm falls back to that path where they cannot be built."""
 
 import collections
@@ -8,10 +8,11 @@ import warnings
 import pytest
 import torch
 
-from spanlm import native
-from spanlm.heads import TiedDecoder, decoded_cross_entropy
+from helpers import dropout_multiplier
+from spanlm import accel
+from spanlm.accel import dropout, native
+from spanlm.heads import TiedDecoder, VocabTarget, vocab_cross_entropies
 from spanlm.heads.losses import IGNORE_INDEX
-from spanlm.models import dropout
 
 
 @pytest.fixture
@@ -22,74 +23,38 @@ def kernels():
     return module
 
 
-class _Counting:
-    """The kernels module, counting the calls of each kernel."""
-
-    def __init__(self, module):
-        self.module, self.calls = module, collections.Counter()
-
-    def __getattr__(self, name):
-        def call(*args):
-            self.calls[name] += 1
-            return getattr(self.module, name)(*args)
-
-        return call
-
-
-def _both_paths(compute, monkeypatch, kernel: str):
-    """``compute()`` with the compiled kernels (which must call ``kernel``) and without, from the same seed."""
-    counting = _Counting(native.kernels())
-    with monkeypatch.context() as patch:
-        patch.setattr(native, "kernels", lambda: counting)
-        torch.manual_seed(0)
-        compiled = compute()
-        patch.setattr(native, "kernels", lambda: None)
-        torch.manual_seed(0)
-        reference = compute()
-    assert counting.calls[kernel] > 0
-    return compiled, reference
-
-
 @pytest.mark.parametrize("numel", [0, 1, 3, 4, 5, 4 * 256 + 1, 300_001])
 @pytest.mark.parametrize("p", [2**-16, 0.1, 0.5, 1 - 2**-16])
-def test_dropout_decisions_are_the_numpy_paths_bit_for_bit(kernels, monkeypatch, numel, p):
+def test_dropout_decisions_are_the_splitmix64_reference_bit_for_bit(kernels, numel, p):
     levels = round(p * 65536)
     for kept in (1.0, 65536 / (65536 - levels)):
         threshold = levels - 32768
         x = torch.randn(numel)
         x[::7] = float("nan")  # x · 0 stays NaN, as with the multiplier
-        compiled, reference = _both_paths(lambda: _applied(x, threshold, kept), monkeypatch, "dropout_apply")
-        assert torch.equal(compiled.isnan(), reference.isnan())
-        assert torch.equal(compiled.nan_to_num(), reference.nan_to_num())
-
-
-def _applied(x, threshold, kept):
-    kernels = native.kernels()
-    if kernels is None:
-        return x * dropout.dropout_multiplier(x.shape, 12345, threshold, x.dtype, kept)
-    out = torch.empty_like(x)
-    kernels.dropout_apply(x, out, 12345, threshold, kept)
-    return out
+        out = torch.empty_like(x)
+        kernels.dropout_apply(x, out, 12345, threshold, kept)
+        expected = x * dropout_multiplier(x.shape, 12345, threshold, kept)
+        assert torch.equal(out.isnan(), expected.isnan())
+        assert torch.equal(out.nan_to_num(), expected.nan_to_num())
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5])
-def test_dropout_forward_and_backward_are_the_numpy_paths_bit_for_bit(kernels, monkeypatch, p):
-    def compute():
-        x = torch.randn(7, 11, 13, generator=torch.Generator().manual_seed(1)).transpose(0, 1).requires_grad_()
-        out = dropout.fast_dropout(x, p)  # a non-contiguous input
-        out.backward(torch.arange(out.numel(), dtype=torch.float32).view(out.shape))
-        return out.detach(), x.grad
-
-    compiled, reference = _both_paths(compute, monkeypatch, "dropout_apply")
-    for got, expected in zip(compiled, reference):
-        assert torch.equal(got, expected)
+def test_dropout_forward_and_backward_apply_one_multiplier(kernels, monkeypatch, p):
+    monkeypatch.setattr(dropout, "_stream_key", lambda: 777)
+    x = torch.randn(7, 11, 13, generator=torch.Generator().manual_seed(1)).transpose(0, 1).requires_grad_()
+    out = dropout.fast_dropout(x, p)  # a non-contiguous input
+    upstream = torch.arange(out.numel(), dtype=torch.float32).view(out.shape)
+    out.backward(upstream)
+    _, threshold, kept = dropout.dropout_stream(p)
+    multiplier = dropout_multiplier(x.shape, 777, threshold, kept)
+    assert torch.equal(out, x.detach() * multiplier) and torch.equal(x.grad, upstream * multiplier)
 
 
 def test_dropout_apply_on_strided_views_and_in_place(kernels):
     """The fused attention's case: probabilities stored (heads, B, L, L), decisions in (B, heads, L, L) order."""
     heads, batch, length = 3, 2, 5
     stored = torch.randn(heads, batch, length, length)
-    expected = stored.transpose(0, 1).contiguous() * dropout.dropout_multiplier((batch, heads, length, length), 99, -20000)
+    expected = stored.transpose(0, 1).contiguous() * dropout_multiplier((batch, heads, length, length), 99, -20000)
     out = torch.empty_like(stored)
     kernels.dropout_apply(stored.transpose(0, 1), out.transpose(0, 1), 99, -20000, 1.0)
     assert torch.equal(out.transpose(0, 1), expected)
@@ -97,22 +62,6 @@ def test_dropout_apply_on_strided_views_and_in_place(kernels):
     assert torch.equal(stored, out)
     with pytest.raises(RuntimeError, match="last dimension must be dense"):
         kernels.dropout_apply(stored.transpose(2, 3), out.transpose(2, 3), 99, -20000, 1.0)
-
-
-def test_fused_attention_is_the_pytorch_paths_bit_for_bit(kernels, monkeypatch):
-    from spanlm.models.attention import _SelfAttention
-
-    def compute():
-        generator = torch.Generator().manual_seed(0)
-        hidden = torch.randn(2, 6, 8, generator=generator, requires_grad=True)
-        parameters = [torch.randn(*shape, generator=generator, requires_grad=True) for shape in [(8, 8), (8,)] * 3]
-        context = _SelfAttention.apply(hidden, None, 2, 0.5, 0.3, *parameters)
-        context.backward(torch.randn(context.shape, generator=generator))
-        return context.detach(), hidden.grad, *(t.grad for t in parameters)
-
-    compiled, reference = _both_paths(compute, monkeypatch, "dropout_apply")
-    for got, expected in zip(compiled, reference):
-        assert torch.equal(got, expected)
 
 
 def _logits_case(rows=37, vocab=1003, ignored=5, seed=0):
@@ -128,14 +77,16 @@ def _logits_case(rows=37, vocab=1003, ignored=5, seed=0):
 
 
 @pytest.mark.parametrize("vocab", [1003, 16 * 64 * 3 + 7, 50])  # tails after the vector loop and the sum's chunks
-def test_cross_entropy_rows_give_the_block_passes_results(kernels, monkeypatch, vocab):
-    def compute():
+def test_the_fused_cross_entropy_gives_the_plain_results(kernels, vocab):
+    results = []
+    for fused in (False, True):
         embedding, decoder, features, labels = _logits_case(vocab=vocab)
-        loss = decoded_cross_entropy(features, decoder, labels)
+        if fused:
+            accel.apply(decoder, torch.device("cpu"))
+        (loss,) = vocab_cross_entropies([VocabTarget(features, decoder, labels)])
         (loss.total * 0.37).backward()
-        return loss.total, loss.correct, features.grad, embedding.weight.grad, decoder.bias.grad
-
-    compiled, reference = _both_paths(compute, monkeypatch, "softmax_cross_entropy_rows")
+        results.append((loss.total, loss.correct, features.grad, embedding.weight.grad, decoder.bias.grad))
+    reference, compiled = results
     torch.testing.assert_close(compiled[0], reference[0], atol=1e-5, rtol=1e-6)
     assert compiled[1].item() == reference[1].item()
     for got, expected in zip(compiled[2:], reference[2:]):
@@ -175,30 +126,15 @@ def test_cross_entropy_rows_keep_a_nan_visible_and_refuse_bad_labels(kernels):
         kernels.softmax_cross_entropy_rows(torch.randn(3, 40), bias, torch.tensor([0, 40, 2]), valid, losses, hits, None, 0, 3)
 
 
-def test_switched_off_or_unbuildable_means_the_pytorch_path(monkeypatch):
-    native.kernels.cache_clear()
-    monkeypatch.setenv("SPANLM_NATIVE", "0")
-    assert native.kernels() is None
-    native.kernels.cache_clear()
-    monkeypatch.setenv("SPANLM_NATIVE", "1")
-    from torch.utils import cpp_extension
-
-    def failing_build(**_):
-        raise RuntimeError("Error building extension 'x': [1/2] c++ ...\nkernels.cpp:1:10: fatal error: no compiler\nninja: build stopped")
-
-    monkeypatch.setattr(cpp_extension, "load", failing_build)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert native.kernels() is None
-    assert any("fatal error: no compiler" in str(w.message) and "PyTorch path" in str(w.message) for w in caught)
-    native.kernels.cache_clear()  # later tests build (or load the cached build) again
-    monkeypatch.undo()
-    # the PyTorch path still trains: a loss and finite gradients
-    with monkeypatch.context() as patch:
-        patch.setattr(native, "kernels", lambda: None)
-        embedding, decoder, features, labels = _logits_case()
-        decoded_cross_entropy(features, decoder, labels).total.backward()
-        assert torch.isfinite(embedding.weight.grad).all()
+def test_unbuildable_kernels_mean_no_cpu_backend(monkeypatch):
+    monkeypatch.setattr(native, "kernels", lambda: None)
+    embedding, decoder, features, labels = _logits_case()
+    assert accel.apply(decoder, torch.device("cpu")) == "off" and not hasattr(decoder, "cross_entropies")
+    x = torch.randn(4, 8)
+    torch.manual_seed(0)
+    dropped = dropout.fast_dropout(x, 0.3)  # torch's own dropout then
+    torch.manual_seed(0)
+    assert torch.equal(dropped, torch.nn.functional.dropout(x, 0.3))
 
 
 def test_a_live_build_s_lock_is_waited_for_saying_whose_and_never_taken(tmp_path, capsys):
@@ -208,7 +144,7 @@ def test_a_live_build_s_lock_is_waited_for_saying_whose_and_never_taken(tmp_path
     import threading
     import time
 
-    holder = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; from spanlm import native\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; from spanlm.accel import native\n"
                                "with native.build_lock(Path(sys.argv[1])):\n    print('held', flush=True); sys.stdin.read()",
                                str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -295,13 +231,11 @@ def test_tensors_off_the_cpu_never_build_or_load_the_kernels(monkeypatch):
     assert clip_gradients(optimizer, parameters, 1.0).device.type == "meta"
     x = torch.ones(4, 8, device="meta")
     assert dropout.fast_dropout(x, 0.1).device.type == "meta"
-    key, threshold, kept = dropout.dropout_stream(0.1)
-    # It reaches the PyTorch path, whose CPU-drawn multiplier cannot meet a meta tensor: not the kernels.
-    with pytest.raises(RuntimeError, match="device"):
-        dropout.apply_dropout(x, torch.empty_like(x), key, threshold, kept)
+    assert accel.apply(torch.nn.Linear(2, 2), torch.device("meta")) == "off"
+    assert accel.gradient_norm(accel.backend(torch.device("meta"))) is total_norm
 
 
-def test_the_build_is_keyed_by_source_and_flags_not_by_checkout_or_file_time(tmp_path, monkeypatch):
+def test_the_build_is_keyed_by_source_flags_and_torch_not_by_checkout_or_file_time(tmp_path, monkeypatch):
     flags = ["-O3", "-fopenmp", "-mavx2", "-mfma"]
     source = native.SOURCE.read_bytes()
     for checkout in ("a", "b"):
@@ -313,6 +247,7 @@ def test_the_build_is_keyed_by_source_and_flags_not_by_checkout_or_file_time(tmp
     assert native.build_name(source + b"\n// changed", "AVX2", flags) not in names
     assert native.build_name(source, "AVX2", flags[:-1]) not in names
     assert native.build_name(source, "AVX512", flags) not in names
+    assert native.build_name(source, "AVX2", flags, "2.13.0 /other/venv/torch") not in names  # another PyTorch
     # Both checkouts compile the same file, in the build directory: the commands PyTorch writes are identical.
     build = tmp_path / "build"
     build.mkdir()

@@ -8,17 +8,16 @@ draws them, in one pass, and its backward pass draws them again from the same ke
 stored mask (``x · m`` is linear in x). The clipping norm sums all gradients' squares in one call. The
 kernels (``kernels.cpp``) use ATen's own vector types (the same Sleef ``exp`` as ``torch.exp``) and
 PyTorch's own OpenMP threads, so they neither change the arithmetic beyond float rounding (dropout's
-decisions and results not at all) nor compete with PyTorch for the cores. Together they make the
-SpanBERT step of bench/train_step.py 5–8% faster (BENCHMARKS.md).
+decisions and results not at all) nor compete with PyTorch for the cores. (BENCHMARKS.md has what they gain.)
 
-The extension is compiled once per machine and instruction set (~30 s on 2 cores; cached by
+The extension is compiled once per machine and instruction set (cached by
 ``torch.utils.cpp_extension`` under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``)
 for the CPU capability PyTorch itself dispatches to (AVX-512, AVX2 or portable code), with the flags
 PyTorch builds its own kernels of that capability with, so a cached build runs on every CPU of that
-capability. The build's name carries a hash of the source and those flags, and it is compiled from a
-copy of the source inside its own build directory: every checkout on a machine with the same source
-shares one build (a file time or a checkout's path would make each rebuild it), and a changed source
-or flag builds anew. Only CPU tensors ever use the kernels: a run on another device neither builds nor
+capability. The build's name carries a hash of the source, those flags and the PyTorch installation it
+compiles against, and it is compiled from a copy of the source inside its own build directory: every
+checkout on a machine with the same source and environment shares one build (a file time or a
+checkout's path would make each rebuild it), and a changed source, flag or PyTorch builds anew. Only CPU tensors ever use the kernels: a run on another device neither builds nor
 loads them. Where it cannot be built (no C++ compiler or OpenMP, an unwritable cache directory) spanlm
 warns once and runs the PyTorch path, which gives the same results up to float rounding.
 ``SPANLM_NATIVE=0`` switches the kernels off.
@@ -65,7 +64,7 @@ def kernels() -> ModuleType | None:
 
         capability = torch.backends.cpu.get_cpu_capability()
         flags = ["-O3", "-fopenmp", *_CAPABILITY_FLAGS.get(capability, [])]
-        name = build_name(SOURCE.read_bytes(), capability, flags)
+        name = build_name(SOURCE.read_bytes(), capability, flags, torch_build())
         build_directory = _build_directory(cpp_extension, name)
         with build_lock(build_directory):
             if not _built(build_directory, name):
@@ -92,9 +91,18 @@ def _build_directory(cpp_extension: ModuleType, name: str) -> Path | None:
         return None
 
 
-def build_name(source: bytes, capability: str, flags: list[str]) -> str:
-    """The extension's name (and so its build directory): the capability and a hash of the source and flags."""
-    digest = hashlib.sha256(source + b"\0" + " ".join(flags).encode()).hexdigest()[:16]
+def torch_build() -> str:
+    """The PyTorch the kernels compile against: its version and where it is installed (its headers and
+    libraries; two environments' builds differ in their commands, and one torch's build must not load in another)."""
+    import torch
+
+    return f"{torch.__version__} {Path(torch.__file__).parent}"
+
+
+def build_name(source: bytes, capability: str, flags: list[str], torch_build: str = "") -> str:
+    """The extension's name (and so its build directory): the capability and a hash of the source, the flags
+    and the PyTorch build."""
+    digest = hashlib.sha256(source + b"\0" + " ".join(flags).encode() + b"\0" + torch_build.encode()).hexdigest()[:16]
     return "spanlm_native_" + re.sub(r"\W", "_", capability.lower()) + "_" + digest
 
 

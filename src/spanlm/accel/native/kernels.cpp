@@ -203,7 +203,7 @@ inline uint64_t splitmix64(uint64_t key, uint64_t j) {
 // out = x · dropout's multiplier, formed on the fly: element i of x, in its logical (row-major) order, is
 // kept (times ``kept``) when the i-th 16-bit quarter of the SplitMix64 words from ``key`` — four per word,
 // low quarter first, as NumPy's int16 view of the words on a little-endian machine — read as a signed
-// int16 is ≥ ``threshold``: spanlm.models.dropout's decisions. No mask is stored; the backward pass applies
+// int16 is ≥ ``threshold``: spanlm.accel.dropout's decisions. No mask is stored; the backward pass applies
 // the same function to the upstream gradient (dropout is linear in x). x and out have equal sizes and may
 // be one tensor or strided views (e.g. with two leading dimensions transposed) whose trailing dimensions
 // are dense; the result is x · kept or x · 0, exactly what the float multiplier gives (NaN stays NaN).
