@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from spanlm.train.config import TrainConfig
+from spanlm import accel
 from spanlm.accel import native
-from spanlm.train.optim import build_optimizer, clip_gradients, total_norm
+from spanlm.train.config import TrainConfig
+from spanlm.train.optim import Lamb, build_optimizer, clip_gradients, total_norm
 
 
 def _model_with_gradients(scale: float, seed: int = 0) -> torch.nn.Module:
@@ -49,30 +50,42 @@ def test_fused_adamw_takes_the_clip_factor_instead_of_a_pass_over_the_gradients(
     assert clipped.item() == pytest.approx(1.0, rel=1e-5)  # the step leaves the clipped gradients, as clip_grad_norm_ does
 
 
-@pytest.mark.parametrize("path", ["native", "pytorch"])
-def test_total_norm_of_a_large_table_is_the_float64_norm(path, monkeypatch):
-    if path == "pytorch":
-        monkeypatch.setattr(native, "kernels", lambda: None)
-    elif native.kernels() is None:
+@pytest.mark.parametrize("path", ["cpu backend", "plain"])
+def test_total_norm_of_a_large_table_is_the_float64_norm(path):
+    if path == "cpu backend" and native.kernels() is None:
         pytest.skip("spanlm's native kernels cannot be built on this machine")
+    norm = accel.gradient_norm("cpu" if path == "cpu backend" else "off")
     generator = torch.Generator().manual_seed(0)
     table = torch.randn(8192, 256, generator=generator) * 1e-3  # 2²¹ elements: the row-wise path
     small = [torch.randn(256, 256, generator=generator) * 1e-3, torch.randn(256, generator=generator) * 1e-3]
     exact = torch.sqrt(sum(g.double().pow(2).sum() for g in [table, *small]))
-    got = total_norm([table, *small])
+    got = norm([table, *small])
     assert got.dtype == torch.float32 and got.dim() == 0
     assert abs(got.double() - exact) / exact < 1e-6  # get_total_norm: 3·10⁻⁵ here
     # The same quantity as get_total_norm, whose float32 accumulation is the less precise of the two.
     plain = torch.nn.utils.get_total_norm([table, *small])
     torch.testing.assert_close(got, plain, rtol=1e-3, atol=0.0)
     assert abs(got.double() - exact) <= abs(plain.double() - exact)
-    if path == "pytorch":  # small gradients alone: get_total_norm itself
-        assert torch.equal(total_norm(small), torch.nn.utils.get_total_norm(small))
+    if path == "plain":  # small gradients alone: get_total_norm itself
+        assert norm is total_norm and torch.equal(total_norm(small), torch.nn.utils.get_total_norm(small))
     else:
         small_exact = torch.sqrt(sum(g.double().pow(2).sum() for g in small))
-        assert abs(total_norm(small).double() - small_exact) / small_exact < 1e-6
-        assert total_norm([]).item() == 0.0
-    assert torch.isnan(total_norm([table.clone().fill_(float("nan")), *small]))  # non-finite stays visible
-    assert torch.isinf(total_norm([torch.full((1024, 1024), float("inf")), *small]))
+        assert abs(norm(small).double() - small_exact) / small_exact < 1e-6
+        assert norm([]).item() == 0.0
+    assert torch.isnan(norm([table.clone().fill_(float("nan")), *small]))  # non-finite stays visible
+    assert torch.isinf(norm([torch.full((1024, 1024), float("inf")), *small]))
     transposed = table.t()  # a non-contiguous gradient: the same norm
-    assert abs(total_norm([transposed, *small]).double() - exact) / exact < 1e-6
+    assert abs(norm([transposed, *small]).double() - exact) / exact < 1e-6
+
+
+def test_a_lamb_step_reads_no_value_on_the_host(monkeypatch):
+    model = _model_with_gradients(1.0)
+    optimizer = Lamb(model.parameters(), lr=0.01)
+    optimizer.step()  # state created
+    reads = []
+    for name in ("item", "__bool__", "__float__", "__int__", "tolist"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda t, *a, _o=original, _n=name, **k: reads.append(_n) or _o(t, *a, **k))
+    optimizer.step()
+    monkeypatch.undo()
+    assert reads == []

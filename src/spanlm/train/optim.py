@@ -49,15 +49,16 @@ class Lamb(torch.optim.Optimizer):
                     continue
                 state = self.state[p]
                 if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
                     state["exp_avg"] = torch.zeros_like(p)
                     state["exp_avg_sq"] = torch.zeros_like(p)
                 state["step"] += 1
-                step = state["step"].item()
+                step = state["step"]  # a tensor: the bias corrections below stay on the device (no host read)
                 exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
                 exp_avg.mul_(beta1).add_(p.grad, alpha=1 - beta1)
                 exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-                update = (exp_avg / (1 - beta1**step)) / ((exp_avg_sq / (1 - beta2**step)).sqrt() + group["eps"])
+                correction1, correction2 = 1 - beta1**step, 1 - beta2**step
+                update = (exp_avg / correction1) / ((exp_avg_sq / correction2).sqrt() + group["eps"])
                 if group["weight_decay"]:
                     update.add_(p, alpha=group["weight_decay"])
                 weight_norm, update_norm = p.norm(), update.norm()
