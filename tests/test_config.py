@@ -59,6 +59,16 @@ def test_float_accepts_int_and_optional_accepts_none():
     assert section.rate == 1.0 and isinstance(section.rate, float) and section.path is None
 
 
+def test_a_bare_yaml_off_is_the_string_where_a_choice_has_it(tmp_path):
+    assert load_recipe(None, ["train.accel=off"]).train.accel == "off"  # YAML reads `off` as False
+    (tmp_path / "recipe.yaml").write_text("train:\n  accel: off\n")
+    assert load_recipe(tmp_path / "recipe.yaml").train.accel == "off"
+    with pytest.raises(ConfigError, match="train.accel"):
+        load_recipe(None, ["train.accel=on"])  # not one of the choices: still refused
+    with pytest.raises(ConfigError, match="train.compile"):
+        load_recipe(None, ["train.compile=auto"])
+
+
 def test_override_creates_nested_keys_and_rejects_scalar_parent():
     assert apply_overrides({}, ["a.b.c=1"]) == {"a": {"b": {"c": 1}}}
     with pytest.raises(ConfigError, match="not a section"):

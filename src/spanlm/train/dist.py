@@ -25,6 +25,9 @@ class DistEnv:
     world_size: int = 1
     local_rank: int = 0
     device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
+    # A gloo group for host-side flags (a stop signal, a setup failure): agreeing on them never touches a
+    # GPU stream, so checking every step costs no device synchronisation. None on one process.
+    host_group: object | None = None
 
     @property
     def is_main(self) -> bool:
@@ -49,9 +52,12 @@ def init_distributed(device: str = "auto") -> DistEnv:
         target = torch.device("cuda", local_rank)
     else:
         target = torch.device("cpu")
-    if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(minutes=30))
-    return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=target)
+    host_group = None
+    if world_size > 1:
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(minutes=30))
+        host_group = dist.new_group(backend="gloo") if use_cuda else dist.group.WORLD
+    return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=target, host_group=host_group)
 
 
 def shutdown(env: DistEnv) -> None:
@@ -74,5 +80,10 @@ def all_reduce(values: torch.Tensor, env: DistEnv, op: str = "mean") -> torch.Te
 
 
 def any_rank(flag: bool, env: DistEnv) -> bool:
-    """True on every rank when the flag is set on any rank (signals, non-finite values)."""
-    return bool(all_reduce(torch.tensor([float(flag)], device=env.device), env, op="max").item())
+    """True on every rank when the host-side flag is set on any rank (a stop signal, a setup failure): a CPU
+    collective over ``env.host_group``, which no GPU stream waits for."""
+    if not env.enabled:
+        return flag
+    value = torch.tensor([float(flag)])
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=env.host_group)
+    return bool(value.item())

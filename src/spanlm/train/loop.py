@@ -384,7 +384,7 @@ class Trainer:
                         evaluation = self.evaluate()
                         if logger and evaluation:
                             logger.log({"kind": "eval", "step": self.step, **self._clock(), **evaluation})
-                    received = any_rank(stop.received is not None, env) if env.enabled else stop.received is not None
+                    received = any_rank(stop.received is not None, env)  # host-side: no device sync
                     if received:
                         self._check_finite(window)
                         self.log(f"received {stop.received or 'a stop signal on another rank'}: saved step {self.step}, exiting")
