@@ -3,7 +3,7 @@
 What is compared (one self-attention module of the bench/train_step.py model: BERT, hidden 256, 4 heads,
 attention dropout 0.1, training mode; the same weights, hidden states and upstream gradient; forward,
 then backward into the input and all six projection parameters)
-    spanlm      the module as spanlm's encoders run it (``spanlm.accel.dropout.use_fast_dropout``):
+    spanlm      the module as spanlm's encoders run it (``spanlm.accel.apply``):
                 ``FusedBertSelfAttention``, hidden states to context in one autograd function
                 (``spanlm.accel.attention``).
     unfused     the same module with transformers' own forward and spanlm's ``"spanlm_sdpa"`` attention
@@ -33,7 +33,7 @@ import time
 import torch
 
 from spanlm.accel.attention import FUSED
-from spanlm.accel.dropout import use_fast_dropout
+from spanlm import accel
 
 SHAPES = {"seq128": (16, 128), "seq512": (4, 512)}
 HIDDEN, HEADS = 256, 4
@@ -46,7 +46,8 @@ def build_modules(seed: int) -> dict[str, torch.nn.Module]:
                                   intermediate_size=4 * HIDDEN, max_position_embeddings=512)
     torch.manual_seed(seed)
     peer = AutoModel.from_config(config, attn_implementation="sdpa", add_pooling_layer=False).train()
-    spanlm = use_fast_dropout(copy.deepcopy(peer))
+    spanlm = copy.deepcopy(peer)
+    accel.apply(spanlm, torch.device("cpu"))
     unfused = copy.deepcopy(spanlm)
     stock = {fused: original for original, fused in FUSED.items()}
     for module in unfused.modules():

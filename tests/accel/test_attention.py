@@ -11,7 +11,7 @@ from torch.nn import functional as F
 import spanlm.accel.attention as attention
 import spanlm.accel.dropout as dropout
 from spanlm.accel.attention import FUSED, _SelfAttention, use_fused_self_attention
-from spanlm.accel.dropout import use_fast_dropout
+from spanlm import accel
 
 STOCK = {fused: stock for stock, fused in FUSED.items()}
 
@@ -23,7 +23,9 @@ def _model(family: str, attention_dropout: float = 0.3):
                                   intermediate_size=64, max_position_embeddings=40, hidden_dropout_prob=0.1,
                                   attention_probs_dropout_prob=attention_dropout)
     torch.manual_seed(0)
-    return use_fast_dropout(AutoModel.from_config(config, attn_implementation="sdpa")).train()
+    model = AutoModel.from_config(config, attn_implementation="sdpa")
+    accel.apply(model, torch.device("cpu"))
+    return model.train()
 
 
 def _unfused(model):
@@ -166,7 +168,9 @@ def test_heads_narrower_than_the_hidden_size_run_the_module_forward(calls):
     # ELECTRA allows hidden 30 with 4 heads (of 7) when it has an embedding_size: the projections are 28 wide.
     config = AutoConfig.for_model("electra", vocab_size=60, embedding_size=16, hidden_size=30, num_hidden_layers=1,
                                   num_attention_heads=4, intermediate_size=64, max_position_embeddings=40)
-    model = use_fast_dropout(AutoModel.from_config(config, attn_implementation="sdpa")).train()
+    model = AutoModel.from_config(config, attn_implementation="sdpa")
+    accel.apply(model, torch.device("cpu"))
+    model.train()
     layer = model.encoder.layer[0].attention.self
     assert type(layer) in STOCK and layer.all_head_size == 28
     assert layer(torch.randn(2, 6, 30))[0].shape == (2, 6, 28)

@@ -45,6 +45,7 @@ def apply(model: nn.Module, device: torch.device, mode: Accel = "auto") -> str:
     name = backend(device, mode)
     if name != "cpu":
         return name
+    from spanlm.accel.attention import use_fused_self_attention
     from spanlm.accel.cross_entropy import FusedCrossEntropies
     from spanlm.accel.dropout import use_fast_dropout
     from spanlm.accel.host_memory import retain_freed_memory
@@ -53,6 +54,7 @@ def apply(model: nn.Module, device: torch.device, mode: Accel = "auto") -> str:
 
     retain_freed_memory()
     use_fast_dropout(model)
+    use_fused_self_attention(model)
     for module in model.modules():
         if isinstance(module, TiedDecoder):
             tie_gradients(module.embedding)  # its lookup takes the decoder's weight gradient over

@@ -23,7 +23,8 @@ p = 0 or 1 it is ``torch.nn.functional.dropout``.
 inference) and, in training, the same computation PyTorch's SDPA runs on CPU with dropout (its math
 path: scores, softmax, dropout, weighted sum) with this dropout on the probabilities. BERT, RoBERTa and
 ELECTRA self-attention modules also get :mod:`spanlm.accel.attention`'s training forward (the same
-arithmetic, projections to context in one autograd function). None of this changes a parameter, a
+arithmetic, projections to context in one autograd function; :func:`spanlm.accel.apply` puts in both).
+None of this changes a parameter, a
 state-dict key or the saved ``config.json``: exported models load with stock transformers.
 """
 
@@ -161,11 +162,8 @@ def register_attention() -> None:
 
 def use_fast_dropout(model: nn.Module) -> nn.Module:
     """Switch ``model``'s dropouts to :class:`FastDropout` and the SDPA attention of every transformers model
-    in it to ``"spanlm_sdpa"``, in place; BERT / RoBERTa / ELECTRA self-attention then trains through
-    :mod:`spanlm.accel.attention` on CPU."""
+    in it to ``"spanlm_sdpa"``, in place."""
     from transformers import PreTrainedModel
-
-    from spanlm.accel.attention import use_fused_self_attention  # it builds on this module
 
     for parent in list(model.modules()):
         for name, child in parent.named_children():
@@ -177,5 +175,4 @@ def use_fast_dropout(model: nn.Module) -> nn.Module:
         if isinstance(module, PreTrainedModel) and getattr(module.config, "_attn_implementation", None) == "sdpa":
             register_attention()
             module.set_attn_implementation(ATTENTION_NAME)
-    use_fused_self_attention(model)
     return model

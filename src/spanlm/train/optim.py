@@ -87,8 +87,8 @@ def total_norm(gradients: list[torch.Tensor]) -> torch.Tensor:
     Why not ``get_total_norm`` itself for large matrices: ATen's float32 norm kernel adds its squares
     into float32 partial sums serially (``torch.sum`` sums in a cascade; the norm does not), so on the
     (V, E) embedding gradient (7.8M elements at 30k × 256) it is off by ~2·10⁻⁴ relative to a float64
-    reference, and it takes ~1.4 ms there on 2 cores. The norm of the rows' norms is the same quantity,
-    ~10⁻⁷ from that reference and ~1.3× faster (a short reduction per row, then one over V values).
+    reference. The norm of the rows' norms is the same quantity, ~10⁻⁷ from that reference and faster
+    (a short reduction per row, then one over V values).
     Smaller gradients and FSDP2's sharded DTensors keep ``get_total_norm``. (On CPU, spanlm.accel's
     backend takes one kernel call instead: :func:`spanlm.accel.gradient_norm`.)
     """

@@ -2,7 +2,7 @@
 
 Why: eager PyTorch runs every element-wise step as its own pass over memory. Where a hot loop makes
 several passes over a tensor far larger than the cache — the cross-entropy over a 30k vocabulary makes
-seven over its (N, V) logits, ~73 MB per SpanBERT step at batch 16 × 128 — one compiled pass per row
+seven over its (N, V) logits, tens of MB per SpanBERT step — one compiled pass per row
 keeps each row in cache from its first step to its last. Dropout multiplies by its keep decisions as it
 draws them, in one pass, and its backward pass draws them again from the same key instead of reading a
 stored mask (``x · m`` is linear in x). The clipping norm sums all gradients' squares in one call. The
