@@ -57,7 +57,7 @@ def build_block_index(sentence_offsets: np.ndarray, document_offsets: np.ndarray
     return np.stack([unit_start[starts], unit_end[following[starts] - 1]], axis=1).reshape(-1, 2)
 
 
-INDEX_CHUNK_SENTENCES = 1 << 20  # sentences packed at once: bounds the index build's memory, not its result
+INDEX_CHUNK_SENTENCES = 1 << 16  # sentences packed at once: bounds the index build's memory, not its result
 
 
 def block_index_chunks(sentence_offsets: np.ndarray, document_offsets: np.ndarray, max_len: int):

@@ -182,6 +182,7 @@ class CorpusReader:
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
         readers = {"txt": self._txt, "jsonl": self._jsonl, "parquet": self._parquet, "dataset": self._dataset}
+        limit = self.config.max_line_chars
         document = 0
         for source in self.inputs:
             kind = "dataset" if isinstance(source, DatasetSplit) else input_kind(source)
@@ -196,10 +197,14 @@ class CorpusReader:
                         document += 1
                         started = False
                     continue
-                pieces = split_long_line(line, self.config.max_line_chars)
+                started = True
+                if len(line) <= limit:  # nearly every line: one sentence, no pieces to make
+                    self.stats["sentences"] += 1
+                    yield document, line
+                    continue
+                pieces = split_long_line(line, limit)
                 self.stats["lines_split"] += len(pieces) > 1
                 for piece in pieces:
-                    started = True
                     self.stats["sentences"] += 1
                     yield document, piece
             if started:

@@ -263,6 +263,7 @@ def _encoded_batches(reader: CorpusReader, tokenizer, tokenizer_dir: Path, confi
     import collections
     import itertools
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
     batches = _sentence_batches(reader)
     first = list(itertools.islice(batches, PARALLEL_AFTER_BATCHES + 1))
@@ -272,18 +273,23 @@ def _encoded_batches(reader: CorpusReader, tokenizer, tokenizer_dir: Path, confi
             yield documents, encode_sentences(tokenizer, texts, config.words)
         return
     # Workers are spawned, not forked: a fork would copy this process's tokenizer thread pool state.
+    # An executor rather than a Pool: a worker that dies (killed for memory) fails the prepare instead
+    # of leaving it waiting forever.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(processes, _start_worker, (str(tokenizer_dir), config.words, ids_dtype(len(tokenizer)).name)) as pool:
-        pending = collections.deque()
+    workers = ProcessPoolExecutor(processes, multiprocessing.get_context("spawn"), initializer=_start_worker,
+                                  initargs=(str(tokenizer_dir), config.words, ids_dtype(len(tokenizer)).name))
+    pending = collections.deque()
+    try:
         for documents, texts in itertools.chain(first, batches):
-            pending.append((documents, pool.apply_async(_encode_in_worker, (texts,))))
+            pending.append((documents, workers.submit(_encode_in_worker, texts)))
             if len(pending) == 2 * processes:
                 documents, result = pending.popleft()
-                yield documents, result.get()
+                yield documents, result.result()
         while pending:
             documents, result = pending.popleft()
-            yield documents, result.get()
+            yield documents, result.result()
+    finally:
+        workers.shutdown(cancel_futures=True)
 
 
 def _write_arrays(reader: CorpusReader, tokenizer, tokenizer_dir: Path, config, out: Path) -> dict:
