@@ -108,3 +108,19 @@ def test_the_readme_job_array_commands(tmp_path, monkeypatch):
     corpus = ShardedCorpus(resolve_shards(recipe.data.prepared_shards))
     assert [len(PreparedCorpus(d).meta["inputs"]) for d in corpus.meta["shards"]] == [1, 1, 1]
     assert corpus.n_documents == 3 and len(BlockDataset(corpus, recipe.data.max_len)) > 0
+
+
+def test_a_damaged_shard_is_named(sharded, tmp_path):
+    import shutil
+
+    root, _ = sharded
+    copies = [shutil.copytree(shard_directory(root / "shards", i, 2), shard_directory(tmp_path, i, 2)) for i in range(2)]
+    with open(copies[1] / "ids.npy", "r+b") as handle:  # cut short, as by a full disk or a failed copy
+        handle.truncate(handle.seek(0, 2) // 2)
+    with pytest.raises(InputError, match=r"shard-00001-of-00002/ids\.npy: unreadable"):
+        ShardedCorpus(copies)
+    corpus = PreparedCorpus(copies[0])
+    index = next(copies[0].glob("block_index-*.npy"))
+    np.save(index, np.zeros((3, 2), dtype=np.int64))  # another corpus's index, say
+    with pytest.raises(InputError, match=rf"{index.name}: not the block index of this corpus"):
+        BlockDataset(corpus, int(index.stem.split("-")[1]))
