@@ -16,7 +16,7 @@ def _prepare(args: argparse.Namespace) -> int:
     from spanlm.data.shards import read_meta
 
     recipe = load_recipe(args.recipe, args.overrides)
-    directory = prepare(recipe, force=args.force, log=log)
+    directory = prepare(recipe, force=args.force, log=log, shard=_shard(args.shard))
     meta = read_meta(directory)
     summary = {key: meta[key] for key in ("n_documents", "n_sentences", "n_words", "n_tokens", "vocab_size", "dtype", "words")}
     summary["tokens_per_word"] = round(meta["n_tokens"] / max(meta["n_words"], 1), 3)
@@ -24,6 +24,17 @@ def _prepare(args: argparse.Namespace) -> int:
     summary["prepared_dir"] = str(directory)
     print(json.dumps(summary, ensure_ascii=False))
     return 0
+
+
+def _shard(text: str | None) -> tuple[int, int] | None:
+    from spanlm.errors import ConfigError
+
+    if text is None:
+        return None
+    index, slash, count = text.partition("/")
+    if not (slash and index.isdigit() and count.isdigit() and int(index) < int(count)):
+        raise ConfigError(f"--shard {text}: expected I/N with 0 <= I < N (e.g. --shard 0/16)")
+    return int(index), int(count)
 
 
 def _pretrain(args: argparse.Namespace) -> int:
@@ -107,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.inputs=[a.txt] tokenizer.vocab_size=16000")
     prepare.add_argument("--force", action="store_true", help="rebuild even when the prepared directory is up to date, or when that replaces its tokenizer "
                          "(the runs trained on it are named)")
+    prepare.add_argument("--shard", metavar="I/N", default=None,
+                         help="prepare only shard I (from 0) of N consecutive parts of the inputs, into PREPARED_DIR/shard-I-of-N "
+                              "(needs tokenizer.path; a run reads the shards with data.prepared_shards)")
     prepare.set_defaults(run=_prepare)
 
     preview = commands.add_parser("preview", help="show masked blocks and masking statistics for a recipe",

@@ -106,3 +106,71 @@ def test_ranks_read_disjoint_equal_parts():
     assert len(set(flat)) == len(flat) == 100
     with pytest.raises(ValueError):
         BlockSampler(3, world_size=4)
+
+
+def greedy_walk(sentence_offsets, document_offsets, capacity):
+    """The packing spelled out as a walk over sentences: the reference the vectorised index must equal."""
+    blocks, current, current_document = [], None, None
+    for document in range(len(document_offsets) - 1):
+        for sentence in range(document_offsets[document], document_offsets[document + 1]):
+            start, end = int(sentence_offsets[sentence]), int(sentence_offsets[sentence + 1])
+            pieces = [(piece, min(piece + capacity, end)) for piece in range(start, end, capacity)] or [(start, start)]
+            for piece_start, piece_end in pieces:
+                if current is not None and current_document == document and piece_end - current[0] <= capacity:
+                    current[1] = piece_end
+                else:
+                    if current is not None:
+                        blocks.append(tuple(current))
+                    current, current_document = [piece_start, piece_end], document
+    blocks.append(tuple(current))
+    return blocks
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_vectorised_index_equals_the_greedy_walk_on_edge_cases(seed):
+    rng = np.random.default_rng(seed)
+    capacity = int(rng.integers(3, 40))
+    # one-sentence documents, empty documents, long documents, sentences of exactly the capacity, over-long
+    # ones (several capacities) and empty sentences
+    sentences_per_document = rng.choice([0, 1, 1, 2, 5, 40], size=60)
+    sentences_per_document[0] = max(sentences_per_document[0], 1)
+    lengths = rng.choice([0, 1, 2, capacity - 1, capacity, capacity + 1, 3 * capacity + 2, int(rng.integers(1, capacity))],
+                         size=int(sentences_per_document.sum()))
+    lengths[0] = max(lengths[0], 1)
+    sentence_offsets = np.concatenate([[0], np.cumsum(lengths)])
+    document_offsets = np.concatenate([[0], np.cumsum(sentences_per_document)])
+    expected = greedy_walk(sentence_offsets, document_offsets, capacity)
+    assert [tuple(block) for block in build_block_index(sentence_offsets, document_offsets, capacity).tolist()] == expected
+
+
+def test_one_long_document_of_small_sentences():
+    # thousands of blocks in one document: many doubling rounds
+    lengths = np.random.default_rng(3).integers(1, 9, 20_000)
+    sentence_offsets, document_offsets = np.concatenate([[0], np.cumsum(lengths)]), np.array([0, len(lengths)])
+    expected = greedy_walk(sentence_offsets, document_offsets, 30)
+    assert [tuple(block) for block in build_block_index(sentence_offsets, document_offsets, 30).tolist()] == expected
+
+
+def test_the_index_is_written_at_prepare_time_and_memory_mapped(embedded_prepared, tmp_path, monkeypatch):
+    from spanlm.data import block_index as blocks_module
+    from spanlm.data.block_index import load_block_index, share_block_index
+    from spanlm.data.shards import block_index_file
+
+    corpus = PreparedCorpus(embedded_prepared)
+    reference = build_block_index(np.asarray(corpus.sentence_offsets), np.asarray(corpus.document_offsets), 126)
+    index = BlockDataset(corpus, max_len=128).index  # data.max_len's default: written by prepare
+    assert isinstance(index, np.memmap) and np.array_equal(index, reference)
+    # another max_len: built in memory in document runs (small runs here) until shared, then mapped
+    monkeypatch.setattr(blocks_module, "INDEX_CHUNK_SENTENCES", 7)
+    in_memory = load_block_index(corpus, 40)
+    assert not isinstance(in_memory, np.memmap)
+    assert np.array_equal(in_memory, build_block_index(np.asarray(corpus.sentence_offsets), np.asarray(corpus.document_offsets), 38))
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in embedded_prepared.iterdir():
+        if name.is_file():
+            (copy / name.name).symlink_to(name)
+    corpus_copy = PreparedCorpus(copy)
+    share_block_index(corpus_copy, 40, log=print)
+    assert np.array_equal(np.load(copy / block_index_file(40), mmap_mode="r"), in_memory)
+    assert [p.name for p in copy.iterdir() if p.name.startswith(".")] == []

@@ -6,11 +6,12 @@ import os
 import numpy as np
 import pytest
 
-from helpers import ENGLISH, make_recipe
+from helpers import EMBEDDED_CORPUS, ENGLISH, make_recipe
 from spanlm.cli import main
 from spanlm.data.corpus import CorpusReader, resolve_inputs
 from spanlm.data.prepare import prepare
-from spanlm.data.shards import PreparedCorpus, ids_dtype, read_meta
+from spanlm.data.corpus import DataConfig
+from spanlm.data.shards import ARRAYS, PreparedCorpus, ids_dtype, read_meta
 from spanlm.errors import InputError
 
 QUIET = {"log": lambda *_: None}
@@ -180,7 +181,7 @@ def test_cli_errors_are_one_line_with_exit_code_2(tmp_path, capsys, args, fragme
 
 
 def test_bad_input_found_while_tokenizing_is_reported_plainly(tmp_path):
-    """With a loaded tokenizer the first full read happens inside datasets; its wrapper must not hide the error."""
+    """With a loaded tokenizer the first full read happens while tokenizing; nothing may hide the error."""
     first = prepare(make_recipe(tmp_path / "1", {"a.txt": ENGLISH}), **QUIET)
     recipe = make_recipe(tmp_path / "2", {"a.txt": b"fine\nbro\xffken\n"}, tokenizer={"path": str(first / "tokenizer")})
     with pytest.raises(InputError, match=r"a\.txt:2: invalid UTF-8"):
@@ -205,15 +206,82 @@ def test_an_input_changed_while_it_is_prepared_is_not_taken_for_the_prepared_byt
     # A loaded tokenizer: the rebuild keeps it, so it needs no --force.
     recipe = make_recipe(tmp_path, {"a.txt": ENGLISH}, tokenizer={"path": fixed_tokenizer(tmp_path)})
     path = tmp_path / "in" / "a.txt"
-    original = prepare_module._tokenize
+    original = prepare_module._write_arrays
 
     def tokenize_then_edit(*args, **kwargs):  # the file changes after it was read
-        table = original(*args, **kwargs)
+        counts = original(*args, **kwargs)
         path.write_text(ENGLISH + "Written while preparing.\n", encoding="utf-8")
-        return table
+        return counts
 
-    monkeypatch.setattr(prepare_module, "_tokenize", tokenize_then_edit)
+    monkeypatch.setattr(prepare_module, "_write_arrays", tokenize_then_edit)
     first = read_meta(prepare(recipe, **QUIET))
-    monkeypatch.setattr(prepare_module, "_tokenize", original)
+    monkeypatch.setattr(prepare_module, "_write_arrays", original)
     second = read_meta(prepare(recipe, **QUIET))
     assert second["n_sentences"] == first["n_sentences"] + 1  # rebuilt, not reused
+
+
+def prepared_arrays(directory) -> dict:
+    return {name: np.load(directory / f"{name}.npy") for name in ARRAYS}
+
+
+@pytest.mark.parametrize("words", ["none", "jieba"])
+def test_worker_processes_write_the_same_arrays(tmp_path, monkeypatch, words):
+    import spanlm.data.prepare as prepare_module
+
+    text = (EMBEDDED_CORPUS / ("hongloumeng_ch1-5.txt" if words == "jieba" else "alice_in_wonderland.txt")).read_text(encoding="utf-8")
+    monkeypatch.setattr(prepare_module, "ENCODE_BATCH_SENTENCES", 20)  # many small batches: the workers take turns
+    tokenizer = fixed_tokenizer(tmp_path)
+    one, two = (make_recipe(tmp_path / str(n), {"a.txt": text}, data={"num_proc": n, "words": words}, tokenizer={"path": tokenizer})
+                for n in (1, 2))
+    first, second = prepare(one, **QUIET), prepare(two, **QUIET)
+    first_arrays, second_arrays = prepared_arrays(first), prepared_arrays(second)
+    assert len(first_arrays["sentence_offsets"]) > (prepare_module.PARALLEL_AFTER_BATCHES + 1) * 20
+    for name in ARRAYS:
+        assert np.array_equal(first_arrays[name], second_arrays[name]), name
+    assert {k: v for k, v in read_meta(first).items() if "fingerprint" not in k and k != "inputs"} == \
+        {k: v for k, v in read_meta(second).items() if "fingerprint" not in k and k != "inputs"}
+
+
+def test_worker_processes_are_used(tmp_path, monkeypatch):
+    import spanlm.data.prepare as prepare_module
+
+    monkeypatch.setattr(prepare_module, "ENCODE_BATCH_SENTENCES", 40)
+    used = []
+    original = prepare_module._encoded_batches
+
+    def counting(reader, tokenizer, tokenizer_dir, config, processes):
+        import multiprocessing
+
+        for batch in original(reader, tokenizer, tokenizer_dir, config, processes):
+            used.append(len(multiprocessing.active_children()))
+            yield batch
+
+    monkeypatch.setattr(prepare_module, "_encoded_batches", counting)
+    text = (EMBEDDED_CORPUS / "alice_in_wonderland.txt").read_text(encoding="utf-8")
+    prepare(make_recipe(tmp_path / "many", {"a.txt": text}, data={"num_proc": 2}), **QUIET)
+    assert max(used) == 2
+    used.clear()
+    prepare(make_recipe(tmp_path / "few", {"a.txt": ENGLISH}, data={"num_proc": 2}), **QUIET)  # one batch: no workers
+    assert max(used) == 0
+
+
+def test_num_proc_defaults_to_every_core():
+    assert DataConfig().num_proc is None and DataConfig().processes() == len(os.sched_getaffinity(0))
+    assert DataConfig(num_proc=3).processes() == 3
+
+
+def test_temporary_disk_is_the_output(tmp_path, monkeypatch):
+    """While the arrays are written, the temporary directory holds nothing but (the beginning of) the output."""
+    import spanlm.data.prepare as prepare_module
+
+    seen = []
+    original = prepare_module.build_similar_words
+
+    def look(directory, *args, **kwargs):
+        seen.extend(sorted(p.name for p in directory.iterdir()))
+        return original(directory, *args, **kwargs)
+
+    monkeypatch.setattr(prepare_module, "build_similar_words", look)
+    out = prepare(make_recipe(tmp_path, {"a.txt": ENGLISH}), **QUIET)
+    assert seen == sorted([f"{name}.npy" for name in ARRAYS] + ["block_index-128.npy", "tokenizer"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(seen + ["config.yaml", "meta.json"])

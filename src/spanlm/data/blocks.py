@@ -16,35 +16,8 @@ import dataclasses
 import numpy as np
 import torch
 
+from spanlm.data.block_index import build_block_index, load_block_index  # noqa: F401  build_block_index: public here too
 from spanlm.data.shards import PreparedCorpus
-
-
-def build_block_index(sentence_offsets: np.ndarray, document_offsets: np.ndarray, capacity: int) -> np.ndarray:
-    """Greedy packing of whole sentences into blocks of ≤ ``capacity`` tokens, per document.
-
-    Returns an ``(n_blocks, 2)`` int64 array of [start, end) token offsets into the flat ids.
-    """
-    lengths = np.diff(sentence_offsets)
-    # Split over-long sentences into capacity-sized pieces up front (vectorised); the pieces of one
-    # sentence are consecutive, so afterwards every unit fits and packing is a simple greedy walk.
-    pieces = np.maximum(1, -(-lengths // capacity))
-    unit_sentence = np.repeat(np.arange(len(lengths)), pieces)
-    piece_index = np.arange(len(unit_sentence)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
-    unit_start = sentence_offsets[:-1][unit_sentence] + piece_index * capacity
-    unit_end = np.minimum(unit_start + capacity, sentence_offsets[1:][unit_sentence])
-    unit_document = np.searchsorted(document_offsets, unit_sentence, side="right") - 1
-
-    blocks = []
-    block_start = block_end = int(unit_start[0])
-    block_document = int(unit_document[0])
-    # One step per sentence (not per token), at index-build time only.
-    for start, end, document in zip(unit_start.tolist(), unit_end.tolist(), unit_document.tolist()):
-        if document != block_document or end - block_start > capacity:
-            blocks.append((block_start, block_end))
-            block_start, block_document = start, document
-        block_end = end
-    blocks.append((block_start, block_end))
-    return np.asarray(blocks, dtype=np.int64).reshape(-1, 2)
 
 
 @dataclasses.dataclass
@@ -63,7 +36,7 @@ class BlockDataset(torch.utils.data.Dataset):
         self.max_len = max_len
         self.cls_id = corpus.special_ids["cls"]
         self.sep_id = corpus.special_ids["sep"]
-        self.index = build_block_index(np.asarray(corpus.sentence_offsets), np.asarray(corpus.document_offsets), max_len - 2)
+        self.index = load_block_index(corpus, max_len)  # (n_blocks, 2) [start, end) token offsets
 
     def __len__(self) -> int:
         return len(self.index)

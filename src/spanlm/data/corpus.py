@@ -38,6 +38,10 @@ class DataConfig:
     # Output of `spanlm prepare`, input of pretraining. "{tokenizer}" is replaced by the tokenizer
     # settings' short name (spanlm.data.tokenizer.settings_key): one directory per tokenizer.
     prepared_dir: str = f"runs/prepared/{TOKENIZER_KEY}"
+    # A corpus prepared in shards (`spanlm prepare RECIPE --shard i/n` writes prepared_dir/shard-i-of-n, one
+    # job per shard, all with one tokenizer.path): prepared directories or glob patterns of them, read as
+    # one corpus in this order. When set, pretraining reads these and prepares nothing.
+    prepared_shards: list[str] = dataclasses.field(default_factory=list)
     text_field: str = "text"  # the text column of .jsonl / .parquet records and of datasets
     split: str = "train"  # the split of a DatasetDict directory or an hf: name that does not name one
     # Word boundaries for whole-word / span masking: "none" = no segmenter, the fast tokenizer's own
@@ -46,7 +50,7 @@ class DataConfig:
     words: Literal["none", "jieba"] = "none"
     max_line_chars: int = 100_000  # longer lines are split at whitespace into several sentences
     on_bad_line: Literal["error", "skip"] = "error"  # invalid UTF-8 / broken JSON: stop, or skip and count
-    num_proc: int = 1  # processes for datasets.map (the tokenizer itself is multi-threaded)
+    num_proc: int | None = None  # processes that tokenize (and segment with jieba); None: one per core
     max_len: int = 128  # pretraining block length including [CLS] and [SEP]
     # MacBERT similar-word table (similar_words.npz, see spanlm.data.similar_words): "word2vec" trains
     # gensim Word2Vec on the corpus; "synonyms" reads a TSV of word<TAB>synonym...; "vectors" reads a
@@ -65,8 +69,14 @@ class DataConfig:
             raise ValueError("max_line_chars must be at least 16")
         if self.max_len < 8:
             raise ValueError("max_len must be at least 8")
-        if self.num_proc < 1:
+        if self.num_proc is not None and self.num_proc < 1:
             raise ValueError("num_proc must be at least 1")
+
+    def processes(self) -> int:
+        """The processes ``num_proc`` asks for: the cores this process may run on when it is None."""
+        if self.num_proc is not None:
+            return self.num_proc
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 Input = Path | DatasetSplit  # a file, or a split of a Hugging Face dataset
@@ -172,6 +182,7 @@ class CorpusReader:
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
         readers = {"txt": self._txt, "jsonl": self._jsonl, "parquet": self._parquet, "dataset": self._dataset}
+        limit = self.config.max_line_chars
         document = 0
         for source in self.inputs:
             kind = "dataset" if isinstance(source, DatasetSplit) else input_kind(source)
@@ -186,10 +197,14 @@ class CorpusReader:
                         document += 1
                         started = False
                     continue
-                pieces = split_long_line(line, self.config.max_line_chars)
+                started = True
+                if len(line) <= limit:  # nearly every line: one sentence, no pieces to make
+                    self.stats["sentences"] += 1
+                    yield document, line
+                    continue
+                pieces = split_long_line(line, limit)
                 self.stats["lines_split"] += len(pieces) > 1
                 for piece in pieces:
-                    started = True
                     self.stats["sentences"] += 1
                     yield document, piece
             if started:

@@ -3,9 +3,9 @@
 Steps: resolve and validate the inputs (files, and `datasets` splits: their Arrow files count as
 the inputs' files); reuse the output when the inputs (path, size, mtime) and settings are unchanged,
 or when only the inputs' paths or times changed but not their bytes; otherwise
-train or load the tokenizer, read the corpus into a `datasets` Arrow table, tokenize it with
-``map(batched=True, num_proc=N)``, and write the arrays into a temporary directory that is renamed
-into place when complete.
+train or load the tokenizer, then stream the corpus once: batches of sentences are tokenized in
+``data.num_proc`` worker processes and appended to the arrays of a temporary directory that is renamed
+into place when complete (the temporary disk is the output itself).
 """
 
 from __future__ import annotations
@@ -22,13 +22,12 @@ import numpy as np
 
 from spanlm.data.corpus import CorpusReader, Input, resolve_inputs
 from spanlm.data.hf_datasets import DatasetSplit, file_sha256
-from spanlm.data.shards import FORMAT_VERSION, ids_dtype, out_of_space, read_meta, replace_directory
+from spanlm.data.shards import (FORMAT_VERSION, NpyAppender, block_index_file, ids_dtype, out_of_space, read_meta, replace_directory,
+                                shard_directory)
 from spanlm.data.similar_words import build_similar_words
 from spanlm.data.tokenizer import load_tokenizer, save_tokenizer, tokenizer_fingerprint, train_tokenizer
 from spanlm.data.words import encode_sentences
-from spanlm.errors import InputError
-
-MAP_BATCH_SIZE = 1000
+from spanlm.errors import ConfigError, InputError
 
 
 def input_fingerprint(recipe, inputs: list[Input], by_content: bool = False) -> str:
@@ -48,7 +47,7 @@ def input_fingerprint(recipe, inputs: list[Input], by_content: bool = False) -> 
 
     data = dataclasses.asdict(recipe.data)
     # data.split decides only which split a dataset input reads, and that split is in its identity.
-    for irrelevant in ("prepared_dir", "num_proc", "max_len", "inputs", "split"):
+    for irrelevant in ("prepared_dir", "prepared_shards", "num_proc", "max_len", "inputs", "split"):
         data.pop(irrelevant)
     tokenizer = dataclasses.asdict(recipe.tokenizer)
     if recipe.tokenizer.path:  # a loaded tokenizer: its files decide the ids
@@ -62,6 +61,21 @@ def input_fingerprint(recipe, inputs: list[Input], by_content: bool = False) -> 
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def shard_inputs(inputs: list[Input], index: int, count: int, tokenizer_given: bool) -> list[Input]:
+    """Shard ``index`` of ``count``: the index-th of ``count`` consecutive, equally numerous runs of the inputs
+    (in the order ``data.inputs`` lists and globs them), so the shards in order are the whole corpus in order."""
+    if not 0 <= index < count:
+        raise ConfigError(f"--shard {index}/{count}: the shard number must be at least 0 and below the number of shards")
+    if not tokenizer_given:
+        raise ConfigError(f"--shard {index}/{count}: the shards of one corpus must share one tokenizer: set tokenizer.path "
+                          "(train it once with `spanlm prepare RECIPE` on a sample of the inputs and give its tokenizer/)")
+    part = inputs[index * len(inputs) // count:(index + 1) * len(inputs) // count]
+    if not part:
+        raise ConfigError(f"--shard {index}/{count}: {len(inputs)} input(s) leave shard {index} without any; "
+                          f"use at most {len(inputs)} shards or split the inputs into more files")
+    return part
+
+
 def _make_tmp_dir(final: Path) -> Path:
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -71,8 +85,11 @@ def _make_tmp_dir(final: Path) -> Path:
 
 
 def prepare(recipe, *, force: bool = False, log=print, keep_tokenizer: str | None = None,
-            kept_copy: Path | None = None) -> Path:
+            kept_copy: Path | None = None, shard: tuple[int, int] | None = None) -> Path:
     """Prepare ``recipe.data.inputs`` into ``recipe.data.prepared_dir``; returns that directory.
+
+    ``shard=(i, n)``: prepare only the i-th of n consecutive parts of the inputs, into
+    ``prepared_dir/shard-i-of-n`` (see :func:`shard_inputs`); the tokenizer must be given (tokenizer.path).
 
     A directory whose tokenizer would change is replaced only with ``force`` (see _replacing_tokenizer).
     ``keep_tokenizer``: the tokenizer fingerprint a checkpoint about to be resumed was trained with;
@@ -81,10 +98,14 @@ def prepare(recipe, *, force: bool = False, log=print, keep_tokenizer: str | Non
     tokenizer (the checkpoint could not resume otherwise).
     """
     from spanlm.config import save_config
+    from spanlm.data.block_index import write_block_index
 
     config = recipe.data
     inputs = resolve_inputs(config)
     final = Path(config.prepared_dir)
+    if shard is not None:
+        inputs = shard_inputs(inputs, *shard, tokenizer_given=bool(recipe.tokenizer.path))
+        final = shard_directory(final, *shard)
     fingerprint = input_fingerprint(recipe, inputs)
     existing = read_meta(final)
     if existing and not force and existing.get("fingerprint") == fingerprint:
@@ -124,10 +145,9 @@ def prepare(recipe, *, force: bool = False, log=print, keep_tokenizer: str | Non
         if existing and existing.get("tokenizer_fingerprint") == new_tokenizer and (final / RUNS_FILE).is_file():
             shutil.copy2(final / RUNS_FILE, tmp / RUNS_FILE)  # the same ids: the runs still depend on it
         reader = CorpusReader(inputs, config)
-        table = _tokenize(reader, tokenizer, config, tmp / "cache")
-        meta = _write_arrays(table, tokenizer, tmp)
+        meta = _write_arrays(reader, tokenizer, tmp / "tokenizer", config, tmp)
+        write_block_index(tmp, config.max_len, tmp / block_index_file(config.max_len))
         meta.update(build_similar_words(tmp, tokenizer, config, log=log))
-        shutil.rmtree(tmp / "cache", ignore_errors=True)
         meta.update(
             format_version=FORMAT_VERSION,
             fingerprint=fingerprint,
@@ -136,6 +156,7 @@ def prepare(recipe, *, force: bool = False, log=print, keep_tokenizer: str | Non
             words=config.words,
             inputs=[str(source) for source in inputs],
             stats=dict(reader.stats),
+            shard=list(shard) if shard is not None else None,
         )
         save_config(recipe, tmp / "config.yaml")
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
@@ -201,104 +222,126 @@ def _write_json_atomically(path: Path, value: dict) -> None:
     os.replace(tmp, path)
 
 
-READ_BATCH_SIZE = 10_000
+ENCODE_BATCH_SENTENCES = 1000  # sentences a process tokenizes at once
+# Worker processes pay for their start-up (importing tokenizers, loading the tokenizer, jieba's
+# dictionary) only on a corpus of more batches than this; a smaller one is tokenized in this process.
+PARALLEL_AFTER_BATCHES = 4
 
 
-def _read_corpus(reader: CorpusReader, path: Path):
-    """Corpus → a memory-mapped `datasets.Dataset` of (document, text) rows, one per sentence.
-
-    Rows are written as Arrow record batches (the IPC stream format `datasets` itself uses), so the
-    corpus never has to fit in memory and no per-row Python dict is built.
-    """
-    import datasets
-    import pyarrow as pa
-
-    schema = pa.schema([("document", pa.int64()), ("text", pa.string())])
+def _sentence_batches(reader: CorpusReader):
+    """``(document indices, texts)`` of consecutive sentences, ``ENCODE_BATCH_SENTENCES`` at a time."""
     documents, texts = [], []
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
-        def flush():
-            writer.write_batch(pa.record_batch([pa.array(documents, pa.int64()), pa.array(texts, pa.string())], schema=schema))
-            documents.clear()
-            texts.clear()
+    for document, text in reader:
+        documents.append(document)
+        texts.append(text)
+        if len(texts) == ENCODE_BATCH_SENTENCES:
+            yield np.array(documents, dtype=np.int64), texts
+            documents, texts = [], []
+    if texts:
+        yield np.array(documents, dtype=np.int64), texts
 
-        for document, text in reader:
-            documents.append(document)
-            texts.append(text)
-            if len(texts) == READ_BATCH_SIZE:
-                flush()
-        if texts:
-            flush()
+
+_worker_state: dict = {}
+
+
+def _start_worker(tokenizer_dir: str, words: str, dtype: str) -> None:
+    _worker_state.update(tokenizer=load_tokenizer(tokenizer_dir), words=words, dtype=np.dtype(dtype))
+
+
+def _encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ids, word_starts, lengths = encode_sentences(_worker_state["tokenizer"], texts, _worker_state["words"])
+    return ids.astype(_worker_state["dtype"]), word_starts, lengths
+
+
+def _encoded_batches(reader: CorpusReader, tokenizer, tokenizer_dir: Path, config, processes: int):
+    """``(document indices, (ids, word_starts, lengths))`` per batch of sentences, in corpus order.
+
+    With several processes the reader stays here (its errors and document numbering are sequential)
+    and each batch is tokenized — jieba included — in one of ``processes`` workers, at most two
+    batches per worker in flight, so memory does not grow with the corpus.
+    """
+    import collections
+    import itertools
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    batches = _sentence_batches(reader)
+    first = list(itertools.islice(batches, PARALLEL_AFTER_BATCHES + 1))
+    if processes == 1 or len(first) <= PARALLEL_AFTER_BATCHES:
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # one process: the tokenizer's own threads
+        for documents, texts in itertools.chain(first, batches):
+            yield documents, encode_sentences(tokenizer, texts, config.words)
+        return
+    # Workers are spawned, not forked: a fork would copy this process's tokenizer thread pool state.
+    # An executor rather than a Pool: a worker that dies (killed for memory) fails the prepare instead
+    # of leaving it waiting forever.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
+    workers = ProcessPoolExecutor(processes, multiprocessing.get_context("spawn"), initializer=_start_worker,
+                                  initargs=(str(tokenizer_dir), config.words, ids_dtype(len(tokenizer)).name))
+    pending = collections.deque()
+    try:
+        for documents, texts in itertools.chain(first, batches):
+            pending.append((documents, workers.submit(_encode_in_worker, texts)))
+            if len(pending) == 2 * processes:
+                documents, result = pending.popleft()
+                yield documents, result.result()
+        while pending:
+            documents, result = pending.popleft()
+            yield documents, result.result()
+    finally:
+        workers.shutdown(cancel_futures=True)
+
+
+def _write_arrays(reader: CorpusReader, tokenizer, tokenizer_dir: Path, config, out: Path) -> dict:
+    """Tokenize the corpus straight into the .npy arrays of ``out``, one batch of sentences at a time;
+    returns the counts for meta.json.
+
+    Every array is appended to as batches arrive (their headers say the length when they are closed),
+    so neither the corpus nor its offsets are ever held whole, and nothing but the output is written.
+    """
+    vocab_size = len(tokenizer)
+    dtype = ids_dtype(vocab_size)
+    arrays = {"ids": NpyAppender(out / "ids.npy", dtype), "word_starts": NpyAppender(out / "word_starts.npy", np.bool_),
+              "sentence_offsets": NpyAppender(out / "sentence_offsets.npy", np.int64),
+              "document_offsets": NpyAppender(out / "document_offsets.npy", np.int64)}
+    token_counts = np.zeros(vocab_size, dtype=np.int64)
+    n_tokens = n_sentences = n_words = 0
+    last_document = -1
+    try:
+        arrays["sentence_offsets"].append(np.zeros(1))
+        for documents, (ids, word_starts, lengths) in _encoded_batches(reader, tokenizer, tokenizer_dir, config, config.processes()):
+            keep = lengths > 0  # a line of only unknown/removed characters tokenizes to nothing: not a sentence
+            lengths, documents = lengths[keep], documents[keep]
+            if not len(lengths):
+                continue
+            new_document = np.concatenate([[documents[0] != last_document], documents[1:] != documents[:-1]])
+            arrays["document_offsets"].append(n_sentences + np.flatnonzero(new_document))
+            arrays["sentence_offsets"].append(n_tokens + np.cumsum(lengths))
+            arrays["ids"].append(ids)
+            arrays["word_starts"].append(word_starts)
+            token_counts += np.bincount(ids, minlength=vocab_size)[:vocab_size]
+            n_tokens, n_sentences, n_words = n_tokens + len(ids), n_sentences + len(lengths), n_words + int(word_starts.sum())
+            last_document = documents[-1]
+        arrays["document_offsets"].append(np.array([n_sentences]))
+    except BaseException:
+        for array in arrays.values():
+            array.discard()
+        raise
+    for array in arrays.values():
+        array.close()
     if reader.stats["sentences"] == 0:
         raise InputError(f"{', '.join(map(str, reader.inputs))}: no text found (every line is blank or was skipped)")
-    return datasets.Dataset.from_file(str(path))
-
-
-def _tokenize(reader: CorpusReader, tokenizer, config, cache_dir: Path):
-    """Corpus → Arrow table with one row per sentence: document index, token ids, word-start flags."""
-    import pyarrow as pa
-
-    def encode(batch: pa.Table) -> pa.Table:
-        ids, word_starts, lengths = encode_sentences(tokenizer, batch.column("text").to_pylist(), config.words)
-        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]), type=pa.int64())
-        return pa.table({
-            "document": batch.column("document"),
-            "ids": pa.LargeListArray.from_arrays(offsets, pa.array(ids.astype(np.uint32))),
-            "word_starts": pa.LargeListArray.from_arrays(offsets, pa.array(word_starts)),
-        })
-
-    dataset = _read_corpus(reader, cache_dir / "corpus.arrow")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true" if config.num_proc == 1 else "false")
-    tokenized = dataset.with_format("arrow").map(
-        encode, batched=True, batch_size=MAP_BATCH_SIZE, num_proc=config.num_proc if config.num_proc > 1 else None,
-        remove_columns=["text"], cache_file_name=str(cache_dir / "tokenized.arrow"), desc="tokenizing",
-        new_fingerprint=hashlib.sha256(str(cache_dir).encode()).hexdigest()[:16],
-    )
-    return tokenized.data.table if hasattr(tokenized.data, "table") else tokenized.data
-
-
-def _write_arrays(table, tokenizer, out: Path) -> dict:
-    """Flatten the per-sentence Arrow lists into the .npy arrays; returns the counts for meta.json."""
-    import pyarrow.compute as pc
-
-    vocab_size = len(tokenizer)
-    lengths = pc.list_value_length(table.column("ids")).to_numpy(zero_copy_only=False).astype(np.int64)
-    documents = table.column("document").to_numpy()
-    keep = lengths > 0  # a line of only unknown/removed characters tokenizes to nothing: not a sentence
-    lengths, documents = lengths[keep], documents[keep]
-    n_tokens = int(lengths.sum())
     if n_tokens == 0:
         raise InputError("the corpus tokenizes to no tokens at all")
-    sentence_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    document_starts = np.flatnonzero(np.concatenate([[True], documents[1:] != documents[:-1]]))
-    document_offsets = np.concatenate([document_starts, [len(lengths)]]).astype(np.int64)
-
-    dtype = ids_dtype(vocab_size)
-    ids = np.lib.format.open_memmap(out / "ids.npy", mode="w+", dtype=dtype, shape=(n_tokens,))
-    word_starts = np.lib.format.open_memmap(out / "word_starts.npy", mode="w+", dtype=np.bool_, shape=(n_tokens,))
-    token_counts = np.zeros(vocab_size, dtype=np.int64)
-    position = 0
-    for id_chunk, start_chunk in zip(table.column("ids").chunks, table.column("word_starts").chunks):
-        chunk_ids = id_chunk.flatten().to_numpy()
-        chunk_starts = start_chunk.flatten().to_numpy(zero_copy_only=False)
-        ids[position:position + len(chunk_ids)] = chunk_ids
-        word_starts[position:position + len(chunk_ids)] = chunk_starts
-        token_counts += np.bincount(chunk_ids, minlength=vocab_size)[:vocab_size]
-        position += len(chunk_ids)
-    ids.flush()
-    word_starts.flush()
-    del ids, word_starts
-    np.save(out / "sentence_offsets.npy", sentence_offsets)
-    np.save(out / "document_offsets.npy", document_offsets)
     np.save(out / "token_counts.npy", token_counts)
     special = {role: getattr(tokenizer, f"{role}_token_id") for role in ("pad", "unk", "cls", "sep", "mask")}
     return {
         "vocab_size": vocab_size,
         "dtype": dtype.name,
         "n_tokens": n_tokens,
-        "n_words": int(np.load(out / "word_starts.npy", mmap_mode="r").sum()),
-        "n_sentences": int(len(lengths)),
-        "n_documents": int(len(document_offsets) - 1),
+        "n_words": n_words,
+        "n_sentences": n_sentences,
+        "n_documents": int(arrays["document_offsets"].rows - 1),
         "special_ids": special,
         "all_special_ids": sorted(int(i) for i in tokenizer.all_special_ids),
     }

@@ -195,7 +195,7 @@ def _word2vec_neighbours(directory: Path, types: WordTypes, key_of_type: np.ndar
                     out.write(" ".join(map(str, sentence[sentence >= 0].tolist())) + "\n")
         model = gensim.models.Word2Vec(
             corpus_file=corpus_path, vector_size=100, window=5, min_count=config.similar_words_min_count,
-            workers=max(1, config.num_proc), epochs=5, seed=1, hashfxn=_stable_hash,
+            workers=config.processes(), epochs=5, seed=1, hashfxn=_stable_hash,
         )
     finally:
         os.unlink(corpus_path)

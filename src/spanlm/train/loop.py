@@ -21,8 +21,9 @@ import torch
 import torch.distributed as dist
 
 from spanlm import accel
+from spanlm.data.block_index import share_block_index
 from spanlm.data.blocks import BlockDataset
-from spanlm.data.shards import PreparedCorpus
+from spanlm.data.shards import PreparedCorpus, ShardedCorpus, resolve_shards
 from spanlm.errors import ConfigError, SpanlmError
 from spanlm.objectives.base import Objective
 from spanlm.train import checkpoint as ckpt
@@ -91,11 +92,15 @@ def pretraining_setup(recipe, env: DistEnv, log=print, keep_tokenizer: str | Non
     from spanlm.objectives import build_objective
     from spanlm.train.kept_tokenizer import keep_tokenizer as keep_in_run
 
-    # Rank 0 prepares the corpus (or finds it up to date); the others wait and read it.
+    # Rank 0 prepares the corpus (or finds it up to date; a sharded one is prepared beforehand) and its
+    # block index; the others wait and memory-map both.
+    shards = resolve_shards(recipe.data.prepared_shards) if recipe.data.prepared_shards else None
     if env.is_main:
-        record_run(prepare(recipe, log=log, keep_tokenizer=keep_tokenizer, kept_copy=kept_copy), recipe.train.output_dir, log=log)
+        for directory in shards or [prepare(recipe, log=log, keep_tokenizer=keep_tokenizer, kept_copy=kept_copy)]:
+            record_run(directory, recipe.train.output_dir, log=log)
+            share_block_index(PreparedCorpus(directory), recipe.data.max_len, log=log)
     barrier(env)
-    corpus = PreparedCorpus(recipe.data.prepared_dir)
+    corpus = ShardedCorpus(shards) if shards else PreparedCorpus(recipe.data.prepared_dir)
     if env.is_main:
         corpus.tokenizer  # loaded (and checked against the shards) now: the run keeps the tokenizer it starts with
     blocks = BlockDataset(corpus, recipe.data.max_len)

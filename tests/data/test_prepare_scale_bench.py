@@ -1,0 +1,29 @@
+"""bench/prepare_scale.py runs (its --small mode) and reports what BENCHMARKS.md records."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO
+
+SHARED = REPO.parent / "shared" / "data"
+
+
+@pytest.mark.skipif(not (SHARED / "english_text").is_dir(), reason="needs ../shared/data/english_text")
+def test_the_scale_benchmark_small_mode(tmp_path):
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "prepare_scale.py"), "--small", "--work", str(tmp_path)],
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["sizes_mb"] == [0.3, 1.0]
+    for row in result["english"].values():
+        # every side tokenized the same lines into the same number of content tokens
+        assert row["tokens"] == row["bare"]["tokens"] == row["run_mlm"]["tokens"] == row["spanlm_np2"]["tokens"] > 0
+        assert 0 < row["temp_disk_ratio"] <= 1.3
+        assert row["spanlm_np1"]["heap_peak_mb"] > 0 and row["spanlm_np1"]["file_peak_mb"] > 0
+        assert row["startup"]["blocks"] > 0 and row["startup"]["startup_s"] >= 0
+    assert result["heap_growth"] > 0 and set(result["heap_extrapolated_gb"]) == {"20GB", "200GB"}
+    assert result["chinese_jieba"]["0.2"]["tokens"] > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["corpus-zh", "tokenizer", "tokenizer-sample", "zh-tokenizer"])
