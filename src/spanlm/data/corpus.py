@@ -48,6 +48,11 @@ class DataConfig:
     on_bad_line: Literal["error", "skip"] = "error"  # invalid UTF-8 / broken JSON: stop, or skip and count
     num_proc: int = 1  # processes for datasets.map (the tokenizer itself is multi-threaded)
     max_len: int = 128  # pretraining block length including [CLS] and [SEP]
+    # Packed batches (spanlm.data.packing): several blocks per row of max_len, each attending only to
+    # itself: true / false, or "auto": per device what measured fastest (config.yaml records the choice).
+    packing: bool | Literal["auto"] = "auto"
+    # Batches of blocks up to this many real tokens instead of train.batch_size blocks; 0 = off.
+    tokens_per_batch: int = 0
     # MacBERT similar-word table (similar_words.npz, see spanlm.data.similar_words): "word2vec" trains
     # gensim Word2Vec on the corpus; "synonyms" reads a TSV of word<TAB>synonym...; "vectors" reads a
     # word2vec-format vector file. similar_words_file is the TSV / vector file.
@@ -67,6 +72,8 @@ class DataConfig:
             raise ValueError("max_len must be at least 8")
         if self.num_proc < 1:
             raise ValueError("num_proc must be at least 1")
+        if self.tokens_per_batch and self.tokens_per_batch < self.max_len:
+            raise ValueError(f"tokens_per_batch must be 0 (off) or at least max_len ({self.max_len}), got {self.tokens_per_batch}")
 
 
 Input = Path | DatasetSplit  # a file, or a split of a Hugging Face dataset
