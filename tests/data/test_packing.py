@@ -30,17 +30,22 @@ def test_blocks_fit_their_rows_without_overlap(gap):
     assert (again.row == layout.row).all() and (again.offset == layout.offset).all()
 
 
+def test_rows_are_cut_to_the_longest_one():
+    layout = pack_lengths(np.array([5, 3, 6]), 32)  # everything fits one row of 14
+    assert layout.rows == 1 and layout.width == 14 and layout.padding_share == 0.0
+
+
 def test_a_block_wider_than_the_rows_is_refused():
     with pytest.raises(ValueError, match="does not fit rows of 8"):
         pack_lengths(np.array([4, 9]), 8)
 
 
 def test_positions_restart_per_block_and_padding_never_starts_one():
-    layout = pack_lengths(np.array([3, 4, 2]), 8)  # decreasing: 4 → row 0, 3 → row 0, 2 → row 1
-    assert (layout.row == [0, 0, 1]).all() and (layout.offset == [4, 0, 0]).all()
-    assert layout.position_ids().tolist() == [[0, 1, 2, 3, 0, 1, 2, 1], [0, 1, 1, 1, 1, 1, 1, 1]]
-    # block 0 (3 tokens) sits at row 0 column 4; padding (B·L = 3·4) elsewhere
-    assert layout.source_index(4).tolist() == [[4, 5, 6, 7, 0, 1, 2, 12], [8, 9, 12, 12, 12, 12, 12, 12]]
+    layout = pack_lengths(np.array([3, 5, 2]), 8)  # decreasing: 5 → row 0, 3 → row 0, 2 → row 1
+    assert (layout.row == [0, 0, 1]).all() and (layout.offset == [5, 0, 0]).all() and layout.width == 8
+    assert layout.position_ids().tolist() == [[0, 1, 2, 3, 4, 0, 1, 2], [0, 1, 1, 1, 1, 1, 1, 1]]
+    # each packed token's flat position in the padded (3, 5) layout; padding is 3·5
+    assert layout.source_index(5).tolist() == [[5, 6, 7, 8, 9, 0, 1, 2], [10, 11, 15, 15, 15, 15, 15, 15]]
 
 
 @pytest.mark.parametrize("scheme", ["mlm", "wwm", "span"])

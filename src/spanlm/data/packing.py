@@ -82,7 +82,7 @@ class PackedLayout:
 
 
 def pack_lengths(lengths: np.ndarray, width: int, gap: int = 0) -> PackedLayout:
-    """First-fit decreasing of blocks of ``lengths`` into rows of ``width`` tokens.
+    """First-fit decreasing of blocks of ``lengths`` into rows of at most ``width`` tokens.
 
     ``gap`` padding tokens follow every block that has a neighbour after it (CharBERT's fusion convolution
     reads one token to each side, so one pad between blocks keeps them apart as padding does). The
@@ -107,7 +107,9 @@ def pack_lengths(lengths: np.ndarray, width: int, gap: int = 0) -> PackedLayout:
             target = len(free)
             free = np.append(free, width - need)
         row[block] = target
-    return PackedLayout(lengths=lengths, row=row, offset=offset, rows=len(free), width=width)
+    # Columns no row reaches are dropped: a batch of short blocks is not widened to ``width``.
+    used = int((offset + lengths).max(initial=1))
+    return PackedLayout(lengths=lengths, row=row, offset=offset, rows=len(free), width=used)
 
 
 def pack_masked(masked, width: int, pad_id: int, gap: int = 0):
