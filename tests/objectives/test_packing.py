@@ -93,7 +93,8 @@ def test_packed_batch_gives_the_padded_losses_and_gradients(corpus, tmp_path, ca
     packed_out, packed_grads = parameters_gradients(objective, packed.to_torch())
     assert padded_out.keys() == packed_out.keys()
     for key in padded_out:
-        torch.testing.assert_close(packed_out[key].float(), padded_out[key].float(), rtol=1e-4, atol=1e-5, msg=lambda m, key=key: f"{key}: {m}")
+        torch.testing.assert_close(packed_out[key].float(), padded_out[key].float(), rtol=1e-4, atol=1e-5,
+                                   msg=lambda m, key=key: f"{key}: {m}")
     assert padded_grads.keys() == packed_grads.keys() and padded_grads
     for name in padded_grads:
         # Sums over tokens run in another order: a tolerance on the scale of the whole gradient, not of an element.

@@ -107,3 +107,11 @@ def test_a_budget_below_the_longest_block_is_refused(prepared):
     lengths = block_lengths(blocks)
     with pytest.raises(ConfigError, match="tokens_per_batch 20 is less than the longest block"):
         BatchKeySampler(np.arange(len(blocks)), 8, seed=0, rank=0, world_size=1, lengths=lengths, tokens_per_batch=20)
+
+
+@pytest.mark.parametrize("value, message", [(20, "tokens_per_batch must be 0 \\(off\\) or at least max_len \\(32\\), got 20"),
+                                            ("yes", "data.packing")])
+def test_bad_packing_settings_are_one_line_config_errors(prepared, tmp_path, value, message):
+    key = "tokens_per_batch" if isinstance(value, int) else "packing"
+    with pytest.raises(ConfigError, match=message):
+        mlm_recipe(prepared, tmp_path, {key: value})

@@ -13,9 +13,9 @@ tokens), :func:`encoder_states` passes the encoder
 
 DeBERTa-V2 / V3 positions are relative (i − j within a row, unchanged by where a block starts), but its
 model multiplies the embeddings by the mask it is given, which only works with a 2-D mask, so it is run
-as embeddings (2-D mask) → encoder (4-D mask). Its optional convolution after the first layer (``conv_kernel_size``) reads
-neighbouring tokens across block edges and ``z_steps`` re-runs the last layer with the 2-D mask: such
-models cannot be packed (:func:`check_packable`).
+as embeddings (2-D mask) → encoder (4-D mask). Its optional convolution after the first layer
+(``conv_kernel_size``) reads neighbouring tokens across block edges and ``z_steps`` re-runs the last
+layer with the 2-D mask: such models cannot be packed (:func:`check_packable`).
 """
 
 from __future__ import annotations

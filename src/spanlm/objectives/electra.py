@@ -43,8 +43,8 @@ from spanlm.heads.mlm import MLMHead
 from spanlm.heads.rtd import RTD_HEADS, DebertaV3RTDHead, gumbel_max_sample, replace_tokens, rtd_loss
 from spanlm.heads.sbo import MAX_TARGETS, SBOHead
 from spanlm.masking.base import MaskedBatch, build_masker
-from spanlm.models.packed import packed_block_starts
 from spanlm.models.backbone import BackboneConfig, build_backbone, hidden_size, input_embeddings
+from spanlm.models.packed import packed_block_starts
 from spanlm.models.sharing import materialised_state_dict, share_embeddings
 from spanlm.objectives import register
 from spanlm.objectives.base import Objective
