@@ -52,6 +52,11 @@ class DataConfig:
     on_bad_line: Literal["error", "skip"] = "error"  # invalid UTF-8 / broken JSON: stop, or skip and count
     num_proc: int | None = None  # processes that tokenize (and segment with jieba); None: one per core
     max_len: int = 128  # pretraining block length including [CLS] and [SEP]
+    # Packed batches (spanlm.data.packing): several blocks per row of max_len, each attending only to
+    # itself: true / false, or "auto": per device what measured fastest (config.yaml records the choice).
+    packing: bool | Literal["auto"] = "auto"
+    # Batches of blocks up to this many real tokens instead of train.batch_size blocks; 0 = off.
+    tokens_per_batch: int = 0
     # MacBERT similar-word table (similar_words.npz, see spanlm.data.similar_words): "word2vec" trains
     # gensim Word2Vec on the corpus; "synonyms" reads a TSV of word<TAB>synonym...; "vectors" reads a
     # word2vec-format vector file. similar_words_file is the TSV / vector file.
@@ -71,6 +76,8 @@ class DataConfig:
             raise ValueError("max_len must be at least 8")
         if self.num_proc is not None and self.num_proc < 1:
             raise ValueError("num_proc must be at least 1")
+        if self.tokens_per_batch and self.tokens_per_batch < self.max_len:
+            raise ValueError(f"tokens_per_batch must be 0 (off) or at least max_len ({self.max_len}), got {self.tokens_per_batch}")
 
     def processes(self) -> int:
         """The processes ``num_proc`` asks for: the cores this process may run on when it is None."""

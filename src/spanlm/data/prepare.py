@@ -47,7 +47,8 @@ def input_fingerprint(recipe, inputs: list[Input], by_content: bool = False) -> 
 
     data = dataclasses.asdict(recipe.data)
     # data.split decides only which split a dataset input reads, and that split is in its identity.
-    for irrelevant in ("prepared_dir", "prepared_shards", "num_proc", "max_len", "inputs", "split"):
+    # packing / tokens_per_batch decide batching, not content.
+    for irrelevant in ("prepared_dir", "prepared_shards", "num_proc", "max_len", "inputs", "split", "packing", "tokens_per_batch"):
         data.pop(irrelevant)
     tokenizer = dataclasses.asdict(recipe.tokenizer)
     if recipe.tokenizer.path:  # a loaded tokenizer: its files decide the ids

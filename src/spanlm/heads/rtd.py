@@ -96,8 +96,9 @@ class ElectraRTDHead(nn.Module):
         """(T, H) → (T,) logits."""
         return self.classifier(self.activation(self.dense(rows))).squeeze(-1)
 
-    def forward(self, hidden: Tensor, positions: Tensor) -> Tensor:
-        """``hidden`` (B, L, H), ``positions`` (T,) flat b·L + t of the tokens to score → logits (T,)."""
+    def forward(self, hidden: Tensor, positions: Tensor, block_starts: Tensor | None = None) -> Tensor:
+        """``hidden`` (B, L, H), ``positions`` (T,) flat b·L + t of the tokens to score → logits (T,).
+        (``block_starts``: see :class:`DebertaV3RTDHead`; this head reads each token alone.)"""
         return self.score(hidden.flatten(0, 1).index_select(0, positions))  # rows (T, H)
 
 
@@ -108,11 +109,17 @@ class DebertaV3RTDHead(ElectraRTDHead):
         super().__init__(hidden_size, initializer_range)
         self.layer_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)  # γ = 1, β = 0
 
-    def forward(self, hidden: Tensor, positions: Tensor) -> Tensor:
-        """``hidden`` (B, L, H), ``positions`` (T,) flat b·L + t of the tokens to score → logits (T,)."""
+    def forward(self, hidden: Tensor, positions: Tensor, block_starts: Tensor | None = None) -> Tensor:
+        """``hidden`` (B, L, H), ``positions`` (T,) flat b·L + t of the tokens to score → logits (T,).
+        ``block_starts`` (T,): the flat position of each token's block [CLS] in a packed batch (several
+        blocks per row); None: each row is one block, its [CLS] at column 0."""
         length = hidden.shape[1]
-        rows = hidden.flatten(0, 1).index_select(0, positions)  # (T, H)
-        context = hidden[:, 0].index_select(0, torch.div(positions, length, rounding_mode="floor"))  # (T, H): its row's [CLS]
+        flat = hidden.flatten(0, 1)
+        rows = flat.index_select(0, positions)  # (T, H)
+        if block_starts is None:
+            context = hidden[:, 0].index_select(0, torch.div(positions, length, rounding_mode="floor"))  # (T, H): its row's [CLS]
+        else:
+            context = flat.index_select(0, block_starts)  # (T, H): its block's [CLS]
         return self.score(self.layer_norm(context + rows))
 
 

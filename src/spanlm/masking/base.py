@@ -236,12 +236,16 @@ class MaskedBatch:
     span_start: np.ndarray = dataclasses.field(default_factory=_empty)  # (S,)
     span_end: np.ndarray = dataclasses.field(default_factory=_empty)  # (S,)
     span_words: np.ndarray = dataclasses.field(default_factory=_empty)  # (S,)
+    # A packed batch (spanlm.data.packing): (R, W) positions restarting per block, and each packed token's
+    # flat position in the block layout (B·L for padding). Empty in a padded batch.
+    position_ids: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
+    source_index: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
     # Scheme-specific event counts (similar-word fallbacks, noise operations, ...).
     counters: dict[str, int] = dataclasses.field(default_factory=dict)
 
     ARRAYS = ("input_ids", "attention_mask", "target_index", "target_labels", "target_kind",
               "sbo_index", "sbo_left", "sbo_right", "sbo_relative", "sbo_labels", "nlm_index", "nlm_labels",
-              "span_start", "span_end", "span_words")
+              "span_start", "span_end", "span_words", "position_ids", "source_index")
 
     @property
     def batch_size(self) -> int:

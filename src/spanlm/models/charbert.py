@@ -76,7 +76,8 @@ class DualChannel(DualChannelMixin, nn.Module):
     def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """Token and char channels' last hidden states, each (B, L, H)."""
         return self.channels(batch["input_ids"], batch["attention_mask"], batch["char_ids"], batch["char_lengths"],
-                             batch["char_first"], batch["char_last"], batch.get("token_type_ids"))
+                             batch["char_first"], batch["char_last"], batch.get("token_type_ids"),
+                             batch.get("position_ids"), batch.get("source_index"))
 
     def shard_units(self) -> list[nn.Module]:
         return list(self.layers)
@@ -187,7 +188,12 @@ class CharBertEncoder(nn.Module):
         if missing:
             raise KeyError(f"a CharBERT encoder needs the featurizer's char inputs; the batch lacks {', '.join(missing)}")
         token, char = self.model(batch)
-        return torch.cat([token, char], dim=-1)  # (B, L, 2H)
+        hidden = torch.cat([token, char], dim=-1)  # (B, L, 2H)
+        if "unpack_index" in batch:  # packed windows (spanlm.data.packing): back to one window per row
+            from spanlm.models.packed import unpack_rows
+
+            hidden = unpack_rows(hidden, batch["unpack_index"])
+        return hidden
 
     def featurizer(self) -> CharFeaturizer:
         """Picklable ``f(input_ids (B, L), offsets (B, L, 2), texts) -> {char_ids, char_lengths, char_first, char_last}``."""

@@ -50,10 +50,18 @@ class Encoder(nn.Module):
         self.hidden_size = int(model.config.hidden_size)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-        if "token_type_ids" in batch and getattr(self.model.config, "type_vocab_size", 0) > 0:
-            inputs["token_type_ids"] = batch["token_type_ids"]
-        return self.model(**inputs).last_hidden_state  # (B, L, H)
+        """(B, L, H) states of the batch's windows; a packed batch (``unpack_index``, spanlm.data.packing) runs
+        the encoder on its packed rows and returns them one window per row."""
+        from spanlm.models.packed import encoder_states, unpack_rows
+
+        token_types = batch["token_type_ids"] if "token_type_ids" in batch and getattr(self.model.config, "type_vocab_size", 0) > 0 else None
+        if "unpack_index" not in batch:
+            inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+            if token_types is not None:
+                inputs["token_type_ids"] = token_types
+            return self.model(**inputs).last_hidden_state  # (B, L, H)
+        hidden = encoder_states(self.model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], token_types)  # (R, W, H)
+        return unpack_rows(hidden, batch["unpack_index"])
 
     def max_length(self) -> int:
         from spanlm.models.backbone import max_sequence_length

@@ -237,6 +237,9 @@ class CharFeaturizer:
     offsets of each token in its text; rows are right-padded with the pad id.
     """
 
+    # Windows with char inputs are packed one pad apart: the fusion convolution reads a token to each side.
+    packing_gap = 1
+
     def __init__(self, vocab: CharVocab, spelling: Spelling, pad_id: int, unk_id: int | None, normalizer=None):
         self.vocab, self.spelling, self.pad_id, self.unk_id = vocab, spelling, pad_id, unk_id
         self.normalizer = normalizer
@@ -412,20 +415,38 @@ class DualChannelMixin:
         return self.fusions[index if len(self.fusions) > 1 else 0]
 
     def channels(self, input_ids: Tensor, attention_mask: Tensor, char_ids: Tensor, char_lengths: Tensor,
-                 char_first: Tensor, char_last: Tensor, token_type_ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Token and char channels' last hidden states, each (B, L, H)."""
+                 char_first: Tensor, char_last: Tensor, token_type_ids: Tensor | None = None,
+                 position_ids: Tensor | None = None, source_index: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Token and char channels' last hidden states, each (B, L, H).
+
+        A packed batch (several blocks per row, spanlm.data.packing) gives ``position_ids`` (B, L) restarting
+        at 0 per block and ``source_index`` (B, L): each token's flat position in the char inputs' one
+        block per row layout (past its end for padding). Its blocks are one pad apart, so the fusion
+        convolution sees padding at every block edge, as in an unpacked row.
+        """
         backbone = self.backbone
+        packed = position_ids is not None and position_ids.numel() > 0
         kwargs = {}
         if token_type_ids is not None and getattr(backbone.config, "type_vocab_size", 0) > 0:
             kwargs["token_type_ids"] = token_type_ids
+        if packed:
+            kwargs["position_ids"] = position_ids + (backbone.config.pad_token_id + 1 if backbone.config.model_type == "roberta" else 0)
         token = backbone.embeddings(input_ids=input_ids, **kwargs)  # (B, L, E)
         if hasattr(backbone, "embeddings_project"):  # ELECTRA with embedding_size < hidden_size
             token = backbone.embeddings_project(token)  # (B, L, H)
         # The char vectors enter the layers as they are: no position embedding, LayerNorm or dropout
         # (the authors' CharBertEmbeddings returns the GRU concatenation directly).
-        char = self.char_encoder(char_ids, char_lengths, char_first, char_last)  # (B, L, H)
+        char = self.char_encoder(char_ids, char_lengths, char_first, char_last)  # (blocks, block length, H)
         real = attention_mask.long()  # (B, L)
-        mask = create_bidirectional_mask(config=backbone.config, inputs_embeds=token, attention_mask=real)
+        if packed:
+            rows = torch.cat([char.flatten(0, 1), char.new_zeros(1, char.shape[-1])])  # (blocks·length + 1, H): a zero row for padding
+            char = rows.index_select(0, source_index.flatten()).view(*input_ids.shape, -1)  # (B, L, H)
+            block = torch.cumsum(position_ids == 0, dim=1)  # (B, L) block number within the row
+            mask = ((block.unsqueeze(2) == block.unsqueeze(1)) & attention_mask.bool().unsqueeze(1)).unsqueeze(1)  # (B, 1, L, L)
+            if backbone.config._attn_implementation == "eager":
+                mask = torch.zeros(mask.shape, dtype=token.dtype, device=mask.device).masked_fill_(~mask, torch.finfo(token.dtype).min)
+        else:
+            mask = create_bidirectional_mask(config=backbone.config, inputs_embeds=token, attention_mask=real)
         for index, layer in enumerate(self.layers):
             # The same layer object — one set of weights — reads both channels (paper §3.2).
             token, char = self.fusion(index)(layer(token, mask), layer(char, mask), real)

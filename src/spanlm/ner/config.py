@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from spanlm.heads.global_pointer import GlobalPointerConfig
 from spanlm.heads.zlpr import ZlprConfig
@@ -30,6 +31,10 @@ class NerDataConfig(ReadOptions):
     # Tokens shared by consecutive windows (the overlap; the step is the window's content minus it).
     stride: int = 64
     eval_docs: int = 1000  # dev documents scored at each periodic evaluation (0 = all)
+    # Several windows per row of max_len tokens, each attending only to itself (spanlm.data.packing); "auto"
+    # true / false, or "auto": per device what measured fastest (config.yaml records the choice).
+    packing: bool | Literal["auto"] = "auto"
+    tokens_per_batch: int = 0  # batches of windows up to this many real tokens instead of train.batch_size windows; 0 = off
 
     def __post_init__(self) -> None:
         if self.max_len < 4:
@@ -38,6 +43,8 @@ class NerDataConfig(ReadOptions):
             raise ValueError("stride must be at least 0")
         if self.eval_docs < 0:
             raise ValueError("eval_docs must be at least 0")
+        if self.tokens_per_batch and self.tokens_per_batch < self.max_len:
+            raise ValueError(f"tokens_per_batch must be 0 (off) or at least max_len ({self.max_len}), got {self.tokens_per_batch}")
         if not self.tag_columns:
             raise ValueError("tag_columns must name at least one column")
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from spanlm.models.packed import resolve_packing
 from spanlm.ner.data import Entity, NerDocument
 from spanlm.ner.windows import Windows, make_windows
 
@@ -204,7 +205,9 @@ class NerModel:
     def windows(self, documents: list[NerDocument]) -> Windows:
         data = self.recipe.data
         bare = [NerDocument(d.id, d.text, []) for d in documents]  # prediction needs no gold entities
-        return make_windows(self.tokenizer, bare, self.labels, data.max_len, data.stride, self.featurizer)[0]
+        windows = make_windows(self.tokenizer, bare, self.labels, data.max_len, data.stride, self.featurizer)[0]
+        windows.pack_width = data.max_len if resolve_packing(data.packing, self.objective, self.device) else None
+        return windows
 
     def predict(self, documents: list[NerDocument], batch_size: int = 32, flat: bool | None = None,
                 threshold: float | None = None) -> list[tuple[NerDocument, list[float]]]:

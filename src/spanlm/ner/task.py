@@ -23,6 +23,7 @@ import torch.distributed as dist
 from spanlm.errors import ConfigError, InputError
 from spanlm.heads.global_pointer import GlobalPointer
 from spanlm.heads.zlpr import global_pointer_loss
+from spanlm.models.packed import resolve_packing
 from spanlm.ner.config import NerConfig, NerRecipe
 from spanlm.ner.data import NerDocument, input_format, label_set, read_documents
 from spanlm.ner.predict import (HEAD_FILE, LABELS_FILE, RECIPE_FILE, NerModel, Spans, by_length, flat_select, merge,
@@ -95,14 +96,17 @@ def ner_setup(recipe: NerRecipe, env, log=print) -> TrainingSetup:
         log(line)
     log(f"{data.train}: " + json.dumps(report.summary()))
     objective = NerObjective(encoder, len(labels), recipe.ner)
+    data.packing = resolve_packing(data.packing, objective, env.device)  # config.yaml records the choice
+    train_windows.pack_width = data.max_len if data.packing else None
 
-    loader = build_window_loader(train_windows, recipe.train, recipe.seed, env.rank, env.world_size)
+    loader = build_window_loader(train_windows, recipe.train, recipe.seed, env.rank, env.world_size, data.tokens_per_batch)
     if not data.dev:
         return TrainingSetup(objective, loader, lambda: iter(()))
 
     dev_docs = read_split(data.dev, recipe, "dev", labels, log)[: data.eval_docs or None]
     dev_format = input_format(data.dev, data)
     dev_windows, dev_report = make_windows(encoder.tokenizer, dev_docs, labels, data.max_len, data.stride, featurizer)
+    dev_windows.pack_width = train_windows.pack_width
     for line in dev_report.lines(data.dev):
         log(line)
     batch_size = recipe.train.batch_size

@@ -25,6 +25,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from spanlm.data.packing import pack_encoder_inputs
 from spanlm.errors import ConfigError, InputError
 from spanlm.ner.align import AlignmentReport, char_to_token, tokenize_documents
 from spanlm.ner.data import NerDocument
@@ -54,6 +55,9 @@ class Windows:
     entity_spans: np.ndarray  # (W, N, 3) int64: (type, start, end inclusive) window positions, -1 rows pad
     texts: list[str]  # the documents' texts (for a featurizer)
     featurizer: Featurizer | None = None
+    pad_id: int = 0  # the tokenizer's padding id
+    # Rows of this many tokens holding several windows each (spanlm.data.packing); None: one window per row.
+    pack_width: int | None = None
 
     def __len__(self) -> int:
         return len(self.document)
@@ -70,6 +74,8 @@ class Windows:
             rows["entity_spans"] = spans[:, :width]
         if self.featurizer is not None:
             rows.update(self.featurizer(rows["input_ids"], self.offsets[indices, :length], [self.texts[d] for d in self.document[indices]]))
+        if self.pack_width:
+            rows.update(pack_encoder_inputs(rows, self.pack_width, self.pad_id, getattr(self.featurizer, "packing_gap", 0)))
         return {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in rows.items()}
 
 
@@ -134,7 +140,8 @@ def make_windows(tokenizer, documents: list[NerDocument], labels: list[str], max
     spans, alignment, too_long = _window_entities(documents, labels, tokens, n_windows, first_window, step, capacity, n_prefix)
     report = WindowReport(alignment, windows=count, documents=len(documents), split_documents=int((n_windows > 1).sum()),
                           too_long=too_long)
-    windows = Windows(input_ids, attention_mask, content, offsets, document, spans, [d.text for d in documents], featurizer)
+    windows = Windows(input_ids, attention_mask, content, offsets, document, spans, [d.text for d in documents], featurizer,
+                      pad_id=pad)
     return windows, report
 
 

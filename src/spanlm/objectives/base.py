@@ -23,6 +23,9 @@ class Objective(nn.Module):
     masker = None
     #: continued pretraining: head name → where its weights came from ("loaded (...)" / "fresh (why)")
     head_report: dict[str, str] | None = None
+    #: reads packed batches (spanlm.data.packing: several blocks per row, ``position_ids``) with per-block
+    #: semantics; an objective that does not is always given padded batches
+    supports_packing = False
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``"loss"`` (a scalar to minimise) and any number of scalar parts to log (e.g. ``mlm_loss``)."""
@@ -47,6 +50,7 @@ class EncoderTask(Objective):
     encoder: nn.Module
     head: nn.Module
     head_file: str
+    supports_packing = True  # the encoder unpacks its states to one window per row before the head
 
     def export(self, directory: Path, tokenizer=None) -> None:
         from safetensors.torch import save_file

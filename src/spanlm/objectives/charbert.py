@@ -66,6 +66,9 @@ class CharMaskedBatch(MaskedBatch):
 class CharNoiseMasker:
     """CharBERT noise + whole-word MLM, then the char stream with every MLM target blanked."""
 
+    # Packed rows keep one pad between blocks: the fusion convolution reads a token to each side.
+    packing_gap = 1
+
     def __init__(self, noise: NoiseMasker, spelling: Spelling, pad_id: int):
         self.noise, self.spelling, self.pad_id = noise, spelling, pad_id
 
@@ -98,6 +101,7 @@ def charbert_loss(mlm: TokenLoss, nlm: TokenLoss, nlm_weight: float) -> dict[str
 
 
 class CharBERT(Objective):
+    supports_packing = True
     name = "charbert"
 
     def __init__(self, model: DualChannel, masker: CharNoiseMasker, char_vocab: CharVocab, nlm_weight: float):

@@ -44,6 +44,7 @@ from spanlm.heads.rtd import RTD_HEADS, DebertaV3RTDHead, gumbel_max_sample, rep
 from spanlm.heads.sbo import MAX_TARGETS, SBOHead
 from spanlm.masking.base import MaskedBatch, build_masker
 from spanlm.models.backbone import BackboneConfig, build_backbone, hidden_size, input_embeddings
+from spanlm.models.packed import packed_block_starts
 from spanlm.models.sharing import materialised_state_dict, share_embeddings
 from spanlm.objectives import register
 from spanlm.objectives.base import Objective
@@ -97,6 +98,7 @@ def generator_config(model: BackboneConfig, settings: ElectraConfig) -> Backbone
 
 
 class Electra(Objective):
+    supports_packing = True
     name = "electra"
 
     def __init__(self, generator, discriminator, masker, settings: ElectraConfig, sbo_weight: float = 1.0,
@@ -144,12 +146,13 @@ class Electra(Objective):
             # Every position is scored and the pads are masked out of the loss: selecting the non-pad rows
             # would give a data-dependent shape (a host sync on a GPU, a graph break under torch.compile).
             positions = torch.arange(ids.numel(), device=ids.device)  # (B·L,)
+            block_starts = packed_block_starts(batch.get("position_ids"))  # (B·L,) or None: one block per row
             scored = batch["attention_mask"].flatten().bool()  # (B·L,)
             sample_accuracy = (samples == batch["target_labels"]).sum().float() / max(samples.numel(), 1)
 
         # --- discriminator: original / replaced for every non-pad token
-        d_hidden = self.discriminator(input_ids=ids, attention_mask=batch["attention_mask"].long()).last_hidden_state  # (B, L, H_D)
-        rtd = rtd_loss(self.rtd_head(d_hidden, positions), replaced.flatten(), scored)
+        d_hidden = encode(self.discriminator, batch, input_ids=ids)  # (B, L, H_D)
+        rtd = rtd_loss(self.rtd_head(d_hidden, positions, block_starts), replaced.flatten(), scored)
         return {
             "loss": generator_loss + self.settings.rtd_weight * rtd.mean,
             **parts,

@@ -21,13 +21,16 @@ from spanlm.heads.losses import VocabTarget, masked_lm_loss, vocab_cross_entropi
 from spanlm.heads.mlm import MLMHead
 from spanlm.masking.base import build_masker
 from spanlm.models.backbone import build_backbone, hidden_size, input_embeddings
+from spanlm.models.packed import encoder_states
 from spanlm.objectives import register
 from spanlm.objectives.base import Objective
 from spanlm.objectives.pretrained_heads import export_backbone, export_heads, load_heads
 
-def encode(backbone, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The backbone's last hidden states (B, L, H) for a masked batch."""
-    return backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"].long()).last_hidden_state
+def encode(backbone, batch: dict[str, torch.Tensor], input_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """The backbone's last hidden states (B, L, H) for a masked batch, padded or packed (its ``position_ids``);
+    ``input_ids`` in place of the batch's own (ELECTRA's discriminator reads the generator's samples)."""
+    ids = batch["input_ids"] if input_ids is None else input_ids
+    return encoder_states(backbone, ids, batch["attention_mask"], batch.get("position_ids"))
 
 
 def gather_rows(hidden: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
@@ -49,6 +52,7 @@ def load_heads_if_present(objective: Objective, model_path: str | None) -> None:
 
 
 class MaskedLM(Objective):
+    supports_packing = True
     def __init__(self, name: str, backbone, masker, layer_norm_eps: float):
         super().__init__()
         self.name = name

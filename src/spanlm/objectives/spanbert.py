@@ -24,6 +24,7 @@ from spanlm.objectives.masked_lm import backbone_layers, encode, export_with_hea
 
 
 class SpanBERT(Objective):
+    supports_packing = True
     name = "spanbert"
 
     def __init__(self, backbone, masker, max_targets: int, sbo_weight: float, eps: float):

@@ -24,6 +24,10 @@ class QADataConfig:
     # A wrong answer_start is repaired to the nearest occurrence of the answer text at most this many
     # characters away; answer_start = -1 takes the first occurrence anywhere.
     repair_window: int = 20
+    # Several windows per row of max_length tokens, each attending only to itself (spanlm.data.packing); "auto"
+    # true / false, or "auto": per device what measured fastest (config.yaml records the choice).
+    packing: bool | Literal["auto"] = "auto"
+    tokens_per_batch: int = 0  # batches of windows up to this many real tokens instead of train.batch_size windows; 0 = off
 
     def __post_init__(self) -> None:
         for name in ("max_length", "doc_stride", "max_query_length"):
@@ -33,6 +37,8 @@ class QADataConfig:
             raise ValueError(f"max_query_length {self.max_query_length} leaves no room for the context in max_length {self.max_length}")
         if self.repair_window < 0:
             raise ValueError("repair_window must be at least 0")
+        if self.tokens_per_batch and self.tokens_per_batch < self.max_length:
+            raise ValueError(f"tokens_per_batch must be 0 (off) or at least max_length ({self.max_length}), got {self.tokens_per_batch}")
 
 
 @dataclasses.dataclass

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from spanlm.models.packed import resolve_packing
 from spanlm.qa.config import QARecipe
 from spanlm.qa.data import QAExample
 from spanlm.qa.metrics import evaluate as score_predictions
@@ -89,6 +90,7 @@ def predict(model: torch.nn.Module, tokenizer, examples: list[QAExample], recipe
         data = recipe.data
         windows = make_windows(tokenizer, examples, data.max_length, data.doc_stride, data.max_query_length,
                                encoder_featurizer(model.encoder))
+        windows.pack_width = data.max_length if resolve_packing(data.packing, model, device) else None
     was_training = model.training
     model.eval()
     try:

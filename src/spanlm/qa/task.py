@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from spanlm.errors import ConfigError, InputError
+from spanlm.models.packed import resolve_packing
 from spanlm.objectives.base import EncoderTask
 from spanlm.qa.config import QARecipe
 from spanlm.qa.data import QAExample, read_squad
@@ -77,8 +78,10 @@ def qa_setup(recipe: QARecipe, env, log=print) -> TrainingSetup:
     train_windows = make_windows(tokenizer, train_examples, data.max_length, data.doc_stride, data.max_query_length, featurizer)
     dev_windows = make_windows(tokenizer, dev_examples, data.max_length, data.doc_stride, data.max_query_length, featurizer)
     log(f"{len(train_windows)} training windows from {len(train_examples)} questions, {len(dev_windows)} dev windows")
+    data.packing = resolve_packing(data.packing, objective, env.device)  # config.yaml records the choice
+    train_windows.pack_width = dev_windows.pack_width = data.max_length if data.packing else None
 
-    loader = build_window_loader(train_windows, recipe.train, recipe.seed, env.rank, env.world_size)
+    loader = build_window_loader(train_windows, recipe.train, recipe.seed, env.rank, env.world_size, data.tokens_per_batch)
 
     def held_out():
         # Every rank the same number of windows, so the loop can average the losses over ranks.

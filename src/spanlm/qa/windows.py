@@ -25,6 +25,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from spanlm.data.packing import pack_encoder_inputs
 from spanlm.errors import ConfigError, InputError
 from spanlm.qa.data import QAExample
 
@@ -46,6 +47,9 @@ class Windows:
     # each batch. It spells [UNK] tokens from their characters; question tokens have no offsets here,
     # so an [UNK] in the question is spelt empty.
     featurizer: Callable | None = None
+    pad_id: int = 0  # the tokenizer's padding id
+    # Rows of this many tokens holding several windows each (spanlm.data.packing); None: one window per row.
+    pack_width: int | None = None
 
     def __len__(self) -> int:
         return len(self.example)
@@ -60,6 +64,8 @@ class Windows:
             rows["start_positions"], rows["end_positions"] = self.start_positions[indices], self.end_positions[indices]
         if self.featurizer is not None:
             rows.update(self.featurizer(rows["input_ids"], self.offsets[indices, :length], [self.contexts[e] for e in self.example[indices]]))
+        if self.pack_width:
+            rows.update(pack_encoder_inputs(rows, self.pack_width, self.pad_id, getattr(self.featurizer, "packing_gap", 0)))
         return {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in rows.items()}
 
 
@@ -125,7 +131,7 @@ def make_windows(tokenizer, examples: list[QAExample], max_length: int, doc_stri
     example = np.array([row[0] for row in rows], dtype=np.int64)
     start_positions, end_positions = _targets(examples, example, context_mask, offsets)
     return Windows(input_ids, token_type_ids, attention_mask, context_mask, offsets, example, start_positions, end_positions,
-                   [e.context for e in examples], featurizer)
+                   [e.context for e in examples], featurizer, pad_id=int(tokenizer.pad_token_id))
 
 
 def _targets(examples: list[QAExample], example: np.ndarray, context_mask: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -314,7 +314,7 @@ HARMLESS_SETTINGS = {f"train.{key}" for key in ("output_dir", "max_steps", "log_
                                                  "distributed", "nonfinite")}
 # Sections checked elsewhere (the tokenizer and the corpus by check_same_tokenizer) or about reporting only.
 UNCHECKED_SECTIONS = ("logging.", "tokenizer.", "data.")
-CHECKED_DATA_SETTINGS = {"data.max_len"}  # the block length: changes every batch
+CHECKED_DATA_SETTINGS = {"data.max_len", "data.packing", "data.tokens_per_batch"}  # block length, batch layout and size: change every batch
 
 
 def check_same_settings(path: Path, trainer_state: dict, recipe, world_size: int) -> None:

@@ -25,6 +25,7 @@ from spanlm.data.block_index import share_block_index
 from spanlm.data.blocks import BlockDataset
 from spanlm.data.shards import PreparedCorpus, ShardedCorpus, resolve_shards
 from spanlm.errors import ConfigError, SpanlmError
+from spanlm.models.packed import resolve_packing
 from spanlm.objectives.base import Objective
 from spanlm.train import checkpoint as ckpt
 from spanlm.train.data import build_train_loader, eval_batches, split_blocks
@@ -112,9 +113,10 @@ def pretraining_setup(recipe, env: DistEnv, log=print, keep_tokenizer: str | Non
 
         log(f"heads from {recipe.model.path}: {describe_heads(objective.head_report)}")
     check_max_len(objective, recipe.data.max_len)
-    loader = build_train_loader(blocks, train_blocks, objective.masker, recipe.train, recipe.seed, env.rank, env.world_size)
+    recipe.data.packing = resolve_packing(recipe.data.packing, objective, env.device)  # config.yaml records the choice
+    loader = build_train_loader(blocks, train_blocks, objective.masker, recipe.train, recipe.seed, env.rank, env.world_size, recipe.data)
     return TrainingSetup(objective, loader, lambda: eval_batches(blocks, held_out, objective.masker, recipe.train.batch_size,
-                                                                 recipe.seed, env.rank, env.world_size),
+                                                                 recipe.seed, env.rank, env.world_size, recipe.data),
                          tokenizer_fingerprint=corpus.meta["tokenizer_fingerprint"],
                          keep_with_run=functools.partial(keep_in_run, corpus))
 

@@ -1,0 +1,51 @@
+"""Packed QA windows (several per row, spanlm.data.packing; question and context segments kept) give the padded
+windows' loss, gradients and best spans."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from spanlm.models.encoder import EncoderConfig, load_encoder
+from spanlm.qa.data import read_squad
+from spanlm.qa.predict import window_spans
+from spanlm.qa.task import QAObjective
+from spanlm.qa.windows import make_windows
+
+MAX_LENGTH = 64
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: see helpers.one_torch_thread
+
+
+def loss_and_gradients(objective, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    objective.zero_grad(set_to_none=True)
+    loss = objective(batch)["loss"]
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in objective.named_parameters() if p.grad is not None}
+
+
+def test_packed_windows_train_and_predict_as_padded_ones(qa_encoder_dir, qa_fixtures):
+    examples, _ = read_squad(qa_fixtures / "squad_v2_sample.json")
+    torch.manual_seed(0)
+    objective = QAObjective(load_encoder(EncoderConfig(path=str(qa_encoder_dir), dropout=0.0)))
+    windows = make_windows(objective.encoder.tokenizer, examples, MAX_LENGTH, 16, 16)
+    indices = np.arange(len(windows))
+    padded = windows.batch(indices)
+    windows.pack_width = 2 * MAX_LENGTH  # rows wider than a window: several windows share each
+    packed = windows.batch(indices)
+    assert packed["input_ids"].shape[0] < padded["input_ids"].shape[0]
+    assert packed["token_type_ids"].sum() == padded["token_type_ids"].sum() > 0  # context segments moved with their tokens
+    padded_loss, padded_grads = loss_and_gradients(objective, padded)
+    packed_loss, packed_grads = loss_and_gradients(objective, packed)
+    torch.testing.assert_close(packed_loss, padded_loss, rtol=1e-5, atol=1e-6)
+    for name, grad in padded_grads.items():
+        scale = float(grad.abs().max())
+        torch.testing.assert_close(packed_grads[name], grad, rtol=1e-3, atol=max(1e-3 * scale, 1e-6))
+
+    objective.eval()
+    with torch.no_grad():
+        packed_spans = window_spans(objective, windows, 30, 4, torch.device("cpu"))
+        windows.pack_width = None
+        padded_spans = window_spans(objective, windows, 30, 4, torch.device("cpu"))
+    for packed_part, padded_part in zip(packed_spans, padded_spans):
+        np.testing.assert_allclose(packed_part, padded_part, rtol=1e-4, atol=1e-5)
