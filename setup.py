@@ -13,7 +13,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 # Only these files, so that nothing else lying in a working copy's configs/ or data/ is shipped.
-SHIPPED = {"configs": ["*/*.yaml"], "data": ["README.md", "corpus/*.txt", "ner/*/*.conll"]}
+SHIPPED = {"configs": ["*/*.yaml"], "data": ["README.md", "corpus/*.txt", "ner/*/*.conll", "ner/*/*.txt.gz"]}
 
 
 class BuildPyWithShippedFiles(build_py):

@@ -1,13 +1,20 @@
-"""`spanlm demo --quick` end to end: every stage runs and the report holds its sections and finite numbers."""
+"""`spanlm demo`: every stage runs and the page holds its sections and finite numbers (``--quick``); a SIGTERM
+in the NER stage leaves an honest report of an interrupted run."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import threading
+import time
 
 import pytest
 
 from spanlm.cli import main
+from spanlm.demo import EXAMPLES, FILL_MASK, DemoPlan, run_demo
+from spanlm.train.metrics import read_metrics
 
 
 @pytest.mark.slow
@@ -15,28 +22,90 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["demo", "--quick", "--out", str(out)]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert printed["report"] == str(out / "report.html")
+    assert printed["report"] == str(out / "report.html") and printed["interrupted"] is False
 
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    pretrain = summary["pretrain"]
-    assert {"mlm_loss", "sbo_loss", "mlm_accuracy", "sbo_accuracy"} <= set(pretrain)
-    assert all(math.isfinite(v) for v in pretrain.values())
-    micro = summary["ner"]["micro"]
-    assert all(math.isfinite(micro[k]) and 0 <= micro[k] <= 1 for k in ("precision", "recall", "f1"))
-    assert micro["n_gold"] == 836  # the whole WNUT-17 dev set is scored
-    assert set(summary["ner"]["per_type"]) == {"corporation", "creative-work", "group", "location", "person", "product"}
-    assert len(summary["predictions"]) == 4
-    for item in summary["predictions"]:
-        for entity in item["entities"]:  # predicted offsets point at the predicted text
-            assert item["text"][entity["start"]:entity["end"]] == entity["text"]
+    assert summary["seeds"] == [0] and summary["interrupted"] is False
+    for key in ("mlm_accuracy", "unigram_accuracy", "ner_f1_pretrained", "ner_f1_random"):
+        assert math.isfinite(summary[key]) and printed[key] == summary[key], key
+    assert 0 < summary["unigram_accuracy"] < 1
+    assert all(stage == {"planned": 12, "ran": 12, "complete": True} for stage in summary["stages"].values())
+    assert set(summary["ner"]) == {"pretrained", "random"}
+    for init, scores in summary["ner"].items():
+        micro = scores["micro"]
+        assert micro["n_gold"] == 1219  # the whole embedded GermEval dev set is scored
+        assert all(0 <= micro[k] <= 100 for k in ("precision", "recall", "f1"))  # percent
+        assert scores["seen"]["n_gold"] + scores["unseen"]["n_gold"] == micro["n_gold"] and scores["seen"]["n_gold"] > 0
+        assert summary[f"ner_f1_{init}"] == micro["f1"]
+        # Both runs start with a step-0 evaluation of the same head on their own encoder.
+        assert [r["step"] for r in read_metrics(out / f"ner-{init}") if r["kind"] == "eval"] == [0, 6, 12]
+        assert len(summary["predictions"][init]) == len(EXAMPLES)
+        for item in summary["predictions"][init]:
+            for entity in item["entities"]:  # predicted offsets point at the predicted text
+                assert item["text"][entity["start"]:entity["end"]] == entity["text"]
+    assert [item["text"] for item in summary["fill_mask"]] == FILL_MASK and all(len(item["top"]) == 3 for item in summary["fill_mask"])
+    run = summary["run"]
+    assert run["seed"] == 0 and run["encoder_parameters"] > 0 and run["pretraining_blocks_seen"] == 12 * 16
+    assert set(run["wall_seconds"]) == {"pretrain", "ner_pretrained", "ner_random", "total"}
 
     page = (out / "report.html").read_text(encoding="utf-8")
-    for section in ("<h2>Summary</h2>", "Pretraining loss (MLM and SBO parts)", "NER training loss",
-                    "NER F1 per type", "<h2>Predictions</h2>", "pretrain/report.html", "ner/report.html"):
-        assert section in page
-    for image in ("pretrain/loss.png", "ner/loss.png", "ner_f1_per_type.png"):
-        assert (out / image).stat().st_size > 1000
+    for section in ("<h2>Summary</h2>", "<h2>Run</h2>", "pretrained vs random init", "seen / unseen", "unigram baseline",
+                    "Fill-mask", "Entities found in example sentences", "pretrain/report.html", "ner-random/report.html"):
+        assert section in page, section
+    assert "Interrupted" not in page
+    for image in ("ner_f1_curves.png", "ner_f1_seen_unseen.png", "ner_f1_per_type.png", "mlm_accuracy.png", "pretrain/loss.png"):
+        assert (out / image).stat().st_size > 1000 and image in page
     # The exported encoder is a plain Hugging Face directory.
     from transformers import AutoModel
 
     AutoModel.from_pretrained(str(out / "encoder"))
+
+
+@pytest.mark.slow
+def test_sigterm_in_the_ner_stage_reports_the_steps_that_ran(tmp_path):
+    """SIGTERM once the first NER run has logged: it stops after that step, the random-init run is skipped,
+    and summary.json and the page say so with the steps that ran, not the planned ones."""
+    out = tmp_path / "demo"
+    planned = 2000  # far more than run before the signal lands
+
+    def signal_when_training(line: str) -> None:
+        if line.startswith("[2/5]"):
+            threading.Thread(target=send_sigterm_after_first_record, daemon=True).start()
+
+    def send_sigterm_after_first_record() -> None:
+        while not any(r["kind"] == "train" for r in read_metrics(out / "ner-pretrained")):
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    plan = DemoPlan(pretrain_steps=4, pretrain_eval_every=4, ner_steps=planned, ner_eval_every=1000, eval_docs=20)
+    summary = run_demo(tmp_path / "demo", plan=plan, log=signal_when_training)
+    stages = summary["stages"]
+    assert summary["interrupted"] is True and stages["pretrain"] == {"planned": 4, "ran": 4, "complete": True}
+    ran = stages["ner_pretrained"]["ran"]
+    assert 10 <= ran < planned and stages["ner_pretrained"]["complete"] is False
+    assert stages["ner_random"] == {"planned": planned, "ran": 0, "complete": False}
+    assert summary["ner_f1_random"] is None and math.isfinite(summary["ner_f1_pretrained"])
+    assert json.loads((out / "summary.json").read_text(encoding="utf-8"))["stages"] == stages
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert "Interrupted run" in page and f"ner_pretrained: {ran} of {planned} steps" in page
+    assert f"{ran} of {planned} steps" in page and "ner_random: 0 of" in page
+
+
+def test_readme_puts_spanlm_on_path():
+    """The Quickstart's activate line, run from the directory holding the venv the tests run in, finds its spanlm."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from helpers import readme_section
+
+    venv = Path(sys.prefix)
+    if venv == Path(sys.base_prefix) or venv.name != ".venv":
+        pytest.skip("the tests do not run in a .venv like the one make creates")
+    (block,) = [b for b in readme_section("Quickstart", language="bash") if "activate" in b]
+    activate = next(line.split("#")[0].strip() for line in block.splitlines() if "activate" in line)
+    found = subprocess.run(["bash", "-c", f'{activate} && echo "$VIRTUAL_ENV" && command -v spanlm'], cwd=venv.parent,
+                           capture_output=True, text=True)
+    assert found.returncode == 0, found
+    activated, spanlm = found.stdout.split()  # the venv the script activates (a copied venv's names its origin)
+    assert Path(spanlm) == Path(activated) / "bin" / "spanlm", found

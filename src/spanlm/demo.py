@@ -1,14 +1,21 @@
-"""`spanlm demo`: the whole toolkit on the embedded data, end to end, with one report.
+"""`spanlm demo`: does span-aware pretraining help? A controlled comparison on the embedded data, one report.
 
-corpus (data/corpus, public domain) → `prepare` → SpanBERT pretraining (configs/pretrain/spanbert.yaml)
-→ export → GlobalPointer NER fine-tuning on WNUT-17 (configs/ner/wnut17.yaml, data/ner/wnut17, CC BY 4.0)
-→ dev evaluation → predictions for a few sentences → ``report.html`` (pretraining loss parts, NER loss,
-F1 per type, the summary table, the predictions) and the summary table printed at the end.
+The German NER data of GermEval 2014 (data/ner/germeval2014, CC BY 4.0) as a low-resource task: 3,000
+labelled training sentences, and the other 21,000 training sentences without their labels. Their text
+(task-adaptive pretraining: the task's own domain, the labelled sentences' text included) → `prepare` →
+SpanBERT pretraining (configs/pretrain/spanbert.yaml) → export → the same GlobalPointer NER fine-tuning
+(configs/ner/germeval2014.yaml) twice, from the pretrained encoder and from a randomly initialised copy
+of it (same architecture and tokenizer, same steps, data order and head initialisation) → dev scores of
+both, overall, per type and on entities seen / unseen in training → fill-mask answers of the pretrained
+encoder, entities found in example sentences → ``report.html`` and ``summary.json``.
 
 Every stage is the same code the CLI runs (``spanlm pretrain``, ``spanlm export``, ``spanlm ner
-train``); the demo only chooses bounded step counts. ``--quick`` is a one-minute smoke version.
-A second run continues the pretraining run (``--resume auto``) and retrains the NER stage. The recipes
-and data come from the package (:func:`spanlm.recipes.shipped_root`), so it runs from any directory.
+train``); the demo only chooses the budgets. ``--quick`` is a one-minute smoke version; ``--seeds 0 1 2``
+repeats the whole comparison per seed (each in ``OUT/seed-N``) and reports the mean and spread. A second
+run continues the pretraining run (``--resume auto``) and retrains the NER stage. SIGTERM / SIGINT stop the
+running stage after its current step (it saves and exports what it has) and skip the stages after it;
+the page and ``summary.json`` say which stages stopped early and at which step. The recipes and data come
+from the package (:func:`spanlm.recipes.shipped_root`), so it runs from any directory.
 """
 
 from __future__ import annotations
@@ -17,148 +24,435 @@ import dataclasses
 import html
 import json
 import shutil
+import statistics
+import subprocess
+import time
 from pathlib import Path
 
 from spanlm.recipes import shipped_root
 
+# Written as the data is: tokens separated by spaces, punctuation included.
 EXAMPLES = [
-    "Sherlock Holmes took the train from London to Paris with Watson on Monday.",
-    "I just watched Stranger Things on Netflix and now I want an iPhone.",
-    "Apple and Google are opening new offices in New York next year.",
-    "The Beatles played Hey Jude at Abbey Road Studios.",
+    "Angela Merkel traf am Montag in Paris den französischen Präsidenten .",
+    "Der FC Bayern München gewann in Dortmund gegen Borussia Dortmund .",
+    "Siemens und die Deutsche Bank eröffnen neue Büros in Berlin und Hamburg .",
+    "Die Beatles spielten in Hamburg , bevor sie in England berühmt wurden .",
 ]
+# Blanks the pretraining text gives context for: what the pretrained encoder puts there shows what it learnt.
+FILL_MASK = [
+    "Die Stadt liegt im Süden von [MASK] .",
+    "Er wurde 1950 in [MASK] geboren .",
+    "Der Verein spielt in der [MASK] .",
+    "Die [MASK] wurde im Jahr 1990 gegründet .",
+]
+INITS = ("pretrained", "random")
+NER_NAME = "GermEval 2014"
+NER_RECIPE = "configs/ner/germeval2014.yaml"
+NER_DATA = "data/ner/germeval2014"
 
 
 @dataclasses.dataclass
 class DemoPlan:
-    pretrain_steps: int = 600
-    ner_steps: int = 1500
-    ner_lr: float = 2e-3  # a tiny encoder fine-tuned for minutes needs far more than BERT-base's 2e-5..5e-5
-    eval_every: int = 300  # pretraining and NER
-    eval_docs: int = 300  # dev sentences scored during NER training (the final score uses all)
+    pretrain_steps: int = 1500
+    pretrain_eval_every: int = 250
+    ner_steps: int = 500
+    ner_lr: float = 1e-3  # a tiny encoder fine-tuned for minutes needs far more than BERT-base's 2e-5..5e-5
+    ner_eval_every: int = 100
+    eval_docs: int = 300  # dev sentences scored during NER training (the final scores use all)
 
 
-QUICK = DemoPlan(pretrain_steps=12, ner_steps=12, eval_every=6, eval_docs=50)
+QUICK = DemoPlan(pretrain_steps=12, pretrain_eval_every=6, ner_steps=12, ner_eval_every=6, eval_docs=50)
 
 
-def run_demo(out: str | Path = "runs/demo", quick: bool = False, log=print) -> dict:
-    """Run every stage into ``out``; returns the summary (also in ``out/summary.json``)."""
+def run_demo(out: str | Path = "runs/demo", quick: bool = False, seeds: tuple[int, ...] = (0,), log=print,
+             plan: DemoPlan | None = None) -> dict:
+    """Run the comparison for each seed; returns the summary (also in ``out/summary.json``).
+
+    One seed writes everything into ``out``; several write ``out/seed-N/`` each and, in ``out``, the
+    per-seed table with the mean and spread. ``plan`` replaces the budgets of ``quick``.
+    """
+    from spanlm.train.loop import StopSignal
+
+    from spanlm.errors import ConfigError
+
+    plan = plan or (QUICK if quick else DemoPlan())
+    out = Path(out)
+    seeds = tuple(seeds)
+    if not seeds or len(set(seeds)) < len(seeds):
+        raise ConfigError(f"--seeds must name one or more different seeds, got {list(seeds)}")
+    with StopSignal() as stop:  # a signal between training loops (export, scoring) stops the demo too
+        if len(seeds) == 1:
+            summary = _run_seed(out, plan, seeds[0], stop, log)
+        else:
+            runs = []
+            for seed in seeds:
+                runs.append(_run_seed(out / f"seed-{seed}", plan, seed, stop, log))
+                if runs[-1]["interrupted"]:
+                    break
+            summary = _aggregate(out, runs, seeds)
+            _write_seeds_page(out, summary)
+            (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+            log(seeds_table(summary))
+    return summary
+
+
+# -- one seed -----------------------------------------------------------------------------------------
+def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
     from spanlm.config import load_recipe
     from spanlm.ner.config import NerRecipe
-    from spanlm.ner.predict import NerModel
     from spanlm.ner.task import train_ner
     from spanlm.train.export import export_checkpoint
     from spanlm.train.loop import pretrain
-    from spanlm.train.metrics import read_metrics
     from spanlm.train.report import write_report
 
-    plan = QUICK if quick else DemoPlan()
-    out = Path(out)
+    started = time.monotonic()
     root = shipped_root()  # the recipes and data installed with this spanlm, whatever the working directory
-    corpus = [str(p) for p in sorted((root / "data" / "corpus").glob("*.txt")) if "hongloumeng" not in p.name]
+    out.mkdir(parents=True, exist_ok=True)
+    data = root / NER_DATA
+    base = load_recipe(root / NER_RECIPE, [f"data.train={data / 'train.conll'}", f"data.dev={data / 'dev.conll'}"], cls=NerRecipe)
+    task_text = _unlabelled_text(base.data, out / "task_text" / "train_sentences.txt")
+    stages, wall = {}, {}
 
-    log(f"[1/4] pretraining a tiny SpanBERT encoder ({plan.pretrain_steps} steps) → {out / 'pretrain'}")
+    log(f"[1/5] seed {seed}: pretraining a tiny SpanBERT encoder ({plan.pretrain_steps} steps) → {out / 'pretrain'}")
     pretrain_recipe = load_recipe(root / "configs/pretrain/spanbert.yaml", [
-        f"data.inputs={json.dumps(corpus)}", f"data.prepared_dir={out / 'prepared'}",
-        "tokenizer.lowercase=false",  # cased, as BERT-cased for NER: capitals are the strongest entity cue
-        f"train.output_dir={out / 'pretrain'}", f"train.max_steps={plan.pretrain_steps}",
-        f"train.eval_every={plan.eval_every}", f"train.save_every={plan.pretrain_steps}",
-        f"train.log_every={min(10, plan.pretrain_steps)}", "train.eval_blocks=32",
+        f"seed={seed}", f"data.inputs={json.dumps([str(data / 'unlabelled.txt.gz'), str(task_text)])}",
+        f"data.prepared_dir={out / 'prepared'}", "tokenizer.lowercase=false",  # cased, as BERT-cased for NER
+        f"train.output_dir={out / 'pretrain'}", f"train.max_steps={plan.pretrain_steps}", "train.eval_at_start=true",
+        f"train.eval_every={plan.pretrain_eval_every}", f"train.save_every={plan.pretrain_steps}",
+        f"train.log_every={min(10, plan.pretrain_steps)}", "train.eval_blocks=64", "logging.report_to=[]",
     ])
+    clock = time.monotonic()
     pretrain(pretrain_recipe, resume="auto", log=log)
+    wall["pretrain"] = time.monotonic() - clock
+    stages["pretrain"] = _stage(out / "pretrain", plan.pretrain_steps)
     write_report(out / "pretrain")
     encoder_dir = export_checkpoint(out / "pretrain", out / "encoder")
 
-    log(f"[2/4] fine-tuning GlobalPointer NER on WNUT-17 ({plan.ner_steps} steps) → {out / 'ner'}")
-    ner_dir = out / "ner"
-    if ner_dir.exists():  # the encoder above may have changed: fine-tune afresh
-        shutil.rmtree(ner_dir)
-    ner_recipe = load_recipe(root / "configs/ner/wnut17.yaml", [
-        f"model.path={encoder_dir}", f"data.train={root / 'data/ner/wnut17/train.conll'}",
-        f"data.dev={root / 'data/ner/wnut17/dev.conll'}", f"data.eval_docs={plan.eval_docs}",
-        f"train.output_dir={ner_dir}", f"train.max_steps={plan.ner_steps}", f"train.eval_every={plan.eval_every}",
-        f"train.lr={plan.ner_lr}",
-        f"train.save_every={plan.ner_steps}", f"train.warmup_steps={max(1, plan.ner_steps // 10)}",
-        f"train.log_every={min(10, plan.ner_steps)}",
-    ], cls=NerRecipe)
-    _, scores = train_ner(ner_recipe, log=log)
-    write_report(ner_dir)
+    ner_recipes = {}
+    for index, init in enumerate(INITS):
+        if _stopped(stages, stop):
+            stages[f"ner_{init}"] = {"planned": plan.ner_steps, "ran": 0, "complete": False}
+            continue
+        log(f"[{2 + index}/5] seed {seed}: fine-tuning NER on {NER_NAME} from the {init} encoder ({plan.ner_steps} steps) "
+            f"→ {out / f'ner-{init}'}")
+        ner_dir = out / f"ner-{init}"
+        if ner_dir.exists():  # the encoder above may have changed: fine-tune afresh
+            shutil.rmtree(ner_dir)
+        ner_recipes[init] = load_recipe(root / NER_RECIPE, [
+            f"seed={seed}", f"model.path={encoder_dir}", f"model.init={init}", f"data.train={base.data.train}",
+            f"data.dev={base.data.dev}", f"data.eval_docs={plan.eval_docs}", f"train.output_dir={ner_dir}",
+            f"train.max_steps={plan.ner_steps}", f"train.eval_every={plan.ner_eval_every}", "train.eval_at_start=true",
+            f"train.lr={plan.ner_lr}", f"train.save_every={plan.ner_steps}", f"train.warmup_steps={max(1, plan.ner_steps // 10)}",
+            f"train.log_every={min(10, plan.ner_steps)}", "logging.report_to=[]",
+        ], cls=NerRecipe)
+        clock = time.monotonic()
+        train_ner(ner_recipes[init], log=log)
+        wall[f"ner_{init}"] = time.monotonic() - clock
+        stages[f"ner_{init}"] = _stage(ner_dir, plan.ner_steps)
+        write_report(ner_dir)
 
-    log("[3/4] predicting entities for example sentences")
-    model = NerModel(ner_dir / "model")
-    predictions = [
-        {"text": document.text, "entities": [
-            {"text": document.text[e.start:e.end], "label": e.label, "start": e.start, "end": e.end, "score": round(float(s), 3)}
-            for e, s in zip(document.entities, entity_scores)]}
-        for document, entity_scores in model.predict_texts(EXAMPLES)
-    ]
-
-    log(f"[4/4] writing {out / 'report.html'}")
-    pretrain_eval = [r for r in read_metrics(out / "pretrain") if r.get("kind") == "eval"]
-    summary = {
-        "pretrain": {k: v for k, v in (pretrain_eval[-1] if pretrain_eval else {}).items() if k not in ("kind", "time", "elapsed")},
-        "ner": {"micro": scores["micro"], "per_type": scores["per_type"]},
-        "predictions": predictions,
-        "steps": dataclasses.asdict(plan),
-    }
+    log(f"[5/5] seed {seed}: scoring, fill-mask, predictions → {out / 'report.html'}")
+    summary = _summarise(out, plan, seed, stages, base.data, pretrain_recipe, encoder_dir, [i for i in INITS if i in ner_recipes])
+    summary["run"]["wall_seconds"] = {**{k: round(v, 1) for k, v in wall.items()}, "total": round(time.monotonic() - started, 1)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    _f1_plot(scores["per_type"], out / "ner_f1_per_type.png")
+    _plots(out, summary)
     _write_page(out, summary)
     log(summary_table(summary))
     return summary
 
 
+def _unlabelled_text(data, path: Path) -> Path:
+    """The NER training sentences without their labels, one per line: the task's own text for pretraining."""
+    from spanlm.ner.data import read_documents
+
+    documents, _ = read_documents(data.train, data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(document.text + "\n" for document in documents if document.text.strip()), encoding="utf-8")
+    return path
+
+
+def _stage(run_dir: Path, planned: int) -> dict:
+    """Steps the run's last checkpoint reached against the plan: fewer means it was stopped by a signal."""
+    from spanlm.train.checkpoint import latest_checkpoint, step_of
+
+    checkpoint = latest_checkpoint(run_dir)
+    ran = step_of(checkpoint) if checkpoint is not None else 0
+    return {"planned": planned, "ran": ran, "complete": ran >= planned}
+
+
+def _stopped(stages: dict, stop) -> bool:
+    return stop.received is not None or not all(stage["complete"] for stage in stages.values())
+
+
+def _summarise(out: Path, plan: DemoPlan, seed: int, stages: dict, data, pretrain_recipe, encoder_dir: Path,
+               inits: list[str]) -> dict:
+    from spanlm.ner.data import read_documents
+    from spanlm.ner.predict import NerModel
+    from spanlm.train.metrics import read_metrics
+    from spanlm.train.report import unigram_accuracy
+
+    evals = [r for r in read_metrics(out / "pretrain") if r.get("kind") == "eval"]
+    pretrain_final = {k: v for k, v in (evals[-1] if evals else {}).items() if k not in ("kind", "time", "elapsed")}
+    train_docs, dev_docs = read_documents(data.train, data)[0], read_documents(data.dev, data)[0]
+    seen_names = {document.text[e.start:e.end] for document in train_docs for e in document.entities}
+    ner, predictions = {}, {}
+    for init in inits:
+        model = NerModel(out / f"ner-{init}" / "model")
+        scores = json.loads((out / f"ner-{init}" / "eval.json").read_text(encoding="utf-8"))
+        predicted = [document for document, _ in model.predict(dev_docs)]
+        ner[init] = {"micro": scores["micro"], "per_type": scores["per_type"],
+                     **seen_unseen_scores(dev_docs, predicted, seen_names)}
+        predictions[init] = [
+            {"text": document.text, "entities": [
+                {"text": document.text[e.start:e.end], "label": e.label, "start": e.start, "end": e.end, "score": round(float(s), 3)}
+                for e, s in zip(document.entities, entity_scores)]}
+            for document, entity_scores in model.predict_texts(EXAMPLES)]
+    fill_mask, parameters = _fill_mask(encoder_dir)
+    meta = json.loads((out / "prepared" / "meta.json").read_text(encoding="utf-8"))
+    interrupted = {name: stage for name, stage in stages.items() if not stage["complete"]}
+    return {
+        "seeds": [seed],
+        "mlm_accuracy": pretrain_final.get("mlm_accuracy"),
+        "unigram_accuracy": unigram_accuracy(out / "pretrain"),
+        "ner_f1_pretrained": ner.get("pretrained", {}).get("micro", {}).get("f1"),
+        "ner_f1_random": ner.get("random", {}).get("micro", {}).get("f1"),
+        "interrupted": bool(interrupted),
+        "stages": stages,
+        "pretrain": pretrain_final,
+        "ner": ner,
+        "predictions": predictions,
+        "fill_mask": fill_mask,
+        "plan": dataclasses.asdict(plan),
+        "run": {
+            "seed": seed, "commit": _commit(), "encoder_parameters": parameters,
+            "tokenizer": f"WordPiece, {meta['vocab_size']} tokens, cased, trained on the pretraining text",
+            "pretraining_corpus_tokens": meta["n_tokens"],
+            # Blocks of whole sentences, at most data.max_len tokens each.
+            "pretraining_blocks_seen": stages["pretrain"]["ran"] * pretrain_recipe.train.batch_size,
+            "block_tokens_max": pretrain_recipe.data.max_len,
+        },
+    }
+
+
+def seen_unseen_scores(gold: list, predicted: list, seen_names: set[str]) -> dict:
+    """P/R/F1 (percent) on dev entities whose text occurs as an entity in the training data and on the
+    rest. A predicted span is put on the side its own text falls on, so each side has its precision too."""
+    from spanlm.ner.metrics import span_prf
+
+    def tuples(documents, seen: bool):
+        return [(d.id, e.label, e.start, e.end) for d in documents for e in d.entities if (d.text[e.start:e.end] in seen_names) == seen]
+
+    return {side: span_prf(tuples(gold, seen), tuples(predicted, seen))["micro"] for side, seen in (("seen", True), ("unseen", False))}
+
+
+def _fill_mask(encoder_dir: Path) -> tuple[list[dict], int]:
+    """The pretrained encoder's top guesses for each FILL_MASK blank, and its parameter count."""
+    from transformers import pipeline
+
+    from spanlm.models.backbone import quiet_load_report
+
+    with quiet_load_report():  # the export's unused pooler is no news
+        fill = pipeline("fill-mask", model=str(encoder_dir), device="cpu")
+    answers = [{"text": text, "top": [{"token": a["token_str"], "score": round(float(a["score"]), 3)} for a in fill(text, top_k=3)]}
+               for text in FILL_MASK]
+    return answers, int(fill.model.base_model.num_parameters())
+
+
+def _commit() -> str:
+    """The git commit of the spanlm checkout running the demo, or "unknown" for an installed wheel."""
+    try:
+        found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=shipped_root(), capture_output=True, text=True, timeout=10)
+    except OSError:
+        return "unknown"
+    return found.stdout.strip() if found.returncode == 0 else "unknown"
+
+
+# -- several seeds ------------------------------------------------------------------------------------
+def _spread(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "min": min(values), "max": max(values)}
+
+
+def _aggregate(out: Path, runs: list[dict], seeds: tuple[int, ...]) -> dict:
+    finished = [run for run in runs if not run["interrupted"]]
+    rows = [{"seed": run["seeds"][0], "mlm_accuracy": run["mlm_accuracy"], "unigram_accuracy": run["unigram_accuracy"],
+             "ner_f1_pretrained": run["ner_f1_pretrained"], "ner_f1_random": run["ner_f1_random"],
+             "gap": (run["ner_f1_pretrained"] or 0.0) - (run["ner_f1_random"] or 0.0), "interrupted": run["interrupted"]}
+            for run in runs]
+    complete = [row for row in rows if not row["interrupted"]]
+    keys = ("mlm_accuracy", "unigram_accuracy", "ner_f1_pretrained", "ner_f1_random", "gap")
+    spread = {key: _spread([row[key] for row in complete]) for key in keys} if complete else {}
+    return {
+        "seeds": [row["seed"] for row in rows],
+        "planned_seeds": list(seeds),
+        **{key: spread[key]["mean"] for key in keys if key in spread and key != "gap"},
+        "ner_f1_gap": spread.get("gap"),
+        "spread": spread,
+        "per_seed": rows,
+        "interrupted": len(finished) < len(seeds),
+    }
+
+
+def seeds_table(summary: dict) -> str:
+    rows = [("seed", "MLM acc", "unigram", "F1 pretrained", "F1 random", "gap")]
+    for row in summary["per_seed"]:
+        rows.append((str(row["seed"]) + (" (interrupted)" if row["interrupted"] else ""), f"{row['mlm_accuracy']:.3f}",
+                     f"{row['unigram_accuracy']:.3f}", f"{row['ner_f1_pretrained'] or 0:.2f}", f"{row['ner_f1_random'] or 0:.2f}",
+                     f"{row['gap']:+.2f}"))
+    spread = summary["spread"]
+    if spread:
+        rows.append(("mean ± sd", *(f"{spread[k]['mean']:.3f} ± {spread[k]['std']:.3f}" for k in ("mlm_accuracy", "unigram_accuracy")),
+                     *(f"{spread[k]['mean']:.2f} ± {spread[k]['std']:.2f}" for k in ("ner_f1_pretrained", "ner_f1_random")),
+                     f"{spread['gap']['mean']:+.2f} ± {spread['gap']['std']:.2f}"))
+    return _text_table(rows)
+
+
+def _write_seeds_page(out: Path, summary: dict) -> None:
+    page = [_HEAD, f"<h1>spanlm demo: {len(summary['per_seed'])} seeds</h1>",
+            f"<p>The same comparison per seed (pretraining, data order and head initialisation all follow the seed); "
+            f"F1 in percent on the whole {NER_NAME} dev set; gap = pretrained − random init. Spread: sample standard "
+            "deviation over the seeds.</p>",
+            f"<pre>{html.escape(seeds_table(summary))}</pre>", "<ul>"]
+    page += [f"<li><a href='seed-{row['seed']}/report.html'>seed {row['seed']}</a></li>" for row in summary["per_seed"]]
+    page.append("</ul></body></html>")
+    (out / "report.html").write_text("\n".join(page), encoding="utf-8")
+
+
+# -- the page -----------------------------------------------------------------------------------------
 def summary_table(summary: dict) -> str:
-    """The demo's headline numbers as a fixed-width text table."""
+    """The demo's headline numbers as a fixed-width text table (F1 in percent)."""
     rows = [("stage", "metric", "value")]
-    for key in ("mlm_loss", "mlm_accuracy", "sbo_loss", "sbo_accuracy"):
-        if key in summary["pretrain"]:
-            rows.append(("pretraining (held-out)", key, f"{summary['pretrain'][key]:.4f}"))
-    micro = summary["ner"]["micro"]
-    for key in ("precision", "recall", "f1"):
-        rows.append(("NER WNUT-17 dev (micro)", key, f"{micro[key]:.4f}"))
-    for label, values in sorted(summary["ner"]["per_type"].items()):
-        rows.append(("NER WNUT-17 dev", f"F1 {label}", f"{values['f1']:.4f}"))
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    if summary.get("mlm_accuracy") is not None:
+        rows.append(("pretraining (held-out)", "MLM accuracy", f"{summary['mlm_accuracy']:.4f}"))
+    if summary.get("unigram_accuracy") is not None:
+        rows.append(("pretraining (held-out)", "unigram baseline", f"{summary['unigram_accuracy']:.4f}"))
+    for init, scores in summary["ner"].items():
+        where = f"NER {NER_NAME} dev, {init} init"
+        rows.append((where, "F1 (micro)", f"{scores['micro']['f1']:.2f}"))
+        rows.append((where, "F1 seen / unseen", f"{scores['seen']['f1']:.2f} / {scores['unseen']['f1']:.2f}"))
+    for name, stage in summary["stages"].items():
+        if not stage["complete"]:
+            rows.append((name, "INTERRUPTED", f"{stage['ran']} of {stage['planned']} steps"))
+    return _text_table(rows)
+
+
+def _text_table(rows: list[tuple]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)
 
 
-def _f1_plot(per_type: dict, path: Path) -> None:
+def _plots(out: Path, summary: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = sorted(per_type)
-    figure, axis = plt.subplots(figsize=(6.4, 3.6), dpi=100)
-    axis.bar(labels, [per_type[label]["f1"] for label in labels])
-    axis.set_title("NER F1 per type (WNUT-17 dev)")
-    axis.set_ylim(0, 1)
-    axis.tick_params(axis="x", labelrotation=30)
+    from spanlm.train.metrics import read_metrics
+
+    colours = {"pretrained": "tab:blue", "random": "tab:orange"}
+    # Dev F1 during fine-tuning, both inits on one axis, from the step-0 evaluation on.
+    figure, axis = plt.subplots(figsize=(6.4, 3.8), dpi=100)
+    for init in summary["ner"]:
+        points = [(r["step"], r["f1"]) for r in read_metrics(out / f"ner-{init}") if r.get("kind") == "eval" and "f1" in r]
+        axis.plot([p[0] for p in points], [p[1] for p in points], marker=".", color=colours[init], label=f"{init} init")
+    axis.set(title=f"NER dev F1 during fine-tuning (first {summary['plan']['eval_docs']} dev sentences)", xlabel="step", ylabel="F1 (%)")
+    axis.set_ylim(bottom=0)
+    axis.grid(alpha=0.3)
+    axis.legend()
+    _save(figure, out / "ner_f1_curves.png")
+
+    # Held-out MLM accuracy against the unigram line.
+    points = [(r["step"], r["mlm_accuracy"]) for r in read_metrics(out / "pretrain") if r.get("kind") == "eval" and "mlm_accuracy" in r]
+    figure, axis = plt.subplots(figsize=(6.4, 3.4), dpi=100)
+    axis.plot([p[0] for p in points], [p[1] for p in points], marker=".", label="held-out MLM accuracy")
+    if summary["unigram_accuracy"] is not None:
+        axis.axhline(summary["unigram_accuracy"], color="grey", linestyle="--", label="unigram baseline (most frequent token)")
+    axis.set(title="Pretraining: masked-token accuracy", xlabel="step", ylabel="accuracy")
+    axis.set_ylim(bottom=0)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    _save(figure, out / "mlm_accuracy.png")
+
+    # Seen / unseen and per-type F1, the two inits side by side, each bar with its value and support.
+    groups = [("seen in training", "seen"), ("unseen", "unseen")]
+    types = sorted({label for scores in summary["ner"].values() for label in scores["per_type"]})
+    for filename, title, keys in (("ner_f1_seen_unseen.png", "Dev F1 on entities seen / unseen in training", groups),
+                                  ("ner_f1_per_type.png", "Dev F1 per type", [(t, t) for t in types])):
+        figure, axis = plt.subplots(figsize=(min(10.0, max(6.4, 0.8 * len(keys) + 2)), 3.8), dpi=100)
+        width, top = 0.8 / max(1, len(summary["ner"])), 0.0
+        for offset, (init, scores) in enumerate(summary["ner"].items()):
+            values = [(scores[key] if key in ("seen", "unseen") else scores["per_type"].get(key, {})) for _, key in keys]
+            xs = [i + offset * width for i in range(len(keys))]
+            bars = axis.bar(xs, [v.get("f1", 0.0) for v in values], width, color=colours[init], label=f"{init} init")
+            axis.bar_label(bars, [f"{v.get('f1', 0.0):.1f}\nn={v.get('n_gold', 0)}" for v in values], fontsize=6)
+            top = max([top] + [v.get("f1", 0.0) for v in values])
+        axis.set_xticks([i + width * (len(summary["ner"]) - 1) / 2 for i in range(len(keys))], [name for name, _ in keys],
+                        rotation=20 if len(keys) > 3 else 0)
+        axis.set(title=title + " (bars: F1, n = gold entities)", ylabel="F1 (%)")
+        axis.set_ylim(0, max(10.0, 1.3 * top))  # room for the labels; a 0..10 axis when nothing scores
+        axis.legend(fontsize=8)
+        _save(figure, out / filename)
+
+
+def _save(figure, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
 
 
+_HEAD = ("<!doctype html><html><head><meta charset='utf-8'><title>spanlm demo</title>"
+         "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}table{border-collapse:collapse}"
+         "td,th{border:1px solid #ccc;padding:.3em .6em}img{max-width:100%}.warning{background:#fee;border:1px solid #c00;"
+         "padding:.5em}</style></head><body>")
+
+
 def _write_page(out: Path, summary: dict) -> None:
-    plots = [("Pretraining loss (MLM and SBO parts)", "pretrain/loss.png"), ("Pretraining held-out evaluation", "pretrain/eval.png"),
-             ("NER training loss", "ner/loss.png"), ("NER dev evaluation during training", "ner/eval.png"),
-             ("NER F1 per type", "ner_f1_per_type.png")]
-    page = ["<!doctype html><html><head><meta charset='utf-8'><title>spanlm demo</title>",
-            "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}table{border-collapse:collapse}"
-            "td,th{border:1px solid #ccc;padding:.3em .6em}img{max-width:100%}</style></head><body>",
-            "<h1>spanlm demo</h1>",
-            "<p>Embedded English books → SpanBERT pretraining (MLM + Span Boundary Objective) → GlobalPointer NER "
-            "fine-tuning on WNUT-17 → evaluation and predictions. Run reports: "
-            "<a href='pretrain/report.html'>pretraining</a>, <a href='ner/report.html'>NER</a>.</p>",
-            "<h2>Summary</h2>", f"<pre>{html.escape(summary_table(summary))}</pre>", "<h2>Plots</h2>"]
-    page += [f"<h3>{html.escape(title)}</h3><img src='{src}' alt='{html.escape(title)}'>"
-             for title, src in plots if (out / src).is_file()]
-    page.append("<h2>Predictions</h2><table><tr><th>text</th><th>entities</th></tr>")
-    for item in summary["predictions"]:
-        entities = ", ".join(f"{e['text']} ({e['label']}, {e['score']:.2f})" for e in item["entities"]) or "—"
-        page.append(f"<tr><td>{html.escape(item['text'])}</td><td>{html.escape(entities)}</td></tr>")
+    run = summary["run"]
+    page = [_HEAD, "<h1>spanlm demo: does span-aware pretraining help?</h1>"]
+    if summary["interrupted"]:
+        stopped = "; ".join(f"{name}: {stage['ran']} of {stage['planned']} steps" for name, stage in summary["stages"].items()
+                            if not stage["complete"])
+        page.append(f"<p class='warning'><b>Interrupted run.</b> These stages stopped early: {html.escape(stopped)}. "
+                    "The numbers below are those of the steps that ran.</p>")
+    page += [f"<p>A tiny BERT encoder is pretrained with SpanBERT's objective (span masking, MLM + Span Boundary Objective) "
+             f"on the text of the {NER_NAME} training sentences, without their labels (24,000 sentences of German Wikipedia "
+             "and news). Then NER is learnt from only 3,000 labelled sentences: the same "
+             f"GlobalPointer NER fine-tuning runs twice with one budget: from that encoder and from a randomly initialised "
+             "copy (same architecture and tokenizer, same data order and head initialisation). Only the encoder's starting "
+             "weights differ. Run reports: <a href='pretrain/report.html'>pretraining</a>, "
+             + ", ".join(f"<a href='ner-{i}/report.html'>NER from {i} init</a>" for i in summary["ner"]) + ".</p>",
+             "<h2>Summary</h2>", f"<pre>{html.escape(summary_table(summary))}</pre>",
+             "<h2>Run</h2><table>"]
+    steps = summary["stages"]
+    facts = [("seed", run["seed"]), ("commit", run["commit"]),
+             ("encoder", f"BERT, {run['encoder_parameters']:,} parameters"), ("tokenizer", run["tokenizer"]),
+             ("pretraining", f"{steps['pretrain']['ran']} of {steps['pretrain']['planned']} steps; {run['pretraining_blocks_seen']:,} "
+                             f"blocks of ≤ {run['block_tokens_max']} tokens from a {run['pretraining_corpus_tokens']:,}-token corpus"),
+             *((f"NER, {name[4:]} init", f"{stage['ran']} of {stage['planned']} steps") for name, stage in steps.items() if name != "pretrain"),
+             ("wall time", ", ".join(f"{k} {v:.0f} s" for k, v in run["wall_seconds"].items()))]
+    page += [f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in facts]
+    page.append("</table><h2>Plots</h2>")
+    plots = [("NER dev F1 during fine-tuning: pretrained vs random init", "ner_f1_curves.png"),
+             ("Dev F1 on entities seen / unseen in training", "ner_f1_seen_unseen.png"),
+             ("Dev F1 per type (value and number of gold entities on each bar)", "ner_f1_per_type.png"),
+             ("Pretraining: held-out MLM accuracy and the unigram baseline", "mlm_accuracy.png"),
+             ("Pretraining losses (MLM and SBO parts)", "pretrain/loss.png")]
+    page += [f"<h3>{html.escape(title)}</h3><img src='{src}' alt='{html.escape(title)}'>" for title, src in plots if (out / src).is_file()]
+    page.append("<h2>Fill-mask: the pretrained encoder's top 3 guesses</h2><table><tr><th>text</th><th>guesses</th></tr>")
+    for item in summary["fill_mask"]:
+        guesses = ", ".join(f"{a['token']} ({a['score']:.2f})" for a in item["top"])
+        page.append(f"<tr><td>{html.escape(item['text'])}</td><td>{html.escape(guesses)}</td></tr>")
+    page.append("</table><h2>Entities found in example sentences</h2>")
+    page.append("<table><tr><th>text</th>" + "".join(f"<th>{html.escape(i)} init</th>" for i in summary["predictions"]) + "</tr>")
+    for index, text in enumerate(EXAMPLES):
+        cells = []
+        for init, items in summary["predictions"].items():
+            found = ", ".join(f"{e['text']} ({e['label']}, {e['score']:.2f})" for e in items[index]["entities"]) or "—"
+            cells.append(f"<td>{html.escape(found)}</td>")
+        page.append(f"<tr><td>{html.escape(text)}</td>{''.join(cells)}</tr>")
     page.append("</table></body></html>")
     (out / "report.html").write_text("\n".join(page), encoding="utf-8")

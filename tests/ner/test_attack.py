@@ -178,7 +178,7 @@ def test_cli_eval_noise(tiny_model, capsys, tmp_path):
     out = capsys.readouterr().out
     scores = json.loads(metrics.read_text())
     clean, attacked = scores["micro"], scores["attacked"]["micro"]
-    assert f"clean F1 {100 * clean['f1']:.2f} / attacked F1 {100 * attacked['f1']:.2f}" in out
+    assert f"clean F1 {clean['f1']:.2f} / attacked F1 {attacked['f1']:.2f}" in out
     assert "F1*" in out and "person" in out
     assert scores["attacked"]["noise"] == 0.3 and scores["attacked"]["noise_seed"] == 5
     assert attacked["n_gold"] == clean["n_gold"] == 39 and scores["attacked"]["attacked_words"] > 0

@@ -206,6 +206,15 @@ def test_report_writes_plots_and_html(prepared, tmp_path):
     assert main(["compare", str(run), "--metric", "no_such_metric", "--out", str(plot)]) == 2
 
 
+def test_eval_at_start_logs_the_initial_weights_once(prepared, tmp_path):
+    """A step-0 evaluation of the initial weights when a run starts afresh, not again when it resumes."""
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2, eval_every=2, eval_at_start=True), **QUIET)
+    evals = [r for r in read_metrics(run) if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 2] and evals[0]["loss"] != evals[1]["loss"]
+    pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=4, eval_every=2, eval_at_start=True), resume="auto", **QUIET)
+    assert [r["step"] for r in read_metrics(run) if r["kind"] == "eval"] == [0, 2, 4]
+
+
 def test_lr_schedule_shapes():
     from spanlm.train.config import TrainConfig
     from spanlm.train.optim import lr_factor, parameter_groups

@@ -194,7 +194,7 @@ def format_comparison(clean: dict, attacked: dict, rate: float) -> str:
         if index == len(rows) - 1:
             lines.append("-" * len(header))
         a = a or {"precision": 0.0, "recall": 0.0, "f1": 0.0}
-        lines.append(f"{str(label):<{width}}  {100 * c['precision']:6.2f}  {100 * c['recall']:6.2f}  {100 * c['f1']:6.2f}  |  "
-                     f"{100 * a['precision']:6.2f}  {100 * a['recall']:6.2f}  {100 * a['f1']:6.2f}  {c['n_gold']:6d}")
-    lines.append(f"clean F1 {100 * clean['micro']['f1']:.2f} / attacked F1 {100 * attacked['micro']['f1']:.2f}")
+        lines.append(f"{str(label):<{width}}  {c['precision']:6.2f}  {c['recall']:6.2f}  {c['f1']:6.2f}  |  "
+                     f"{a['precision']:6.2f}  {a['recall']:6.2f}  {a['f1']:6.2f}  {c['n_gold']:6d}")
+    lines.append(f"clean F1 {clean['micro']['f1']:.2f} / attacked F1 {attacked['micro']['f1']:.2f}")
     return "\n".join(lines)

@@ -7,8 +7,8 @@ every span). ``cluener_macro_f1`` is the CLUENER 2020 benchmark's own scoring
 (CLUEbenchmark/CLUENER2020, ``get_f1_score``): per label, the *entity strings* of each document are
 compared (a prediction with the right text but another occurrence's offsets counts, and a string
 repeated in one document counts once), and the reported number is the unweighted mean of the
-per-label F1. Ratios with a zero denominator are 0, not NaN (no predictions → precision 0; no gold →
-recall 0).
+per-label F1. Precision, recall and F1 are in percent (0..100), the unit NER papers and the ``ner`` tables
+use. Ratios with a zero denominator are 0, not NaN (no predictions → precision 0; no gold → recall 0).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ def span_prf(gold: Iterable[tuple], pred: Iterable[tuple]) -> dict:
     """Micro and per-type exact-match scores over tuples ``(doc_id, label, start_char, end_char)``.
 
     Returns ``{"micro": {precision, recall, f1, tp, n_pred, n_gold}, "per_type": {label: {...}}}`` with a
-    per-type entry for every label seen in gold or predictions. Duplicate tuples count once.
+    per-type entry for every label seen in gold or predictions; precision, recall and F1 in percent.
+    Duplicate tuples count once.
     """
     return _scores(set(gold), set(pred))
 
@@ -32,7 +33,7 @@ def cluener_macro_f1(gold: Iterable[tuple], pred: Iterable[tuple], labels: Itera
     """CLUENER's official score over tuples ``(doc_id, label, entity_text)``.
 
     Returns ``{"f1": macro F1, "per_type": {label: {...}}}``: the per-label scores of string matches and
-    their unweighted mean. ``labels`` fixes the labels averaged over (the official script's ten CLUENER
+    their unweighted mean, in percent. ``labels`` fixes the labels averaged over (the official script's ten CLUENER
     labels); by default, every label seen in gold or predictions.
     """
     scores = _scores(set(gold), set(pred), labels)
@@ -43,7 +44,7 @@ def cluener_macro_f1(gold: Iterable[tuple], pred: Iterable[tuple], labels: Itera
 
 def format_table(scores: dict) -> str:
     """A printable table of :func:`span_prf`'s result: one row per type, then the micro average
-    (P/R/F1 in percent); CLUENER's macro F1 below it when ``scores["cluener_macro_f1"]`` is present."""
+    (P/R/F1 in percent, as the scores are); CLUENER's macro F1 below it when ``scores["cluener_macro_f1"]`` is present."""
     rows = [(label, s) for label, s in scores["per_type"].items()] + [("micro", scores["micro"])]
     width = max([len(str(label)) for label, _ in rows] + [5])
     header = f"{'type':<{width}}  {'P':>6}  {'R':>6}  {'F1':>6}  {'tp':>6}  {'pred':>6}  {'gold':>6}"
@@ -51,11 +52,11 @@ def format_table(scores: dict) -> str:
     for index, (label, s) in enumerate(rows):
         if index == len(rows) - 1:
             lines.append("-" * len(header))
-        lines.append(f"{str(label):<{width}}  {100 * s['precision']:6.2f}  {100 * s['recall']:6.2f}  "
-                     f"{100 * s['f1']:6.2f}  {s['tp']:6d}  {s['n_pred']:6d}  {s['n_gold']:6d}")
+        lines.append(f"{str(label):<{width}}  {s['precision']:6.2f}  {s['recall']:6.2f}  "
+                     f"{s['f1']:6.2f}  {s['tp']:6d}  {s['n_pred']:6d}  {s['n_gold']:6d}")
     if "cluener_macro_f1" in scores:
         macro = scores["cluener_macro_f1"]
-        lines.append(f"CLUENER macro F1 (string match): {100 * (macro['f1'] if isinstance(macro, dict) else macro):.2f}")
+        lines.append(f"CLUENER macro F1 (string match): {macro['f1'] if isinstance(macro, dict) else macro:.2f}")
     return "\n".join(lines)
 
 
@@ -70,7 +71,7 @@ def _scores(gold: set, pred: set, labels: Iterable[Hashable] | None = None) -> d
 
 
 def _prf(tp: int, n_pred: int, n_gold: int) -> dict:
-    precision = tp / n_pred if n_pred else 0.0
-    recall = tp / n_gold if n_gold else 0.0
+    precision = 100 * tp / n_pred if n_pred else 0.0
+    recall = 100 * tp / n_gold if n_gold else 0.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
     return dict(zip(KEYS, (precision, recall, f1, tp, n_pred, n_gold)))

@@ -29,6 +29,7 @@ class TrainConfig:
     # memory for longer blocks or larger batches, one more forward pass of compute.
     activation_checkpointing: bool = False
     eval_every: int = 50  # steps; 0 disables periodic evaluation
+    eval_at_start: bool = False  # also evaluate the initial weights (a step-0 point) when a run starts afresh
     eval_blocks: int = 64  # held-out blocks (never trained on)
     save_every: int = 100  # steps; a final checkpoint is always written
     keep_last: int = 2  # complete checkpoints kept

@@ -373,6 +373,10 @@ class Trainer:
         batches = iter(self.loader)
         window, started, skipped = _Window(env.device), time.perf_counter(), 0
         self.objective.train()
+        if config.eval_at_start and self.step == 0:
+            evaluation = self.evaluate()
+            if logger and evaluation:
+                logger.log({"kind": "eval", "step": 0, **self._clock(), **evaluation})
         try:
             with StopSignal() as stop:
                 while self.step < config.max_steps:

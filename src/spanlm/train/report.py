@@ -27,7 +27,8 @@ def is_count(key: str) -> bool:
 
 def panels(keys: list[str]) -> list[tuple[str, list[str]]]:
     """A figure's panels: each loss alone (an MLM and an SBO line of similar values would hide each other),
-    the rates (accuracy, precision, recall, F1 — one 0..1 scale) together, any other value alone; counts never."""
+    the rates (accuracy, precision, recall, F1: one scale within a run, fractions in pretraining and percent in
+    NER) together, any other value alone; counts never."""
     losses = [key for key in keys if key == "loss" or key.endswith("_loss")]
     rates = [key for key in keys if key not in losses and any(word in key for word in RATE_WORDS)]
     rest = [key for key in keys if key not in losses and key not in rates and not is_count(key)]
