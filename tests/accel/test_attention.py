@@ -9,7 +9,6 @@ import torch
 from torch.nn import functional as F
 
 import spanlm.accel.attention as attention
-import spanlm.accel.dropout as dropout
 from spanlm.accel.attention import FUSED, _SelfAttention, use_fused_self_attention
 from spanlm import accel
 

@@ -1,9 +1,7 @@
 """spanlm.accel.native: the compiled kernels give the PyTorch path's results (dropout bit for bit, the
 cross-entropy to float rounding), and spanlm falls back to that path where they cannot be built."""
 
-import collections
 import os
-import warnings
 
 import pytest
 import torch

@@ -70,7 +70,7 @@ def test_auto_packing_is_resolved_and_recorded(prepared, tmp_path):
 
 
 def test_a_resume_with_other_packing_is_refused(prepared, tmp_path):
-    run = pretrain(mlm_recipe(prepared, tmp_path / "run", {"packing": True}, max_steps=2, save_every=2), **QUIET)
+    pretrain(mlm_recipe(prepared, tmp_path / "run", {"packing": True}, max_steps=2, save_every=2), **QUIET)
     with pytest.raises(Exception, match="data.packing: True → False"):
         pretrain(mlm_recipe(prepared, tmp_path / "run", {"packing": False}, max_steps=3), resume="auto", **QUIET)
 

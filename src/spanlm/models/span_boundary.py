@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from torch.nn import functional as F
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
