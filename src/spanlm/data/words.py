@@ -26,8 +26,9 @@ def encode_sentences(tokenizer, texts: list[str], words: str) -> tuple[np.ndarra
     ``lengths`` (int64, tokens per sentence).
     """
     encodings = encode_text(tokenizer, texts)
-    lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
-    ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=int(lengths.sum()))
+    id_lists = [e.ids for e in encodings]  # each .ids builds a new Python list: read once
+    lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
+    ids = np.fromiter(chain.from_iterable(id_lists), dtype=np.int64, count=int(lengths.sum()))
     sentence_first = np.zeros(len(ids), dtype=bool)
     sentence_first[(np.cumsum(lengths) - lengths)[lengths > 0]] = True
     if words == "jieba":
