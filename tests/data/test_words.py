@@ -4,8 +4,9 @@ import jieba
 import numpy as np
 import pytest
 
+from helpers import EMBEDDED_CORPUS
 from spanlm.data.tokenizer import TokenizerConfig, train_tokenizer
-from spanlm.data.words import encode_sentences
+from spanlm.data.words import encode_sentences, jieba_word_starts
 
 # ASCII text so that character offsets in the normalised and the original string coincide.
 SENTENCES = ["unbelievably backhanded compliments, extraordinarily intricate mechanisms!", "the  cat sat"]
@@ -83,3 +84,41 @@ def test_tokenizer_words_for_chinese_are_characters():
     tokenizer = train_tokenizer(texts * 5, TokenizerConfig(vocab_size=100, min_frequency=1))
     _, word_starts, _ = encode_sentences(tokenizer, texts, "none")
     assert word_starts.all()
+
+
+def reference_jieba_word_starts(tokenizer, texts):
+    """The per-sentence implementation spanlm used before its segmentation went to rjieba: jieba.tokenize
+    on each sentence, a token starting a word where its first character opens a jieba word."""
+    ids, word_starts = [], []
+    for text in texts:
+        encoding = tokenizer.backend_tokenizer.encode(text, add_special_tokens=False)
+        opens = {start for _, start, _ in jieba.tokenize(text)}
+        words = np.cumsum([a in opens for a, _ in encoding.offsets])
+        ids += encoding.ids
+        word_starts += [True] + list(words[1:] != words[:-1]) if len(words) else []
+    return np.array(ids), np.array(word_starts, dtype=bool)
+
+
+# Blocks jieba cuts by its own rules, beside the ideographs: ASCII mixed in, numbers, a URL, a run of
+# single characters that jieba-rs's HMM would cut otherwise (a near-tie), one whose HMM path opens in M
+# (characters jieba's tables know only inside words), spaces and full-width text.
+MIXED_SENTENCES = ["苹果发布了iPhone12和C++编译器，售价3.5%上涨", "请访问www.horou.com或者 example_site 了解", "常在较陡峭的礁岸可发现它们成群的洄游",
+                   "Ｂｅｒｔ模型  在２０２０年……“北京”", "12345", "纯English sentence with 数字 42.", "…", "a", "鿕鿖㐀𠀀中文",
+                   "说：嬿懨！"]
+
+
+def test_jieba_word_starts_are_those_of_jieba_sentence_by_sentence():
+    texts = [line.strip() for line in (EMBEDDED_CORPUS / "hongloumeng_ch1-5.txt").read_text(encoding="utf-8").splitlines() if line.strip()]
+    texts += MIXED_SENTENCES
+    tokenizer = train_tokenizer(texts, TokenizerConfig(vocab_size=3000, min_frequency=1))
+    ids, word_starts, lengths = encode_sentences(tokenizer, texts, "jieba")
+    expected_ids, expected_starts = reference_jieba_word_starts(tokenizer, texts)
+    assert np.array_equal(ids, expected_ids)
+    assert len(word_starts) > 30_000 and 0.4 < word_starts.mean() < 0.9  # multi-character words, not one per character
+    assert np.array_equal(word_starts, expected_starts)
+
+
+@pytest.mark.parametrize("text", MIXED_SENTENCES + ["", "的", "这是一个没有标点的很长很长很长的句子" * 50])
+def test_jieba_word_starts_of_one_text(text):
+    expected = [start for _, start, _ in jieba.tokenize(text)] if text else []
+    assert jieba_word_starts(text).tolist() == expected
