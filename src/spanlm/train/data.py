@@ -12,36 +12,103 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from spanlm.data.blocks import BlockDataset, BlockSampler, collate_blocks
+from spanlm.data.block_index import ConcatenatedIndex
+from spanlm.data.blocks import BlockDataset, BlockSampler, KeyedPermutation, collate_blocks
 from spanlm.data.packing import pack_masked
 from spanlm.errors import ConfigError, InputError
 from spanlm.train.dist import uses_cuda
 
 
-def split_blocks(n_blocks: int, eval_blocks: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """A fixed held-out set of blocks (never trained on) and the training blocks."""
+HELD_OUT_KEY = 7919  # the RNG key of the held-out draw: never an epoch's
+
+
+def split_blocks(n_blocks: int, eval_blocks: int, seed: int) -> tuple[TrainingBlocks, np.ndarray]:
+    """A fixed held-out set of blocks (never trained on), sorted, and the training blocks (the rest).
+
+    The held-out blocks are the first positions of a keyed permutation, so drawing them costs memory for
+    them only, whatever ``n_blocks``.
+    """
     eval_blocks = min(eval_blocks, n_blocks // 10)
-    order = np.random.default_rng([seed, 7919]).permutation(n_blocks)
-    return np.sort(order[eval_blocks:]), np.sort(order[:eval_blocks])
+    draw = KeyedPermutation(n_blocks, np.random.default_rng([seed, HELD_OUT_KEY]))
+    held_out = np.sort(draw(np.arange(eval_blocks)))
+    return TrainingBlocks(n_blocks, held_out), held_out
+
+
+class TrainingBlocks:
+    """The blocks [0, n_blocks) less a few sorted ``held_out`` ones, indexed by position without listing them.
+
+    ``training[p]`` is the p-th block not held out (``p`` an int or an array of positions).
+    """
+
+    def __init__(self, n_blocks: int, held_out: np.ndarray):
+        self.n_blocks, self.held_out = n_blocks, np.asarray(held_out, dtype=np.int64)
+        self.kept_before = self.held_out - np.arange(len(self.held_out))  # training blocks before each held-out one
+
+    def __len__(self) -> int:
+        return self.n_blocks - len(self.held_out)
+
+    def __getitem__(self, positions):
+        positions = np.asarray(positions, dtype=np.int64)
+        if positions.size and (positions.min() < 0 or positions.max() >= len(self)):
+            raise IndexError(f"training block positions outside [0, {len(self)})")
+        # The p-th kept block comes after every held-out block with at most p kept blocks before it.
+        return positions + np.searchsorted(self.kept_before, positions, side="right")
+
+
+class BlockLengths:
+    """Tokens of blocks ([CLS] and [SEP] included), read from the memory-mapped block index on demand.
+
+    ``lengths[indices]`` for an array of block indices; ``max()`` is ``max_len``, the longest a block can be
+    (the index is not read whole to find the longest one).
+    """
+
+    def __init__(self, blocks: BlockDataset):
+        self.index, self.max_len = blocks.index, blocks.max_len
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, indices) -> np.ndarray:
+        indices = np.asarray(indices, dtype=np.int64)
+        if isinstance(self.index, ConcatenatedIndex):  # rows of each shard's own index (offsets cancel out)
+            shard = np.searchsorted(self.index.block_starts, indices, side="right") - 1
+            lengths = np.empty(indices.shape, dtype=np.int64)
+            for number in np.unique(shard).tolist():
+                mine = shard == number
+                rows = self.index.parts[number][indices[mine] - self.index.block_starts[number]]
+                lengths[mine] = rows[..., 1] - rows[..., 0] + 2
+            return lengths
+        rows = self.index[indices]
+        return (rows[..., 1] - rows[..., 0] + 2).astype(np.int64)
+
+    def max(self) -> int:
+        return self.max_len
 
 
 class BatchKeySampler:
     """Yields ``(epoch, batch, block_indices)`` for this rank forever, epoch after epoch, from its position.
 
+    ``blocks``: the blocks to draw from, indexable by an array of positions (an array, or
+    :class:`TrainingBlocks`). Each epoch's order is a :class:`BlockSampler`'s, computed a batch at a time,
+    so the sampler holds nothing per block.
+
     A batch is ``batch_size`` blocks, or with ``tokens_per_batch`` the longest run of the epoch's order
     whose ``lengths`` sum to at most that many tokens. Token batches are cut from each rank's share of
     the epoch's permutation and every rank keeps the fewest any rank gets, so all ranks take the same
-    number of steps; like the permutation, the cuts are a pure function of (seed, epoch).
+    number of steps; like the permutation, the cuts are a pure function of (seed, epoch). Finding them
+    reads the whole epoch's order once (a window at a time) and keeps one offset per batch.
 
     ``state_dict`` / ``load_state_dict``: the position ``{"epoch", "batch"}`` of the next key.
     """
 
-    def __init__(self, blocks: np.ndarray, batch_size: int, seed: int, rank: int, world_size: int,
-                 lengths: np.ndarray | None = None, tokens_per_batch: int = 0):
+    CUT_WINDOW = 2**16  # positions of the order read at once while cutting token batches
+
+    def __init__(self, blocks, batch_size: int, seed: int, rank: int, world_size: int,
+                 lengths=None, tokens_per_batch: int = 0):
         self.blocks = blocks
         self.batch_size = batch_size
         self.tokens_per_batch = tokens_per_batch
-        self.lengths = None if lengths is None else np.asarray(lengths, dtype=np.int64)
+        self.lengths = lengths
         if tokens_per_batch and self.lengths is None:
             raise ValueError("tokens_per_batch needs the blocks' lengths")
         try:
@@ -51,7 +118,7 @@ class BatchKeySampler:
             raise ConfigError(str(error)) from None
         self._starts: tuple[int, np.ndarray] | None = None  # (epoch, batch starts) of the last epoch asked for
         if tokens_per_batch:
-            if self.lengths.max(initial=0) > tokens_per_batch:
+            if self.lengths.max() > tokens_per_batch:
                 raise ConfigError(f"data.tokens_per_batch {tokens_per_batch} is less than the longest block "
                                   f"({int(self.lengths.max())} tokens)")
             if self.batches_per_epoch(0) < 1:
@@ -62,29 +129,54 @@ class BatchKeySampler:
                               f"{batch_size}: lower train.batch_size or give more data")
         self.epoch, self.batch = 0, 0
 
-    def batch_starts(self, epoch: int) -> np.ndarray:
-        """(batches + 1,) where each of this rank's batches of ``epoch`` begins in its order, and where the last ends."""
+    def batch_span(self, epoch: int, batch: int) -> tuple[int, int]:
+        """Where this rank's ``batch`` of ``epoch`` begins and ends in its order."""
         if not self.tokens_per_batch:
-            return np.arange(len(self.order) // self.batch_size + 1) * self.batch_size
+            return batch * self.batch_size, (batch + 1) * self.batch_size
+        starts = self.batch_starts(epoch)
+        return int(starts[batch]), int(starts[batch + 1])
+
+    def batch_starts(self, epoch: int) -> np.ndarray:
+        """(batches + 1,) where each of this rank's token batches of ``epoch`` begins in its order, and where the last ends."""
         if self._starts is None or self._starts[0] != epoch:
-            cuts = [self._token_cuts(sampler.order(epoch)) for sampler in self.rank_orders]
-            self._starts = (epoch, cuts[self.order.rank][: min(len(c) for c in cuts)])
+            mine, fewest = None, None
+            for sampler in self.rank_orders:  # one rank's cuts at a time: only the count of the others is kept
+                cuts = self._token_cuts(sampler, epoch)
+                fewest = len(cuts) if fewest is None else min(fewest, len(cuts))
+                if sampler.rank == self.order.rank:
+                    mine = cuts
+            self._starts = (epoch, mine[:fewest])
         return self._starts[1]
 
-    def _token_cuts(self, order: np.ndarray) -> np.ndarray:
-        """Greedy cuts of ``order`` into runs of at most ``tokens_per_batch`` tokens; a short tail is dropped."""
-        total = np.cumsum(self.lengths[self.blocks[order]])  # (n,) tokens up to and including each block
-        cuts = [0]
-        # One step per batch: the next cut is the first block that would overflow the budget.
-        while cuts[-1] < len(order):
-            before = int(total[cuts[-1] - 1]) if cuts[-1] else 0
-            end = int(np.searchsorted(total, before + self.tokens_per_batch, side="right"))
-            if end == len(order) and total[-1] - before < self.tokens_per_batch:
-                break  # the epoch's tail: fewer tokens than a batch
-            cuts.append(end)
-        return np.asarray(cuts, dtype=np.int64)
+    def _token_cuts(self, sampler: BlockSampler, epoch: int) -> np.ndarray:
+        """Greedy cuts of ``sampler``'s order into runs of at most ``tokens_per_batch`` tokens; a short tail is dropped.
+
+        The order is read a window at a time; a batch that runs past a window's end is cut again from
+        the next window, which starts at its first block. A window holds more blocks than a batch has
+        tokens, so every window but the last ends at least one batch.
+        """
+        window = max(self.CUT_WINDOW, self.tokens_per_batch + 1)
+        pieces, start = [np.zeros(1, dtype=np.int64)], 0
+        while True:
+            stop = min(start + window, len(sampler))
+            total = np.cumsum(self.lengths[self.blocks[sampler.order(epoch, start, stop)]])  # tokens up to each block
+            cuts, last = [], 0
+            # One step per batch: the next cut is the first block that would overflow the budget.
+            while last < len(total):
+                before = int(total[last - 1]) if last else 0
+                end = int(np.searchsorted(total, before + self.tokens_per_batch, side="right"))
+                if end == len(total) and (stop < len(sampler) or total[-1] - before < self.tokens_per_batch):
+                    break  # runs past the window (cut again from the next one), or the epoch's tail: fewer tokens than a batch
+                cuts.append(start + end)
+                last = end
+            pieces.append(np.asarray(cuts, dtype=np.int64))
+            if stop == len(sampler):
+                return np.concatenate(pieces)
+            start = cuts[-1]
 
     def batches_per_epoch(self, epoch: int = 0) -> int:
+        if not self.tokens_per_batch:
+            return len(self.order) // self.batch_size
         return len(self.batch_starts(epoch)) - 1
 
     def following(self, position: dict) -> dict:
@@ -94,10 +186,9 @@ class BatchKeySampler:
 
     def __iter__(self):
         while True:
-            order = self.blocks[self.order.order(self.epoch)]
-            starts = self.batch_starts(self.epoch)
-            while self.batch < len(starts) - 1:
-                key = (self.epoch, self.batch, order[starts[self.batch]:starts[self.batch + 1]])
+            while self.batch < self.batches_per_epoch(self.epoch):
+                start, stop = self.batch_span(self.epoch, self.batch)
+                key = (self.epoch, self.batch, self.blocks[self.order.order(self.epoch, start, stop)])
                 self.batch += 1
                 yield key
             self.epoch, self.batch = self.epoch + 1, 0
@@ -187,17 +278,12 @@ class KeyedLoader:
         self.position = {"epoch": int(state["epoch"]), "batch": int(state["batch"])}
 
 
-def block_lengths(blocks: BlockDataset) -> np.ndarray:
-    """(n_blocks,) tokens of every block, [CLS] and [SEP] included."""
-    return blocks.index[:, 1] - blocks.index[:, 0] + 2
-
-
 def build_train_loader(blocks: BlockDataset, train_blocks: np.ndarray, masker, config, seed: int, rank: int, world_size: int,
                        data=None) -> KeyedLoader:
     """The resumable pretraining loader; ``data`` (DataConfig, its ``packing`` resolved) packs rows and sets a token budget."""
     tokens = data.tokens_per_batch if data is not None else 0
     sampler = BatchKeySampler(train_blocks, config.batch_size, seed, rank, world_size,
-                              lengths=block_lengths(blocks), tokens_per_batch=tokens)
+                              lengths=BlockLengths(blocks), tokens_per_batch=tokens)
     dataset = MaskedBatches(blocks, masker, blocks.corpus.special_ids["pad"], seed, rank, pack_width(data))
     return KeyedLoader(dataset, sampler, config.num_workers, seed, pin_memory=uses_cuda(config.device))
 
