@@ -9,6 +9,8 @@ has to remember to resume exactly (:class:`KeyedLoader`).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -93,15 +95,16 @@ class BatchKeySampler:
     so the sampler holds nothing per block.
 
     A batch is ``batch_size`` blocks, or with ``tokens_per_batch`` the longest run of the epoch's order
-    whose ``lengths`` sum to at most that many tokens. Token batches are cut from each rank's share of
-    the epoch's permutation and every rank keeps the fewest any rank gets, so all ranks take the same
-    number of steps; like the permutation, the cuts are a pure function of (seed, epoch). Finding them
-    reads the whole epoch's order once (a window at a time) and keeps one offset per batch.
+    whose ``lengths`` sum to at most that many tokens. Token batches are cut greedily from each rank's
+    share of the epoch's permutation, and the epoch ends when any rank's share has fewer tokens left
+    than a batch, so all ranks take the same number of steps; like the permutation, the cuts are a pure
+    function of (seed, epoch). Each sampler cuts every rank's share in step with its own, one batch at a
+    time, so it never reads an epoch ahead.
 
-    ``state_dict`` / ``load_state_dict``: the position ``{"epoch", "batch"}`` of the next key.
+    ``state_dict`` / ``load_state_dict``: the position ``{"epoch", "batch"}`` of the next key, with token
+    batches also ``"starts"``: where that batch begins in each rank's order (without it, a restored
+    sampler finds them again from the epoch's start).
     """
-
-    CUT_WINDOW = 2**16  # positions of the order read at once while cutting token batches
 
     def __init__(self, blocks, batch_size: int, seed: int, rank: int, world_size: int,
                  lengths=None, tokens_per_batch: int = 0):
@@ -116,88 +119,109 @@ class BatchKeySampler:
             self.rank_orders = [BlockSampler(len(blocks), seed=seed, rank=r, world_size=world_size) for r in range(world_size)]
         except ValueError as error:  # fewer blocks than processes
             raise ConfigError(str(error)) from None
-        self._starts: tuple[int, np.ndarray] | None = None  # (epoch, batch starts) of the last epoch asked for
+        # The loader's bookkeeping (``following``) cuts the batches the iterator cut a few batches before.
+        self._cuts = functools.lru_cache(maxsize=64)(self._cut_every_rank)
+        self._window = 64  # positions read to cut one batch; doubled while a batch outgrows it
+        self.epoch, self.batch, self.starts = 0, 0, self._epoch_start()
         if tokens_per_batch:
             if self.lengths.max() > tokens_per_batch:
                 raise ConfigError(f"data.tokens_per_batch {tokens_per_batch} is less than the longest block "
                                   f"({int(self.lengths.max())} tokens)")
-            if self.batches_per_epoch(0) < 1:
+            if self._cuts(0, self.starts) is None:
                 raise ConfigError(f"{len(blocks)} training blocks over {world_size} process(es) is less than one batch of "
                                   f"{tokens_per_batch} tokens: lower data.tokens_per_batch or give more data")
         elif len(self.order) < batch_size:
             raise ConfigError(f"{len(blocks)} training blocks over {world_size} process(es) is less than one batch of "
                               f"{batch_size}: lower train.batch_size or give more data")
-        self.epoch, self.batch = 0, 0
 
-    def batch_span(self, epoch: int, batch: int) -> tuple[int, int]:
-        """Where this rank's ``batch`` of ``epoch`` begins and ends in its order."""
+    def _epoch_start(self) -> tuple[int, ...]:
+        return (0,) * len(self.rank_orders)
+
+    def _batch_ends(self, epoch: int, batch: int, starts: tuple[int, ...]) -> tuple[int, ...] | None:
+        """Where the batch that begins at ``starts`` (one position per rank) ends in each rank's order; None
+        when the epoch has no such batch."""
         if not self.tokens_per_batch:
-            return batch * self.batch_size, (batch + 1) * self.batch_size
-        starts = self.batch_starts(epoch)
-        return int(starts[batch]), int(starts[batch + 1])
+            if batch >= len(self.order) // self.batch_size:
+                return None
+            return tuple(start + self.batch_size for start in starts)
+        return self._cuts(epoch, starts)
 
-    def batch_starts(self, epoch: int) -> np.ndarray:
-        """(batches + 1,) where each of this rank's token batches of ``epoch`` begins in its order, and where the last ends."""
-        if self._starts is None or self._starts[0] != epoch:
-            mine, fewest = None, None
-            for sampler in self.rank_orders:  # one rank's cuts at a time: only the count of the others is kept
-                cuts = self._token_cuts(sampler, epoch)
-                fewest = len(cuts) if fewest is None else min(fewest, len(cuts))
-                if sampler.rank == self.order.rank:
-                    mine = cuts
-            self._starts = (epoch, mine[:fewest])
-        return self._starts[1]
+    def _cut_every_rank(self, epoch: int, starts: tuple[int, ...]) -> tuple[int, ...] | None:
+        ends = []
+        for sampler, start in zip(self.rank_orders, starts):
+            end = self._token_cut(sampler, epoch, start)
+            if end is None:
+                return None
+            ends.append(end)
+        return tuple(ends)
 
-    def _token_cuts(self, sampler: BlockSampler, epoch: int) -> np.ndarray:
-        """Greedy cuts of ``sampler``'s order into runs of at most ``tokens_per_batch`` tokens; a short tail is dropped.
-
-        The order is read a window at a time; a batch that runs past a window's end is cut again from
-        the next window, which starts at its first block. A window holds more blocks than a batch has
-        tokens, so every window but the last ends at least one batch.
-        """
-        window = max(self.CUT_WINDOW, self.tokens_per_batch + 1)
-        pieces, start = [np.zeros(1, dtype=np.int64)], 0
+    def _token_cut(self, sampler: BlockSampler, epoch: int, start: int) -> int | None:
+        """The end of the greedy token batch of ``sampler``'s order that begins at ``start`` (the first block
+        that would overflow the budget), or None when fewer tokens than a batch are left."""
         while True:
-            stop = min(start + window, len(sampler))
+            stop = min(start + self._window, len(sampler))
             total = np.cumsum(self.lengths[self.blocks[sampler.order(epoch, start, stop)]])  # tokens up to each block
-            cuts, last = [], 0
-            # One step per batch: the next cut is the first block that would overflow the budget.
-            while last < len(total):
-                before = int(total[last - 1]) if last else 0
-                end = int(np.searchsorted(total, before + self.tokens_per_batch, side="right"))
-                if end == len(total) and (stop < len(sampler) or total[-1] - before < self.tokens_per_batch):
-                    break  # runs past the window (cut again from the next one), or the epoch's tail: fewer tokens than a batch
-                cuts.append(start + end)
-                last = end
-            pieces.append(np.asarray(cuts, dtype=np.int64))
-            if stop == len(sampler):
-                return np.concatenate(pieces)
-            start = cuts[-1]
+            end = int(np.searchsorted(total, self.tokens_per_batch, side="right"))
+            if end < len(total):
+                return start + end
+            if stop == len(sampler):  # the epoch's tail: a batch only if it fills the budget exactly
+                return stop if len(total) and total[-1] == self.tokens_per_batch else None
+            self._window *= 2
+
+    def _walk(self, epoch: int, batch: int) -> tuple[int, ...]:
+        """The starts of ``batch`` of ``epoch``, found by cutting every batch before it."""
+        if not self.tokens_per_batch:
+            if batch > len(self.order) // self.batch_size:
+                raise InputError(f"the data position (epoch {epoch}, batch {batch}) is past the end of that epoch")
+            return (batch * self.batch_size,) * len(self.rank_orders)
+        starts = self._epoch_start()
+        for number in range(batch):
+            starts = self._batch_ends(epoch, number, starts)
+            if starts is None:
+                raise InputError(f"the data position (epoch {epoch}, batch {batch}) is past the end of that epoch")
+        return starts
 
     def batches_per_epoch(self, epoch: int = 0) -> int:
+        """Batches each rank takes in ``epoch`` (with token batches, found by cutting the whole epoch)."""
         if not self.tokens_per_batch:
             return len(self.order) // self.batch_size
-        return len(self.batch_starts(epoch)) - 1
+        count, starts = 0, self._epoch_start()
+        while (starts := self._cuts(epoch, starts)) is not None:
+            count += 1
+        return count
 
     def following(self, position: dict) -> dict:
         """The position after ``position``."""
-        epoch, batch = position["epoch"], position["batch"] + 1
-        return {"epoch": epoch, "batch": batch} if batch < self.batches_per_epoch(epoch) else {"epoch": epoch + 1, "batch": 0}
+        epoch, batch = position["epoch"], position["batch"]
+        starts = tuple(position["starts"]) if "starts" in position else self._walk(epoch, batch)
+        ends = self._batch_ends(epoch, batch, starts)
+        if ends is None or self._batch_ends(epoch, batch + 1, ends) is None:
+            return self._position(epoch + 1, 0, self._epoch_start())
+        return self._position(epoch, batch + 1, ends)
+
+    def _position(self, epoch: int, batch: int, starts: tuple[int, ...]) -> dict:
+        return {"epoch": epoch, "batch": batch, "starts": list(starts)} if self.tokens_per_batch else {"epoch": epoch, "batch": batch}
 
     def __iter__(self):
         while True:
-            while self.batch < self.batches_per_epoch(self.epoch):
-                start, stop = self.batch_span(self.epoch, self.batch)
-                key = (self.epoch, self.batch, self.blocks[self.order.order(self.epoch, start, stop)])
-                self.batch += 1
-                yield key
-            self.epoch, self.batch = self.epoch + 1, 0
+            ends = self._batch_ends(self.epoch, self.batch, self.starts)
+            if ends is None:
+                self.epoch, self.batch, self.starts = self.epoch + 1, 0, self._epoch_start()
+                continue
+            start, stop = self.starts[self.order.rank], ends[self.order.rank]
+            key = (self.epoch, self.batch, self.blocks[self.order.order(self.epoch, start, stop)])
+            self.batch, self.starts = self.batch + 1, ends
+            yield key
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch": self.batch}
+        return self._position(self.epoch, self.batch, self.starts)
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
+        if "starts" in state and self.tokens_per_batch:
+            self.starts = tuple(int(start) for start in state["starts"])
+        else:
+            self.starts = self._walk(self.epoch, self.batch)
 
 
 class MaskedBatches(torch.utils.data.Dataset):
@@ -276,6 +300,8 @@ class KeyedLoader:
             raise InputError("the checkpoint's data position is a torchdata StatefulDataLoader state, written by an earlier "
                              "spanlm; resume it with that version, or continue from an export of it in a new run")
         self.position = {"epoch": int(state["epoch"]), "batch": int(state["batch"])}
+        if "starts" in state:  # token batches: where the batch begins in each rank's order
+            self.position["starts"] = [int(start) for start in state["starts"]]
 
 
 def build_train_loader(blocks: BlockDataset, train_blocks: np.ndarray, masker, config, seed: int, rank: int, world_size: int,
