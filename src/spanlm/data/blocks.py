@@ -145,7 +145,8 @@ class BlockSampler(torch.utils.data.Sampler[int]):
     and how many blocks this rank has yielded, so a restored sampler continues with the next block.
     """
 
-    CHUNK = 4096  # blocks computed at once while iterating
+    CHUNK = 2048  # positions computed at once: a permutation costs little per position only on many of them
+    KEPT_CHUNKS = 3  # the chunks a batch spans, and the one a token budget reads ahead into
 
     def __init__(self, n_blocks: int, seed: int = 0, shuffle: bool = True, rank: int = 0, world_size: int = 1):
         if not 0 <= rank < world_size:
@@ -157,14 +158,30 @@ class BlockSampler(torch.utils.data.Sampler[int]):
         self.epoch = 0
         self.position = 0
         self._permutation: tuple[int, KeyedPermutation] | None = None  # (epoch, its permutation) last used
+        self._chunks: dict[tuple[int, int], np.ndarray] = {}  # (epoch, chunk) → its blocks, the latest read
 
     def __len__(self) -> int:
         return self.n_blocks // self.world_size
 
     def order(self, epoch: int, start: int = 0, stop: int | None = None) -> np.ndarray:
         """This rank's block indices for ``epoch``, positions [start, stop) of its share (all of it by default)."""
-        stop = len(self) if stop is None else min(stop, len(self))
-        positions = self.rank + self.world_size * np.arange(start, max(start, stop), dtype=np.int64)
+        stop = max(start, len(self) if stop is None else min(stop, len(self)))
+        if not self.shuffle or stop - start > self.CHUNK:
+            return self._compute(epoch, start, stop)
+        first, last = start // self.CHUNK, max(start, stop - 1) // self.CHUNK
+        chunks = [self._chunk(epoch, number) for number in range(first, last + 1)]
+        joined = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+        return joined[start - first * self.CHUNK: stop - first * self.CHUNK]
+
+    def _chunk(self, epoch: int, number: int) -> np.ndarray:
+        if (epoch, number) not in self._chunks:
+            if len(self._chunks) >= self.KEPT_CHUNKS:
+                del self._chunks[next(iter(self._chunks))]  # the oldest
+            self._chunks[epoch, number] = self._compute(epoch, number * self.CHUNK, min((number + 1) * self.CHUNK, len(self)))
+        return self._chunks[epoch, number]
+
+    def _compute(self, epoch: int, start: int, stop: int) -> np.ndarray:
+        positions = self.rank + self.world_size * np.arange(start, stop, dtype=np.int64)
         if not self.shuffle:
             return positions
         if self._permutation is None or self._permutation[0] != epoch:

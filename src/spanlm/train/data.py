@@ -114,13 +114,17 @@ class BatchKeySampler:
         self.lengths = lengths
         if tokens_per_batch and self.lengths is None:
             raise ValueError("tokens_per_batch needs the blocks' lengths")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside world size {world_size}")
         try:
-            self.order = BlockSampler(len(blocks), seed=seed, rank=rank, world_size=world_size)
             self.rank_orders = [BlockSampler(len(blocks), seed=seed, rank=r, world_size=world_size) for r in range(world_size)]
+            self.order = self.rank_orders[rank]
         except ValueError as error:  # fewer blocks than processes
             raise ConfigError(str(error)) from None
         # The loader's bookkeeping (``following``) cuts the batches the iterator cut a few batches before.
         self._cuts = functools.lru_cache(maxsize=64)(self._cut_every_rank)
+        # Cumulative tokens of each rank's chunks of its order: most batches are cut with one searchsorted.
+        self._chunk_tokens = functools.lru_cache(maxsize=2 * world_size)(self._tokens_up_to_each_block)
         self._window = 64  # positions read to cut one batch; doubled while a batch outgrows it
         self.epoch, self.batch, self.starts = 0, 0, self._epoch_start()
         if tokens_per_batch:
@@ -155,9 +159,22 @@ class BatchKeySampler:
             ends.append(end)
         return tuple(ends)
 
+    def _tokens_up_to_each_block(self, rank: int, epoch: int, chunk: int) -> np.ndarray:
+        """(CHUNK,) or fewer: tokens up to and including each block of ``chunk`` of ``rank``'s order."""
+        sampler = self.rank_orders[rank]
+        start = chunk * sampler.CHUNK
+        return np.cumsum(self.lengths[self.blocks[sampler.order(epoch, start, start + sampler.CHUNK)]])
+
     def _token_cut(self, sampler: BlockSampler, epoch: int, start: int) -> int | None:
         """The end of the greedy token batch of ``sampler``'s order that begins at ``start`` (the first block
         that would overflow the budget), or None when fewer tokens than a batch are left."""
+        chunk, offset = divmod(start, sampler.CHUNK)
+        total = self._chunk_tokens(sampler.rank, epoch, chunk)
+        before = int(total[offset - 1]) if offset else 0
+        end = int(np.searchsorted(total, before + self.tokens_per_batch, side="right"))
+        if end < len(total):  # the batch ends inside the chunk
+            return chunk * sampler.CHUNK + end
+        # It runs to the chunk's end or past it: read from its start on.
         while True:
             stop = min(start + self._window, len(sampler))
             total = np.cumsum(self.lengths[self.blocks[sampler.order(epoch, start, stop)]])  # tokens up to each block
