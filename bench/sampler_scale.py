@@ -4,7 +4,8 @@ Prints one JSON line. For each corpus size (in blocks; lengths are computed, not
 (``tracemalloc``) and seconds to hold out ``eval_blocks``, build rank 1 of 4's sampler and draw its first
 batch, with fixed batches and with a token budget; the same for the earlier scheme (two NumPy
 permutations of 8 bytes per block) as the peer; then the seconds per batch of drawing the next keys
-vs masking a batch of as many blocks with the ``mlm`` masker, in one process.
+(rank 1 of 4: a token budget cuts four ranks' batches a step) vs masking a batch of as many blocks with
+the ``mlm`` masker, and vs collating, masking and converting it as a DataLoader worker does.
 """
 
 from __future__ import annotations
