@@ -67,9 +67,6 @@ class BlockLengths:
     def __init__(self, blocks: BlockDataset):
         self.index, self.max_len = blocks.index, blocks.max_len
 
-    def __len__(self) -> int:
-        return len(self.index)
-
     def __getitem__(self, indices) -> np.ndarray:
         indices = np.asarray(indices, dtype=np.int64)
         if isinstance(self.index, ConcatenatedIndex):  # rows of each shard's own index (offsets cancel out)
