@@ -73,9 +73,9 @@ def main() -> None:
     report = {"bench": "sampler_scale", "batch_size": args.batch_size, "tokens_per_batch": tokens, "start_up": {}}
     for n in args.sizes:
         report["start_up"][n] = {
-            "fixed": traced(lambda: next(iter(sampler(n, args.batch_size, 0)))),
-            "tokens": traced(lambda: next(iter(sampler(n, args.batch_size, tokens)))),
-            "numpy_permutations": traced(lambda: permutations(n)),
+            "fixed": traced(lambda n=n: next(iter(sampler(n, args.batch_size, 0)))),
+            "tokens": traced(lambda n=n: next(iter(sampler(n, args.batch_size, tokens)))),
+            "numpy_permutations": traced(lambda n=n: permutations(n)),
         }
     keys = {mode: iter(sampler(args.sizes[-1], args.batch_size, budget)) for mode, budget in (("fixed", 0), ("tokens", tokens))}
     rng = np.random.default_rng(0)
@@ -87,7 +87,7 @@ def main() -> None:
     report["per_batch_s"] = {"mlm_masking": round(mask_s, 6),  # the cheapest masker; a worker also collates and converts
                              "collate_mask_to_torch": round(per_batch(lambda: masker(collate_blocks(blocks, 0), rng).to_torch(), 200), 6)}
     for mode, iterator in keys.items():
-        seconds = per_batch(lambda: next(iterator), 200)
+        seconds = per_batch(lambda iterator=iterator: next(iterator), 200)
         report["per_batch_s"][f"keys_{mode}"] = round(seconds, 6)
         report["per_batch_s"][f"keys_{mode}_vs_masking"] = round(seconds / mask_s, 3)
     print(json.dumps(report))
