@@ -275,14 +275,14 @@ def side_startup(prepared: str, max_len: int) -> dict:
     import tempfile as temporary
 
     from spanlm.data.block_index import share_block_index
-    from spanlm.data.blocks import BlockDataset, BlockSampler
+    from spanlm.data.blocks import BlockDataset
     from spanlm.data.shards import PreparedCorpus
-    from spanlm.train.data import split_blocks
+    from spanlm.train.data import BatchKeySampler, BlockLengths, split_blocks
 
     start = time.perf_counter()
     blocks = BlockDataset(PreparedCorpus(prepared), max_len)
     train, _ = split_blocks(len(blocks), 1000, 0)
-    BlockSampler(len(train), seed=0).order(0)
+    next(iter(BatchKeySampler(train, 32, 0, rank=0, world_size=1, lengths=BlockLengths(blocks), tokens_per_batch=32 * max_len)))
     startup = time.perf_counter() - start
     with temporary.TemporaryDirectory() as scratch:  # another max_len, built into a copy's directory
         copy = Path(scratch) / "copy"

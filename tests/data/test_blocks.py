@@ -1,9 +1,11 @@
 """Blocks: packing invariants, seeded order (seed 0 included), exact resume, disjoint ranks."""
 
+import math
+
 import numpy as np
 import pytest
 
-from spanlm.data.blocks import BlockDataset, BlockSampler, build_block_index, collate_blocks
+from spanlm.data.blocks import BlockDataset, BlockSampler, KeyedPermutation, build_block_index, collate_blocks
 from spanlm.data.shards import PreparedCorpus
 
 
@@ -174,3 +176,44 @@ def test_the_index_is_written_at_prepare_time_and_memory_mapped(embedded_prepare
     share_block_index(corpus_copy, 40, log=print)
     assert np.array_equal(np.load(copy / block_index_file(40), mmap_mode="r"), in_memory)
     assert [p.name for p in copy.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 10, 97, 2**16, 2**16 + 1, 123457])
+def test_a_keyed_permutation_is_a_bijection(n):
+    permutation = KeyedPermutation(n, np.random.default_rng(n))
+    assert (permutation.listed is None) == (n > KeyedPermutation.LISTED)
+    assert np.array_equal(np.sort(permutation(np.arange(n))), np.arange(n))
+    positions = np.random.default_rng(0).integers(0, n, size=50)
+    assert (permutation(positions) == permutation(np.arange(n))[positions]).all()  # any positions, any order
+
+
+def chi_square_is_uniform(counts: np.ndarray) -> bool:
+    """Whether ``counts`` pass a chi-square test of uniformity at p = 0.001 (Wilson–Hilferty's critical value)."""
+    expected = counts.sum() / len(counts)
+    statistic = float(((counts - expected) ** 2 / expected).sum())
+    freedom = len(counts) - 1
+    critical = freedom * (1 - 2 / (9 * freedom) + 3.09 * (2 / (9 * freedom)) ** 0.5) ** 3
+    return statistic < critical
+
+
+def test_chi_square_check_rejects_a_biased_order():
+    counts = np.full(50, 80)
+    counts[:5] += 40  # blocks that come first a little more often than the rest
+    assert not chi_square_is_uniform(counts) and chi_square_is_uniform(np.full(50, 80))
+
+
+@pytest.mark.parametrize("n", [7, 1000, 2**16 + 1, 10**6, 3 * 10**9])
+def test_keyed_orders_are_uniform_over_seeds(n):
+    """Over many seeds, the blocks at a few positions and the gaps between them are uniform (chi-square),
+    as in a uniformly drawn permutation; listed and Feistel orders alike. Positions 0 and ⌈n / ⌈√n⌉⌉ share
+    their low Feistel digit: a network of too few rounds shows there."""
+    draws, bins, gap_bins = 4000, min(n, 50), min(n - 1, 50)  # cells of ≥ 80 expected draws
+    same_low_digit = -(-n // (math.isqrt(n - 1) + 1))
+    positions = np.array([0, 1, n // 2, same_low_digit]) % n
+    items = np.array([KeyedPermutation(n, np.random.default_rng([seed, 0]))(positions) for seed in range(draws)])
+    assert chi_square_is_uniform(np.bincount(items[:, 0] * bins // n, minlength=bins))
+    assert chi_square_is_uniform(np.bincount(items[:, 2] * bins // n, minlength=bins))
+    for other in (1, 2, 3):
+        gaps = (items[:, other] - items[:, 0]) % n  # 1 … n-1 when the positions differ
+        if positions[other] != 0:
+            assert chi_square_is_uniform(np.bincount((gaps - 1) * gap_bins // (n - 1), minlength=gap_bins))

@@ -17,7 +17,7 @@ from spanlm.data.blocks import BlockDataset
 from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import ConfigError
 from spanlm.train import checkpoint as ckpt
-from spanlm.train.data import BatchKeySampler, block_lengths, split_blocks
+from spanlm.train.data import BatchKeySampler, BlockLengths, split_blocks
 from spanlm.train.loop import pretrain
 
 from toy_objective import losses, toy_recipe
@@ -79,7 +79,7 @@ def test_a_resume_with_other_packing_is_refused(prepared, tmp_path):
 def test_token_batches_stay_within_budget_and_every_rank_takes_as_many(prepared, world_size):
     blocks = BlockDataset(PreparedCorpus(prepared), 32)
     train, _ = split_blocks(len(blocks), 8, 0)
-    lengths = block_lengths(blocks)
+    lengths = BlockLengths(blocks)
     samplers = [BatchKeySampler(train, 8, seed=0, rank=rank, world_size=world_size, lengths=lengths, tokens_per_batch=100)
                 for rank in range(world_size)]
     for epoch in range(2):
@@ -104,7 +104,7 @@ def test_token_batches_stay_within_budget_and_every_rank_takes_as_many(prepared,
 
 def test_a_budget_below_the_longest_block_is_refused(prepared):
     blocks = BlockDataset(PreparedCorpus(prepared), 32)
-    lengths = block_lengths(blocks)
+    lengths = BlockLengths(blocks)
     with pytest.raises(ConfigError, match="tokens_per_batch 20 is less than the longest block"):
         BatchKeySampler(np.arange(len(blocks)), 8, seed=0, rank=0, world_size=1, lengths=lengths, tokens_per_batch=20)
 

@@ -5,13 +5,15 @@ SpanBERT §3.3). A sentence longer than a block's capacity is split into capacit
 than dropped, so no token is lost; the pieces are packed like sentences. Blocks never cross a document
 boundary, so a block can be shorter than ``max_len`` (the batch pads it).
 
-Order is a permutation drawn from (seed, epoch); :class:`BlockSampler` keeps its position so training
-resumes exactly, and under several processes every rank reads a disjoint, equally long part.
+Order is a keyed permutation drawn from (seed, epoch) and computed a slice at a time (no per-block
+array); :class:`BlockSampler` keeps its position so training resumes exactly, and under several
+processes every rank reads a disjoint, equally long part.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import torch
@@ -76,14 +78,75 @@ def collate_blocks(blocks: list[Block], pad_id: int) -> BlockBatch:
     return BlockBatch(input_ids=input_ids, word_starts=word_starts, attention_mask=attention, special_mask=special)
 
 
-class BlockSampler(torch.utils.data.Sampler[int]):
-    """Seeded, resumable, rank-disjoint order over blocks.
+class KeyedPermutation:
+    """A pseudo-random bijection of [0, n) drawn from ``rng``, evaluated at any positions without listing it.
 
-    Epoch ``e`` uses the permutation drawn from ``np.random.default_rng([seed, e])``; rank ``r`` of
-    ``world_size`` reads positions ``r, r + W, r + 2W, …`` of it, with the tail that does not divide
-    evenly dropped so every rank sees the same number of blocks. ``state_dict`` records the epoch and
-    how many blocks this rank has yielded, so a restored sampler continues with the next block.
+    A Feistel network on two digits: a position is ``high · b + low`` with ``high`` in [0, a) and ``low``
+    in [0, b), a · b ≥ n, a ≈ b ≈ √n. Each round keeps one digit and adds a keyed hash of it to the other
+    (modulo that digit's range), which any keys make a bijection of [0, a · b); an even number of rounds
+    brings the digits back to their ranges. Positions mapped past ``n`` are mapped again ("cycle walking")
+    until they land inside, which keeps a bijection of [0, n) and, with a · b - n < a, rarely takes a
+    second pass. Ten rounds, as in format-preserving encryption (FF1), make the order look uniform
+    (tests/data/test_blocks.py checks it with chi-square tests).
+
+    Holding it costs ten keys whatever ``n``: an epoch's order over a corpus of any size is computed a
+    batch at a time. Up to ``LISTED`` items the permutation is drawn and listed instead: on digits of a
+    few values a Feistel network's orders are measurably not uniform, and such a list is small.
     """
+
+    ROUNDS = 10
+    LISTED = 2**16
+
+    def __init__(self, n: int, rng: np.random.Generator):
+        if n < 1:
+            raise ValueError(f"a permutation of {n} items")
+        self.n = n
+        self.listed = rng.permutation(n) if n <= self.LISTED else None
+        if self.listed is not None:
+            return
+        self.high = math.isqrt(n - 1) + 1  # a = ⌈√n⌉
+        self.low = -(-n // self.high)  # b = ⌈n / a⌉
+        self.keys = rng.integers(0, 2**64, size=self.ROUNDS, dtype=np.uint64)
+
+    def __call__(self, positions: np.ndarray) -> np.ndarray:
+        """The items at ``positions`` (any shape, each in [0, n)) of the order, int64."""
+        if self.listed is not None:
+            return self.listed[positions]
+        out = self._feistel(np.asarray(positions, dtype=np.uint64))
+        outside = np.flatnonzero(out >= self.n)
+        while len(outside):
+            out[outside] = self._feistel(out[outside])
+            outside = outside[out[outside] >= self.n]
+        return out.astype(np.int64)
+
+    def _feistel(self, x: np.ndarray) -> np.ndarray:
+        high, low = np.uint64(self.high), np.uint64(self.low)
+        left, right = x // low, x % low  # left in [0, a), right in [0, b)
+        for round_number, key in enumerate(self.keys):
+            modulus = high if round_number % 2 == 0 else low  # the range of the digit this round changes
+            left, right = right, (left + _mix(right, key) % modulus) % modulus
+        return left * low + right
+
+
+def _mix(values: np.ndarray, key: np.uint64) -> np.ndarray:
+    """SplitMix64's finaliser of ``values + key``: every output bit depends on every input bit (uint64 wraps)."""
+    z = values + key
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+class BlockSampler(torch.utils.data.Sampler[int]):
+    """Seeded, resumable, rank-disjoint order over blocks, computed a slice at a time.
+
+    Epoch ``e`` uses the :class:`KeyedPermutation` drawn from ``np.random.default_rng([seed, e])``; rank
+    ``r`` of ``world_size`` reads positions ``r, r + W, r + 2W, …`` of it, with the tail that does not
+    divide evenly dropped so every rank sees the same number of blocks. ``state_dict`` records the epoch
+    and how many blocks this rank has yielded, so a restored sampler continues with the next block.
+    """
+
+    CHUNK = 2048  # positions computed at once: a permutation costs little per position only on many of them
+    KEPT_CHUNKS = 3  # the chunks a batch spans, and the one a token budget reads ahead into
 
     def __init__(self, n_blocks: int, seed: int = 0, shuffle: bool = True, rank: int = 0, world_size: int = 1):
         if not 0 <= rank < world_size:
@@ -94,23 +157,46 @@ class BlockSampler(torch.utils.data.Sampler[int]):
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
         self.position = 0
+        self._permutation: tuple[int, KeyedPermutation] | None = None  # (epoch, its permutation) last used
+        self._chunks: dict[tuple[int, int], np.ndarray] = {}  # (epoch, chunk) → its blocks, the latest read
 
     def __len__(self) -> int:
         return self.n_blocks // self.world_size
 
-    def order(self, epoch: int) -> np.ndarray:
-        """This rank's block indices for ``epoch``."""
-        order = np.random.default_rng([self.seed, epoch]).permutation(self.n_blocks) if self.shuffle else np.arange(self.n_blocks)
-        return order[: len(self) * self.world_size][self.rank::self.world_size]
+    def order(self, epoch: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """This rank's block indices for ``epoch``, positions [start, stop) of its share (all of it by default)."""
+        stop = max(start, len(self) if stop is None else min(stop, len(self)))
+        if not self.shuffle or stop - start > self.CHUNK:
+            return self._compute(epoch, start, stop)
+        first, last = start // self.CHUNK, max(start, stop - 1) // self.CHUNK
+        chunks = [self._chunk(epoch, number) for number in range(first, last + 1)]
+        joined = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+        return joined[start - first * self.CHUNK: stop - first * self.CHUNK]
+
+    def _chunk(self, epoch: int, number: int) -> np.ndarray:
+        if (epoch, number) not in self._chunks:
+            if len(self._chunks) >= self.KEPT_CHUNKS:
+                del self._chunks[next(iter(self._chunks))]  # the oldest
+            self._chunks[epoch, number] = self._compute(epoch, number * self.CHUNK, min((number + 1) * self.CHUNK, len(self)))
+        return self._chunks[epoch, number]
+
+    def _compute(self, epoch: int, start: int, stop: int) -> np.ndarray:
+        positions = self.rank + self.world_size * np.arange(start, stop, dtype=np.int64)
+        if not self.shuffle:
+            return positions
+        if self._permutation is None or self._permutation[0] != epoch:
+            self._permutation = (epoch, KeyedPermutation(self.n_blocks, np.random.default_rng([self.seed, epoch])))
+        return self._permutation[1](positions)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self.position = epoch, 0
 
     def __iter__(self):
-        order = self.order(self.epoch)
-        while self.position < len(order):
-            self.position += 1
-            yield int(order[self.position - 1])
+        while self.position < len(self):
+            chunk = self.order(self.epoch, self.position, self.position + self.CHUNK)
+            for block in chunk.tolist():
+                self.position += 1
+                yield block
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "world_size": self.world_size}

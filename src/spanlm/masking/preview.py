@@ -105,7 +105,7 @@ def preview(recipe, n: int = 4, stats_blocks: int = 256, batch_size: int = 32, j
     dataset = BlockDataset(corpus, recipe.data.max_len)
     if len(dataset) == 0:
         raise InputError(f"{corpus.directory}: no blocks")
-    order = BlockSampler(len(dataset), seed=recipe.seed).order(0)[: max(n, stats_blocks)]
+    order = BlockSampler(len(dataset), seed=recipe.seed).order(0, 0, max(n, stats_blocks))
     rng = np.random.default_rng(recipe.seed)
     pad = corpus.special_ids["pad"]
     pairs = []

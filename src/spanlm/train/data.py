@@ -9,104 +9,233 @@ has to remember to resume exactly (:class:`KeyedLoader`).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
-from spanlm.data.blocks import BlockDataset, BlockSampler, collate_blocks
+from spanlm.data.block_index import ConcatenatedIndex
+from spanlm.data.blocks import BlockDataset, BlockSampler, KeyedPermutation, collate_blocks
 from spanlm.data.packing import pack_masked
 from spanlm.errors import ConfigError, InputError
 from spanlm.train.dist import uses_cuda
 
 
-def split_blocks(n_blocks: int, eval_blocks: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """A fixed held-out set of blocks (never trained on) and the training blocks."""
+HELD_OUT_KEY = 7919  # the RNG key of the held-out draw: never an epoch's
+
+
+def split_blocks(n_blocks: int, eval_blocks: int, seed: int) -> tuple[TrainingBlocks, np.ndarray]:
+    """A fixed held-out set of blocks (never trained on), sorted, and the training blocks (the rest).
+
+    The held-out blocks are the first positions of a keyed permutation, so drawing them costs memory for
+    them only, whatever ``n_blocks``.
+    """
     eval_blocks = min(eval_blocks, n_blocks // 10)
-    order = np.random.default_rng([seed, 7919]).permutation(n_blocks)
-    return np.sort(order[eval_blocks:]), np.sort(order[:eval_blocks])
+    draw = KeyedPermutation(n_blocks, np.random.default_rng([seed, HELD_OUT_KEY]))
+    held_out = np.sort(draw(np.arange(eval_blocks)))
+    return TrainingBlocks(n_blocks, held_out), held_out
+
+
+class TrainingBlocks:
+    """The blocks [0, n_blocks) less a few sorted ``held_out`` ones, indexed by position without listing them.
+
+    ``training[p]`` is the p-th block not held out (``p`` an int or an array of positions).
+    """
+
+    def __init__(self, n_blocks: int, held_out: np.ndarray):
+        self.n_blocks, self.held_out = n_blocks, np.asarray(held_out, dtype=np.int64)
+        self.kept_before = self.held_out - np.arange(len(self.held_out))  # training blocks before each held-out one
+
+    def __len__(self) -> int:
+        return self.n_blocks - len(self.held_out)
+
+    def __getitem__(self, positions):
+        positions = np.asarray(positions, dtype=np.int64)
+        if positions.size and (positions.min() < 0 or positions.max() >= len(self)):
+            raise IndexError(f"training block positions outside [0, {len(self)})")
+        # The p-th kept block comes after every held-out block with at most p kept blocks before it.
+        return positions + np.searchsorted(self.kept_before, positions, side="right")
+
+
+class BlockLengths:
+    """Tokens of blocks ([CLS] and [SEP] included), read from the memory-mapped block index on demand.
+
+    ``lengths[indices]`` for an array of block indices; ``max()`` is ``max_len``, the longest a block can be
+    (the index is not read whole to find the longest one).
+    """
+
+    def __init__(self, blocks: BlockDataset):
+        self.index, self.max_len = blocks.index, blocks.max_len
+
+    def __getitem__(self, indices) -> np.ndarray:
+        indices = np.asarray(indices, dtype=np.int64)
+        if isinstance(self.index, ConcatenatedIndex):  # rows of each shard's own index (offsets cancel out)
+            shard = np.searchsorted(self.index.block_starts, indices, side="right") - 1
+            lengths = np.empty(indices.shape, dtype=np.int64)
+            for number in np.unique(shard).tolist():
+                mine = shard == number
+                rows = self.index.parts[number][indices[mine] - self.index.block_starts[number]]
+                lengths[mine] = rows[..., 1] - rows[..., 0] + 2
+            return lengths
+        rows = self.index[indices]
+        return (rows[..., 1] - rows[..., 0] + 2).astype(np.int64)
+
+    def max(self) -> int:
+        return self.max_len
 
 
 class BatchKeySampler:
     """Yields ``(epoch, batch, block_indices)`` for this rank forever, epoch after epoch, from its position.
 
-    A batch is ``batch_size`` blocks, or with ``tokens_per_batch`` the longest run of the epoch's order
-    whose ``lengths`` sum to at most that many tokens. Token batches are cut from each rank's share of
-    the epoch's permutation and every rank keeps the fewest any rank gets, so all ranks take the same
-    number of steps; like the permutation, the cuts are a pure function of (seed, epoch).
+    ``blocks``: the blocks to draw from, indexable by an array of positions (an array, or
+    :class:`TrainingBlocks`). Each epoch's order is a :class:`BlockSampler`'s, computed a batch at a time,
+    so the sampler holds nothing per block.
 
-    ``state_dict`` / ``load_state_dict``: the position ``{"epoch", "batch"}`` of the next key.
+    A batch is ``batch_size`` blocks, or with ``tokens_per_batch`` the longest run of the epoch's order
+    whose ``lengths`` sum to at most that many tokens. Token batches are cut greedily from each rank's
+    share of the epoch's permutation, and the epoch ends when any rank's share has fewer tokens left
+    than a batch, so all ranks take the same number of steps; like the permutation, the cuts are a pure
+    function of (seed, epoch). Each sampler cuts every rank's share in step with its own, one batch at a
+    time, so it never reads an epoch ahead.
+
+    ``state_dict`` / ``load_state_dict``: the position ``{"epoch", "batch"}`` of the next key, with token
+    batches also ``"starts"``: where that batch begins in each rank's order (without it, a restored
+    sampler finds them again from the epoch's start).
     """
 
-    def __init__(self, blocks: np.ndarray, batch_size: int, seed: int, rank: int, world_size: int,
-                 lengths: np.ndarray | None = None, tokens_per_batch: int = 0):
+    def __init__(self, blocks, batch_size: int, seed: int, rank: int, world_size: int,
+                 lengths=None, tokens_per_batch: int = 0):
         self.blocks = blocks
         self.batch_size = batch_size
         self.tokens_per_batch = tokens_per_batch
-        self.lengths = None if lengths is None else np.asarray(lengths, dtype=np.int64)
+        self.lengths = lengths
         if tokens_per_batch and self.lengths is None:
             raise ValueError("tokens_per_batch needs the blocks' lengths")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside world size {world_size}")
         try:
-            self.order = BlockSampler(len(blocks), seed=seed, rank=rank, world_size=world_size)
             self.rank_orders = [BlockSampler(len(blocks), seed=seed, rank=r, world_size=world_size) for r in range(world_size)]
+            self.order = self.rank_orders[rank]
         except ValueError as error:  # fewer blocks than processes
             raise ConfigError(str(error)) from None
-        self._starts: tuple[int, np.ndarray] | None = None  # (epoch, batch starts) of the last epoch asked for
+        # The loader's bookkeeping (``following``) cuts the batches the iterator cut a few batches before.
+        self._cuts = functools.lru_cache(maxsize=64)(self._cut_every_rank)
+        # Cumulative tokens of each rank's chunks of its order: most batches are cut with one searchsorted.
+        self._chunk_tokens = functools.lru_cache(maxsize=2 * world_size)(self._tokens_up_to_each_block)
+        self._window = 64  # positions read to cut one batch; doubled while a batch outgrows it
+        self.epoch, self.batch, self.starts = 0, 0, self._epoch_start()
         if tokens_per_batch:
-            if self.lengths.max(initial=0) > tokens_per_batch:
+            if self.lengths.max() > tokens_per_batch:
                 raise ConfigError(f"data.tokens_per_batch {tokens_per_batch} is less than the longest block "
                                   f"({int(self.lengths.max())} tokens)")
-            if self.batches_per_epoch(0) < 1:
+            if self._cuts(0, self.starts) is None:
                 raise ConfigError(f"{len(blocks)} training blocks over {world_size} process(es) is less than one batch of "
                                   f"{tokens_per_batch} tokens: lower data.tokens_per_batch or give more data")
         elif len(self.order) < batch_size:
             raise ConfigError(f"{len(blocks)} training blocks over {world_size} process(es) is less than one batch of "
                               f"{batch_size}: lower train.batch_size or give more data")
-        self.epoch, self.batch = 0, 0
 
-    def batch_starts(self, epoch: int) -> np.ndarray:
-        """(batches + 1,) where each of this rank's batches of ``epoch`` begins in its order, and where the last ends."""
+    def _epoch_start(self) -> tuple[int, ...]:
+        return (0,) * len(self.rank_orders)
+
+    def _batch_ends(self, epoch: int, batch: int, starts: tuple[int, ...]) -> tuple[int, ...] | None:
+        """Where the batch that begins at ``starts`` (one position per rank) ends in each rank's order; None
+        when the epoch has no such batch."""
         if not self.tokens_per_batch:
-            return np.arange(len(self.order) // self.batch_size + 1) * self.batch_size
-        if self._starts is None or self._starts[0] != epoch:
-            cuts = [self._token_cuts(sampler.order(epoch)) for sampler in self.rank_orders]
-            self._starts = (epoch, cuts[self.order.rank][: min(len(c) for c in cuts)])
-        return self._starts[1]
+            if batch >= len(self.order) // self.batch_size:
+                return None
+            return tuple(start + self.batch_size for start in starts)
+        return self._cuts(epoch, starts)
 
-    def _token_cuts(self, order: np.ndarray) -> np.ndarray:
-        """Greedy cuts of ``order`` into runs of at most ``tokens_per_batch`` tokens; a short tail is dropped."""
-        total = np.cumsum(self.lengths[self.blocks[order]])  # (n,) tokens up to and including each block
-        cuts = [0]
-        # One step per batch: the next cut is the first block that would overflow the budget.
-        while cuts[-1] < len(order):
-            before = int(total[cuts[-1] - 1]) if cuts[-1] else 0
-            end = int(np.searchsorted(total, before + self.tokens_per_batch, side="right"))
-            if end == len(order) and total[-1] - before < self.tokens_per_batch:
-                break  # the epoch's tail: fewer tokens than a batch
-            cuts.append(end)
-        return np.asarray(cuts, dtype=np.int64)
+    def _cut_every_rank(self, epoch: int, starts: tuple[int, ...]) -> tuple[int, ...] | None:
+        ends = []
+        for sampler, start in zip(self.rank_orders, starts):
+            end = self._token_cut(sampler, epoch, start)
+            if end is None:
+                return None
+            ends.append(end)
+        return tuple(ends)
+
+    def _tokens_up_to_each_block(self, rank: int, epoch: int, chunk: int) -> np.ndarray:
+        """(CHUNK,) or fewer: tokens up to and including each block of ``chunk`` of ``rank``'s order."""
+        sampler = self.rank_orders[rank]
+        start = chunk * sampler.CHUNK
+        return np.cumsum(self.lengths[self.blocks[sampler.order(epoch, start, start + sampler.CHUNK)]])
+
+    def _token_cut(self, sampler: BlockSampler, epoch: int, start: int) -> int | None:
+        """The end of the greedy token batch of ``sampler``'s order that begins at ``start`` (the first block
+        that would overflow the budget), or None when fewer tokens than a batch are left."""
+        chunk, offset = divmod(start, sampler.CHUNK)
+        total = self._chunk_tokens(sampler.rank, epoch, chunk)
+        before = int(total[offset - 1]) if offset else 0
+        end = int(np.searchsorted(total, before + self.tokens_per_batch, side="right"))
+        if end < len(total):  # the batch ends inside the chunk
+            return chunk * sampler.CHUNK + end
+        # It runs to the chunk's end or past it: read from its start on.
+        while True:
+            stop = min(start + self._window, len(sampler))
+            total = np.cumsum(self.lengths[self.blocks[sampler.order(epoch, start, stop)]])  # tokens up to each block
+            end = int(np.searchsorted(total, self.tokens_per_batch, side="right"))
+            if end < len(total):
+                return start + end
+            if stop == len(sampler):  # the epoch's tail: a batch only if it fills the budget exactly
+                return stop if len(total) and total[-1] == self.tokens_per_batch else None
+            self._window *= 2
+
+    def _walk(self, epoch: int, batch: int) -> tuple[int, ...]:
+        """The starts of ``batch`` of ``epoch``, found by cutting every batch before it."""
+        if not self.tokens_per_batch:
+            if batch > len(self.order) // self.batch_size:
+                raise InputError(f"the data position (epoch {epoch}, batch {batch}) is past the end of that epoch")
+            return (batch * self.batch_size,) * len(self.rank_orders)
+        starts = self._epoch_start()
+        for number in range(batch):
+            starts = self._batch_ends(epoch, number, starts)
+            if starts is None:
+                raise InputError(f"the data position (epoch {epoch}, batch {batch}) is past the end of that epoch")
+        return starts
 
     def batches_per_epoch(self, epoch: int = 0) -> int:
-        return len(self.batch_starts(epoch)) - 1
+        """Batches each rank takes in ``epoch`` (with token batches, found by cutting the whole epoch)."""
+        if not self.tokens_per_batch:
+            return len(self.order) // self.batch_size
+        count, starts = 0, self._epoch_start()
+        while (starts := self._cuts(epoch, starts)) is not None:
+            count += 1
+        return count
 
     def following(self, position: dict) -> dict:
         """The position after ``position``."""
-        epoch, batch = position["epoch"], position["batch"] + 1
-        return {"epoch": epoch, "batch": batch} if batch < self.batches_per_epoch(epoch) else {"epoch": epoch + 1, "batch": 0}
+        epoch, batch = position["epoch"], position["batch"]
+        starts = tuple(position["starts"]) if "starts" in position else self._walk(epoch, batch)
+        ends = self._batch_ends(epoch, batch, starts)
+        if ends is None or self._batch_ends(epoch, batch + 1, ends) is None:
+            return self._position(epoch + 1, 0, self._epoch_start())
+        return self._position(epoch, batch + 1, ends)
+
+    def _position(self, epoch: int, batch: int, starts: tuple[int, ...]) -> dict:
+        return {"epoch": epoch, "batch": batch, "starts": list(starts)} if self.tokens_per_batch else {"epoch": epoch, "batch": batch}
 
     def __iter__(self):
         while True:
-            order = self.blocks[self.order.order(self.epoch)]
-            starts = self.batch_starts(self.epoch)
-            while self.batch < len(starts) - 1:
-                key = (self.epoch, self.batch, order[starts[self.batch]:starts[self.batch + 1]])
-                self.batch += 1
-                yield key
-            self.epoch, self.batch = self.epoch + 1, 0
+            ends = self._batch_ends(self.epoch, self.batch, self.starts)
+            if ends is None:
+                self.epoch, self.batch, self.starts = self.epoch + 1, 0, self._epoch_start()
+                continue
+            start, stop = self.starts[self.order.rank], ends[self.order.rank]
+            key = (self.epoch, self.batch, self.blocks[self.order.order(self.epoch, start, stop)])
+            self.batch, self.starts = self.batch + 1, ends
+            yield key
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch": self.batch}
+        return self._position(self.epoch, self.batch, self.starts)
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
+        if "starts" in state and self.tokens_per_batch:
+            self.starts = tuple(int(start) for start in state["starts"])
+        else:
+            self.starts = self._walk(self.epoch, self.batch)
 
 
 class MaskedBatches(torch.utils.data.Dataset):
@@ -185,11 +314,8 @@ class KeyedLoader:
             raise InputError("the checkpoint's data position is a torchdata StatefulDataLoader state, written by an earlier "
                              "spanlm; resume it with that version, or continue from an export of it in a new run")
         self.position = {"epoch": int(state["epoch"]), "batch": int(state["batch"])}
-
-
-def block_lengths(blocks: BlockDataset) -> np.ndarray:
-    """(n_blocks,) tokens of every block, [CLS] and [SEP] included."""
-    return blocks.index[:, 1] - blocks.index[:, 0] + 2
+        if "starts" in state:  # token batches: where the batch begins in each rank's order
+            self.position["starts"] = [int(start) for start in state["starts"]]
 
 
 def build_train_loader(blocks: BlockDataset, train_blocks: np.ndarray, masker, config, seed: int, rank: int, world_size: int,
@@ -197,7 +323,7 @@ def build_train_loader(blocks: BlockDataset, train_blocks: np.ndarray, masker, c
     """The resumable pretraining loader; ``data`` (DataConfig, its ``packing`` resolved) packs rows and sets a token budget."""
     tokens = data.tokens_per_batch if data is not None else 0
     sampler = BatchKeySampler(train_blocks, config.batch_size, seed, rank, world_size,
-                              lengths=block_lengths(blocks), tokens_per_batch=tokens)
+                              lengths=BlockLengths(blocks), tokens_per_batch=tokens)
     dataset = MaskedBatches(blocks, masker, blocks.corpus.special_ids["pad"], seed, rank, pack_width(data))
     return KeyedLoader(dataset, sampler, config.num_workers, seed, pin_memory=uses_cuda(config.device))
 
