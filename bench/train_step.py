@@ -101,9 +101,11 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import step_inputs
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+SCRIPT = "bench/train_step.py"
 WORK = REPO / "runs" / "bench" / "train_step"
 
 HIDDEN, LAYERS, HEADS, INTERMEDIATE, VOCAB, POSITIONS = 256, 4, 4, 1024, 30522, 512
@@ -128,41 +130,18 @@ def parse_args() -> argparse.Namespace:
                         help="directory searched recursively for *.txt (default: ../shared/data/english_text)")
     args = parser.parse_args()
     args.seqs = [int(s) for s in args.seqs.split(",")]
-    args.steps = per_seq(args.steps, args.seqs, "--steps")
-    args.warmup = per_seq(args.warmup, args.seqs, "--warmup")
+    args.steps = step_inputs.per_seq(args.steps, args.seqs, "--steps", SCRIPT)
+    args.warmup = step_inputs.per_seq(args.warmup, args.seqs, "--warmup", SCRIPT)
     return args
-
-
-def per_seq(text: str, seqs: list[int], flag: str) -> list[int]:
-    values = [int(v) for v in text.split(",")]
-    if len(values) == 1:
-        values = values * len(seqs)
-    if len(values) < len(seqs):
-        sys.exit(f"bench/train_step.py: {flag} needs one value or one per --seqs entry")
-    return values[:len(seqs)]
 
 
 # ---------------------------------------------------------------- data (untimed)
 
 
 def book_inputs(data_dir: str) -> list[str]:
-    """Every *.txt under data_dir as a one-record .jsonl (one book = one document), rewritten only on change."""
+    """Every *.txt under data_dir (relative: to the repository) as a one-record .jsonl: one book = one document."""
     root = Path(data_dir)
-    if not root.is_absolute():
-        root = REPO / root
-    files = sorted(p for p in root.rglob("*.txt") if not p.name.upper().startswith("LICENSE"))
-    if not files:
-        sys.exit(f"bench/train_step.py: no .txt files under {root}")
-    out_dir = WORK / "books"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    inputs = []
-    for path in files:
-        record = json.dumps({"text": path.read_text(encoding="utf-8-sig")}, ensure_ascii=False) + "\n"
-        out = out_dir / f"{path.parent.name}-{path.stem}.jsonl"
-        if not out.is_file() or out.read_text(encoding="utf-8") != record:  # keep the mtime: prepare reuses
-            out.write_text(record, encoding="utf-8")
-        inputs.append(str(out))
-    return inputs
+    return step_inputs.book_inputs(root if root.is_absolute() else REPO / root, WORK / "books", SCRIPT)
 
 
 def base_recipe(inputs: list[str]) -> dict:

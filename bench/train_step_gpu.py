@@ -55,9 +55,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+import step_inputs
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+SCRIPT = "bench/train_step_gpu.py"
 IGNORE_INDEX = -100
 
 
@@ -93,7 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.seqs = [int(s) for s in args.seqs.split(",")]
     for name in ("batch", "steps", "warmup"):
-        setattr(args, name, per_seq(getattr(args, name), args.seqs, f"--{name}"))
+        setattr(args, name, step_inputs.per_seq(getattr(args, name), args.seqs, f"--{name}", SCRIPT))
     args.size = TINY if args.tiny else BERT_BASE
     if args.data is None:
         candidates = [REPO / "data" / "corpus"] if args.tiny else [
@@ -102,34 +104,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def per_seq(text: str, seqs: list[int], flag: str) -> list[int]:
-    values = [int(v) for v in text.split(",")]
-    if len(values) == 1:
-        values = values * len(seqs)
-    if len(values) < len(seqs):
-        sys.exit(f"bench/train_step_gpu.py: {flag} needs one value or one per --seqs entry")
-    return values[:len(seqs)]
-
-
 # ---------------------------------------------------------------- data (untimed)
 
 
 def book_inputs(data_dir: str, work: Path) -> list[str]:
     """Every *.txt under ``data_dir`` (Chinese text left out) as a one-record .jsonl: one file = one document."""
-    files = sorted(p for p in Path(data_dir).rglob("*.txt")
-                   if not p.name.upper().startswith("LICENSE") and "hongloumeng" not in p.name)
-    if not files:
-        sys.exit(f"bench/train_step_gpu.py: no .txt files under {data_dir}")
-    out_dir = work / "books"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    inputs = []
-    for path in files:
-        record = json.dumps({"text": path.read_text(encoding="utf-8-sig")}, ensure_ascii=False) + "\n"
-        out = out_dir / f"{path.parent.name}-{path.stem}.jsonl"
-        if not out.is_file() or out.read_text(encoding="utf-8") != record:  # unchanged: prepare reuses its shards
-            out.write_text(record, encoding="utf-8")
-        inputs.append(str(out))
-    return inputs
+    return step_inputs.book_inputs(Path(data_dir), work / "books", SCRIPT, skip=lambda path: "hongloumeng" in path.name)
 
 
 def base_recipe(inputs: list[str], size: Size, work: Path) -> dict:
@@ -150,7 +130,7 @@ def full_blocks(blocks, seq: int, count: int, seed: int) -> np.ndarray:
     lengths = np.diff(blocks.index, axis=1)[:, 0] + 2  # + [CLS] and [SEP]
     full = np.flatnonzero(lengths == seq)
     if len(full) < count:
-        sys.exit(f"bench/train_step_gpu.py: {len(full)} blocks of {seq} tokens, {count} needed (--data, --batch, --batches)")
+        sys.exit(f"{SCRIPT}: {len(full)} blocks of {seq} tokens, {count} needed (--data, --batch, --batches)")
     return np.sort(np.random.default_rng([seed, seq]).choice(full, count, replace=False))
 
 
@@ -340,7 +320,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        sys.exit("bench/train_step_gpu.py: no CUDA device (--device cpu --tiny runs a dry run)")
+        sys.exit(f"{SCRIPT}: no CUDA device (--device cpu --tiny runs a dry run)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     stdout = sys.stdout
