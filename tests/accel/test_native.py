@@ -135,11 +135,25 @@ def test_unbuildable_kernels_mean_no_cpu_backend(monkeypatch):
     assert torch.equal(dropped, torch.nn.functional.dropout(x, 0.3))
 
 
+def _waiting_for_the_lock(directory):
+    """A started thread that takes the build lock of ``directory`` (polling fast), and the event it sets then."""
+    import threading
+
+    acquired = threading.Event()
+
+    def wait_for_lock():
+        with native.build_lock(directory, poll_s=0.05):
+            acquired.set()
+
+    waiter = threading.Thread(target=wait_for_lock)
+    waiter.start()
+    return waiter, acquired
+
+
 def test_a_live_build_s_lock_is_waited_for_saying_whose_and_never_taken(tmp_path, capsys):
     import os
     import subprocess
     import sys
-    import threading
     import time
 
     holder = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; from spanlm.accel import native\n"
@@ -150,14 +164,7 @@ def test_a_live_build_s_lock_is_waited_for_saying_whose_and_never_taken(tmp_path
         lock = tmp_path / native.LOCK_NAME
         old = time.time() - 3600  # an hour-long build on a loaded machine is still a live one
         os.utime(lock, (old, old))
-        acquired = threading.Event()
-
-        def wait_for_lock():
-            with native.build_lock(tmp_path, poll_s=0.05):
-                acquired.set()
-
-        waiter = threading.Thread(target=wait_for_lock)
-        waiter.start()
+        waiter, acquired = _waiting_for_the_lock(tmp_path)
         time.sleep(1.0)
         assert not acquired.is_set() and lock.exists()
         holder.stdin.close()  # the build ends; its lock is released
@@ -191,18 +198,9 @@ def test_the_lock_of_a_build_killed_outright_is_taken_over(tmp_path, capsys):
 
 
 def test_a_lock_of_another_host_is_waited_for_naming_the_host(tmp_path, capsys):
-    import threading
-
     lock = tmp_path / native.LOCK_NAME
     lock.write_text("4242 another-host boot\n")
-    acquired = threading.Event()
-
-    def wait_for_lock():
-        with native.build_lock(tmp_path, poll_s=0.05):
-            acquired.set()
-
-    waiter = threading.Thread(target=wait_for_lock)
-    waiter.start()
+    waiter, acquired = _waiting_for_the_lock(tmp_path)
     try:
         import time
 

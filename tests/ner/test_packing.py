@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 
+from helpers import tiny_charbert_export
 from spanlm.config import load_recipe
 from spanlm.models.encoder import EncoderConfig, load_encoder
 from spanlm.ner.config import NerConfig, NerRecipe
@@ -28,20 +29,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: see hel
 @pytest.fixture(scope="module")
 def charbert_dir(embedded_prepared, tmp_path_factory):
     """A tiny CharBERT export (its fine-tuning encoder reads both channels)."""
-    from spanlm.data.chars import build_char_vocab
-    from spanlm.data.shards import PreparedCorpus
-    from spanlm.models import BackboneConfig, build_backbone
-    from spanlm.models.charbert import CharBertEncoder, CharChannelConfig, DualChannel
-
-    corpus = PreparedCorpus(embedded_prepared)
-    char_vocab = build_char_vocab(corpus, 100)
-    torch.manual_seed(0)
-    backbone = build_backbone(BackboneConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-                                             max_position_embeddings=64), corpus)
-    dual = DualChannel(backbone, CharChannelConfig(char_vocab_size=char_vocab.size, hidden_size=32, char_embedding_size=16, num_layers=2))
-    out = tmp_path_factory.mktemp("charbert")
-    CharBertEncoder(dual, corpus.tokenizer, char_vocab).save(out)
-    return out
+    return tiny_charbert_export(embedded_prepared, tmp_path_factory.mktemp("charbert"))
 
 
 def wnut_documents() -> tuple[list[NerDocument], list[str]]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import math
 
-import torch
 
+from helpers import tiny_charbert_export
 from spanlm.config import from_dict
 from spanlm.qa.config import QARecipe
 from spanlm.qa.predict import QAModel
@@ -14,18 +14,7 @@ from spanlm.qa.task import train_qa
 
 
 def test_charbert_encoder_trains_exports_and_predicts(embedded_prepared, qa_fixtures, tmp_path):
-    from spanlm.data.chars import build_char_vocab
-    from spanlm.data.shards import PreparedCorpus
-    from spanlm.models import BackboneConfig, build_backbone
-    from spanlm.models.charbert import CharBertEncoder, CharChannelConfig, DualChannel
-
-    corpus = PreparedCorpus(embedded_prepared)
-    char_vocab = build_char_vocab(corpus, 100)
-    torch.manual_seed(0)
-    backbone = build_backbone(BackboneConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-                                             max_position_embeddings=64), corpus)
-    dual = DualChannel(backbone, CharChannelConfig(char_vocab_size=char_vocab.size, hidden_size=32, char_embedding_size=16, num_layers=2))
-    CharBertEncoder(dual, corpus.tokenizer, char_vocab).save(tmp_path / "charbert")
+    tiny_charbert_export(embedded_prepared, tmp_path / "charbert")
 
     data = str(qa_fixtures / "squad_v2_sample.json")
     recipe = from_dict(QARecipe, {
