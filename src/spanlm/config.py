@@ -69,7 +69,7 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
                 errors.append(str(error))
         raise ConfigError(errors[0] if len(errors) == 1 else f"config key '{key}': {value!r} matches none of {tp}")
     if origin is Literal:
-        if isinstance(value, bool) and ("off" if value is False else "on") in args:
+        if isinstance(value, bool) and ("on" if value else "off") in args:
             value = "on" if value else "off"  # YAML 1.1 reads a bare `off` / `on` as a boolean
         if value not in args:
             raise ConfigError(f"config key '{key}' must be one of {_type_name(tp)}, got {value!r}")
