@@ -31,7 +31,7 @@ def write_lines_or_stdout(lines: list[str], output: str | None, what: str) -> No
     if output:
         from pathlib import Path
 
-        from spanlm.data.shards import write_text_atomically
+        from spanlm.files import write_text_atomically
 
         write_text_atomically(Path(output), "".join(lines))  # whole, or the previous file as it was
         log(f"wrote {len(lines)} {what} to {output}")

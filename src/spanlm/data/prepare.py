@@ -22,8 +22,8 @@ import numpy as np
 
 from spanlm.data.corpus import CorpusReader, Input, resolve_inputs
 from spanlm.data.hf_datasets import DatasetSplit, file_sha256
-from spanlm.data.shards import (FORMAT_VERSION, NpyAppender, block_index_file, ids_dtype, out_of_space, read_meta, replace_directory,
-                                shard_directory)
+from spanlm.data.shards import FORMAT_VERSION, NpyAppender, block_index_file, ids_dtype, read_meta, shard_directory
+from spanlm.files import out_of_space, replace_directory
 from spanlm.data.similar_words import build_similar_words
 from spanlm.data.tokenizer import load_tokenizer, save_tokenizer, tokenizer_fingerprint, train_tokenizer
 from spanlm.data.words import encode_sentences

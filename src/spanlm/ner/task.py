@@ -143,7 +143,8 @@ def export_model(run_dir: Path, recipe: NerRecipe) -> Path:
     from spanlm.config import save_config
     from spanlm.models.encoder import load_encoder
     from spanlm.train.checkpoint import latest_checkpoint
-    from spanlm.train.export import load_objective_weights, write_directory
+    from spanlm.train.export import load_objective_weights
+    from spanlm.files import write_directory
 
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:

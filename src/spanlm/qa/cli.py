@@ -37,7 +37,7 @@ def _eval(args: argparse.Namespace) -> int:
     metrics, predictions = model.evaluate(examples, args.batch_size)
     if args.predictions:  # the official scripts' input: {question id: answer}
         answers = {p.id: final_answer(p, model.recipe.qa.no_answer, model.threshold) for p in predictions}
-        from spanlm.data.shards import write_text_atomically
+        from spanlm.files import write_text_atomically
 
         write_text_atomically(Path(args.predictions), json.dumps(answers, ensure_ascii=False, indent=1))
     print(json.dumps({"data": args.data, "metric": model.recipe.qa.metric, **metrics, "read": report.summary()}, ensure_ascii=False))

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spanlm.data.shards import fsync_directory, fsync_tree, out_of_space, replace_directory
+from spanlm.files import fsync_directory, fsync_tree, out_of_space, replace_directory
 from spanlm.errors import InputError
 from spanlm.processes import process_alive
 

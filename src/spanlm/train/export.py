@@ -7,12 +7,10 @@ continue, and the recipe (config.yaml).
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 from spanlm.errors import InputError
+from spanlm.files import write_directory
 from spanlm.train.checkpoint import MARKER, check_same_tokenizer, complete_checkpoints, load_file, load_weights, missing_parts, step_of
 from spanlm.train.kept_tokenizer import KeptTokenizer, checkpoint_tokenizer_dir
 
@@ -33,27 +31,6 @@ def check_replaceable(out: Path) -> None:
     if out.is_dir() and any(out.iterdir()) and not any((out / name).is_file() for name in ("config.json", "config.yaml")):
         raise InputError(f"{out}: a directory that is not an earlier export (no config.json or config.yaml) would be "
                          "replaced with everything in it; choose a new --out")
-
-
-def write_directory(out: Path, fill: Callable[[Path], None]) -> Path:
-    """Write ``out`` through ``fill(tmp)`` into a temporary sibling, fsync it and swap it into place.
-
-    A crash or error midway leaves the previous ``out`` (if any) as it was and no partial directory; a
-    full disk is a one-line InputError saying so.
-    """
-    from spanlm.data.shards import full_disk_is_an_input_error, replace_directory
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    kept = f"the previous {out} is intact" if out.exists() else "nothing was written"
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        with full_disk_is_an_input_error(out, kept):
-            fill(tmp)
-            replace_directory(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
 
 
 def _corpus_of(checkpoint: Path, prepared: Path, fingerprint: str | None):

@@ -50,7 +50,7 @@ def keep_tokenizer(corpus: PreparedCorpus, run_dir: Path) -> Path:
     weights are trained on, even if the prepared directory is replaced meanwhile. Written once per run.
     """
     from spanlm.data.tokenizer import save_tokenizer
-    from spanlm.train.export import write_directory
+    from spanlm.files import write_directory
 
     fingerprint = corpus.meta["tokenizer_fingerprint"]
     target = kept_tokenizer_dir(run_dir, fingerprint)

@@ -1,11 +1,11 @@
-"""Directory replacement of spanlm.data.shards: atomic, and with the modes a plain mkdir would give."""
+"""Directory replacement of spanlm.files: atomic, and with the modes a plain mkdir would give."""
 
 import os
 import stat
 import tempfile
 from pathlib import Path
 
-from spanlm.data.shards import replace_directory
+from spanlm.files import replace_directory
 
 
 def test_replaced_directories_get_the_usual_modes_and_keep_a_shared_group(tmp_path):
