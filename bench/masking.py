@@ -51,7 +51,8 @@ BATCH, WIDTH = 32, 512
 
 def prepare_corpus(data: Path, out: Path) -> Path:
     """One JSONL record per book (long documents → full blocks), prepared with a 30,522 WordPiece."""
-    from spanlm.config import Recipe, from_dict
+    from spanlm.config import from_dict
+    from spanlm.pretrain.recipe import Recipe
     from spanlm.data.prepare import prepare
 
     files = sorted(p for p in data.rglob("*.txt") if "LICENSE" not in p.name)

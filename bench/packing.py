@@ -73,7 +73,8 @@ def model_sizes(small: bool) -> dict:
 
 
 def prepare_corpus(directory: Path, small: bool):
-    from spanlm.config import Recipe, from_dict
+    from spanlm.config import from_dict
+    from spanlm.pretrain.recipe import Recipe
     from spanlm.data.prepare import prepare
     from spanlm.data.shards import PreparedCorpus
 
@@ -126,7 +127,8 @@ def compare(times: dict[str, list[float]], work: float) -> dict:
 
 
 def pretraining(corpus, seq: int, args) -> dict:
-    from spanlm.config import Recipe, from_dict
+    from spanlm.config import from_dict
+    from spanlm.pretrain.recipe import Recipe
     from spanlm.data.blocks import BlockDataset
     from spanlm.objectives import build_objective
     from spanlm.train.data import BatchKeySampler, MaskedBatches
@@ -154,7 +156,7 @@ def pretraining(corpus, seq: int, args) -> dict:
 
 
 def ner(corpus, directory: Path, args) -> dict:
-    from spanlm.config import load_recipe
+    from spanlm.config import load_config
     from spanlm.models import BackboneConfig, build_backbone
     from spanlm.models.encoder import EncoderConfig, load_encoder
     from spanlm.ner.config import NerConfig, NerRecipe
@@ -169,7 +171,7 @@ def ner(corpus, directory: Path, args) -> dict:
     backbone.save_pretrained(str(directory / "encoder"))
     corpus.tokenizer.save_pretrained(str(directory / "encoder"))
     train = REPO / "data" / "ner" / "wnut17" / "train.conll"
-    recipe = load_recipe(None, [f"data.train={train}", "data.format=conll"], cls=NerRecipe)
+    recipe = load_config(None, [f"data.train={train}", "data.format=conll"], cls=NerRecipe)
     documents, _ = read_documents(train, recipe.data)
     labels = sorted({e.label for d in documents for e in d.entities})
     windows, _ = make_windows(corpus.tokenizer, documents, labels, max_len, 32)

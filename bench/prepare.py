@@ -91,7 +91,7 @@ def corpus_files(data_dir: str) -> list[str]:
 
 def spanlm_recipe(files: list[str], prepared_dir: Path, tokenizer_path: Path | None, num_proc: int):
     """english.yaml with the corpus, output directory, tokenizer and num_proc overridden (as on the CLI)."""
-    from spanlm.config import load_recipe
+    from spanlm.pretrain.recipe import load_recipe
 
     overrides = [
         f"data.inputs={json.dumps(files)}",  # JSON is YAML: quotes every path

@@ -203,7 +203,8 @@ def measured(function, watch: Path | None = None) -> dict:
 
 
 def spanlm_recipe(files, prepared: Path, tokenizer: str | None, num_proc: int, words: str, max_len: int, vocab_size: int = 8000):
-    from spanlm.config import Recipe, from_dict
+    from spanlm.config import from_dict
+    from spanlm.pretrain.recipe import Recipe
 
     return from_dict(Recipe, {
         "data": {"inputs": files, "prepared_dir": str(prepared), "num_proc": num_proc, "words": words, "max_len": max_len},

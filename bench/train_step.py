@@ -276,7 +276,8 @@ def matmul_peak(size: int, dtype: torch.dtype, reps: int = 10) -> float:
 def run_length(args, seq: int, steps: int, warmup: int, recipe_dict: dict, corpus, sample_peak) -> dict:
     from transformers import DataCollatorForLanguageModeling
 
-    from spanlm.config import Recipe, from_dict
+    from spanlm.config import from_dict
+    from spanlm.pretrain.recipe import Recipe
     from spanlm.data.blocks import BlockDataset, collate_blocks
     from spanlm.masking.base import make_rng
     from spanlm.train.optim import clip_gradients
@@ -387,7 +388,8 @@ def main() -> None:
     with contextlib.redirect_stdout(sys.stderr):
         import transformers
 
-        from spanlm.config import Recipe, from_dict
+        from spanlm.config import from_dict
+        from spanlm.pretrain.recipe import Recipe
         from spanlm.data.prepare import prepare
         from spanlm.data.shards import PreparedCorpus
         recipe_dict = base_recipe(book_inputs(args.data))

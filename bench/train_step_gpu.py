@@ -229,7 +229,8 @@ def matmul_peak(size: int, device: torch.device, reps: int = 10) -> float:
 def run_length(args, seq: int, batch: int, steps: int, warmup: int, recipe_dict: dict, corpus, device) -> dict:
     from transformers import DataCollatorForLanguageModeling
 
-    from spanlm.config import Recipe, from_dict
+    from spanlm.config import from_dict
+    from spanlm.pretrain.recipe import Recipe
     from spanlm.data.blocks import BlockDataset, collate_blocks
     from spanlm.masking.base import make_rng
     from spanlm.train.optim import clip_gradients
@@ -327,7 +328,8 @@ def main(argv: list[str] | None = None) -> None:
     with contextlib.redirect_stdout(sys.stderr):
         import transformers
 
-        from spanlm.config import Recipe, from_dict
+        from spanlm.config import from_dict
+        from spanlm.pretrain.recipe import Recipe
         from spanlm.data.prepare import prepare
         from spanlm.data.shards import PreparedCorpus
 

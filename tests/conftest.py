@@ -8,7 +8,8 @@ import pytest
 
 import helpers
 from helpers import EMBEDDED_CORPUS
-from spanlm.config import Recipe, from_dict
+from spanlm.config import from_dict
+from spanlm.pretrain.recipe import Recipe
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from spanlm.config import Recipe, from_dict
+from spanlm.config import from_dict
+from spanlm.pretrain.recipe import Recipe
 
 REPO = Path(__file__).resolve().parents[1]
 EMBEDDED_CORPUS = REPO / "data" / "corpus"

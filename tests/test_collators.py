@@ -121,7 +121,8 @@ def test_clear_errors_for_what_a_scheme_needs(tokenizer, features):
 
 def test_macbert_collator_uses_a_prepared_similar_word_table(embedded_prepared, tmp_path):
     """scheme ngram with similar words from a `spanlm prepare` directory made with data.similar_words."""
-    from spanlm.config import Recipe, from_dict
+    from spanlm.config import from_dict
+    from spanlm.pretrain.recipe import Recipe
     from spanlm.data.prepare import prepare
     from spanlm.data.shards import PreparedCorpus
 

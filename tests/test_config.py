@@ -3,7 +3,8 @@ from typing import Literal
 
 import pytest
 
-from spanlm.config import Recipe, apply_overrides, from_dict, load_recipe, save_config
+from spanlm.config import apply_overrides, from_dict, save_config
+from spanlm.pretrain.recipe import Recipe, load_recipe
 from spanlm.errors import ConfigError
 
 
@@ -93,9 +94,10 @@ def test_bad_recipe_files(tmp_path):
 
 
 def test_float_in_exponent_notation_without_a_dot():
-    from spanlm.config import Recipe, load_recipe
+    from spanlm.config import load_config
+    from spanlm.pretrain.recipe import Recipe
 
-    recipe = load_recipe(None, ["train.lr=1e-4", "train.eps=2E-8"], cls=Recipe)
+    recipe = load_config(None, ["train.lr=1e-4", "train.eps=2E-8"], cls=Recipe)
     assert recipe.train.lr == 1e-4 and recipe.train.eps == 2e-8
     with pytest.raises(ConfigError, match="train.lr"):
-        load_recipe(None, ["train.lr=fast"], cls=Recipe)
+        load_config(None, ["train.lr=fast"], cls=Recipe)

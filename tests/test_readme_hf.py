@@ -67,7 +67,7 @@ def test_continued_pretraining_from_a_stock_checkpoint(workdir, monkeypatch, cap
 
 
 def test_maskers_in_the_trainer(workdir, monkeypatch):
-    from spanlm.config import load_recipe
+    from spanlm.pretrain.recipe import load_recipe
     from spanlm.data.shards import PreparedCorpus
     from spanlm.objectives import build_objective
 

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from helpers import EMBEDDED_CORPUS
-from spanlm.config import Recipe, from_dict
+from spanlm.config import from_dict
+from spanlm.pretrain.recipe import Recipe
 from spanlm.objectives import register
 from spanlm.train.metrics import read_metrics
 from spanlm.objectives.base import Objective

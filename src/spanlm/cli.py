@@ -11,7 +11,7 @@ from spanlm.cli_support import add_training_command, log
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from spanlm.config import load_recipe
+    from spanlm.pretrain.recipe import load_recipe
     from spanlm.data.prepare import prepare
     from spanlm.data.shards import read_meta
 
@@ -38,9 +38,9 @@ def _shard(text: str | None) -> tuple[int, int] | None:
 
 
 def _pretrain(args: argparse.Namespace) -> int:
-    from spanlm.config import load_recipe
+    from spanlm.pretrain.recipe import load_recipe
     from spanlm.train.dist import is_main_process
-    from spanlm.train.loop import pretrain
+    from spanlm.pretrain.run import pretrain
 
     recipe = load_recipe(args.recipe, args.overrides)
     run_dir = pretrain(recipe, resume=args.resume, log=log, weights_from=args.weights_from)
@@ -50,7 +50,7 @@ def _pretrain(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from spanlm.train.export import export_checkpoint
+    from spanlm.pretrain.export import export_checkpoint
 
     print(json.dumps({"exported": str(export_checkpoint(args.checkpoint, args.out))}))
     return 0
@@ -71,7 +71,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _preview(args: argparse.Namespace) -> int:
-    from spanlm.config import load_recipe
+    from spanlm.pretrain.recipe import load_recipe
     from spanlm.masking.preview import preview
 
     recipe = load_recipe(args.recipe, args.overrides)

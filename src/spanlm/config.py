@@ -1,8 +1,10 @@
-"""Typed configuration: one small dataclass per component, YAML recipes and dotted overrides.
+"""Typed configuration: YAML recipes and dotted overrides read into dataclasses.
 
-A recipe is a YAML file whose top-level keys are the sections of :class:`Recipe`. Values are checked
-against the dataclass field types; unknown keys and wrong types are rejected with the full key path
-and the allowed keys, so a typo never silently falls back to a default.
+A recipe is a YAML file whose top-level keys are the sections of a recipe dataclass (pretraining:
+:class:`spanlm.pretrain.recipe.Recipe`; fine-tuning: ``NerRecipe``, ``QARecipe``), each section one small
+dataclass owned by its component. Values are checked against the dataclass field types; unknown keys and
+wrong types are rejected with the full key path and the allowed keys, so a typo never silently falls back
+to a default. This module knows no component: every layer may import it.
 """
 
 from __future__ import annotations
@@ -15,33 +17,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from spanlm.data.corpus import TOKENIZER_KEY, DataConfig
-from spanlm.data.tokenizer import TokenizerConfig, settings_key
 from spanlm.errors import ConfigError
-from spanlm.masking.base import MaskingConfig
-from spanlm.models.backbone import BackboneConfig
-from spanlm.objectives.config import ObjectiveConfig
-from spanlm.train.config import LoggingConfig, TrainConfig
-
-
-@dataclasses.dataclass
-class Recipe:
-    """Everything one spanlm run needs; every section has defaults so a recipe only states differences."""
-
-    seed: int = 0
-    data: DataConfig = dataclasses.field(default_factory=DataConfig)
-    tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
-    model: BackboneConfig = dataclasses.field(default_factory=BackboneConfig)
-    masking: MaskingConfig = dataclasses.field(default_factory=MaskingConfig)
-    objective: ObjectiveConfig = dataclasses.field(default_factory=ObjectiveConfig)
-    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
-    logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
-
-    def __post_init__(self) -> None:
-        # "{tokenizer}" in data.prepared_dir names the tokenizer the directory holds, so recipes with
-        # other tokenizers never prepare the same directory (each would replace the other's ids).
-        if TOKENIZER_KEY in self.data.prepared_dir:
-            self.data.prepared_dir = self.data.prepared_dir.replace(TOKENIZER_KEY, settings_key(self.tokenizer))
 
 
 def _type_name(tp: Any) -> str:
@@ -167,8 +143,9 @@ def read_yaml(path: str | Path) -> dict:
     return data
 
 
-def load_recipe(path: str | Path | None, overrides: list[str] = (), cls: type = Recipe) -> Any:
-    """Read a YAML recipe (or start from defaults when ``path`` is None) and apply dotted overrides."""
+def load_config(path: str | Path | None, overrides: list[str] = (), *, cls: type) -> Any:
+    """Read a YAML recipe into dataclass ``cls`` (or start from its defaults when ``path`` is None) and
+    apply dotted overrides."""
     data = read_yaml(path) if path is not None else {}
     return from_dict(cls, apply_overrides(data, list(overrides)))
 

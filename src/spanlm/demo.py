@@ -98,18 +98,19 @@ def run_demo(out: str | Path = "runs/demo", quick: bool = False, seeds: tuple[in
 
 # -- one seed -----------------------------------------------------------------------------------------
 def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
-    from spanlm.config import load_recipe
+    from spanlm.config import load_config
+    from spanlm.pretrain.recipe import load_recipe
     from spanlm.ner.config import NerRecipe
     from spanlm.ner.task import train_ner
-    from spanlm.train.export import export_checkpoint
-    from spanlm.train.loop import pretrain
+    from spanlm.pretrain.export import export_checkpoint
+    from spanlm.pretrain.run import pretrain
     from spanlm.train.report import write_report
 
     started = time.monotonic()
     root = shipped_root()  # the recipes and data installed with this spanlm, whatever the working directory
     out.mkdir(parents=True, exist_ok=True)
     data = root / NER_DATA
-    base = load_recipe(root / NER_RECIPE, [f"data.train={data / 'train.conll'}", f"data.dev={data / 'dev.conll'}"], cls=NerRecipe)
+    base = load_config(root / NER_RECIPE, [f"data.train={data / 'train.conll'}", f"data.dev={data / 'dev.conll'}"], cls=NerRecipe)
     task_text = _unlabelled_text(base.data, out / "task_text" / "train_sentences.txt")
     stages, wall = {}, {}
 
@@ -138,7 +139,7 @@ def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
         ner_dir = out / f"ner-{init}"
         if ner_dir.exists():  # the encoder above may have changed: fine-tune afresh
             shutil.rmtree(ner_dir)
-        ner_recipes[init] = load_recipe(root / NER_RECIPE, [
+        ner_recipes[init] = load_config(root / NER_RECIPE, [
             f"seed={seed}", f"model.path={encoder_dir}", f"model.init={init}", f"data.train={base.data.train}",
             f"data.dev={base.data.dev}", f"data.eval_docs={plan.eval_docs}", f"train.output_dir={ner_dir}",
             f"train.max_steps={plan.ner_steps}", f"train.eval_every={plan.ner_eval_every}", "train.eval_at_start=true",

@@ -7,7 +7,8 @@ import pytest
 
 from helpers import EMBEDDED_CORPUS
 from spanlm.cli import main
-from spanlm.config import Recipe, from_dict
+from spanlm.config import from_dict
+from spanlm.pretrain.recipe import Recipe
 from spanlm.data.blocks import BlockDataset
 from spanlm.data.prepare import prepare
 from spanlm.data.shards import PreparedCorpus, ShardedCorpus, resolve_shards, shard_directory
@@ -87,7 +88,7 @@ def test_the_readme_job_array_commands(tmp_path, monkeypatch):
     import shlex
 
     from helpers import REPO, readme_section
-    from spanlm.config import load_recipe
+    from spanlm.pretrain.recipe import load_recipe
 
     lines = "\n".join(readme_section("Corpora in shards (a job array)", "bash")).replace("\\\n", " ").splitlines()
     commands = [shlex.split(line) for line in lines if line.startswith("spanlm ")]

@@ -19,10 +19,11 @@ import torch
 from safetensors.torch import load_file
 
 from helpers import EMBEDDED_CORPUS, REPO, write_wnut_recipe
-from spanlm.config import load_recipe
+from spanlm.config import load_config
+from spanlm.pretrain.recipe import load_recipe
 from spanlm.train import checkpoint as ckpt
-from spanlm.train.export import export_checkpoint
-from spanlm.train.loop import pretrain
+from spanlm.pretrain.export import export_checkpoint
+from spanlm.pretrain.run import pretrain
 from spanlm.train.metrics import read_metrics
 
 DEVICE = os.environ.get("SPANLM_GPU_TESTS_DEVICE", "cuda")
@@ -86,7 +87,7 @@ def test_ner_one_step(tiny_encoder_dir, tmp_path):
     from spanlm.ner.task import train_ner
 
     path = write_wnut_recipe(tiny_encoder_dir, tmp_path / "run", steps=1)
-    run, _ = train_ner(load_recipe(path, [f"train.device={DEVICE}", "train.precision=bf16", "train.eval_every=0"], cls=NerRecipe), **QUIET)
+    run, _ = train_ner(load_config(path, [f"train.device={DEVICE}", "train.precision=bf16", "train.eval_every=0"], cls=NerRecipe), **QUIET)
     assert [r["step"] for r in read_metrics(run) if r["kind"] == "train"] == [1]
     assert all(math.isfinite(r["loss"]) for r in read_metrics(run) if r["kind"] == "train")
 

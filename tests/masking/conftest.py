@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from helpers import EMBEDDED_CORPUS
-from spanlm.config import Recipe, from_dict
+from spanlm.config import from_dict
+from spanlm.pretrain.recipe import Recipe
 from spanlm.data.blocks import BlockBatch, BlockDataset, collate_blocks
 from spanlm.masking.base import Vocabulary
 

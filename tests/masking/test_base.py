@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from spanlm.config import Recipe, from_dict, load_recipe
+from spanlm.config import from_dict
+from spanlm.pretrain.recipe import Recipe, load_recipe
 from spanlm.errors import ConfigError, InputError
 from spanlm.masking.base import KEPT, MASK, RANDOM, SIMILAR, MaskedBatch, MaskingConfig, Proportions, build_masker, make_rng
 from spanlm.masking.ops import TokenSampler, Words, ceil_budget, ragged_arange, round_budget

@@ -9,7 +9,7 @@ import yaml
 
 from helpers import REPO
 from spanlm.cli import main
-from spanlm.config import load_recipe
+from spanlm.pretrain.recipe import load_recipe
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from helpers import EMBEDDED_CORPUS
-from spanlm.config import Recipe, from_dict
+from spanlm.config import from_dict
+from spanlm.pretrain.recipe import Recipe
 from spanlm.data.prepare import input_fingerprint, prepare
 from spanlm.data.shards import PreparedCorpus
 from spanlm.data.similar_words import SimilarWords, build_similar_words, count_word_types, word_hash

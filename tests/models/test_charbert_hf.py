@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from helpers import EMBEDDED_CORPUS, REPO, readme_section
-from spanlm.config import load_recipe
+from spanlm.pretrain.recipe import load_recipe
 from spanlm.data.chars import build_char_vocab
 from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import InputError
@@ -95,8 +95,8 @@ def transformers_warnings():
 @pytest.fixture(scope="module")
 def workdir(embedded_prepared, tmp_path_factory) -> Path:
     """A directory outside the checkout with a tiny pretrained CharBERT exported to runs/export/charbert."""
-    from spanlm.train.export import export_checkpoint
-    from spanlm.train.loop import pretrain
+    from spanlm.pretrain.export import export_checkpoint
+    from spanlm.pretrain.run import pretrain
 
     root = tmp_path_factory.mktemp("charbert_hf")
     recipe = load_recipe(REPO / "configs" / "pretrain" / "charbert.yaml", [

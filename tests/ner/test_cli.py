@@ -90,9 +90,9 @@ def test_user_errors_are_one_line(tiny_encoder_dir, capsys, tmp_path):
 
 @pytest.mark.parametrize("name", ["cluener", "conll03", "genia_nested"])
 def test_recipes_load(name):
-    from spanlm.config import load_recipe
+    from spanlm.config import load_config
     from spanlm.ner.config import NerRecipe
 
-    recipe = load_recipe(Path(__file__).resolve().parents[2] / "configs" / "ner" / f"{name}.yaml", cls=NerRecipe)
+    recipe = load_config(Path(__file__).resolve().parents[2] / "configs" / "ner" / f"{name}.yaml", cls=NerRecipe)
     assert recipe.data.train and recipe.data.dev and recipe.model.path
     assert recipe.data.stride < recipe.data.max_len - 2 and recipe.ner.head.head_size == 64

@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from helpers import tiny_charbert_export
-from spanlm.config import load_recipe
+from spanlm.config import load_config
 from spanlm.models.encoder import EncoderConfig, load_encoder
 from spanlm.ner.config import NerConfig, NerRecipe
 from spanlm.ner.data import NerDocument, read_documents
@@ -33,7 +33,7 @@ def charbert_dir(embedded_prepared, tmp_path_factory):
 
 
 def wnut_documents() -> tuple[list[NerDocument], list[str]]:
-    recipe = load_recipe(None, [f"data.train={FIXTURES / 'wnut_train_mini.conll'}", "data.format=conll"], cls=NerRecipe)
+    recipe = load_config(None, [f"data.train={FIXTURES / 'wnut_train_mini.conll'}", "data.format=conll"], cls=NerRecipe)
     documents = read_documents(FIXTURES / "wnut_train_mini.conll", recipe.data)[0][:24]
     return documents, sorted({e.label for d in documents for e in d.entities})
 
@@ -84,7 +84,7 @@ def test_packed_windows_train_and_predict_as_padded_ones(tiny_encoder_dir, charb
 
 def test_a_packed_run_with_a_token_budget_trains_and_records_its_choice(tiny_encoder_dir, tmp_path):
     train = FIXTURES / "wnut_train_mini.conll"
-    recipe = load_recipe(None, [f"model.path={tiny_encoder_dir}", f"data.train={train}", f"data.dev={FIXTURES / 'wnut_dev_mini.conll'}",
+    recipe = load_config(None, [f"model.path={tiny_encoder_dir}", f"data.train={train}", f"data.dev={FIXTURES / 'wnut_dev_mini.conll'}",
                                 "data.format=conll", f"data.max_len={MAX_LEN}", "data.stride=8", f"data.tokens_per_batch={4 * MAX_LEN}",
                                 f"train.output_dir={tmp_path / 'run'}", "train.max_steps=3", "train.eval_every=0",
                                 "train.num_workers=0", "train.device=cpu", "logging.report_to=[]", "logging.progress=false"],

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from spanlm.config import load_recipe
+from spanlm.config import load_config
 from spanlm.errors import ConfigError, InputError
 from spanlm.ner.config import NerRecipe
 from spanlm.ner.predict import NerModel
@@ -41,7 +41,7 @@ def sentences_file(tmp_path_factory):
 
 
 def recipe(encoder_dir, data, out, *overrides):
-    return load_recipe(None, [f"model.path={encoder_dir}", f"data.train={data}", f"data.dev={data}", "data.format=jsonl",
+    return load_config(None, [f"model.path={encoder_dir}", f"data.train={data}", f"data.dev={data}", "data.format=jsonl",
                               "data.max_len=16", "data.stride=4", f"train.output_dir={out}", "train.batch_size=4", "train.lr=0.003",
                               "train.warmup_steps=0", "train.eval_every=0", "train.num_workers=0", "train.device=cpu",
                               "logging.report_to=[]", "logging.progress=false", "ner.head.head_size=16", *overrides], cls=NerRecipe)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from helpers import EMBEDDED_CORPUS, REPO, one_torch_thread
-from spanlm.config import Recipe, from_dict, load_recipe
+from spanlm.config import from_dict
+from spanlm.pretrain.recipe import Recipe, load_recipe
 from spanlm.data.blocks import BlockDataset, collate_blocks
 from spanlm.data.chars import PAD_CHAR, token_surfaces
 from spanlm.data.shards import PreparedCorpus
@@ -166,9 +167,10 @@ def test_pretrain_export_and_load_as_a_fine_tuning_encoder(corpus, tmp_path):
     from spanlm.models.charbert import CharBertEncoder
     from spanlm.models.modeling_charbert import char_inputs_to_torch
     from spanlm.models.encoder import EncoderConfig, load_encoder
-    from spanlm.train.export import export_checkpoint, load_objective_weights
+    from spanlm.train.checkpoint import load_objective_weights
+    from spanlm.pretrain.export import export_checkpoint
     from spanlm.train.checkpoint import latest_checkpoint
-    from spanlm.train.loop import pretrain
+    from spanlm.pretrain.run import pretrain
 
     recipe = load_recipe(REPO / "configs" / "pretrain" / "charbert.yaml", [
         f"data.inputs={INPUTS}", f"data.prepared_dir={corpus.directory}", "data.max_len=24", "tokenizer.vocab_size=2000",

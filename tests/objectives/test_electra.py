@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from helpers import EMBEDDED_CORPUS, REPO
-from spanlm.config import load_recipe
+from spanlm.pretrain.recipe import load_recipe
 from spanlm.data.blocks import BlockDataset, collate_blocks
 from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import ConfigError, InputError
@@ -205,8 +205,9 @@ def test_pretrain_export_and_autoload(corpus, tmp_path, name):
     from transformers import AutoModel, AutoTokenizer
 
     from spanlm.train.checkpoint import latest_checkpoint
-    from spanlm.train.export import export_checkpoint, load_objective_weights
-    from spanlm.train.loop import pretrain
+    from spanlm.train.checkpoint import load_objective_weights
+    from spanlm.pretrain.export import export_checkpoint
+    from spanlm.pretrain.run import pretrain
     from spanlm.train.metrics import read_metrics
 
     run = pretrain(recipe(name, corpus.directory, tmp_path / "run", "model.hidden_dropout=0.1"), log=lambda *_: None)
@@ -258,7 +259,7 @@ def test_resume_is_bit_exact(corpus, tmp_path):
     from safetensors.torch import load_file
 
     from spanlm.train import checkpoint as ckpt
-    from spanlm.train.loop import pretrain
+    from spanlm.pretrain.run import pretrain
     from toy_objective import losses
 
     def run(name, **kwargs):

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from helpers import EMBEDDED_CORPUS
-from spanlm.config import Recipe, from_dict
+from spanlm.config import from_dict
+from spanlm.pretrain.recipe import Recipe
 from spanlm.data.blocks import BlockDataset, collate_blocks
 from spanlm.data.prepare import prepare
 from spanlm.data.shards import PreparedCorpus
@@ -118,7 +119,7 @@ def test_export_loads_in_transformers_with_the_same_hidden_states(prepared, tmp_
 
     from spanlm.cli import main
     from spanlm.config import save_config
-    from spanlm.train.export import load_objective_weights
+    from spanlm.train.checkpoint import load_objective_weights
     from spanlm.train.checkpoint import latest_checkpoint
 
     recipe = tiny_recipe(prepared, "spanbert", tmp_path / "run")

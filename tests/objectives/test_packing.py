@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers import EMBEDDED_CORPUS, REPO
-from spanlm.config import load_recipe
+from spanlm.pretrain.recipe import load_recipe
 from spanlm.data.blocks import BlockDataset, collate_blocks
 from spanlm.data.packing import pack_lengths, pack_masked
 from spanlm.data.shards import PreparedCorpus

@@ -91,8 +91,8 @@ def test_user_errors_are_one_line(tmp_path, capsys, qa_fixtures):
 def test_shipped_recipes_load(name, metric, no_answer):
     from pathlib import Path
 
-    from spanlm.config import load_recipe
+    from spanlm.config import load_config
     from spanlm.qa.config import QARecipe
 
-    recipe = load_recipe(Path(__file__).resolve().parents[2] / "configs" / "qa" / f"{name}.yaml", cls=QARecipe)
+    recipe = load_config(Path(__file__).resolve().parents[2] / "configs" / "qa" / f"{name}.yaml", cls=QARecipe)
     assert (recipe.qa.metric, recipe.qa.no_answer, recipe.data.doc_stride) == (metric, no_answer, 128)

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from helpers import EMBEDDED_CORPUS
-from spanlm.config import Recipe, from_dict
+from spanlm.config import from_dict
+from spanlm.pretrain.recipe import Recipe
 from spanlm.data.prepare import prepare
 
 

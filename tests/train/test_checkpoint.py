@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from spanlm.cli import main
 from spanlm.errors import ConfigError, InputError
 from spanlm.train import checkpoint as ckpt
-from spanlm.train.loop import pretrain
+from spanlm.pretrain.run import pretrain
 from spanlm.train.metrics import read_metrics
 
 from toy_objective import losses, toy_recipe
@@ -142,7 +142,7 @@ def test_an_unwritable_output_path_is_one_line(prepared, tmp_path, capsys):
 def test_max_len_must_fit_the_position_table():
     from transformers import BertConfig, BertModel, RobertaConfig, RobertaModel
 
-    from spanlm.train.loop import check_max_len
+    from spanlm.pretrain.run import check_max_len
 
     tiny = dict(hidden_size=8, num_hidden_layers=1, num_attention_heads=1, intermediate_size=8, vocab_size=10)
     holder = torch.nn.ModuleDict({"encoder": BertModel(BertConfig(max_position_embeddings=64, **tiny))})

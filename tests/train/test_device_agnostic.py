@@ -12,14 +12,15 @@ import pytest
 import torch
 
 from helpers import EMBEDDED_CORPUS, REPO
-from spanlm.config import load_recipe
+from spanlm.pretrain.recipe import load_recipe
 from spanlm.data.blocks import BlockDataset, collate_blocks
 from spanlm.data.shards import PreparedCorpus
 from spanlm import accel
 from spanlm.accel import cross_entropy, native
 from spanlm.objectives import build_objective
 from spanlm.train.dist import init_distributed
-from spanlm.train.loop import Trainer, _Window, compile_recurrent_layers, pretraining_setup
+from spanlm.train.loop import Trainer, _Window, compile_recurrent_layers
+from spanlm.pretrain.run import pretraining_setup
 
 INPUTS = [str(p) for p in sorted(EMBEDDED_CORPUS.glob("*.txt")) if "hongloumeng" not in p.name]  # as embedded_prepared
 MAX_LEN = 32

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from spanlm.train import checkpoint as ckpt
-from spanlm.train.loop import pretrain
+from spanlm.pretrain.run import pretrain
 
 from toy_objective import toy_recipe
 
@@ -76,7 +76,7 @@ def test_a_prepared_corpus_on_a_full_disk(prepared, tmp_path):
 
 
 def test_an_export_on_a_full_disk(prepared, tmp_path):
-    from spanlm.train.export import export_checkpoint
+    from spanlm.pretrain.export import export_checkpoint
 
     run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), log=lambda *_: None)
     out = export_checkpoint(run, tmp_path / "export")

@@ -11,7 +11,8 @@ import torch
 
 from helpers import EMBEDDED_CORPUS
 from spanlm.cli import main
-from spanlm.config import Recipe, from_dict, save_config
+from spanlm.config import from_dict, save_config
+from spanlm.pretrain.recipe import Recipe
 from spanlm.data.shards import read_meta
 from spanlm.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from spanlm.train import checkpoint as ckpt
@@ -133,7 +134,7 @@ def test_a_rebuild_that_keeps_the_tokenizer_needs_no_force_and_keeps_its_runs(tm
 
 
 def test_default_prepared_directories_are_keyed_by_their_tokenizer(tmp_path):
-    from spanlm.config import load_recipe
+    from spanlm.pretrain.recipe import load_recipe
     from helpers import REPO
 
     default = load_recipe(REPO / "configs/pretrain/spanbert.yaml").data.prepared_dir
@@ -185,7 +186,7 @@ def test_the_readme_commands_in_sequence_leave_every_run_exportable_and_resumabl
 
 
 def load_prepared_dir(command: list[str]) -> str:
-    from spanlm.config import load_recipe
+    from spanlm.pretrain.recipe import load_recipe
 
     return load_recipe(command[0], command[1:]).data.prepared_dir
 

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from spanlm.train import checkpoint as ckpt
-from spanlm.train.loop import pretrain
+from spanlm.pretrain.run import pretrain
 
 import kill_saver
 from toy_objective import losses, toy_recipe
@@ -110,7 +110,7 @@ def test_a_training_run_killed_mid_run_resumes_bit_exact(prepared, tmp_path):
                          log=lambda *_: None)
     run = tmp_path / "run"
     script = ("import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; from toy_objective import toy_recipe; "
-              "from spanlm.train.loop import pretrain; "
+              "from spanlm.pretrain.run import pretrain; "
               "pretrain(toy_recipe(Path(sys.argv[2]), Path(sys.argv[3]), max_steps=10**6, save_every=1, keep_last=2, schedule='constant'), log=print)")
     child = subprocess.Popen([sys.executable, "-c", script, str(SAVER.parent), str(prepared), str(run)],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # the kernels the reference built: the same arithmetic

@@ -21,7 +21,8 @@ from spanlm.data.blocks import BlockDataset
 from spanlm.data.shards import PreparedCorpus
 from spanlm.train import checkpoint as ckpt
 from spanlm.train.data import build_train_loader, split_blocks
-from spanlm.train.loop import TrainingHalted, pretrain
+from spanlm.train.loop import TrainingHalted
+from spanlm.pretrain.run import pretrain
 from spanlm.train.metrics import read_metrics
 
 from toy_objective import losses, toy_recipe

@@ -16,10 +16,11 @@ import torch
 
 from helpers import REPO, readme_section
 from spanlm.cli import main
-from spanlm.config import load_recipe, save_config
+from spanlm.config import load_config, save_config
+from spanlm.pretrain.recipe import load_recipe
 from spanlm.errors import ConfigError, SpanlmError
 from spanlm.train import checkpoint as ckpt
-from spanlm.train.loop import pretrain
+from spanlm.pretrain.run import pretrain
 from spanlm.train.metrics import MetricsLogger, read_metrics
 from spanlm.train.report import PLOTS, compare_runs, write_report
 
@@ -67,7 +68,7 @@ def test_every_record_has_its_time_and_elapsed_seconds_which_a_resume_continues(
 
 # -- report_to: configuration and missing packages -----------------------------------------------------
 def test_report_to_is_a_list_of_known_trackers_each_named_once():
-    from spanlm.config import Recipe
+    from spanlm.pretrain.recipe import Recipe
 
     assert load_recipe(None, ["logging.report_to=[tensorboard,wandb,mlflow]"]).logging.report_to == ["tensorboard", "wandb", "mlflow"]
     assert load_recipe(None, ["logging.report_to=[]"]).logging.report_to == []
@@ -85,7 +86,7 @@ def test_recipes_saved_with_the_older_tensorboard_switch_still_load(tmp_path):
 
     saved = tmp_path / "recipe.yaml"  # as runs, exports and NER / QA model directories saved it before report_to
     saved.write_text("logging: {tensorboard: false, progress: false}\n", encoding="utf-8")
-    assert load_recipe(saved, cls=NerRecipe).logging.report_to == []
+    assert load_config(saved, cls=NerRecipe).logging.report_to == []
     saved.write_text("logging: {tensorboard: true}\n", encoding="utf-8")
     assert load_recipe(saved).logging.report_to is None  # TensorBoard when installed, as it was
     assert load_recipe(saved, ["logging.report_to=[wandb]"]).logging.report_to == ["wandb"]

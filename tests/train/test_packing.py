@@ -12,13 +12,14 @@ import yaml
 from safetensors.torch import load_file
 
 from helpers import EMBEDDED_CORPUS
-from spanlm.config import Recipe, from_dict
+from spanlm.config import from_dict
+from spanlm.pretrain.recipe import Recipe
 from spanlm.data.blocks import BlockDataset
 from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import ConfigError
 from spanlm.train import checkpoint as ckpt
 from spanlm.train.data import BatchKeySampler, BlockLengths, split_blocks
-from spanlm.train.loop import pretrain
+from spanlm.pretrain.run import pretrain
 
 from toy_objective import losses, toy_recipe
 

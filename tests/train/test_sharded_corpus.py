@@ -12,7 +12,7 @@ from spanlm.cli import main
 from spanlm.config import save_config
 from spanlm.data.prepare import prepare
 from spanlm.train import checkpoint as ckpt
-from spanlm.train.loop import pretrain
+from spanlm.pretrain.run import pretrain
 
 from toy_objective import losses, toy_recipe
 

@@ -13,7 +13,8 @@ import toy_objective
 from spanlm.errors import ConfigError
 from spanlm.objectives.base import Objective
 from spanlm.train import checkpoint as ckpt
-from spanlm.train.loop import checkpoint_layers, fsdp_precision, pretrain
+from spanlm.train.loop import checkpoint_layers, fsdp_precision
+from spanlm.pretrain.run import pretrain
 
 from toy_objective import losses, toy_recipe
 

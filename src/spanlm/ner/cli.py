@@ -11,12 +11,12 @@ from spanlm.cli_support import add_training_command, log, write_lines_or_stdout
 
 
 def _train(args: argparse.Namespace) -> int:
-    from spanlm.config import load_recipe
+    from spanlm.config import load_config
     from spanlm.ner.config import NerRecipe
     from spanlm.ner.task import train_ner
     from spanlm.train.dist import is_main_process
 
-    recipe = load_recipe(args.recipe, args.overrides, cls=NerRecipe)
+    recipe = load_config(args.recipe, args.overrides, cls=NerRecipe)
     run_dir, scores = train_ner(recipe, resume=args.resume, log=log, weights_from=args.weights_from)
     if is_main_process():  # the main process reports; the others only trained
         summary = {"run_dir": str(run_dir), "model_dir": str(run_dir / "model")}

@@ -186,7 +186,7 @@ class NerModel:
     """An exported NER model: encoder + GlobalPointer head + labels + the recipe it was trained with."""
 
     def __init__(self, directory: str | Path, device: str = "auto"):
-        from spanlm.config import load_recipe
+        from spanlm.config import load_config
         from spanlm.models.encoder import EncoderConfig, load_encoder
         from spanlm.ner.config import NerRecipe
         from spanlm.ner.task import NerObjective
@@ -194,7 +194,7 @@ class NerModel:
 
         directory = Path(directory)
         check_task_directory(directory, (RECIPE_FILE, HEAD_FILE, LABELS_FILE), "NER")
-        self.recipe = load_recipe(directory / RECIPE_FILE, cls=NerRecipe)
+        self.recipe = load_config(directory / RECIPE_FILE, cls=NerRecipe)
         self.labels = read_labels(directory / LABELS_FILE)
         encoder = load_encoder(EncoderConfig(path=str(directory)))
         self.objective = NerObjective(encoder, len(self.labels), self.recipe.ner)

@@ -32,7 +32,7 @@ from spanlm.ner.windows import make_windows
 from spanlm.objectives.base import EncoderTask
 from spanlm.train.data import build_window_loader
 from spanlm.train.dist import is_main_process
-from spanlm.train.loop import TrainingSetup, train
+from spanlm.train.loop import StartingPoint, TrainingSetup, train
 
 
 class NerObjective(EncoderTask):
@@ -72,11 +72,12 @@ def featurizer_of(encoder):
     return encoder.featurizer() if hasattr(encoder, "featurizer") else None
 
 
-def ner_setup(recipe: NerRecipe, env, log=print) -> TrainingSetup:
+def ner_setup(recipe: NerRecipe, env, log=print, start: StartingPoint = StartingPoint()) -> TrainingSetup:
     """Windows of the training and dev files, a resumable keyed loader, held-out loss and dev P/R/F1.
 
     The label order (the head's type ids) is written back into ``recipe.data.labels`` so the run's
-    config.yaml and the export record it.
+    config.yaml and the export record it. ``start`` changes nothing here: the windows are read the same
+    however the run starts.
     """
     from spanlm.models.encoder import load_encoder
 
@@ -143,7 +144,7 @@ def export_model(run_dir: Path, recipe: NerRecipe) -> Path:
     from spanlm.config import save_config
     from spanlm.models.encoder import load_encoder
     from spanlm.train.checkpoint import latest_checkpoint
-    from spanlm.train.export import load_objective_weights
+    from spanlm.train.checkpoint import load_objective_weights
     from spanlm.files import write_directory
 
     checkpoint = latest_checkpoint(run_dir)

@@ -10,11 +10,11 @@ from spanlm.cli_support import add_training_command, log, write_lines_or_stdout
 
 
 def _train(args: argparse.Namespace) -> int:
-    from spanlm.config import load_recipe
+    from spanlm.config import load_config
     from spanlm.qa.config import QARecipe
     from spanlm.qa.task import train_qa
 
-    recipe = load_recipe(args.recipe, args.overrides, cls=QARecipe)
+    recipe = load_config(args.recipe, args.overrides, cls=QARecipe)
     run_dir, metrics = train_qa(recipe, resume=args.resume, log=log, weights_from=args.weights_from)
     if metrics is not None:  # the main process reports; the others only trained
         print(json.dumps({"run_dir": str(run_dir), "model_dir": str(run_dir / "model"), **metrics}, ensure_ascii=False))

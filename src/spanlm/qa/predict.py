@@ -131,14 +131,14 @@ class QAModel:
     """An exported QA model: encoder + span head + the recipe it was trained with + tuned threshold."""
 
     def __init__(self, directory: str | Path, device: str = "auto"):
-        from spanlm.config import load_recipe
+        from spanlm.config import load_config
         from spanlm.models.encoder import EncoderConfig, load_encoder
         from spanlm.objectives.base import check_task_directory, ready_for_inference
         from spanlm.qa.task import QAObjective
 
         directory = Path(directory)
         check_task_directory(directory, (RECIPE_FILE, HEAD_FILE, SETTINGS_FILE), "QA")
-        self.recipe = load_recipe(directory / RECIPE_FILE, cls=QARecipe)
+        self.recipe = load_config(directory / RECIPE_FILE, cls=QARecipe)
         self.threshold = read_threshold(directory / SETTINGS_FILE)
         encoder = load_encoder(EncoderConfig(path=str(directory), dropout=self.recipe.model.dropout))
         self.objective = QAObjective(encoder)

@@ -25,7 +25,7 @@ from spanlm.qa.predict import HEAD_FILE, RECIPE_FILE, SETTINGS_FILE, QAModel, ev
 from spanlm.qa.windows import encoder_featurizer, make_windows
 from spanlm.train.data import build_window_loader
 from spanlm.train.dist import is_main_process
-from spanlm.train.loop import TrainingSetup, train
+from spanlm.train.loop import StartingPoint, TrainingSetup, train
 
 
 class QAObjective(EncoderTask):
@@ -61,8 +61,9 @@ def read_split(path: str, recipe: QARecipe, name: str, log) -> list[QAExample]:
     return examples
 
 
-def qa_setup(recipe: QARecipe, env, log=print) -> TrainingSetup:
-    """Windows of the training and dev files, a resumable keyed loader, held-out loss and EM/F1."""
+def qa_setup(recipe: QARecipe, env, log=print, start: StartingPoint = StartingPoint()) -> TrainingSetup:
+    """Windows of the training and dev files, a resumable keyed loader, held-out loss and EM/F1. ``start``
+    changes nothing here: the windows are read the same however the run starts."""
     from spanlm.models.encoder import load_encoder
 
     data = recipe.data
@@ -104,7 +105,7 @@ def export_model(run_dir: Path, recipe: QARecipe, threshold: float = 0.0) -> Pat
     from spanlm.config import save_config
     from spanlm.models.encoder import load_encoder
     from spanlm.train.checkpoint import latest_checkpoint
-    from spanlm.train.export import load_objective_weights
+    from spanlm.train.checkpoint import load_objective_weights
     from spanlm.files import write_directory
 
     checkpoint = latest_checkpoint(run_dir)

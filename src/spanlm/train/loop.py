@@ -21,16 +21,10 @@ import torch
 import torch.distributed as dist
 
 from spanlm import accel
-from spanlm.data.block_index import share_block_index
-from spanlm.data.blocks import BlockDataset
-from spanlm.data.shards import PreparedCorpus, ShardedCorpus, resolve_shards
 from spanlm.errors import ConfigError, SpanlmError
-from spanlm.models.packed import resolve_packing
 from spanlm.objectives.base import Objective
 from spanlm.train import checkpoint as ckpt
-from spanlm.train.data import build_train_loader, eval_batches, split_blocks
 from spanlm.train.dist import DistEnv, all_reduce, any_rank, barrier, init_distributed, shutdown
-from spanlm.train.kept_tokenizer import checkpoint_tokenizer_dir
 from spanlm.train.metrics import MetricsLogger, trackers_to_start
 from spanlm.train.optim import build_optimizer, build_scheduler, clip_gradients
 
@@ -82,58 +76,60 @@ class TrainingSetup:
     keep_with_run: Callable[[Path], object] | None = None
 
 
-def pretraining_setup(recipe, env: DistEnv, log=print, keep_tokenizer: str | None = None,
-                      kept_copy: Path | None = None) -> TrainingSetup:
-    """Prepared shards → blocks → the objective's masker in DataLoader workers.
+@dataclasses.dataclass(frozen=True)
+class StartingPoint:
+    """Where a run starts: afresh, from a checkpoint (resume), or from a checkpoint's weights only
+    (``--resume-weights-only``). The checkpoint's trainer state is read once, here."""
 
-    ``keep_tokenizer``, ``kept_copy``: the tokenizer fingerprint of the checkpoint to be resumed and
-    the run's copy of that tokenizer (see ``prepare``).
+    checkpoint: Path | None = None
+    weights_only: bool = False
+    trainer_state: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def tokenizer_fingerprint(self) -> str | None:
+        """The tokenizer whose ids the checkpoint was trained on (None afresh, or for an older checkpoint)."""
+        return self.trainer_state.get("tokenizer_fingerprint")
+
+
+def starting_point(output_dir: Path, resume: str | None, weights_from: str | None, env: DistEnv, log=print) -> StartingPoint:
+    """Resolve ``--resume`` / ``--resume-weights-only`` against ``output_dir`` once, before anything is built.
+
+    Rank 0 first removes what killed saves left. A run directory that already holds a run is refused
+    unless it is being resumed.
     """
-    from spanlm.data.prepare import prepare, record_run
-    from spanlm.objectives import build_objective
-    from spanlm.train.kept_tokenizer import keep_tokenizer as keep_in_run
-
-    # Rank 0 prepares the corpus (or finds it up to date; a sharded one is prepared beforehand) and its
-    # block index; the others wait and memory-map both.
-    shards = resolve_shards(recipe.data.prepared_shards) if recipe.data.prepared_shards else None
     if env.is_main:
-        for directory in shards or [prepare(recipe, log=log, keep_tokenizer=keep_tokenizer, kept_copy=kept_copy)]:
-            record_run(directory, recipe.train.output_dir, log=log)
-            share_block_index(PreparedCorpus(directory), recipe.data.max_len, log=log)
-    barrier(env)
-    corpus = ShardedCorpus(shards) if shards else PreparedCorpus(recipe.data.prepared_dir)
-    if env.is_main:
-        corpus.tokenizer  # loaded (and checked against the shards) now: the run keeps the tokenizer it starts with
-    blocks = BlockDataset(corpus, recipe.data.max_len)
-    train_blocks, held_out = split_blocks(len(blocks), recipe.train.eval_blocks, recipe.seed)
-    torch.manual_seed(recipe.seed)  # the same seed on every rank gives identical initial weights
-    objective = build_objective(recipe, corpus).to(env.device)
-    if objective.head_report and env.is_main:
-        from spanlm.objectives.pretrained_heads import describe_heads
-
-        log(f"heads from {recipe.model.path}: {describe_heads(objective.head_report)}")
-    check_max_len(objective, recipe.data.max_len)
-    recipe.data.packing = resolve_packing(recipe.data.packing, objective, env.device)  # config.yaml records the choice
-    loader = build_train_loader(blocks, train_blocks, objective.masker, recipe.train, recipe.seed, env.rank, env.world_size, recipe.data)
-    return TrainingSetup(objective, loader, lambda: eval_batches(blocks, held_out, objective.masker, recipe.train.batch_size,
-                                                                 recipe.seed, env.rank, env.world_size, recipe.data),
-                         tokenizer_fingerprint=corpus.meta["tokenizer_fingerprint"],
-                         keep_with_run=functools.partial(keep_in_run, corpus))
+        ckpt.remove_leftovers(output_dir, log)
+    if weights_from is not None and resume:
+        raise ConfigError("--resume and --resume-weights-only exclude each other: pass one")
+    checkpoint = ckpt.resolve_resume(weights_from or resume, output_dir, log)
+    existing = ckpt.latest_checkpoint(output_dir)
+    if existing is not None and (weights_from is not None or (checkpoint is None and resume != "auto")):
+        raise SpanlmError(f"{output_dir} already holds a run (latest checkpoint {existing.name}); "
+                          + ("a run from another's weights starts at step 0: set another train.output_dir" if weights_from is not None
+                             else "pass --resume auto to continue it, or set another train.output_dir"))
+    if checkpoint is None:
+        return StartingPoint()
+    with _naming_an_earlier_checkpoint(checkpoint):
+        state = ckpt.load_file(checkpoint / "trainer_state.pt")
+    return StartingPoint(checkpoint, weights_from is not None, state)
 
 
-def check_max_len(objective: torch.nn.Module, max_len: int) -> None:
-    """Blocks of ``data.max_len`` tokens must fit every encoder's position table (else: an index error mid-step)."""
-    from spanlm.models.backbone import shortest_position_table
-
-    limit = shortest_position_table(objective)
-    if limit is not None and max_len > limit:
-        raise ConfigError(f"data.max_len {max_len} exceeds the {limit} positions the model numbers "
-                          "(model.max_position_embeddings, or the checkpoint of model.path)")
+@contextlib.contextmanager
+def _naming_an_earlier_checkpoint(path: Path):
+    """A damaged checkpoint's error names the latest earlier one that is whole, if any."""
+    try:
+        yield
+    except ckpt.DamagedCheckpoint as error:
+        earlier = [p for p in ckpt.complete_checkpoints(path.parent.parent)
+                   if ckpt.step_of(p) < ckpt.step_of(path) and ckpt.missing_parts(p) is None]
+        if not earlier:
+            raise
+        raise ckpt.DamagedCheckpoint(f"{error}; an earlier checkpoint may still be whole: --resume {earlier[-1]}") from None
 
 
 def train(recipe, build_setup: Callable[..., TrainingSetup], resume: str | None = None, log=print,
           weights_from: str | None = None) -> Path:
-    """Train what ``build_setup(recipe, env, log)`` sets up; returns the run directory.
+    """Train what ``build_setup(recipe, env, log, start)`` sets up; returns the run directory.
 
     ``recipe`` is any typed recipe with ``seed``, ``train`` (TrainConfig) and ``logging`` sections.
     ``resume``: None, "auto" or a checkpoint / run directory. ``weights_from``: a checkpoint / run
@@ -141,34 +137,21 @@ def train(recipe, build_setup: Callable[..., TrainingSetup], resume: str | None 
     """
     env = init_distributed(recipe.train.device)
     try:
-        return Trainer(recipe, env, build_setup, log).run(resume, weights_from)
+        start = starting_point(Path(recipe.train.output_dir), resume, weights_from, env, log if env.is_main else (lambda *_: None))
+        return Trainer(recipe, env, build_setup, log, start).run()
     finally:
         shutdown(env)
 
 
-def pretrain(recipe, resume: str | None = None, log=print, weights_from: str | None = None) -> Path:
-    """Train ``recipe``'s pretraining objective; returns the run directory."""
-    if weights_from is not None:
-        checkpoint, keep = ckpt.resolve_resume(weights_from, Path(recipe.train.output_dir)), None
-    else:
-        checkpoint, keep = ckpt.resolve_resume(resume, Path(recipe.train.output_dir)), None
-    if checkpoint is not None:
-        try:
-            keep = ckpt.load_file(checkpoint / "trainer_state.pt").get("tokenizer_fingerprint")
-        except ckpt.DamagedCheckpoint:
-            pass  # reported, with the checkpoint to use instead, when the trainer loads it
-    kept = checkpoint_tokenizer_dir(checkpoint, keep) if checkpoint is not None else None
-    return train(recipe, functools.partial(pretraining_setup, keep_tokenizer=keep, kept_copy=kept), resume, log, weights_from)
-
-
 class Trainer:
-    def __init__(self, recipe, env: DistEnv, build_setup: Callable[..., TrainingSetup] = pretraining_setup, log=print):
-        self.recipe, self.env, self.config = recipe, env, recipe.train
+    def __init__(self, recipe, env: DistEnv, build_setup: Callable[..., TrainingSetup], log=print,
+                 start: StartingPoint = StartingPoint()):
+        self.recipe, self.env, self.config, self.start = recipe, env, recipe.train, start
         self.log = log if env.is_main else (lambda *_: None)
         self.trackers = trackers_to_start(recipe.logging)  # a tracker named but not installed: refused before any work
         self.output_dir = Path(self.config.output_dir)
 
-        self.setup = build_setup(recipe, env, self.log)
+        self.setup = build_setup(recipe, env, self.log, start)
         self.objective = self.setup.objective.to(env.device)
         # The device's speed backend, in place (spanlm.accel; on CPU its kernels are built now, not under the progress bar)
         self.accel = accel.apply(self.objective, env.device, self.config.accel)
@@ -179,7 +162,6 @@ class Trainer:
         self.loader = self.setup.loader
         torch.manual_seed(recipe.seed + env.rank)  # dropout differs across ranks, reproducibly
         self.step = 0
-        self.weights_only = False  # set by run(): load only a checkpoint's weights
         self.elapsed_before = 0.0  # seconds trained before this process (a resumed checkpoint's); see elapsed()
         if env.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -265,31 +247,24 @@ class Trainer:
         barrier(self.env)
         return path
 
-    def load(self, path: Path) -> None:
-        try:
-            self._load(path)
-        except ckpt.DamagedCheckpoint as error:  # say which other complete checkpoint could be used instead
-            earlier = [p for p in ckpt.complete_checkpoints(path.parent.parent)
-                       if ckpt.step_of(p) < ckpt.step_of(path) and ckpt.missing_parts(p) is None]
-            if not earlier:
-                raise
-            raise ckpt.DamagedCheckpoint(f"{error}; an earlier checkpoint may still be whole: --resume {earlier[-1]}") from None
-
-    def _load(self, path: Path) -> None:
+    def load(self, start: StartingPoint) -> None:
+        """Load ``start``'s checkpoint: everything, or only the weights for a new run from them."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
-        trainer_state = ckpt.load_file(path / "trainer_state.pt")
-        ckpt.check_same_tokenizer(path, trainer_state, self.setup.tokenizer_fingerprint, self.recipe)
-        if not self.weights_only:
-            ckpt.check_same_settings(path, trainer_state, self.recipe, self.env.world_size)
-        weights = ckpt.load_weights(path / "model.safetensors", self.objective)
-        set_model_state_dict(self.model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
-        if self.weights_only:  # a new run from these weights: fresh optimiser, schedule, data position and step
-            return
-        set_optimizer_state_dict(self.model, self.optimizer, ckpt.load_file(path / "optimizer.pt"), options=StateDictOptions(full_state_dict=True))
-        self.scheduler.load_state_dict(trainer_state["scheduler"])
-        self.loader.load_state_dict(trainer_state["loaders"][self.env.rank])
-        ckpt.set_rng_state(ckpt.load_file(path / f"rng-rank{self.env.rank}.pt"))
+        path, trainer_state = start.checkpoint, start.trainer_state
+        with _naming_an_earlier_checkpoint(path):
+            ckpt.check_same_tokenizer(path, trainer_state, self.setup.tokenizer_fingerprint, self.recipe)
+            if not start.weights_only:
+                ckpt.check_same_settings(path, trainer_state, self.recipe, self.env.world_size)
+            weights = ckpt.load_weights(path / "model.safetensors", self.objective)
+            set_model_state_dict(self.model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+            if start.weights_only:  # a new run from these weights: fresh optimiser, schedule, data position and step
+                return
+            set_optimizer_state_dict(self.model, self.optimizer, ckpt.load_file(path / "optimizer.pt"),
+                                     options=StateDictOptions(full_state_dict=True))
+            self.scheduler.load_state_dict(trainer_state["scheduler"])
+            self.loader.load_state_dict(trainer_state["loaders"][self.env.rank])
+            ckpt.set_rng_state(ckpt.load_file(path / f"rng-rank{self.env.rank}.pt"))
         self.step = int(trainer_state["step"])
         self.elapsed_before = float(trainer_state.get("elapsed", 0.0))  # checkpoints written before it was kept: 0
 
@@ -316,31 +291,20 @@ class Trainer:
         return metrics
 
     # -- the loop -----------------------------------------------------------------------------------
-    def run(self, resume: str | None, weights_from: str | None = None) -> Path:
-        config, env = self.config, self.env
+    def run(self) -> Path:
+        config, env, start = self.config, self.env, self.start
         self.started = time.monotonic()
-        if env.is_main:
-            ckpt.remove_leftovers(self.output_dir, self.log)
-        self.weights_only = weights_from is not None
-        if self.weights_only and resume:
-            raise ConfigError("--resume and --resume-weights-only exclude each other: pass one")
-        checkpoint = ckpt.resolve_resume(weights_from or resume, self.output_dir, self.log)
-        existing = ckpt.latest_checkpoint(self.output_dir)
-        if existing is not None and (self.weights_only or (checkpoint is None and resume != "auto")):
-            raise SpanlmError(f"{self.output_dir} already holds a run (latest checkpoint {existing.name}); "
-                              + ("a run from another's weights starts at step 0: set another train.output_dir" if self.weights_only
-                                 else "pass --resume auto to continue it, or set another train.output_dir"))
-        if self.weights_only and checkpoint is not None:
-            self.load(checkpoint)
-            self.log(f"started from the weights of {checkpoint} (new optimiser, schedule and data position)")
-            checkpoint = None  # a new run: metrics start afresh
-        elif checkpoint is not None:
-            self.load(checkpoint)
-            self.log(f"resumed from {checkpoint} at step {self.step}")
+        if start.checkpoint is not None:
+            self.load(start)
+        if start.weights_only:
+            self.log(f"started from the weights of {start.checkpoint} (new optimiser, schedule and data position)")
+        elif start.checkpoint is not None:
+            self.log(f"resumed from {start.checkpoint} at step {self.step}")
             if env.is_main and (aside := ckpt.set_aside_later(self.output_dir, self.step)) is not None:
                 self.log(f"this run now continues from step {self.step}: its later checkpoints were moved to {aside}")
+        resumed = start.checkpoint is not None and not start.weights_only  # a new run's metrics start afresh
         nothing_to_train = self.step >= config.max_steps
-        logger = None if nothing_to_train else self._open_logger(self.step if checkpoint else None)
+        logger = None if nothing_to_train else self._open_logger(self.step if resumed else None)
         with logger or contextlib.nullcontext():
             if env.is_main:  # only now: a refused or failed start (a tracker too) leaves the run's recipe as it was
                 from spanlm.config import save_config

@@ -11,16 +11,8 @@ from pathlib import Path
 
 from spanlm.errors import InputError
 from spanlm.files import write_directory
-from spanlm.train.checkpoint import MARKER, check_same_tokenizer, complete_checkpoints, load_file, load_weights, missing_parts, step_of
+from spanlm.train.checkpoint import (MARKER, check_same_tokenizer, complete_checkpoints, load_file, load_objective_weights, missing_parts, step_of)
 from spanlm.train.kept_tokenizer import KeptTokenizer, checkpoint_tokenizer_dir
-
-
-def load_objective_weights(objective, path: Path) -> None:
-    """Load ``model.safetensors`` into an (unwrapped) objective; tied aliases may be absent."""
-    from spanlm.models.encoder import check_safetensors
-
-    check_safetensors(path)  # whole and finite, or a one-line error naming the file and tensor
-    objective.load_state_dict(load_weights(path, objective), strict=False)
 
 
 def check_replaceable(out: Path) -> None:
@@ -45,7 +37,8 @@ def _corpus_of(checkpoint: Path, prepared: Path, fingerprint: str | None):
 
 
 def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
-    from spanlm.config import load_recipe, save_config
+    from spanlm.config import save_config
+    from spanlm.pretrain.recipe import load_recipe
     from spanlm.data.tokenizer import save_tokenizer
     from spanlm.models.backbone import shortest_position_table
     from spanlm.objectives import build_objective

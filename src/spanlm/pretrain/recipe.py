@@ -1,0 +1,39 @@
+"""The pretraining recipe: one section per component, each its own small dataclass."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from spanlm.config import load_config
+from spanlm.data.corpus import TOKENIZER_KEY, DataConfig
+from spanlm.data.tokenizer import TokenizerConfig, settings_key
+from spanlm.masking.base import MaskingConfig
+from spanlm.models.backbone import BackboneConfig
+from spanlm.objectives.config import ObjectiveConfig
+from spanlm.train.config import LoggingConfig, TrainConfig
+
+
+@dataclasses.dataclass
+class Recipe:
+    """Everything one spanlm run needs; every section has defaults so a recipe only states differences."""
+
+    seed: int = 0
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
+    model: BackboneConfig = dataclasses.field(default_factory=BackboneConfig)
+    masking: MaskingConfig = dataclasses.field(default_factory=MaskingConfig)
+    objective: ObjectiveConfig = dataclasses.field(default_factory=ObjectiveConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        # "{tokenizer}" in data.prepared_dir names the tokenizer the directory holds, so recipes with
+        # other tokenizers never prepare the same directory (each would replace the other's ids).
+        if TOKENIZER_KEY in self.data.prepared_dir:
+            self.data.prepared_dir = self.data.prepared_dir.replace(TOKENIZER_KEY, settings_key(self.tokenizer))
+
+
+def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> Recipe:
+    """Read a YAML pretraining recipe (or start from defaults when ``path`` is None) and apply dotted overrides."""
+    return load_config(path, overrides, cls=Recipe)

@@ -1,0 +1,71 @@
+"""`spanlm pretrain`: a prepared corpus and a pretraining objective handed to the engine's loop."""
+
+from __future__ import annotations
+
+import functools
+
+from pathlib import Path
+
+import torch
+
+from spanlm.data.block_index import share_block_index
+from spanlm.data.blocks import BlockDataset
+from spanlm.data.prepare import prepare, record_run
+from spanlm.data.shards import PreparedCorpus, ShardedCorpus, resolve_shards
+from spanlm.errors import ConfigError
+from spanlm.models.backbone import shortest_position_table
+from spanlm.models.packed import resolve_packing
+from spanlm.objectives import build_objective
+from spanlm.train.data import build_train_loader, eval_batches, split_blocks
+from spanlm.train.dist import DistEnv, barrier
+from spanlm.train.kept_tokenizer import checkpoint_tokenizer_dir, keep_tokenizer
+from spanlm.train.loop import StartingPoint, TrainingSetup, train
+
+
+def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = StartingPoint()) -> TrainingSetup:
+    """Prepared shards → blocks → the objective's masker in DataLoader workers.
+
+    A resumed run keeps the tokenizer its checkpoint was trained with: ``prepare`` is given the
+    checkpoint's tokenizer fingerprint and the run's copy of that tokenizer.
+    """
+    fingerprint = start.tokenizer_fingerprint
+    kept_copy = checkpoint_tokenizer_dir(start.checkpoint, fingerprint) if start.checkpoint is not None else None
+    # Rank 0 prepares the corpus (or finds it up to date; a sharded one is prepared beforehand) and its
+    # block index; the others wait and memory-map both.
+    shards = resolve_shards(recipe.data.prepared_shards) if recipe.data.prepared_shards else None
+    if env.is_main:
+        for directory in shards or [prepare(recipe, log=log, keep_tokenizer=fingerprint, kept_copy=kept_copy)]:
+            record_run(directory, recipe.train.output_dir, log=log)
+            share_block_index(PreparedCorpus(directory), recipe.data.max_len, log=log)
+    barrier(env)
+    corpus = ShardedCorpus(shards) if shards else PreparedCorpus(recipe.data.prepared_dir)
+    if env.is_main:
+        corpus.tokenizer  # loaded (and checked against the shards) now: the run keeps the tokenizer it starts with
+    blocks = BlockDataset(corpus, recipe.data.max_len)
+    train_blocks, held_out = split_blocks(len(blocks), recipe.train.eval_blocks, recipe.seed)
+    torch.manual_seed(recipe.seed)  # the same seed on every rank gives identical initial weights
+    objective = build_objective(recipe, corpus).to(env.device)
+    if objective.head_report and env.is_main:
+        from spanlm.objectives.pretrained_heads import describe_heads
+
+        log(f"heads from {recipe.model.path}: {describe_heads(objective.head_report)}")
+    check_max_len(objective, recipe.data.max_len)
+    recipe.data.packing = resolve_packing(recipe.data.packing, objective, env.device)  # config.yaml records the choice
+    loader = build_train_loader(blocks, train_blocks, objective.masker, recipe.train, recipe.seed, env.rank, env.world_size, recipe.data)
+    return TrainingSetup(objective, loader, lambda: eval_batches(blocks, held_out, objective.masker, recipe.train.batch_size,
+                                                                 recipe.seed, env.rank, env.world_size, recipe.data),
+                         tokenizer_fingerprint=corpus.meta["tokenizer_fingerprint"],
+                         keep_with_run=functools.partial(keep_tokenizer, corpus))
+
+
+def check_max_len(objective: torch.nn.Module, max_len: int) -> None:
+    """Blocks of ``data.max_len`` tokens must fit every encoder's position table (else: an index error mid-step)."""
+    limit = shortest_position_table(objective)
+    if limit is not None and max_len > limit:
+        raise ConfigError(f"data.max_len {max_len} exceeds the {limit} positions the model numbers "
+                          "(model.max_position_embeddings, or the checkpoint of model.path)")
+
+
+def pretrain(recipe, resume: str | None = None, log=print, weights_from: str | None = None) -> Path:
+    """Train ``recipe``'s pretraining objective; returns the run directory."""
+    return train(recipe, pretraining_setup, resume, log, weights_from)
