@@ -158,7 +158,8 @@ def pretraining(corpus, seq: int, args) -> dict:
 def ner(corpus, directory: Path, args) -> dict:
     from spanlm.config import load_config
     from spanlm.models import BackboneConfig, build_backbone
-    from spanlm.models.encoder import EncoderConfig, load_encoder
+    from spanlm.models.encoder import load_encoder
+    from spanlm.models.hf_model import EncoderConfig
     from spanlm.ner.config import NerConfig, NerRecipe
     from spanlm.ner.data import read_documents
     from spanlm.ner.task import NerObjective

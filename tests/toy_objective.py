@@ -20,7 +20,7 @@ from spanlm.config import from_dict
 from spanlm.pretrain.recipe import Recipe
 from spanlm.objectives import register
 from spanlm.train.metrics import read_metrics
-from spanlm.objectives.base import Objective
+from spanlm.train.objective import Objective
 
 
 @dataclasses.dataclass

@@ -10,7 +10,8 @@ from spanlm.data.shards import PreparedCorpus
 from spanlm.models import BackboneConfig, build_backbone
 from spanlm.models.charbert import CharBertEncoder, CharChannelConfig, DualChannel
 from spanlm.models.modeling_charbert import CharEncoder, Fusion, char_inputs_to_torch
-from spanlm.models.encoder import EncoderConfig, load_encoder
+from spanlm.models.encoder import load_encoder
+from spanlm.models.hf_model import EncoderConfig
 
 TEXTS = ["Alice was beginning to get very tired of sitting by her sister.", "Holmes examined the mechanism."]
 

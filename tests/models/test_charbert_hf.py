@@ -22,7 +22,8 @@ from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import InputError
 from spanlm.models import BackboneConfig, build_backbone
 from spanlm.models.charbert import CharBertEncoder, CharChannelConfig, DualChannel
-from spanlm.models.encoder import EncoderConfig, load_encoder
+from spanlm.models.encoder import load_encoder
+from spanlm.models.hf_model import EncoderConfig
 from spanlm.models.modeling_charbert import char_inputs_to_torch
 
 INPUTS = [str(p) for p in sorted(EMBEDDED_CORPUS.glob("*.txt")) if "hongloumeng" not in p.name]  # as embedded_prepared

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from spanlm.errors import ConfigError, InputError
-from spanlm.models.encoder import EncoderConfig, load_encoder
+from spanlm.models.encoder import load_encoder
+from spanlm.models.hf_model import EncoderConfig
 
 
 def test_loads_saved_weights_and_runs(tiny_encoder_dir):

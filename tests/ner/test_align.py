@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spanlm.models.encoder import load_fast_tokenizer
+from spanlm.models.hf_model import load_fast_tokenizer
 from spanlm.ner.align import char_to_token, token_to_char, tokenize_documents
 from spanlm.ner.data import Entity, NerDocument
 from spanlm.ner.windows import make_windows

@@ -13,7 +13,8 @@ import yaml
 
 from helpers import tiny_charbert_export
 from spanlm.config import load_config
-from spanlm.models.encoder import EncoderConfig, load_encoder
+from spanlm.models.encoder import load_encoder
+from spanlm.models.hf_model import EncoderConfig
 from spanlm.ner.config import NerConfig, NerRecipe
 from spanlm.ner.data import NerDocument, read_documents
 from spanlm.ner.predict import window_spans

@@ -166,7 +166,8 @@ def _short_nlm_run(corpus) -> tuple[float, float, float]:
 def test_pretrain_export_and_load_as_a_fine_tuning_encoder(corpus, tmp_path):
     from spanlm.models.charbert import CharBertEncoder
     from spanlm.models.modeling_charbert import char_inputs_to_torch
-    from spanlm.models.encoder import EncoderConfig, load_encoder
+    from spanlm.models.encoder import load_encoder
+    from spanlm.models.hf_model import EncoderConfig
     from spanlm.train.checkpoint import load_objective_weights
     from spanlm.pretrain.export import export_checkpoint
     from spanlm.train.checkpoint import latest_checkpoint

@@ -46,7 +46,7 @@ def qa_encoder_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def qa_tokenizer(qa_encoder_dir):
-    from spanlm.models.encoder import load_fast_tokenizer
+    from spanlm.models.hf_model import load_fast_tokenizer
 
     return load_fast_tokenizer(qa_encoder_dir)
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from spanlm.models.encoder import EncoderConfig, load_encoder
+from spanlm.models.encoder import load_encoder
+from spanlm.models.hf_model import EncoderConfig
 from spanlm.qa.data import read_squad
 from spanlm.qa.predict import window_spans
 from spanlm.qa.task import QAObjective

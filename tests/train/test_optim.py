@@ -54,7 +54,7 @@ def test_fused_adamw_takes_the_clip_factor_instead_of_a_pass_over_the_gradients(
 def test_total_norm_of_a_large_table_is_the_float64_norm(path):
     if path == "cpu backend" and native.kernels() is None:
         pytest.skip("spanlm's native kernels cannot be built on this machine")
-    norm = accel.gradient_norm("cpu" if path == "cpu backend" else "off")
+    norm = accel.gradient_norm("cpu" if path == "cpu backend" else "off", total_norm)
     generator = torch.Generator().manual_seed(0)
     table = torch.randn(8192, 256, generator=generator) * 1e-3  # 2²¹ elements: the row-wise path
     small = [torch.randn(256, 256, generator=generator) * 1e-3, torch.randn(256, generator=generator) * 1e-3]

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 import toy_objective
 from spanlm.errors import ConfigError
-from spanlm.objectives.base import Objective
+from spanlm.train.objective import Objective
 from spanlm.train import checkpoint as ckpt
 from spanlm.train.loop import checkpoint_layers, fsdp_precision
 from spanlm.pretrain.run import pretrain

@@ -62,10 +62,9 @@ def apply(model: nn.Module, device: torch.device, mode: Accel = "auto") -> str:
     return name
 
 
-def gradient_norm(name: str) -> Callable[[list[torch.Tensor]], torch.Tensor]:
-    """The total-norm function gradient clipping uses under backend ``name``."""
-    from spanlm.train.optim import total_norm
-
+def gradient_norm(name: str, total_norm: Callable[[list[torch.Tensor]], torch.Tensor]) -> Callable[[list[torch.Tensor]], torch.Tensor]:
+    """The total-norm function gradient clipping uses under backend ``name``: the engine's ``total_norm``
+    unless the backend has a faster one (which falls back to ``total_norm`` for gradients it does not take)."""
     if name != "cpu":
         return total_norm
     from spanlm.accel import native

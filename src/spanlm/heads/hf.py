@@ -36,6 +36,14 @@ class TaskHead:
         return {self.names[name]: tensor for name, tensor in head_state.items()}
 
 
+HEADS_FILE = "heads.safetensors"  # beside an export: the heads without a transformers class, under spanlm's names
+
+
+def head_state(name: str, module: nn.Module) -> dict[str, torch.Tensor]:
+    """``module``'s own weights under ``name.`` (a tied decoder's weight belongs to the backbone and is not here)."""
+    return {f"{name}.{key}": tensor.detach().contiguous() for key, tensor in module.state_dict().items()}
+
+
 def _mlm(task_class: str, transform: str, norm: str, bias: str) -> TaskHead:
     return TaskHead(task_class, {
         "dense.weight": f"{transform}.weight", "dense.bias": f"{transform}.bias",

@@ -20,8 +20,8 @@ file every export ships: :class:`DualChannel` here hosts them over spanlm's back
 An export (:func:`save_charbert`) is a directory transformers loads: config.json (the backbone's config
 plus a ``charbert`` entry with the character vocabulary, and ``auto_map``), model.safetensors (the
 backbone's weights under its own names and the char channel's beside them) and the modeling file.
-Fine-tuning reads both channels concatenated (2H) through :class:`CharBertEncoder`, registered in
-:data:`spanlm.models.encoder.ENCODER_LOADERS`.
+Fine-tuning reads both channels concatenated (2H) through :class:`CharBertEncoder`, which
+:func:`spanlm.models.encoder.load_encoder` returns for such a directory.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from spanlm.errors import InputError
 from spanlm.models import modeling_charbert
-from spanlm.models.encoder import ENCODER_LOADERS, EncoderConfig, load_fast_tokenizer
+from spanlm.models.hf_model import EncoderConfig, load_fast_tokenizer, load_hf_model
 from spanlm.models.modeling_charbert import (
     CHAR_KEYS,
     FAMILIES,
@@ -216,14 +216,12 @@ class CharBertEncoder(nn.Module):
 
 def load_charbert_encoder(directory: Path, config: EncoderConfig) -> CharBertEncoder:
     """The CharBERT export in ``directory`` as a fine-tuning encoder (``init: random`` draws fresh weights)."""
-    from spanlm.models.encoder import _load_model
-
     directory = Path(directory)
     char_config = read_charbert_config(directory)
     char_vocab = read_char_vocab(directory)
     # The backbone's architecture only: its own loader would report the char channel's weights as
     # unexpected, so both channels are loaded together below.
-    model = DualChannel(_load_model(directory, dataclasses.replace(config, init="random")), char_config)
+    model = DualChannel(load_hf_model(directory, dataclasses.replace(config, init="random")), char_config)
     if config.init == "pretrained":
         load_weights(model, directory)
     tokenizer = load_fast_tokenizer(directory)
@@ -232,5 +230,3 @@ def load_charbert_encoder(directory: Path, config: EncoderConfig) -> CharBertEnc
         raise InputError(f"{directory}: the tokenizer has {len(tokenizer)} tokens but the model's embedding has {rows} rows")
     return CharBertEncoder(model, tokenizer, char_vocab)
 
-
-ENCODER_LOADERS.append((is_charbert_directory, load_charbert_encoder))

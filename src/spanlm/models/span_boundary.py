@@ -63,7 +63,7 @@ class SpanBoundaryModel(PreTrainedModel):
         from safetensors.torch import load_file
         from transformers import AutoModelForMaskedLM
 
-        from spanlm.objectives.pretrained_heads import HEADS_FILE
+        from spanlm.heads.hf import HEADS_FILE
 
         directory = Path(directory)
         model = cls(AutoModelForMaskedLM.from_pretrained(str(directory)), sbo_weight=sbo_weight)
@@ -78,7 +78,7 @@ class SpanBoundaryModel(PreTrainedModel):
         """The stock model as its own Hugging Face directory, the SBO head beside it (spanlm's heads.safetensors)."""
         from safetensors.torch import save_file
 
-        from spanlm.objectives.pretrained_heads import HEADS_FILE, head_state
+        from spanlm.heads.hf import HEADS_FILE, head_state
 
         directory = Path(directory)
         self.masked_lm.save_pretrained(str(directory))

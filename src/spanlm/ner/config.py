@@ -7,7 +7,7 @@ from typing import Literal
 
 from spanlm.heads.global_pointer import GlobalPointerConfig
 from spanlm.heads.zlpr import ZlprConfig
-from spanlm.models.encoder import EncoderConfig
+from spanlm.models.hf_model import EncoderConfig
 from spanlm.ner.data import ReadOptions
 from spanlm.train.config import LoggingConfig, TrainConfig
 

@@ -187,7 +187,8 @@ class NerModel:
 
     def __init__(self, directory: str | Path, device: str = "auto"):
         from spanlm.config import load_config
-        from spanlm.models.encoder import EncoderConfig, load_encoder
+        from spanlm.models.encoder import load_encoder
+        from spanlm.models.hf_model import EncoderConfig
         from spanlm.ner.config import NerRecipe
         from spanlm.ner.task import NerObjective
         from spanlm.objectives.base import check_task_directory, ready_for_inference

@@ -1,8 +1,6 @@
-"""The objective interface: the one seam between the training loop and what is being trained.
+"""The fine-tuning objective every task (NER, QA) builds on: an encoder plus a task head.
 
-An objective bundles a masker (NumPy, runs in DataLoader workers), a model (backbone(s) + heads) whose
-``forward(batch)`` returns ``{"loss": …, <logged parts>…}``, and ``export(directory)`` writing what a
-downstream user loads. The loop never branches on which objective it is running.
+The interface the loop trains is :class:`spanlm.train.objective.Objective`.
 """
 
 from __future__ import annotations
@@ -12,32 +10,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from spanlm.train.objective import Objective
+
 
 TOKENIZER_FINGERPRINT_FILE = "tokenizer_fingerprint.txt"  # in a task model directory, beside the tokenizer files
-
-
-class Objective(nn.Module):
-    """Base class of every objective (pretraining and fine-tuning alike)."""
-
-    #: callable(BlockBatch, np.random.Generator) -> MaskedBatch; must be picklable for worker processes
-    masker = None
-    #: continued pretraining: head name → where its weights came from ("loaded (...)" / "fresh (why)")
-    head_report: dict[str, str] | None = None
-    #: reads packed batches (spanlm.data.packing: several blocks per row, ``position_ids``) with per-block
-    #: semantics; an objective that does not is always given padded batches
-    supports_packing = False
-
-    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """``"loss"`` (a scalar to minimise) and any number of scalar parts to log (e.g. ``mlm_loss``)."""
-        raise NotImplementedError
-
-    def export(self, directory: Path, tokenizer) -> None:
-        """Write the downstream artefact: a Hugging Face directory plus the heads beside it."""
-        raise NotImplementedError
-
-    def shard_units(self) -> list[nn.Module]:
-        """Sub-modules FSDP2 shards one by one (the transformer layers); the rest goes with the root."""
-        return []
 
 
 class EncoderTask(Objective):
@@ -82,7 +58,7 @@ def ready_for_inference(objective: EncoderTask, directory: Path, device: str) ->
 
     from spanlm.data.tokenizer import tokenizer_fingerprint
     from spanlm.errors import InputError
-    from spanlm.models.encoder import check_safetensors
+    from spanlm.models.hf_model import check_safetensors
 
     recorded = directory / TOKENIZER_FINGERPRINT_FILE
     if recorded.is_file():  # directories exported before it was recorded have none

@@ -40,9 +40,10 @@ from spanlm.masking.noise import NoiseMasker
 from spanlm.models.backbone import build_backbone, input_embeddings
 from spanlm.models.charbert import CharChannelConfig, DualChannel, is_charbert_directory, load_char_weights, read_char_vocab, read_charbert_config, save_charbert
 from spanlm.objectives import register
-from spanlm.objectives.base import Objective
+from spanlm.train.objective import Objective
 from spanlm.objectives.masked_lm import gather_rows, layer_norm_eps
-from spanlm.objectives.pretrained_heads import HEADS_FILE, OBJECTIVE_FILE, load_heads
+from spanlm.objectives.pretrained_heads import OBJECTIVE_FILE, load_heads
+from spanlm.heads.hf import HEADS_FILE
 
 TERMS_FILE = "nlm_terms.json"
 

@@ -47,7 +47,7 @@ from spanlm.models.backbone import BackboneConfig, build_backbone, hidden_size, 
 from spanlm.models.packed import packed_block_starts
 from spanlm.models.sharing import materialised_state_dict, share_embeddings
 from spanlm.objectives import register
-from spanlm.objectives.base import Objective
+from spanlm.train.objective import Objective
 from spanlm.objectives.config import ElectraConfig
 from spanlm.objectives.masked_lm import backbone_layers, encode, gather_rows, layer_norm_eps
 from spanlm.objectives.pretrained_heads import export_backbone, export_heads, load_heads

@@ -23,7 +23,7 @@ from spanlm.masking.base import build_masker
 from spanlm.models.backbone import build_backbone, hidden_size, input_embeddings
 from spanlm.models.packed import encoder_states
 from spanlm.objectives import register
-from spanlm.objectives.base import Objective
+from spanlm.train.objective import Objective
 from spanlm.objectives.pretrained_heads import export_backbone, export_heads, load_heads
 
 def encode(backbone, batch: dict[str, torch.Tensor], input_ids: torch.Tensor | None = None) -> torch.Tensor:

@@ -17,20 +17,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from spanlm.heads.hf import read_task_head, save_task_model, task_head
+from spanlm.heads.hf import HEADS_FILE, head_state, read_task_head, save_task_model, task_head
 
-HEADS_FILE = "heads.safetensors"
 OBJECTIVE_FILE = "spanlm_objective.json"
 
 
 def head_modules(objective: nn.Module) -> dict[str, nn.Module]:
     """The objective's heads: its direct children named ``*_head`` (``None`` for an unused one is skipped)."""
     return {name: module for name, module in objective.named_children() if name.endswith("_head") and module is not None}
-
-
-def head_state(name: str, module: nn.Module) -> dict[str, torch.Tensor]:
-    """``module``'s own weights under ``name.`` (a tied decoder's weight belongs to the backbone and is not here)."""
-    return {f"{name}.{key}": tensor.detach().contiguous() for key, tensor in module.state_dict().items()}
 
 
 def export_backbone(backbone, directory: Path, head: nn.Module | None = None, kind: str | None = None,

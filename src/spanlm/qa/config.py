@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from spanlm.models.encoder import EncoderConfig
+from spanlm.models.hf_model import EncoderConfig
 from spanlm.train.config import LoggingConfig, TrainConfig
 
 

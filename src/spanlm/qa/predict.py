@@ -132,7 +132,8 @@ class QAModel:
 
     def __init__(self, directory: str | Path, device: str = "auto"):
         from spanlm.config import load_config
-        from spanlm.models.encoder import EncoderConfig, load_encoder
+        from spanlm.models.encoder import load_encoder
+        from spanlm.models.hf_model import EncoderConfig
         from spanlm.objectives.base import check_task_directory, ready_for_inference
         from spanlm.qa.task import QAObjective
 

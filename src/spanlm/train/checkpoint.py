@@ -278,7 +278,7 @@ def load_weights(path: Path, module: torch.nn.Module) -> dict[str, torch.Tensor]
 
 def load_objective_weights(objective, path: Path) -> None:
     """Load ``model.safetensors`` into an (unwrapped) objective; tied aliases may be absent."""
-    from spanlm.models.encoder import check_safetensors
+    from spanlm.models.hf_model import check_safetensors
 
     check_safetensors(path)  # whole and finite, or a one-line error naming the file and tensor
     objective.load_state_dict(load_weights(path, objective), strict=False)

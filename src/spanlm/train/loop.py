@@ -22,11 +22,11 @@ import torch.distributed as dist
 
 from spanlm import accel
 from spanlm.errors import ConfigError, SpanlmError
-from spanlm.objectives.base import Objective
+from spanlm.train.objective import Objective
 from spanlm.train import checkpoint as ckpt
 from spanlm.train.dist import DistEnv, all_reduce, any_rank, barrier, init_distributed, shutdown
 from spanlm.train.metrics import MetricsLogger, trackers_to_start
-from spanlm.train.optim import build_optimizer, build_scheduler, clip_gradients
+from spanlm.train.optim import build_optimizer, build_scheduler, clip_gradients, total_norm
 
 
 class TrainingHalted(SpanlmError):
@@ -155,7 +155,7 @@ class Trainer:
         self.objective = self.setup.objective.to(env.device)
         # The device's speed backend, in place (spanlm.accel; on CPU its kernels are built now, not under the progress bar)
         self.accel = accel.apply(self.objective, env.device, self.config.accel)
-        self.gradient_norm = accel.gradient_norm(self.accel)
+        self.gradient_norm = accel.gradient_norm(self.accel, total_norm)
         self.model = self._wrap(self.objective)
         self.optimizer = build_optimizer(self.objective, self.config)
         self.scheduler = build_scheduler(self.optimizer, self.config)
