@@ -162,7 +162,7 @@ def ner(corpus, directory: Path, args) -> dict:
     from spanlm.models.hf_model import EncoderConfig
     from spanlm.ner.config import NerConfig, NerRecipe
     from spanlm.ner.data import read_documents
-    from spanlm.ner.task import NerObjective
+    from spanlm.ner.model import NerObjective
     from spanlm.ner.windows import make_windows
     from spanlm.train.data import BatchKeySampler
 

@@ -18,7 +18,8 @@ from spanlm.models.hf_model import EncoderConfig
 from spanlm.ner.config import NerConfig, NerRecipe
 from spanlm.ner.data import NerDocument, read_documents
 from spanlm.ner.predict import window_spans
-from spanlm.ner.task import NerObjective, train_ner
+from spanlm.ner.task import train_ner
+from spanlm.ner.model import NerObjective
 from spanlm.ner.windows import make_windows
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ner"

@@ -11,7 +11,7 @@ from spanlm.models.encoder import load_encoder
 from spanlm.models.hf_model import EncoderConfig
 from spanlm.qa.data import read_squad
 from spanlm.qa.predict import window_spans
-from spanlm.qa.task import QAObjective
+from spanlm.qa.model import QAObjective
 from spanlm.qa.windows import make_windows
 
 MAX_LENGTH = 64

@@ -15,7 +15,6 @@ predict`` load: the encoder (a Hugging Face directory ``AutoModel`` loads), ``ne
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +22,8 @@ import torch
 
 from spanlm.models.packed import resolve_packing
 from spanlm.ner.data import Entity, NerDocument
+from spanlm.ner.model import HEAD_FILE, LABELS_FILE, RECIPE_FILE, NerObjective, read_labels
 from spanlm.ner.windows import Windows, make_windows
-
-HEAD_FILE, LABELS_FILE, RECIPE_FILE = "ner_head.safetensors", "labels.json", "recipe.yaml"
-
 
 @dataclasses.dataclass
 class Spans:
@@ -167,21 +164,6 @@ def score_documents(gold: list[NerDocument], predicted: list[NerDocument], label
     return scores
 
 
-def read_labels(path: Path) -> list[str]:
-    """The type ids' labels of an exported model: a JSON list of distinct names."""
-    from spanlm.errors import InputError, read_text
-
-    try:
-        labels = json.loads(read_text(path))
-    except json.JSONDecodeError as error:
-        raise InputError(f"{path}:{error.lineno}:{error.colno}: not valid JSON: {error.msg}") from None
-    if not (isinstance(labels, list) and labels and all(isinstance(label, str) for label in labels)):
-        raise InputError(f"{path}: must be a non-empty JSON list of label names, got {json.dumps(labels)[:80]}")
-    if len(set(labels)) != len(labels):
-        raise InputError(f"{path}: names a label twice")
-    return labels
-
-
 class NerModel:
     """An exported NER model: encoder + GlobalPointer head + labels + the recipe it was trained with."""
 
@@ -190,7 +172,6 @@ class NerModel:
         from spanlm.models.encoder import load_encoder
         from spanlm.models.hf_model import EncoderConfig
         from spanlm.ner.config import NerRecipe
-        from spanlm.ner.task import NerObjective
         from spanlm.objectives.base import check_task_directory, ready_for_inference
 
         directory = Path(directory)

@@ -21,37 +21,16 @@ import torch
 import torch.distributed as dist
 
 from spanlm.errors import ConfigError, InputError
-from spanlm.heads.global_pointer import GlobalPointer
-from spanlm.heads.zlpr import global_pointer_loss
 from spanlm.models.packed import resolve_packing
-from spanlm.ner.config import NerConfig, NerRecipe
+from spanlm.ner.config import NerRecipe
 from spanlm.ner.data import NerDocument, input_format, label_set, read_documents
-from spanlm.ner.predict import (HEAD_FILE, LABELS_FILE, RECIPE_FILE, NerModel, Spans, by_length, flat_select, merge,
+from spanlm.ner.model import LABELS_FILE, RECIPE_FILE, NerObjective
+from spanlm.ner.predict import (NerModel, Spans, by_length, flat_select, merge,
                                 score_documents, snap_to_graphemes, spans_to_documents, window_spans)
 from spanlm.ner.windows import make_windows
-from spanlm.objectives.base import EncoderTask
 from spanlm.train.data import build_window_loader
 from spanlm.train.dist import is_main_process
 from spanlm.train.loop import StartingPoint, TrainingSetup, train
-
-
-class NerObjective(EncoderTask):
-    """Encoder + GlobalPointer. ``forward`` returns the ZLPR loss when the batch has ``entity_spans``
-    (training, held-out loss) and the logits (B, types, L, L) otherwise (prediction)."""
-
-    def __init__(self, encoder, n_types: int, config: NerConfig):
-        super().__init__()
-        self.encoder = encoder
-        self.head_file = HEAD_FILE
-        self.head = GlobalPointer(encoder.hidden_size, n_types, config.head)
-        self.loss_config = config.loss
-
-    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        hidden = self.encoder(batch)  # (B, L, H)
-        logits = self.head(hidden, batch["token_mask"])  # (B, T, L, L); special tokens and padding masked
-        if "entity_spans" not in batch:
-            return {"logits": logits}
-        return {"loss": global_pointer_loss(logits, batch["entity_spans"], self.loss_config)}
 
 
 def read_split(path: str, recipe: NerRecipe, name: str, labels: list[str] | None, log) -> list[NerDocument]:

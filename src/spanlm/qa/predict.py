@@ -14,7 +14,6 @@ predict`` load: the encoder (a Hugging Face directory), ``qa_head.safetensors``,
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 
@@ -25,10 +24,8 @@ from spanlm.models.packed import resolve_packing
 from spanlm.qa.config import QARecipe
 from spanlm.qa.data import QAExample
 from spanlm.qa.metrics import evaluate as score_predictions
+from spanlm.qa.model import HEAD_FILE, RECIPE_FILE, SETTINGS_FILE, QAObjective, read_threshold
 from spanlm.qa.windows import Windows, encoder_featurizer, make_windows
-
-HEAD_FILE, RECIPE_FILE, SETTINGS_FILE = "qa_head.safetensors", "recipe.yaml", "qa.json"
-
 
 @dataclasses.dataclass
 class Prediction:
@@ -113,20 +110,6 @@ def final_answer(prediction: Prediction, no_answer: bool, threshold: float) -> s
     return "" if no_answer and prediction.null_margin > threshold else prediction.text
 
 
-def read_threshold(path: Path) -> float:
-    """The tuned no-answer threshold of an exported model's settings file."""
-    import math
-
-    from spanlm.errors import InputError
-    from spanlm.qa.data import load_json
-
-    settings = load_json(path)
-    threshold = settings.get("no_answer_threshold") if isinstance(settings, dict) else None
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
-        raise InputError(f"{path}: 'no_answer_threshold' must be a finite number, got {json.dumps(threshold)}")
-    return float(threshold)
-
-
 class QAModel:
     """An exported QA model: encoder + span head + the recipe it was trained with + tuned threshold."""
 
@@ -135,7 +118,6 @@ class QAModel:
         from spanlm.models.encoder import load_encoder
         from spanlm.models.hf_model import EncoderConfig
         from spanlm.objectives.base import check_task_directory, ready_for_inference
-        from spanlm.qa.task import QAObjective
 
         directory = Path(directory)
         check_task_directory(directory, (RECIPE_FILE, HEAD_FILE, SETTINGS_FILE), "QA")

@@ -17,35 +17,14 @@ import torch
 
 from spanlm.errors import ConfigError, InputError
 from spanlm.models.packed import resolve_packing
-from spanlm.objectives.base import EncoderTask
 from spanlm.qa.config import QARecipe
 from spanlm.qa.data import QAExample, read_squad
-from spanlm.qa.head import SpanHead, span_loss
-from spanlm.qa.predict import HEAD_FILE, RECIPE_FILE, SETTINGS_FILE, QAModel, evaluate_predictions, predict
+from spanlm.qa.model import RECIPE_FILE, SETTINGS_FILE, QAObjective
+from spanlm.qa.predict import QAModel, evaluate_predictions, predict
 from spanlm.qa.windows import encoder_featurizer, make_windows
 from spanlm.train.data import build_window_loader
 from spanlm.train.dist import is_main_process
 from spanlm.train.loop import StartingPoint, TrainingSetup, train
-
-
-class QAObjective(EncoderTask):
-    """Encoder + start/end head. ``forward`` returns the losses when the batch has targets
-    (training, held-out loss) and the masked logits otherwise (prediction)."""
-
-    def __init__(self, encoder):
-        super().__init__()
-        self.encoder = encoder
-        self.head_file = HEAD_FILE
-        model_config = getattr(getattr(encoder, "model", None), "config", None)
-        self.head = SpanHead(encoder.hidden_size, getattr(model_config, "initializer_range", 0.02))
-
-    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        hidden = self.encoder(batch)  # (B, L, H); CharBERT's encoder returns both channels concatenated
-        start, end = self.head(hidden, batch["context_mask"])
-        if "start_positions" not in batch:
-            return {"start_logits": start, "end_logits": end}
-        loss, start_loss, end_loss = span_loss(start, end, batch["start_positions"], batch["end_positions"])
-        return {"loss": loss, "start_loss": start_loss, "end_loss": end_loss}
 
 
 def read_split(path: str, recipe: QARecipe, name: str, log) -> list[QAExample]:
