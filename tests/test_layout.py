@@ -1,0 +1,122 @@
+"""The package's import graph is acyclic and layered (docs/architecture.md, "Layout"): a module imports
+only from its own folder or from folders of a lower layer, at module level and inside functions alike."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import spanlm
+
+PACKAGE = Path(spanlm.__file__).parent
+
+# Lowest first. A folder (or top-level module) may import from its own folder and from lower layers only.
+LAYERS = [
+    ["spanlm", "spanlm.errors"],
+    ["spanlm.files", "spanlm.processes", "spanlm.config", "spanlm.recipes"],
+    ["spanlm.cli_support"],
+    ["spanlm.data"],
+    ["spanlm.heads"],
+    ["spanlm.models", "spanlm.masking"],
+    ["spanlm.accel"],  # the device speed backend: beside the engine, which alone applies it (tests/accel/test_seam.py)
+    ["spanlm.train"],  # the engine: loop, objective interface, checkpoints, distribution, logging
+    ["spanlm.objectives"],
+    ["spanlm.pretrain", "spanlm.ner", "spanlm.qa"],  # the tasks the engine runs
+    ["spanlm.collators", "spanlm.demo"],  # the Hugging Face Trainer's collators; the demo
+    ["spanlm.cli"],
+    ["spanlm.__main__"],
+]
+# The CharBERT modeling file travels with every CharBERT export (transformers' remote code), so it must stand
+# alone: it imports nothing of spanlm, and the data layer's char featurizer may share its code.
+STANDALONE = {"spanlm.models.modeling_charbert"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def folder_of(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else module
+
+
+LAYER = {folder: rank for rank, folders in enumerate(LAYERS) for folder in folders}
+
+
+def resolve(name: str) -> str | None:
+    """The spanlm module an imported name lives in (``spanlm.a.b.func`` → ``spanlm.a.b``)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports_of(module: str) -> set[str]:
+    """Every spanlm module ``module`` imports, anywhere in its file."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            names = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        else:
+            continue
+        for name in names:
+            if name.startswith("spanlm") and (target := resolve(name)) not in (None, module):
+                found.add(target)
+                break
+    return found
+
+
+GRAPH = {module: imports_of(module) for module in MODULES}
+
+
+def test_every_folder_has_a_layer():
+    assert sorted({folder_of(m) for m in MODULES} - set(LAYER)) == []
+
+
+def test_imports_go_down_the_layers():
+    upward = sorted(f"{module} -> {target}" for module, targets in GRAPH.items() for target in targets
+                    if target not in STANDALONE and folder_of(target) != folder_of(module)
+                    and LAYER[folder_of(target)] >= LAYER[folder_of(module)])
+    assert upward == []
+
+
+def test_standalone_modules_import_nothing_of_spanlm():
+    assert {module: sorted(GRAPH[module]) for module in STANDALONE if GRAPH[module]} == {}
+
+
+def test_the_import_graph_has_no_cycle():
+    # Depth-first search; a back edge is a cycle (within a folder too).
+    state, path, cycles = {}, [], []
+
+    def visit(module):
+        state[module] = "open"
+        path.append(module)
+        for target in sorted(GRAPH[module]):
+            if state.get(target) == "open":
+                cycles.append(" -> ".join(path[path.index(target):] + [target]))
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[module] = "done"
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module)
+    assert cycles == []
+
+
+def test_the_cli_starts_without_torch():
+    # `spanlm --help` (and every subcommand's parser) stays fast: heavy libraries load inside the commands.
+    code = "import sys; from spanlm.cli import build_parser; build_parser(); print(sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
