@@ -153,6 +153,12 @@ def test_max_len_must_fit_the_position_table():
     roberta = RobertaModel(RobertaConfig(max_position_embeddings=66, pad_token_id=1, **tiny))
     with pytest.raises(ConfigError, match="exceeds the 64 positions"):
         check_max_len(roberta, 65)
+    # The noise scheme's rows grow past their blocks: they must fit the table too, and not be cut below the blocks.
+    check_max_len(holder, 56, noise_max_len=64)
+    with pytest.raises(ConfigError, match="masking.noise.max_len 72 exceeds the 64 positions"):
+        check_max_len(holder, 56, noise_max_len=72)
+    with pytest.raises(ConfigError, match="masking.noise.max_len 48 is less than data.max_len 56"):
+        check_max_len(holder, 56, noise_max_len=48)
 
 
 def test_a_data_position_in_an_earlier_format_is_a_clear_error(prepared, tmp_path):

@@ -49,7 +49,7 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
         from spanlm.objectives.pretrained_heads import describe_heads
 
         log(f"heads from {recipe.model.path}: {describe_heads(objective.head_report)}")
-    check_max_len(objective, recipe.data.max_len)
+    check_max_len(objective, recipe.data.max_len, recipe.masking.noise.max_len if recipe.masking.scheme == "noise" else None)
     recipe.data.packing = resolve_packing(recipe.data.packing, objective, env.device)  # config.yaml records the choice
     loader = build_train_loader(blocks, train_blocks, objective.masker, recipe.train, recipe.seed, env.rank, env.world_size, recipe.data)
     return TrainingSetup(objective, loader, lambda: eval_batches(blocks, held_out, objective.masker, recipe.train.batch_size,
@@ -58,12 +58,18 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
                          keep_with_run=functools.partial(keep_tokenizer, corpus))
 
 
-def check_max_len(objective: torch.nn.Module, max_len: int) -> None:
-    """Blocks of ``data.max_len`` tokens must fit every encoder's position table (else: an index error mid-step)."""
+def check_max_len(objective: torch.nn.Module, max_len: int, noise_max_len: int | None = None) -> None:
+    """The three lengths of a run agree: blocks of ``data.max_len`` tokens, and for the noise scheme rows
+    that misspelt words may grow to ``masking.noise.max_len``, fit every encoder's position table
+    (else: an index error mid-step), and noised rows are never cut below their blocks' own length."""
     limit = shortest_position_table(objective)
-    if limit is not None and max_len > limit:
-        raise ConfigError(f"data.max_len {max_len} exceeds the {limit} positions the model numbers "
-                          "(model.max_position_embeddings, or the checkpoint of model.path)")
+    if noise_max_len is not None and noise_max_len < max_len:
+        raise ConfigError(f"masking.noise.max_len {noise_max_len} is less than data.max_len {max_len}: noised rows "
+                          "would lose words of every full block; set it at least data.max_len")
+    for key, length in (("data.max_len", max_len), ("masking.noise.max_len", noise_max_len)):
+        if length is not None and limit is not None and length > limit:
+            raise ConfigError(f"{key} {length} exceeds the {limit} positions the model numbers "
+                              "(model.max_position_embeddings, or the checkpoint of model.path)")
 
 
 def pretrain(recipe, resume: str | None = None, log=print, weights_from: str | None = None) -> Path:
