@@ -83,7 +83,7 @@ class Toy(Objective):
         return list(self.layers)
 
 
-@register("toy")
+@register("toy", schemes=("mlm",), needs="its own token masker")
 def build_toy(recipe, corpus) -> Toy:
     return Toy(corpus.vocab_size, corpus.special_ids["mask"])
 

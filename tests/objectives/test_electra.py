@@ -84,7 +84,7 @@ def test_built_models_have_those_sizes_and_shard_both_backbones(corpus, tmp_path
 def test_configuration_mistakes_are_clear_errors(corpus, tmp_path):
     with pytest.raises(ConfigError, match="no embedding projection"):
         build(corpus, tmp_path, "electra", "model.family=bert")
-    with pytest.raises(ConfigError, match="generator_head sbo needs masking.scheme span"):
+    with pytest.raises(ConfigError, match=r"electra. needs masking.scheme span \(for its objective.electra.generator_head\)"):
         build(corpus, tmp_path, "electra", "objective.electra.generator_head=sbo")
     with pytest.raises(ConfigError, match="generator_width"):
         build(corpus, tmp_path, "electra", "objective.electra.generator_width=0")

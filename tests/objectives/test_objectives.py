@@ -82,6 +82,18 @@ def test_objective_and_masking_scheme_must_agree(prepared, tmp_path):
         build_objective(recipe, PreparedCorpus(prepared))
 
 
+def test_an_objective_added_as_one_module_is_built_and_checked_by_the_registry(prepared, tmp_path):
+    # tests/toy_objective.py is one module with a registered builder, nothing else: the registry builds it
+    # from a recipe and refuses, for it too, a masking scheme it did not declare.
+    from toy_objective import Toy, toy_recipe
+
+    recipe = toy_recipe(prepared, tmp_path / "toy")
+    assert isinstance(build_objective(recipe, PreparedCorpus(prepared)), Toy)
+    recipe.masking.scheme = "span"
+    with pytest.raises(ConfigError, match=r"objective 'toy' needs masking.scheme mlm \(its own token masker\), not 'span'"):
+        build_objective(recipe, PreparedCorpus(prepared))
+
+
 @pytest.mark.parametrize("name", ["spanbert", "mlm"])
 def test_continued_pretraining_starts_from_the_exported_weights(prepared, tmp_path, name):
     """Export → model.path: the rebuilt objective (backbone and heads) gives the same loss on a batch."""

@@ -1,30 +1,56 @@
-"""Objectives: one module per objective (masker + model + loss), registered by name."""
+"""Objectives: one module per objective (masker + model + loss), registered by name with the masking
+schemes it trains with.
+
+Adding an objective = one module here whose builder is decorated with ``@register(name, schemes=...)``
+and one recipe in configs/pretrain/; ``tests/toy_objective.py`` is one added that way.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from spanlm.errors import ConfigError
 
-# name → builder(recipe, corpus) -> Objective; each objective module adds itself here.
-OBJECTIVES: dict[str, Callable] = {}
+
+@dataclasses.dataclass(frozen=True)
+class Registered:
+    """An objective's builder ``build(recipe, corpus) -> Objective`` and the masking schemes it trains with:
+    a tuple, or ``schemes(recipe) -> tuple`` when its own settings decide; ``needs`` says what they provide."""
+
+    build: Callable
+    schemes: tuple[str, ...] | Callable[..., tuple[str, ...]]
+    needs: str = ""
+
+    def check_scheme(self, name: str, recipe) -> None:
+        schemes = self.schemes(recipe) if callable(self.schemes) else self.schemes
+        if recipe.masking.scheme not in schemes:
+            why = f" ({self.needs})" if self.needs else ""
+            raise ConfigError(f"objective '{name}' needs masking.scheme {' or '.join(schemes)}{why}, not '{recipe.masking.scheme}'")
 
 
-def register(name: str):
+# name → its registration; each objective module adds itself here.
+OBJECTIVES: dict[str, Registered] = {}
+
+
+def register(name: str, schemes: tuple[str, ...] | Callable[..., tuple[str, ...]], needs: str = ""):
     def decorator(builder: Callable) -> Callable:
-        OBJECTIVES[name] = builder
+        OBJECTIVES[name] = Registered(builder, schemes, needs)
         return builder
 
     return decorator
 
 
 def build_objective(recipe, corpus):
-    """The registered objective named by ``recipe.objective.name`` (a :class:`~spanlm.objectives.base.Objective`)."""
+    """The registered objective named by ``recipe.objective.name`` (a :class:`~spanlm.train.objective.Objective`),
+    after checking that ``masking.scheme`` is one it trains with."""
     _import_builtin_objectives()
     name = recipe.objective.name
     if name not in OBJECTIVES:
         raise ConfigError(f"unknown objective '{name}' (known: {', '.join(sorted(OBJECTIVES))})")
-    return OBJECTIVES[name](recipe, corpus)
+    registered = OBJECTIVES[name]
+    registered.check_scheme(name, recipe)
+    return registered.build(recipe, corpus)
 
 
 def _import_builtin_objectives() -> None:

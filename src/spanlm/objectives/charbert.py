@@ -163,10 +163,8 @@ def _continue_from(objective: CharBERT, directory: Path, charbert_export: bool) 
     load_heads(objective, directory, {"mlm_head": ("mlm", directory, objective.model.backbone.config)}, skip)
 
 
-@register("charbert")
+@register("charbert", schemes=("noise",), needs="NLM targets")
 def build_charbert(recipe, corpus) -> CharBERT:
-    if recipe.masking.scheme != "noise":
-        raise ConfigError(f"objective 'charbert' needs masking.scheme noise (NLM targets), not '{recipe.masking.scheme}'")
     settings = recipe.objective.charbert
     backbone = build_backbone(recipe.model, corpus)
     if backbone.config.model_type not in ("bert", "roberta", "electra"):

@@ -179,13 +179,14 @@ class Electra(Objective):
         return backbone_layers(self.generator) + backbone_layers(self.discriminator)
 
 
-@register("electra")
+def generator_schemes(recipe) -> tuple[str, ...]:
+    """A SpanBERT generator (generator_head sbo) needs span masking's SBO targets; an MLM one any token masking."""
+    return ("span",) if recipe.objective.electra.generator_head == "sbo" else ("mlm", "wwm", "span")
+
+
+@register("electra", schemes=generator_schemes, needs="for its objective.electra.generator_head")
 def build_electra(recipe, corpus) -> Electra:
     settings = recipe.objective.electra
-    schemes = ("span",) if settings.generator_head == "sbo" else ("mlm", "wwm", "span")
-    if recipe.masking.scheme not in schemes:
-        raise ConfigError(f"objective 'electra' with generator_head {settings.generator_head} needs masking.scheme "
-                          f"{' or '.join(schemes)}, not '{recipe.masking.scheme}'")
     source = Path(recipe.model.path) if recipe.model.path else None
     if source is None:
         generator_model = generator_config(recipe.model, settings)

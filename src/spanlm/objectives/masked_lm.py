@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 
-from spanlm.errors import ConfigError
 from spanlm.heads.losses import VocabTarget, masked_lm_loss, vocab_cross_entropies
 from spanlm.heads.mlm import MLMHead
 from spanlm.masking.base import build_masker
@@ -82,11 +81,8 @@ def layer_norm_eps(backbone) -> float:
     return float(getattr(backbone.config, "layer_norm_eps", 1e-12))
 
 
-def _builder(name: str, schemes: tuple[str, ...]):
+def _builder(name: str):
     def build(recipe, corpus) -> MaskedLM:
-        if recipe.masking.scheme not in schemes:
-            raise ConfigError(f"objective '{name}' needs masking.scheme {' or '.join(schemes)}, "
-                              f"not '{recipe.masking.scheme}'")
         backbone = build_backbone(recipe.model, corpus)
         objective = MaskedLM(name, backbone, build_masker(recipe.masking, corpus), layer_norm_eps(backbone))
         load_heads_if_present(objective, recipe.model.path)
@@ -95,6 +91,6 @@ def _builder(name: str, schemes: tuple[str, ...]):
     return build
 
 
-register("mlm")(_builder("mlm", ("mlm", "wwm", "ngram", "span")))
-register("wwm")(_builder("wwm", ("wwm",)))
-register("macbert")(_builder("macbert", ("ngram",)))
+register("mlm", schemes=("mlm", "wwm", "ngram", "span"))(_builder("mlm"))
+register("wwm", schemes=("wwm",), needs="whole words")(_builder("wwm"))
+register("macbert", schemes=("ngram",), needs="N-grams with similar-word replacements")(_builder("macbert"))

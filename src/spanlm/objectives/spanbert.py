@@ -12,7 +12,6 @@ from pathlib import Path
 
 import torch
 
-from spanlm.errors import ConfigError
 from spanlm.heads.losses import VocabTarget, span_bert_loss, vocab_cross_entropies
 from spanlm.heads.mlm import MLMHead
 from spanlm.heads.sbo import SBOHead
@@ -53,10 +52,8 @@ class SpanBERT(Objective):
         return backbone_layers(self.backbone)
 
 
-@register("spanbert")
+@register("spanbert", schemes=("span",), needs="SBO targets")
 def build_spanbert(recipe, corpus) -> SpanBERT:
-    if recipe.masking.scheme != "span":
-        raise ConfigError(f"objective 'spanbert' needs masking.scheme span (SBO targets), not '{recipe.masking.scheme}'")
     backbone = build_backbone(recipe.model, corpus)
     objective = SpanBERT(backbone, build_masker(recipe.masking, corpus), recipe.masking.span.max_targets,
                          recipe.objective.sbo_weight, layer_norm_eps(backbone))
