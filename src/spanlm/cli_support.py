@@ -1,4 +1,4 @@
-"""What the `spanlm` subcommand modules (spanlm.cli, spanlm.ner.cli, spanlm.qa.cli) share."""
+"""What the `spanlm` subcommand modules (spanlm.cli, spanlm.ner.cli, spanlm.qa.cli) share: the training command,\nthe commands on an exported model, and where their output goes."""
 
 from __future__ import annotations
 
@@ -22,6 +22,17 @@ def add_training_command(actions, name: str, help: str, recipe_example: str, ove
     command.add_argument("--resume-weights-only", default=None, metavar="PATH", dest="weights_from",
                          help="start a new run (in another train.output_dir) from the weights of this checkpoint / run "
                               "directory: new optimiser, schedule and data position, any settings may differ")
+    command.set_defaults(run=run)
+    return command
+
+
+def add_model_command(actions, name: str, help: str, task: str, run: Callable):
+    """A ``NAME MODEL [--batch-size N] [--device D]`` subcommand on an exported fine-tuned model (``ner`` / ``qa``
+    ``eval`` and ``predict``); the caller adds the command's own arguments."""
+    command = actions.add_parser(name, help=help)
+    command.add_argument("model", help=f"the model/ directory of a `spanlm {task} train` run")
+    command.add_argument("--batch-size", type=int, default=32, help="windows per forward pass (default 32)")
+    command.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     command.set_defaults(run=run)
     return command
 

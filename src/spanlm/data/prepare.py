@@ -20,14 +20,16 @@ from pathlib import Path
 
 import numpy as np
 
+from spanlm.config import save_config
+from spanlm.data.block_index import write_block_index
 from spanlm.data.corpus import CorpusReader, Input, resolve_inputs
 from spanlm.data.hf_datasets import DatasetSplit, file_sha256
 from spanlm.data.shards import FORMAT_VERSION, NpyAppender, block_index_file, ids_dtype, read_meta, shard_directory
-from spanlm.files import out_of_space, replace_directory
 from spanlm.data.similar_words import build_similar_words
 from spanlm.data.tokenizer import load_tokenizer, save_tokenizer, tokenizer_fingerprint, train_tokenizer
 from spanlm.data.words import encode_sentences
 from spanlm.errors import ConfigError, InputError
+from spanlm.files import out_of_space, replace_directory
 
 
 def input_fingerprint(recipe, inputs: list[Input], by_content: bool = False) -> str:
@@ -98,8 +100,6 @@ def prepare(recipe, *, force: bool = False, log=print, keep_tokenizer: str | Non
     must be rebuilt with a newly trained one, nothing is touched and the error says how to keep the
     tokenizer (the checkpoint could not resume otherwise).
     """
-    from spanlm.config import save_config
-    from spanlm.data.block_index import write_block_index
 
     config = recipe.data
     inputs = resolve_inputs(config)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from spanlm.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from spanlm.errors import InputError
 
 FORMAT_VERSION = 1  # of the arrays on disk (a change of what they hold alone does not force a rebuild)
@@ -123,7 +124,6 @@ class PreparedCorpus:
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            from spanlm.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 
             tokenizer = load_tokenizer(self.directory / "tokenizer")
             if tokenizer_fingerprint(tokenizer) != self.meta["tokenizer_fingerprint"]:

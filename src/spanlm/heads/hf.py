@@ -23,6 +23,8 @@ import torch
 from torch import nn
 
 from spanlm.errors import InputError
+from spanlm.heads.mlm import MLMHead
+from spanlm.heads.rtd import ElectraRTDHead
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,8 +87,6 @@ def task_head(kind: str, head: nn.Module, config) -> TaskHead | None:
     None when transformers has no such head for the family, or ``head`` is not the plain spanlm head of
     that kind (e.g. DeBERTa-V3's RTD head, which adds a LayerNorm over h_[CLS] + h_i).
     """
-    from spanlm.heads.mlm import MLMHead
-    from spanlm.heads.rtd import ElectraRTDHead
 
     model_type = config.model_type
     if kind == "mlm" and type(head) is MLMHead:

@@ -5,8 +5,8 @@ masked position goes through a transform (dense H→H, GeLU, LayerNorm) and then
 vocabulary whose weight is the input word-embedding matrix, plus an output-only bias.
 
 Speed: the vocabulary projection dominates the head (H·V multiply-adds per row against H² for the
-transform), so the caller gathers the ~15% target rows first and the head never sees the others —
-projecting every position would waste ~6.7× the work.
+transform), so the caller gathers the target rows (BERT's 15%) first and the head never sees the
+others — projecting every position would spend most of the head's work on rows no loss reads.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from torch import nn
 
+from spanlm.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from spanlm.errors import ConfigError, InputError
 
 if TYPE_CHECKING:  # transformers is imported lazily: reading a recipe must not pay for it
@@ -259,7 +260,6 @@ def check_vocabulary(model: PreTrainedModel, corpus: PreparedCorpus, where: str 
       (checkpoints often pad the vocabulary to a multiple of 8 or 128).
     * The checkpoint's pad id (padding_idx; RoBERTa's position offset) must be the tokenizer's.
     """
-    from spanlm.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 
     where = Path(where)
     prepared = corpus.directory / "tokenizer"

@@ -35,8 +35,10 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from spanlm.data.tokenizer import save_tokenizer
 from spanlm.errors import InputError
 from spanlm.models import modeling_charbert
+from spanlm.models.backbone import max_sequence_length
 from spanlm.models.hf_model import EncoderConfig, load_fast_tokenizer, load_hf_model
 from spanlm.models.modeling_charbert import (
     CHAR_KEYS,
@@ -48,6 +50,7 @@ from spanlm.models.modeling_charbert import (
     DualChannelMixin,
     init_char_weights,
 )
+from spanlm.models.packed import unpack_rows
 
 MODELING_FILE = Path(modeling_charbert.__file__)
 WEIGHTS_FILE = "model.safetensors"
@@ -190,7 +193,6 @@ class CharBertEncoder(nn.Module):
         token, char = self.model(batch)
         hidden = torch.cat([token, char], dim=-1)  # (B, L, 2H)
         if "unpack_index" in batch:  # packed windows (spanlm.data.packing): back to one window per row
-            from spanlm.models.packed import unpack_rows
 
             hidden = unpack_rows(hidden, batch["unpack_index"])
         return hidden
@@ -200,13 +202,11 @@ class CharBertEncoder(nn.Module):
         return CharFeaturizer.from_tokenizer(self.tokenizer, self.char_vocab)
 
     def max_length(self) -> int:
-        from spanlm.models.backbone import max_sequence_length
 
         return max_sequence_length(self.model.backbone)
 
     def save(self, directory: Path) -> None:
         save_charbert(self.model, Path(directory), self.char_vocab)
-        from spanlm.data.tokenizer import save_tokenizer
 
         save_tokenizer(self.tokenizer, directory)
 

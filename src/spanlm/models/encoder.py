@@ -22,9 +22,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from spanlm.data.tokenizer import save_tokenizer
 from spanlm.errors import ConfigError, InputError
+from spanlm.models.backbone import max_sequence_length
 from spanlm.models.charbert import is_charbert_directory, load_charbert_encoder
-from spanlm.models.hf_model import EncoderConfig, check_tokenizer_fits, check_weights, load_fast_tokenizer, load_hf_model
+from spanlm.models.hf_model import (
+    EncoderConfig,
+    check_tokenizer_fits,
+    check_weights,
+    load_fast_tokenizer,
+    load_hf_model,
+)
+from spanlm.models.packed import encoder_states, unpack_rows
 
 
 class Encoder(nn.Module):
@@ -39,7 +48,6 @@ class Encoder(nn.Module):
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, L, H) states of the batch's windows; a packed batch (``unpack_index``, spanlm.data.packing) runs
         the encoder on its packed rows and returns them one window per row."""
-        from spanlm.models.packed import encoder_states, unpack_rows
 
         token_types = batch["token_type_ids"] if "token_type_ids" in batch and getattr(self.model.config, "type_vocab_size", 0) > 0 else None
         if "unpack_index" not in batch:
@@ -51,14 +59,12 @@ class Encoder(nn.Module):
         return unpack_rows(hidden, batch["unpack_index"])
 
     def max_length(self) -> int:
-        from spanlm.models.backbone import max_sequence_length
 
         return max_sequence_length(self.model)
 
     def save(self, directory: Path) -> None:
         """A directory :func:`load_encoder` (and ``AutoModel``) loads back."""
         self.model.save_pretrained(str(directory))
-        from spanlm.data.tokenizer import save_tokenizer
 
         save_tokenizer(self.tokenizer, directory)
 

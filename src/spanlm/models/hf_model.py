@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from spanlm.errors import InputError
+from spanlm.models.backbone import ATTENTION, quiet_load_report
 
 
 @dataclasses.dataclass
@@ -28,7 +29,6 @@ class EncoderConfig:
 def load_hf_model(directory: Path, config: EncoderConfig):
     from transformers import AutoConfig, AutoModel
 
-    from spanlm.models.backbone import ATTENTION, quiet_load_report
     
     model_config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
     if config.dropout is not None:

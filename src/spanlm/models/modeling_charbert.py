@@ -326,7 +326,7 @@ class CharEncoder(nn.Module):
     backwards from the row's last character. Rows end with padding (the longest row sets C), and
     the backward GRU must not read that padding, or a token's vector would depend on the batch it is
     in: each row's first ``char_lengths`` characters are reversed in place (padding stays behind them)
-    — the result of a packed bidirectional GRU, without PackedSequence, whose CPU path is ~15× slower.
+    — the result of a packed bidirectional GRU, without PackedSequence and its slow CPU path.
     """
 
     def __init__(self, config: CharChannelConfig):

@@ -21,6 +21,7 @@ from torch.nn import functional as F
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
+from spanlm.heads.hf import HEADS_FILE, head_state
 from spanlm.heads.sbo import MAX_TARGETS, SBOHead
 
 
@@ -63,7 +64,6 @@ class SpanBoundaryModel(PreTrainedModel):
         from safetensors.torch import load_file
         from transformers import AutoModelForMaskedLM
 
-        from spanlm.heads.hf import HEADS_FILE
 
         directory = Path(directory)
         model = cls(AutoModelForMaskedLM.from_pretrained(str(directory)), sbo_weight=sbo_weight)
@@ -78,7 +78,6 @@ class SpanBoundaryModel(PreTrainedModel):
         """The stock model as its own Hugging Face directory, the SBO head beside it (spanlm's heads.safetensors)."""
         from safetensors.torch import save_file
 
-        from spanlm.heads.hf import HEADS_FILE, head_state
 
         directory = Path(directory)
         self.masked_lm.save_pretrained(str(directory))

@@ -7,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-from spanlm.cli_support import add_training_command, log, write_lines_or_stdout
+from spanlm.cli_support import add_model_command, add_training_command, log, write_lines_or_stdout
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -157,8 +157,7 @@ def add_ner_commands(commands) -> None:
     add_training_command(actions, "train", "fine-tune with a recipe; exports <run>/model/ and scores it on data.dev",
                          "configs/ner/cluener.yaml", "model.path=DIR ner.head.kind=standard train.max_steps=200", _train)
 
-    evaluate = actions.add_parser("eval", help="P / R / F1 of an exported model on a labelled file")
-    evaluate.add_argument("model", help="the model/ directory of a `spanlm ner train` run")
+    evaluate = add_model_command(actions, "eval", "P / R / F1 of an exported model on a labelled file", "ner", _eval)
     evaluate.add_argument("--data", required=True, help="a labelled file, or a Hugging Face NER dataset (a save_to_disk "
                                                         "directory or hf:NAME[@REVISION][:CONFIG][:SPLIT])")
     evaluate.add_argument("--format", choices=FORMATS, default=None,
@@ -171,17 +170,15 @@ def add_ner_commands(commands) -> None:
                           help="also score a copy whose ASCII words are misspelt with probability RATE "
                                "(drop / add / swap / keyboard typo, as CharBERT's robustness test)")
     evaluate.add_argument("--noise-seed", type=int, default=0, metavar="N", help="seed of the --noise attack (default 0)")
-    evaluate.set_defaults(run=_eval)
 
-    predict = actions.add_parser("predict", help="tag text: JSONL {\"text\", \"entities\": [{start, end, label, text, score}]}")
-    predict.add_argument("model", help="the model/ directory of a `spanlm ner train` run")
+    predict = add_model_command(actions, "predict", "tag text: JSONL {\"text\", \"entities\": [{start, end, label, text, score}]}",
+                                "ner", _predict)
     source = predict.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", default=None, help="one text to tag")
     source.add_argument("--input", default=None, metavar="FILE", help=".jsonl ({\"text\"} per line, \"id\" optional) or .txt (one text per line)")
     predict.add_argument("--output", default=None, metavar="FILE", help="JSONL output (default: stdout)")
     predict.add_argument("--flat", action="store_true", help="non-overlapping entities (highest score first) instead of nested")
     predict.add_argument("--threshold", type=float, default=None, help="logit threshold (default: the recipe's, 0)")
-    predict.set_defaults(run=_predict)
 
     genia = actions.add_parser("genia", help="GENIA 3.02 XML archive + document splits → nested jsonlines (yhcc's format)",
                                description="Convert the official GENIA 3.02 term corpus (GENIAcorpus3.02.tgz) into "
@@ -191,7 +188,3 @@ def add_ner_commands(commands) -> None:
     genia.add_argument("--splits", required=True, metavar="DIR", help="a directory with train.txt / dev.txt / test.txt")
     genia.add_argument("--out", required=True, metavar="DIR", help="where to write <split>.jsonlines")
     genia.set_defaults(run=_genia)
-
-    for action in (evaluate, predict):
-        action.add_argument("--batch-size", type=int, default=32, help="windows per forward pass (default 32)")
-        action.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])

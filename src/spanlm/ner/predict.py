@@ -20,10 +20,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from spanlm.config import load_config
+from spanlm.models.encoder import load_encoder
+from spanlm.models.hf_model import EncoderConfig
 from spanlm.models.packed import resolve_packing
+from spanlm.ner.config import NerRecipe
 from spanlm.ner.data import Entity, NerDocument
+from spanlm.ner.decode import decode_spans
+from spanlm.ner.metrics import cluener_macro_f1, span_prf
 from spanlm.ner.model import HEAD_FILE, LABELS_FILE, RECIPE_FILE, NerObjective, read_labels
 from spanlm.ner.windows import Windows, make_windows
+from spanlm.finetune.model import check_task_directory, ready_for_inference
+
 
 @dataclasses.dataclass
 class Spans:
@@ -51,7 +59,6 @@ def window_spans(model: torch.nn.Module, windows: Windows, indices: np.ndarray, 
                  device: torch.device, n_batches: int | None = None) -> Spans:
     """Decode windows ``indices`` into character spans. ``n_batches`` (≥ the batches needed) pads with
     repeats of the last batch, so every rank makes the same number of forward passes (FSDP)."""
-    from spanlm.ner.decode import decode_spans
 
     needed = -(-len(indices) // batch_size)
     parts = []
@@ -150,7 +157,6 @@ def predict_documents(model: torch.nn.Module, windows: Windows, documents: list[
 def score_documents(gold: list[NerDocument], predicted: list[NerDocument], labels: list[str], cluener: bool) -> dict:
     """Micro / per-type P, R, F1 over (document, label, start, end); with ``cluener`` also CLUENER's
     official macro F1 over (document, label, entity text), averaged over every label of the model."""
-    from spanlm.ner.metrics import cluener_macro_f1, span_prf
 
     def tuples(documents):
         return [(i, e.label, e.start, e.end) for i, d in enumerate(documents) for e in d.entities]
@@ -168,11 +174,6 @@ class NerModel:
     """An exported NER model: encoder + GlobalPointer head + labels + the recipe it was trained with."""
 
     def __init__(self, directory: str | Path, device: str = "auto"):
-        from spanlm.config import load_config
-        from spanlm.models.encoder import load_encoder
-        from spanlm.models.hf_model import EncoderConfig
-        from spanlm.ner.config import NerRecipe
-        from spanlm.objectives.base import check_task_directory, ready_for_inference
 
         directory = Path(directory)
         check_task_directory(directory, (RECIPE_FILE, HEAD_FILE, LABELS_FILE), "NER")

@@ -13,6 +13,7 @@ nested and multi-type entities need nothing special.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -20,13 +21,27 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from spanlm.config import save_config
 from spanlm.errors import ConfigError, InputError
+from spanlm.models.encoder import load_encoder
+from spanlm.finetune.batches import held_out_batches
+from spanlm.finetune.model import export_task_model
 from spanlm.models.packed import resolve_packing
 from spanlm.ner.config import NerRecipe
 from spanlm.ner.data import NerDocument, input_format, label_set, read_documents
+from spanlm.ner.metrics import format_table
 from spanlm.ner.model import LABELS_FILE, RECIPE_FILE, NerObjective
-from spanlm.ner.predict import (NerModel, Spans, by_length, flat_select, merge,
-                                score_documents, snap_to_graphemes, spans_to_documents, window_spans)
+from spanlm.ner.predict import (
+    NerModel,
+    Spans,
+    by_length,
+    flat_select,
+    merge,
+    score_documents,
+    snap_to_graphemes,
+    spans_to_documents,
+    window_spans,
+)
 from spanlm.ner.windows import make_windows
 from spanlm.train.data import build_window_loader
 from spanlm.train.dist import is_main_process
@@ -58,7 +73,6 @@ def ner_setup(recipe: NerRecipe, env, log=print, start: StartingPoint = Starting
     config.yaml and the export record it. ``start`` changes nothing here: the windows are read the same
     however the run starts.
     """
-    from spanlm.models.encoder import load_encoder
 
     data = recipe.data
     train_docs = read_split(data.train, recipe, "train", data.labels, log)  # data errors first: reading is cheap
@@ -90,12 +104,7 @@ def ner_setup(recipe: NerRecipe, env, log=print, start: StartingPoint = Starting
     for line in dev_report.lines(data.dev):
         log(line)
     batch_size = recipe.train.batch_size
-
-    def held_out():
-        # Every rank the same number of windows, so the loop can average the losses over ranks.
-        mine = np.arange(len(dev_windows) - len(dev_windows) % env.world_size)[env.rank::env.world_size]
-        for first in range(0, len(mine), batch_size):
-            yield dev_windows.batch(mine[first:first + batch_size])
+    held_out = functools.partial(held_out_batches, dev_windows, batch_size, env.rank, env.world_size)
 
     def evaluate(model: torch.nn.Module) -> dict[str, float]:
         module = getattr(model, "module", model)  # DDP's wrapper adds nothing at inference
@@ -119,26 +128,15 @@ def ner_setup(recipe: NerRecipe, env, log=print, start: StartingPoint = Starting
 
 
 def export_model(run_dir: Path, recipe: NerRecipe) -> Path:
-    """``<run>/model/`` from the run's latest checkpoint (written to a temp dir, then renamed)."""
-    from spanlm.config import save_config
-    from spanlm.models.encoder import load_encoder
-    from spanlm.train.checkpoint import latest_checkpoint
-    from spanlm.train.checkpoint import load_objective_weights
-    from spanlm.files import write_directory
-
-    checkpoint = latest_checkpoint(run_dir)
-    if checkpoint is None:
-        raise InputError(f"{run_dir}: no complete checkpoint to export")
+    """``<run>/model/`` from the run's latest checkpoint, with its recipe and labels."""
     labels = recipe.data.labels
-    # The architecture only: the checkpoint's weights replace the fresh ones.
-    objective = NerObjective(load_encoder(dataclasses.replace(recipe.model, init="random")), len(labels), recipe.ner)
-    load_objective_weights(objective, checkpoint / "model.safetensors")
-    def fill(directory: Path) -> None:
-        objective.export(directory)
+
+    def write_files(directory: Path) -> None:
         save_config(recipe, directory / RECIPE_FILE)
         (directory / LABELS_FILE).write_text(json.dumps(labels, ensure_ascii=False) + "\n", encoding="utf-8")
 
-    return write_directory(run_dir / "model", fill)
+    return export_task_model(run_dir, lambda: NerObjective(load_encoder(dataclasses.replace(recipe.model, init="random")),
+                                                           len(labels), recipe.ner), write_files)
 
 
 def evaluate_model(model: NerModel, documents: list[NerDocument], cluener: bool, batch_size: int = 32) -> tuple[dict, list]:
@@ -149,7 +147,6 @@ def evaluate_model(model: NerModel, documents: list[NerDocument], cluener: bool,
 
 def train_ner(recipe: NerRecipe, resume: str | None = None, log=print, weights_from: str | None = None) -> tuple[Path, dict | None]:
     """Fine-tune, export ``<run>/model/`` and score it on the whole dev set; returns (run dir, dev scores)."""
-    from spanlm.ner.metrics import format_table
 
     run_dir = train(recipe, ner_setup, resume, log, weights_from)
     if not is_main_process():

@@ -32,18 +32,26 @@ import torch
 
 from spanlm.data.chars import CharVocab, Spelling, build_char_vocab, char_stream
 from spanlm.errors import ConfigError, InputError
+from spanlm.heads.hf import HEADS_FILE
 from spanlm.heads.losses import TokenLoss, VocabTarget, vocab_cross_entropies
 from spanlm.heads.mlm import MLMHead
 from spanlm.heads.nlm import NLMHead
 from spanlm.masking.base import MaskedBatch
 from spanlm.masking.noise import NoiseMasker
 from spanlm.models.backbone import build_backbone, input_embeddings
-from spanlm.models.charbert import CharChannelConfig, DualChannel, is_charbert_directory, load_char_weights, read_char_vocab, read_charbert_config, save_charbert
+from spanlm.models.charbert import (
+    CharChannelConfig,
+    DualChannel,
+    is_charbert_directory,
+    load_char_weights,
+    read_char_vocab,
+    read_charbert_config,
+    save_charbert,
+)
 from spanlm.objectives import register
-from spanlm.train.objective import Objective
 from spanlm.objectives.masked_lm import gather_rows, layer_norm_eps
 from spanlm.objectives.pretrained_heads import OBJECTIVE_FILE, load_heads
-from spanlm.heads.hf import HEADS_FILE
+from spanlm.train.objective import Objective
 
 TERMS_FILE = "nlm_terms.json"
 

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from spanlm.data.tokenizer import save_tokenizer
 from spanlm.errors import ConfigError, InputError
 from spanlm.heads.losses import VocabTarget, masked_lm_loss, span_bert_loss, vocab_cross_entropies
 from spanlm.heads.mlm import MLMHead
@@ -47,10 +48,10 @@ from spanlm.models.backbone import BackboneConfig, build_backbone, hidden_size, 
 from spanlm.models.packed import packed_block_starts
 from spanlm.models.sharing import materialised_state_dict, share_embeddings
 from spanlm.objectives import register
-from spanlm.train.objective import Objective
 from spanlm.objectives.config import ElectraConfig
 from spanlm.objectives.masked_lm import backbone_layers, encode, gather_rows, layer_norm_eps
 from spanlm.objectives.pretrained_heads import export_backbone, export_heads, load_heads
+from spanlm.train.objective import Objective
 
 GENERATOR_DIR = "generator"
 
@@ -164,7 +165,6 @@ class Electra(Objective):
     def export(self, directory: Path, tokenizer) -> None:
         """D as ``ElectraForPreTraining`` (its RTD head under transformers' names; other families / heads: the
         bare encoder, the head in heads.safetensors) with E_D materialised; G as ``*ForMaskedLM`` in generator/."""
-        from spanlm.data.tokenizer import save_tokenizer
 
         directory = Path(directory)
         written = set()

@@ -22,8 +22,9 @@ from spanlm.masking.base import build_masker
 from spanlm.models.backbone import build_backbone, hidden_size, input_embeddings
 from spanlm.models.packed import encoder_states
 from spanlm.objectives import register
-from spanlm.train.objective import Objective
 from spanlm.objectives.pretrained_heads import export_backbone, export_heads, load_heads
+from spanlm.train.objective import Objective
+
 
 def encode(backbone, batch: dict[str, torch.Tensor], input_ids: torch.Tensor | None = None) -> torch.Tensor:
     """The backbone's last hidden states (B, L, H) for a masked batch, padded or packed (its ``position_ids``);

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from spanlm.errors import InputError
 from spanlm.heads.hf import HEADS_FILE, head_state, read_task_head, save_task_model, task_head
 
 OBJECTIVE_FILE = "spanlm_objective.json"
@@ -61,7 +62,6 @@ def load_heads(objective: nn.Module, directory: Path, transformers_heads: dict[s
     """
     from safetensors.torch import load_file
 
-    from spanlm.errors import InputError
 
     heads_file = directory / HEADS_FILE
     saved = load_file(str(heads_file)) if heads_file.is_file() else {}

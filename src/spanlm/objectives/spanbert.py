@@ -18,8 +18,15 @@ from spanlm.heads.sbo import SBOHead
 from spanlm.masking.base import build_masker
 from spanlm.models.backbone import build_backbone, hidden_size, input_embeddings
 from spanlm.objectives import register
+from spanlm.objectives.masked_lm import (
+    backbone_layers,
+    encode,
+    export_with_heads,
+    gather_rows,
+    layer_norm_eps,
+    load_heads_if_present,
+)
 from spanlm.train.objective import Objective
-from spanlm.objectives.masked_lm import backbone_layers, encode, export_with_heads, gather_rows, layer_norm_eps, load_heads_if_present
 
 
 class SpanBERT(Objective):

@@ -9,9 +9,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from spanlm.config import save_config
+from spanlm.data.shards import PreparedCorpus, read_meta
+from spanlm.data.tokenizer import save_tokenizer
 from spanlm.errors import InputError
 from spanlm.files import write_directory
-from spanlm.train.checkpoint import (MARKER, check_same_tokenizer, complete_checkpoints, load_file, load_objective_weights, missing_parts, step_of)
+from spanlm.models.backbone import shortest_position_table
+from spanlm.objectives import build_objective
+from spanlm.pretrain.recipe import load_recipe
+from spanlm.train.checkpoint import (
+    MARKER,
+    check_same_tokenizer,
+    complete_checkpoints,
+    load_file,
+    load_objective_weights,
+    missing_parts,
+    step_of,
+)
 from spanlm.train.kept_tokenizer import KeptTokenizer, checkpoint_tokenizer_dir
 
 
@@ -28,7 +42,6 @@ def check_replaceable(out: Path) -> None:
 def _corpus_of(checkpoint: Path, prepared: Path, fingerprint: str | None):
     """What the model is built from: the prepared corpus while it still holds the checkpoint's tokenizer
     (an objective may need its token arrays), else the run's kept copy of that tokenizer."""
-    from spanlm.data.shards import PreparedCorpus, read_meta
 
     kept = checkpoint_tokenizer_dir(checkpoint, fingerprint)
     if kept is None or (read_meta(prepared) or {}).get("tokenizer_fingerprint") == fingerprint:
@@ -37,11 +50,6 @@ def _corpus_of(checkpoint: Path, prepared: Path, fingerprint: str | None):
 
 
 def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
-    from spanlm.config import save_config
-    from spanlm.pretrain.recipe import load_recipe
-    from spanlm.data.tokenizer import save_tokenizer
-    from spanlm.models.backbone import shortest_position_table
-    from spanlm.objectives import build_objective
 
     checkpoint, out = Path(checkpoint), Path(out)
     check_replaceable(out)

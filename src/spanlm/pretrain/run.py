@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-
 from pathlib import Path
 
 import torch
@@ -16,6 +15,7 @@ from spanlm.errors import ConfigError
 from spanlm.models.backbone import shortest_position_table
 from spanlm.models.packed import resolve_packing
 from spanlm.objectives import build_objective
+from spanlm.objectives.pretrained_heads import describe_heads
 from spanlm.train.data import build_train_loader, eval_batches, split_blocks
 from spanlm.train.dist import DistEnv, barrier
 from spanlm.train.kept_tokenizer import checkpoint_tokenizer_dir, keep_tokenizer
@@ -46,7 +46,6 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
     torch.manual_seed(recipe.seed)  # the same seed on every rank gives identical initial weights
     objective = build_objective(recipe, corpus).to(env.device)
     if objective.head_report and env.is_main:
-        from spanlm.objectives.pretrained_heads import describe_heads
 
         log(f"heads from {recipe.model.path}: {describe_heads(objective.head_report)}")
     check_max_len(objective, recipe.data.max_len, recipe.masking.noise.max_len if recipe.masking.scheme == "noise" else None)

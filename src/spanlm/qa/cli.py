@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from spanlm.cli_support import add_training_command, log, write_lines_or_stdout
+from spanlm.cli_support import add_model_command, add_training_command, log, write_lines_or_stdout
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -68,17 +68,9 @@ def add_qa_commands(commands) -> None:
     add_training_command(actions, "train", "fine-tune with a recipe; exports <run>/model/ and scores it on data.dev",
                          "configs/qa/cmrc2018.yaml", "model.path=DIR model.init=random train.max_steps=200", _train)
 
-    for name, helptext in (("eval", "EM / F1 of an exported model on a SQuAD-format file"),
-                           ("predict", "answer JSONL questions: {\"question\", \"context\"} per line")):
-        action = actions.add_parser(name, help=helptext)
-        action.add_argument("model", help="the model/ directory of a `spanlm qa train` run")
-        if name == "eval":
-            action.add_argument("--data", required=True, help="a SQuAD v1.1 / v2.0 JSON file")
-            action.add_argument("--predictions", default=None, metavar="FILE", help="also write {question id: answer} as JSON")
-            action.set_defaults(run=_eval)
-        else:
-            action.add_argument("--input", required=True, help="JSONL, one {\"question\", \"context\"} (\"id\" optional) per line")
-            action.add_argument("--output", default=None, help="JSONL answers (default: stdout)")
-            action.set_defaults(run=_predict)
-        action.add_argument("--batch-size", type=int, default=32, help="windows per forward pass (default 32)")
-        action.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    evaluate = add_model_command(actions, "eval", "EM / F1 of an exported model on a SQuAD-format file", "qa", _eval)
+    evaluate.add_argument("--data", required=True, help="a SQuAD v1.1 / v2.0 JSON file")
+    evaluate.add_argument("--predictions", default=None, metavar="FILE", help="also write {question id: answer} as JSON")
+    predict = add_model_command(actions, "predict", "answer JSONL questions: {\"question\", \"context\"} per line", "qa", _predict)
+    predict.add_argument("--input", required=True, help="JSONL, one {\"question\", \"context\"} (\"id\" optional) per line")
+    predict.add_argument("--output", default=None, help="JSONL answers (default: stdout)")

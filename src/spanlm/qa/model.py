@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from spanlm.errors import InputError
-from spanlm.objectives.base import EncoderTask
+from spanlm.finetune.model import EncoderTask
 from spanlm.qa.data import load_json
 from spanlm.qa.head import SpanHead, span_loss
 

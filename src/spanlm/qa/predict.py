@@ -20,12 +20,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from spanlm.config import load_config
+from spanlm.models.encoder import load_encoder
+from spanlm.models.hf_model import EncoderConfig
 from spanlm.models.packed import resolve_packing
+from spanlm.finetune.model import check_task_directory, ready_for_inference
 from spanlm.qa.config import QARecipe
 from spanlm.qa.data import QAExample
 from spanlm.qa.metrics import evaluate as score_predictions
 from spanlm.qa.model import HEAD_FILE, RECIPE_FILE, SETTINGS_FILE, QAObjective, read_threshold
 from spanlm.qa.windows import Windows, encoder_featurizer, make_windows
+
 
 @dataclasses.dataclass
 class Prediction:
@@ -114,10 +119,6 @@ class QAModel:
     """An exported QA model: encoder + span head + the recipe it was trained with + tuned threshold."""
 
     def __init__(self, directory: str | Path, device: str = "auto"):
-        from spanlm.config import load_config
-        from spanlm.models.encoder import load_encoder
-        from spanlm.models.hf_model import EncoderConfig
-        from spanlm.objectives.base import check_task_directory, ready_for_inference
 
         directory = Path(directory)
         check_task_directory(directory, (RECIPE_FILE, HEAD_FILE, SETTINGS_FILE), "QA")

@@ -9,13 +9,17 @@ no-answer threshold there for SQuAD v2.0 — and writes ``<run>/eval.json``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from spanlm.config import save_config
 from spanlm.errors import ConfigError, InputError
+from spanlm.models.encoder import load_encoder
+from spanlm.finetune.batches import held_out_batches
+from spanlm.finetune.model import export_task_model
 from spanlm.models.packed import resolve_packing
 from spanlm.qa.config import QARecipe
 from spanlm.qa.data import QAExample, read_squad
@@ -43,7 +47,6 @@ def read_split(path: str, recipe: QARecipe, name: str, log) -> list[QAExample]:
 def qa_setup(recipe: QARecipe, env, log=print, start: StartingPoint = StartingPoint()) -> TrainingSetup:
     """Windows of the training and dev files, a resumable keyed loader, held-out loss and EM/F1. ``start``
     changes nothing here: the windows are read the same however the run starts."""
-    from spanlm.models.encoder import load_encoder
 
     data = recipe.data
     torch.manual_seed(recipe.seed)  # the same seed on every rank gives identical head weights
@@ -63,11 +66,7 @@ def qa_setup(recipe: QARecipe, env, log=print, start: StartingPoint = StartingPo
 
     loader = build_window_loader(train_windows, recipe.train, recipe.seed, env.rank, env.world_size, data.tokens_per_batch)
 
-    def held_out():
-        # Every rank the same number of windows, so the loop can average the losses over ranks.
-        mine = np.arange(len(dev_windows) - len(dev_windows) % env.world_size)[env.rank::env.world_size]
-        for first in range(0, len(mine), recipe.train.batch_size):
-            yield dev_windows.batch(mine[first:first + recipe.train.batch_size])
+    held_out = functools.partial(held_out_batches, dev_windows, recipe.train.batch_size, env.rank, env.world_size)
 
     def evaluate(model: torch.nn.Module) -> dict[str, float]:
         # Every rank scores the whole dev set (identical results, no reduction needed; FSDP needs every
@@ -80,25 +79,14 @@ def qa_setup(recipe: QARecipe, env, log=print, start: StartingPoint = StartingPo
 
 
 def export_model(run_dir: Path, recipe: QARecipe, threshold: float = 0.0) -> Path:
-    """``<run>/model/`` from the run's latest checkpoint (written to a temp dir, then renamed)."""
-    from spanlm.config import save_config
-    from spanlm.models.encoder import load_encoder
-    from spanlm.train.checkpoint import latest_checkpoint
-    from spanlm.train.checkpoint import load_objective_weights
-    from spanlm.files import write_directory
+    """``<run>/model/`` from the run's latest checkpoint, with its recipe and no-answer threshold."""
 
-    checkpoint = latest_checkpoint(run_dir)
-    if checkpoint is None:
-        raise InputError(f"{run_dir}: no complete checkpoint to export")
-    # The architecture only: the checkpoint's weights replace the fresh ones.
-    objective = QAObjective(load_encoder(dataclasses.replace(recipe.model, init="random")))
-    load_objective_weights(objective, checkpoint / "model.safetensors")
-    def fill(directory: Path) -> None:
-        objective.export(directory)
+    def write_files(directory: Path) -> None:
         save_config(recipe, directory / RECIPE_FILE)
         write_threshold(directory, threshold)
 
-    return write_directory(run_dir / "model", fill)
+    return export_task_model(run_dir, lambda: QAObjective(load_encoder(dataclasses.replace(recipe.model, init="random"))),
+                             write_files)
 
 
 def write_threshold(model_dir: Path, threshold: float) -> None:

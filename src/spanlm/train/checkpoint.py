@@ -41,9 +41,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spanlm.files import fsync_directory, fsync_tree, out_of_space, replace_directory
+from spanlm.config import to_dict
 from spanlm.errors import InputError
+from spanlm.files import fsync_directory, fsync_tree, out_of_space, replace_directory
+from spanlm.models.hf_model import check_safetensors
 from spanlm.processes import process_alive
+from spanlm.train.kept_tokenizer import checkpoint_tokenizer_dir
 
 MARKER = "COMPLETE"
 MANIFEST = "manifest.json"
@@ -278,7 +281,6 @@ def load_weights(path: Path, module: torch.nn.Module) -> dict[str, torch.Tensor]
 
 def load_objective_weights(objective, path: Path) -> None:
     """Load ``model.safetensors`` into an (unwrapped) objective; tied aliases may be absent."""
-    from spanlm.models.hf_model import check_safetensors
 
     check_safetensors(path)  # whole and finite, or a one-line error naming the file and tensor
     objective.load_state_dict(load_weights(path, objective), strict=False)
@@ -303,7 +305,6 @@ def check_same_tokenizer(path: Path, trainer_state: dict, fingerprint: str | Non
     saved = trainer_state.get("tokenizer_fingerprint")
     if saved is None or fingerprint is None or saved == fingerprint:
         return
-    from spanlm.train.kept_tokenizer import checkpoint_tokenizer_dir
 
     where = getattr(getattr(recipe, "data", None), "prepared_dir", "the data")
     kept = checkpoint_tokenizer_dir(path, saved)
@@ -334,7 +335,6 @@ def check_same_settings(path: Path, trainer_state: dict, recipe, world_size: int
     """
     import yaml
 
-    from spanlm.config import to_dict
 
     try:
         saved = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))

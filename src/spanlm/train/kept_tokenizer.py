@@ -25,7 +25,9 @@ import numpy as np
 
 from spanlm.data.shards import PreparedCorpus, read_meta
 from spanlm.data.similar_words import TABLE_FILE
+from spanlm.data.tokenizer import save_tokenizer
 from spanlm.errors import InputError
+from spanlm.files import write_directory
 
 KEPT_ROOT = "tokenizers"
 
@@ -49,8 +51,6 @@ def keep_tokenizer(corpus: PreparedCorpus, run_dir: Path) -> Path:
     ``corpus.tokenizer`` must have been loaded when training started: the copy is of the tokenizer the
     weights are trained on, even if the prepared directory is replaced meanwhile. Written once per run.
     """
-    from spanlm.data.tokenizer import save_tokenizer
-    from spanlm.files import write_directory
 
     fingerprint = corpus.meta["tokenizer_fingerprint"]
     target = kept_tokenizer_dir(run_dir, fingerprint)

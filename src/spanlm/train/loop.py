@@ -21,11 +21,12 @@ import torch
 import torch.distributed as dist
 
 from spanlm import accel
+from spanlm.config import save_config
 from spanlm.errors import ConfigError, SpanlmError
-from spanlm.train.objective import Objective
 from spanlm.train import checkpoint as ckpt
 from spanlm.train.dist import DistEnv, all_reduce, any_rank, barrier, init_distributed, shutdown
 from spanlm.train.metrics import MetricsLogger, trackers_to_start
+from spanlm.train.objective import Objective
 from spanlm.train.optim import build_optimizer, build_scheduler, clip_gradients, total_norm
 
 
@@ -212,7 +213,11 @@ class Trainer:
     # -- checkpoints ------------------------------------------------------------------------------
     def save(self) -> Path:
         from safetensors.torch import save_file
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         weights = get_model_state_dict(self.model, options=options)
@@ -231,7 +236,6 @@ class Trainer:
             trainer_state = {"step": self.step, "scheduler": self.scheduler.state_dict(), "loaders": loaders,
                              "world_size": self.env.world_size, "seed": self.recipe.seed, "elapsed": self.elapsed(),
                              "tokenizer_fingerprint": self.setup.tokenizer_fingerprint}
-            from spanlm.config import save_config
 
             files = {
                 "model.safetensors": lambda p: save_file(tensors, str(p)),
@@ -249,7 +253,11 @@ class Trainer:
 
     def load(self, start: StartingPoint) -> None:
         """Load ``start``'s checkpoint: everything, or only the weights for a new run from them."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         path, trainer_state = start.checkpoint, start.trainer_state
         with _naming_an_earlier_checkpoint(path):
@@ -307,7 +315,6 @@ class Trainer:
         logger = None if nothing_to_train else self._open_logger(self.step if resumed else None)
         with logger or contextlib.nullcontext():
             if env.is_main:  # only now: a refused or failed start (a tracker too) leaves the run's recipe as it was
-                from spanlm.config import save_config
 
                 save_config(self.recipe, self.output_dir / "config.yaml")
             if nothing_to_train:

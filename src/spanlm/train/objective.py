@@ -3,7 +3,7 @@
 An objective bundles a masker (NumPy, runs in DataLoader workers), a model (backbone(s) + heads) whose
 ``forward(batch)`` returns ``{"loss": …, <logged parts>…}``, and ``export(directory)`` writing what a
 downstream user loads. The loop never branches on which objective it is running: pretraining objectives
-(spanlm.objectives) and fine-tuning tasks (spanlm.objectives.base.EncoderTask: NER, QA) implement it alike.
+(spanlm.objectives) and fine-tuning tasks (spanlm.finetune.model.EncoderTask: NER, QA) implement it alike.
 """
 
 from __future__ import annotations

@@ -85,10 +85,11 @@ def total_norm(gradients: list[torch.Tensor]) -> torch.Tensor:
     """The 2-norm of all ``gradients`` together, as ``torch.nn.utils.get_total_norm`` defines it.
 
     Why not ``get_total_norm`` itself for large matrices: ATen's float32 norm kernel adds its squares
-    into float32 partial sums serially (``torch.sum`` sums in a cascade; the norm does not), so on the
-    (V, E) embedding gradient (7.8M elements at 30k × 256) it is off by ~2·10⁻⁴ relative to a float64
-    reference. The norm of the rows' norms is the same quantity, ~10⁻⁷ from that reference and faster
-    (a short reduction per row, then one over V values).
+    into float32 partial sums serially (``torch.sum`` sums in a cascade; the norm does not), so on a
+    (V, E) embedding gradient of millions of elements its rounding error grows with the length of that
+    sum. The norm of the rows' norms is the same quantity with short sums only, so it stays near a
+    float64 reference (tests/train/test_optim.py) and is faster (a short reduction per row, then one
+    over V values).
     Smaller gradients and FSDP2's sharded DTensors keep ``get_total_norm``. (On CPU, spanlm.accel's
     backend takes one kernel call instead: :func:`spanlm.accel.gradient_norm`.)
     """

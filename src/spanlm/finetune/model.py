@@ -1,17 +1,23 @@
-"""The fine-tuning objective every task (NER, QA) builds on: an encoder plus a task head.
+"""The fine-tuning objective every task (NER, QA) builds on: an encoder plus a task head, and the model
+directory a run exports (the encoder's Hugging Face directory, the head's weights, the task's own files).
 
 The interface the loop trains is :class:`spanlm.train.objective.Objective`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from spanlm.data.tokenizer import tokenizer_fingerprint
+from spanlm.errors import InputError
+from spanlm.files import write_directory
+from spanlm.models.hf_model import check_safetensors
+from spanlm.train.checkpoint import latest_checkpoint, load_objective_weights
 from spanlm.train.objective import Objective
-
 
 TOKENIZER_FINGERPRINT_FILE = "tokenizer_fingerprint.txt"  # in a task model directory, beside the tokenizer files
 
@@ -31,7 +37,6 @@ class EncoderTask(Objective):
     def export(self, directory: Path, tokenizer=None) -> None:
         from safetensors.torch import save_file
 
-        from spanlm.data.tokenizer import tokenizer_fingerprint
 
         self.encoder.save(directory)
         save_file({k: v.contiguous() for k, v in self.head.state_dict().items()}, str(directory / self.head_file))
@@ -44,7 +49,6 @@ class EncoderTask(Objective):
 
 def check_task_directory(directory: Path, files: tuple[str, ...], task: str) -> None:
     """A clear error unless ``directory`` holds every file a fine-tuned ``task`` model is made of."""
-    from spanlm.errors import InputError
 
     for name in files:
         if not (directory / name).is_file():
@@ -56,9 +60,6 @@ def ready_for_inference(objective: EncoderTask, directory: Path, device: str) ->
     """Load the head's weights from ``directory``, move ``objective`` to ``device`` (auto: CUDA when present), eval mode."""
     from safetensors.torch import load_file
 
-    from spanlm.data.tokenizer import tokenizer_fingerprint
-    from spanlm.errors import InputError
-    from spanlm.models.hf_model import check_safetensors
 
     recorded = directory / TOKENIZER_FINGERPRINT_FILE
     if recorded.is_file():  # directories exported before it was recorded have none
@@ -77,3 +78,20 @@ def ready_for_inference(objective: EncoderTask, directory: Path, device: str) ->
         device = "cuda" if torch.cuda.is_available() else "cpu"
     objective.to(device).eval()
     return torch.device(device)
+
+
+def export_task_model(run_dir: Path, build: Callable[[], EncoderTask], write_files: Callable[[Path], None]) -> Path:
+    """``<run>/model/`` from the run's latest checkpoint: ``build()`` gives the task's objective (the run's
+    architecture; the checkpoint's weights replace its fresh ones), which exports the encoder and head, and
+    ``write_files(directory)`` adds the task's own files. Written to a temporary directory, then renamed."""
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        raise InputError(f"{run_dir}: no complete checkpoint to export")
+    objective = build()
+    load_objective_weights(objective, checkpoint / "model.safetensors")
+
+    def fill(directory: Path) -> None:
+        objective.export(directory)
+        write_files(directory)
+
+    return write_directory(run_dir / "model", fill)
