@@ -16,7 +16,7 @@ Same blocks, same word boundaries: the HF whole-word collator finds a new word w
 offset differs from the previous token's end, so each block gets offsets with a one-character gap
 before every word start of spanlm's prepared shards — both sides mask exactly the same words.
 
-Corpus: every ``*.txt`` under ``--data`` (default ../shared/data/english_text from the repository
+Corpus: every ``*.txt`` under ``--data`` (default external/english_text of the repository
 root), one document per file so that blocks are full 512-token blocks; prepared once into a temporary
 directory (``--prepared DIR`` keeps and reuses it) with a new WordPiece tokenizer of vocab 30,522 (at
 the default min_frequency the corpus fills about 26,640 of them: the JSON's ``vocab_size``) and
@@ -165,7 +165,7 @@ def measure(corpus, args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "english_text"))
+    parser.add_argument("--data", default=str(REPO / "external" / "english_text"))
     parser.add_argument("--prepared", default=None, help="keep the prepared corpus here (reused when up to date)")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--calls", type=int, default=10, help="consecutive calls timed per contender and repetition")

@@ -23,7 +23,7 @@ output also holds one [CLS] and one [SEP] per input line (blank lines included) 
 varies slightly between invocations because WordPiece training in `tokenizers` is not
 deterministic (huggingface/tokenizers#1794); within one invocation both sides share one tokenizer.
 
-Corpus: every ``*.txt`` under ``--data`` (default ../shared/data/english_text from the repository
+Corpus: every ``*.txt`` under ``--data`` (default external/english_text of the repository
 root: six Gutenberg books and tinyshakespeare), except LICENSE files, in sorted order for both sides.
 
 Output: progress bars are disabled for both sides and anything printed while the pipelines run goes
@@ -68,8 +68,8 @@ PEER_STORES = [
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "english_text"),
-                        help="directory searched recursively for *.txt (default: ../shared/data/english_text)")
+    parser.add_argument("--data", default=str(REPO / "external" / "english_text"),
+                        help="directory searched recursively for *.txt (default: external/english_text, see data/README.md)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side (alternating)")
     parser.add_argument("--num-proc", type=int, default=1, help="data.num_proc for spanlm, num_proc for the peer's maps")
     parser.add_argument("--block-size", type=int, default=512, help="run_mlm's max_seq_length for group_texts")

@@ -23,7 +23,7 @@ the kernel may drop) from /proc/PID/status. Temporary disk: the peak size of the
 directory while preparing, over the final output's size. ``heap_growth`` = peak heap at the largest
 size over the smallest; the extrapolation fits heap = a + b·MB through the two sizes.
 
-Corpora: the English text under ``--data`` (default ../shared/data/english_text from the repository
+Corpora: the English text under ``--data`` (default external/english_text of the repository
 root: Gutenberg books and tiny-shakespeare), split into paragraphs at blank lines and written again
 and again, the paragraphs reshuffled per copy (``np.random.default_rng([seed, copy])``), into files of
 at most 25 MB in a temporary directory; ``--chinese MB`` adds a corpus of the Chinese novels under
@@ -57,8 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=float, nargs="+", default=[50, 200], help="English corpus sizes in MB")
     parser.add_argument("--chinese", type=float, default=0, help="size in MB of a Chinese (jieba) corpus; 0: none")
-    parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "english_text"))
-    parser.add_argument("--chinese-data", default=str(REPO.parent / "shared" / "data" / "chinese_text"))
+    parser.add_argument("--data", default=str(REPO / "external" / "english_text"))
+    parser.add_argument("--chinese-data", default=str(REPO / "external" / "chinese_text"))
     parser.add_argument("--no-run-mlm", action="store_true", help="leave out the run_mlm peer (its caches take ~4× the corpus)")
     parser.add_argument("--max-len", type=int, default=128)
     parser.add_argument("--small", action="store_true", help="tiny sizes (0.3 and 1 MB, 0.2 MB Chinese): a check that it runs")

@@ -24,7 +24,7 @@ What is compared (one optimiser step each: forward, backward, gradient clipping 
                 Optimiser as the HF Trainer builds it by default on torch ≥ 2.8 (``adamw_torch_fused``:
                 ``torch.optim.AdamW(fused=True)``, no decay on biases / LayerNorm), ``max_grad_norm`` 1.0.
 
-Data: the Gutenberg books and tiny-shakespeare under ``--data`` (default ../shared/data/english_text)
+Data: the Gutenberg books and tiny-shakespeare under ``--data`` (default external/english_text, see data/README.md)
 prepared with spanlm into a WordPiece tokenizer of ``vocab_size`` 30,522 (``min_frequency`` 1, so the
 corpus does fill 30,522 entries and both models' embeddings have exactly 30,522 rows; the actual size is
 reported as ``vocab``). Each book is given to ``spanlm prepare`` as ONE document (a .jsonl record per
@@ -126,8 +126,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--accel", choices=["auto", "off"], default="auto",
                         help="spanlm's speed backend (train.accel; off: the model as built, glibc's malloc defaults)")
     parser.add_argument("--peak-size", type=int, default=2048, help="matrix size of the matmul-peak measurement")
-    parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "english_text"),
-                        help="directory searched recursively for *.txt (default: ../shared/data/english_text)")
+    parser.add_argument("--data", default=str(REPO / "external" / "english_text"),
+                        help="directory searched recursively for *.txt (default: external/english_text, see data/README.md)")
     args = parser.parse_args()
     args.seqs = [int(s) for s in args.seqs.split(",")]
     args.steps = step_inputs.per_seq(args.steps, args.seqs, "--steps", SCRIPT)

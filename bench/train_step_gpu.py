@@ -15,8 +15,8 @@ same BERT-base encoder on both sides: hidden 768, 12 layers, 12 heads, intermedi
                 ``torch.optim.AdamW(fused=True)`` (the HF Trainer's default), no decay on biases / LayerNorm,
                 ``clip_grad_norm_`` at 1.0.
 
-Data: the *.txt files under ``--data`` (default: the first of ../shared/data/english_text,
-shared/data/english_text and the embedded data/corpus that exists), one document per file, prepared
+Data: the *.txt files under ``--data`` (default: the first of external/english_text (data/README.md),
+shared/data/english_text (the device machine's copy) and the embedded data/corpus that exists), one document per file, prepared
 with a WordPiece of 30,522 entries (``min_frequency`` 1); only blocks of exactly seq tokens are used, so
 both sides process the same tokens with no padding. ``--batches`` batches per side are built before
 timing and cycled (masking and collation untimed).
@@ -99,7 +99,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.size = TINY if args.tiny else BERT_BASE
     if args.data is None:
         candidates = [REPO / "data" / "corpus"] if args.tiny else [
-            REPO.parent / "shared" / "data" / "english_text", REPO / "shared" / "data" / "english_text", REPO / "data" / "corpus"]
+            REPO / "external" / "english_text", REPO / "shared" / "data" / "english_text", REPO / "data" / "corpus"]
         args.data = str(next(p for p in candidates if p.is_dir()))
     return args
 

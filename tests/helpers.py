@@ -10,6 +10,13 @@ from spanlm.pretrain.recipe import Recipe
 
 REPO = Path(__file__).resolve().parents[1]
 EMBEDDED_CORPUS = REPO / "data" / "corpus"
+
+
+def external_data(name: str) -> Path:
+    """A dataset the repository does not ship, from ``external/`` (data/README.md); the project's developers
+    keep one copy beside their checkouts (``../shared/data``), used when ``external/`` lacks it."""
+    local = REPO / "external" / name
+    return local if local.exists() else REPO.parent / "shared" / "data" / name
 NER_FIXTURES = REPO / "tests" / "fixtures" / "ner"
 
 ENGLISH = (

@@ -96,10 +96,10 @@ def embedded_root(root: Path) -> Path:
 
 def test_only_paths_into_the_embedded_data_are_rewritten(tmp_path):
     root = embedded_root(tmp_path / "my data")  # a space is plain YAML
-    text = ("# see data/corpus/alice.txt and ../shared/data/corpus/alice.txt\n"
+    text = ("# see data/corpus/alice.txt and ../other/data/corpus/alice.txt\n"
             "data:\n  inputs: [data/corpus/alice.txt, data/corpus/missing.txt, runs/data/corpus/alice.txt]\n")
     rewritten = with_embedded_data_paths(text, root)
-    assert rewritten.splitlines()[0] == f"# see {root.as_posix()}/data/corpus/alice.txt and ../shared/data/corpus/alice.txt"
+    assert rewritten.splitlines()[0] == f"# see {root.as_posix()}/data/corpus/alice.txt and ../other/data/corpus/alice.txt"
     assert yaml.safe_load(rewritten)["data"]["inputs"] == [(root / "data/corpus/alice.txt").as_posix(),
                                                            "data/corpus/missing.txt", "runs/data/corpus/alice.txt"]
 

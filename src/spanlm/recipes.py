@@ -25,7 +25,7 @@ from spanlm.errors import InputError
 PACKAGE = Path(__file__).resolve().parent
 SHIPPED_ROOTS = (PACKAGE / "share", PACKAGE.parents[1])  # a wheel's copy; the source checkout's root
 # A path into the embedded data as the recipes write it: data/… with no path character before it, so
-# ../shared/data/… or runs/data/… (someone else's data) is left alone.
+# external/… or runs/data/… (the user's own data) is left alone.
 EMBEDDED_DATA_PATH = re.compile(r"(?<![\w./-])data/[\w./-]+")
 
 

@@ -6,12 +6,11 @@ import sys
 
 import pytest
 
-from helpers import REPO
-
-SHARED = REPO.parent / "shared" / "data"
+from helpers import REPO, external_data
 
 
-@pytest.mark.skipif(not (SHARED / "english_text").is_dir(), reason="needs ../shared/data/english_text")
+
+@pytest.mark.skipif(not external_data("english_text").is_dir(), reason="needs external/english_text (data/README.md)")
 def test_the_scale_benchmark_small_mode(tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "bench" / "prepare_scale.py"), "--small", "--work", str(tmp_path)],
                           capture_output=True, text=True, cwd=REPO, timeout=600)

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from helpers import external_data
 from spanlm.cli import main
 from spanlm.errors import InputError
 from spanlm.ner.data import ReadOptions, read_documents
 from spanlm.ner.genia import convert_genia, read_genia, tokenize, write_genia_split
 
-SHARED_GENIA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "genia"
+GENIA = external_data("genia")
 
 # Hand-written GPML in GENIA's shape (not corpus text): nested terms, a coordination whose fragments have
 # no sem, a coordination with a child term of its own, types outside the five, an article listed twice.
@@ -171,10 +172,10 @@ def test_cli(genia, tmp_path, capsys):
 AGREEMENT = {"dev": (1765, 1745, 1751), "test": (1732, 1694, 1703)}  # sentences, identical lines, identical mention sets
 
 
-@pytest.mark.skipif(not (SHARED_GENIA / "GENIAcorpus3.02.tgz").is_file(), reason="needs ../shared/data/genia")
+@pytest.mark.skipif(not (GENIA / "GENIAcorpus3.02.tgz").is_file(), reason="needs external/genia (data/README.md)")
 def test_reproduces_yhcc_dev_and_test(tmp_path):
-    yhcc = SHARED_GENIA / "yhcc_CNN_Nested_NER"
-    corpus = read_genia(SHARED_GENIA / "GENIAcorpus3.02.tgz")
+    yhcc = GENIA / "yhcc_CNN_Nested_NER"
+    corpus = read_genia(GENIA / "GENIAcorpus3.02.tgz")
     for split, (sentences, identical_lines, identical_sets) in AGREEMENT.items():
         out = tmp_path / f"{split}.jsonlines"
         write_genia_split(corpus, yhcc / "splits" / f"{split}.txt", out)
