@@ -30,8 +30,14 @@ from typing import Literal
 import numpy as np
 
 from spanlm.data.blocks import BlockBatch
+from spanlm.data.similar_words import SimilarWords
+from spanlm.data.words import jieba_word_index
 from spanlm.errors import ConfigError
 from spanlm.masking.base import MaskingConfig, Vocabulary
+from spanlm.masking.mlm import MlmMasker
+from spanlm.masking.ngram import NgramMasker
+from spanlm.masking.span import SpanMasker
+from spanlm.masking.wwm import WholeWordMasker
 
 Scheme = Literal["mlm", "wwm", "span", "ngram"]
 IGNORE_INDEX = -100  # transformers' label of a position without a target
@@ -45,7 +51,6 @@ def tokenize_words(tokenizer, max_length: int | None = None, words: Literal["tok
     "<s>") is tokenized as ordinary text, as in ``spanlm prepare``. ``words="jieba"`` numbers words by
     jieba's segmentation (Chinese, which BERT tokenizes per character), else the fast tokenizer's own.
     """
-    from spanlm.data.words import jieba_word_index
 
     def encode(batch: dict) -> dict:
         texts = batch[text_column]
@@ -184,13 +189,8 @@ class MaskingCollator:
 
 
 def _build_masker(scheme: str, settings, vocabulary: Vocabulary, similar_words):
-    from spanlm.masking.mlm import MlmMasker
-    from spanlm.masking.ngram import NgramMasker
-    from spanlm.masking.span import SpanMasker
-    from spanlm.masking.wwm import WholeWordMasker
 
     if scheme == "ngram":
-        from spanlm.data.similar_words import SimilarWords
 
         if isinstance(similar_words, (str, Path)):
             similar_words = SimilarWords.load(similar_words)

@@ -13,7 +13,11 @@ from collections import Counter
 
 import numpy as np
 
-from spanlm.masking.base import KIND_NAMES, MASK, RANDOM, SIMILAR, MaskedBatch
+from spanlm.data.blocks import BlockDataset, BlockSampler, collate_blocks
+from spanlm.data.prepare import prepare
+from spanlm.data.shards import PreparedCorpus
+from spanlm.errors import ConfigError, InputError
+from spanlm.masking.base import KIND_NAMES, MASK, RANDOM, SIMILAR, MaskedBatch, build_masker
 
 LEGEND = ("legend: [M:x] x masked · [R:y<x] x replaced by random y · [K:x] x kept as target · "
           "[S:y<x] x replaced by similar word y · ~y~{x} noised word, NLM target x")
@@ -90,11 +94,6 @@ def statistics(pairs: list[tuple[object, MaskedBatch]], scheme: str) -> dict:
 
 def preview(recipe, n: int = 4, stats_blocks: int = 256, batch_size: int = 32, jsonl: str | None = None, out=None, log=None) -> dict:
     """Prepare (if needed), mask ``max(n, stats_blocks)`` blocks, print ``n`` of them and the statistics."""
-    from spanlm.data.blocks import BlockDataset, BlockSampler, collate_blocks
-    from spanlm.data.prepare import prepare
-    from spanlm.data.shards import PreparedCorpus
-    from spanlm.errors import ConfigError, InputError
-    from spanlm.masking.base import build_masker
 
     if n < 0 or stats_blocks < 1 or batch_size < 1:
         raise ConfigError("preview needs --n >= 0 and --stats-blocks >= 1")
