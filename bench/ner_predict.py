@@ -3,8 +3,9 @@
 What is compared (sentences per second, inference only, the same encoder architecture and tokenizer)
     spanlm      ``spanlm.ner.predict.NerModel.predict_texts``: one batched tokenizer call over all texts,
                 NumPy windows (max_len 128, stride 32), the encoder + Efficient GlobalPointer (head size
-                64) over batches of ``--batch`` windows of similar length, vectorised decoding of every (type, start, end)
-                cell above 0, merge in characters, entities with character offsets and scores.
+                64) over batches of ``--batch`` windows of similar length, vectorised decoding of every
+                (type, start, end) cell above 0, merge in characters, entities with character offsets and
+                scores.
     peer        ``transformers.pipeline("token-classification", aggregation_strategy="simple")`` over a
                 ``BertForTokenClassification`` built from the same encoder directory (13 BIO labels for
                 WNUT-17's 6 types), called on the list of texts with ``batch_size=--batch``: its
@@ -17,8 +18,8 @@ work depends on how many cells pass the threshold: a random GlobalPointer passes
 trained one about as many as there are entities. The peer keeps the random encoder, and its classifier's
 bias makes it predict "O" at every token, so that its aggregation returns no entities: it does no more
 post-processing than spanlm's decoding of a few dozen (a random classifier would return one for almost
-every token and inflate the ratio by ~1.4×). The ratio is therefore a lower bound. Texts: the 1,009 sentences of WNUT-17 dev (data/ner/wnut17/dev.conll, tokens joined
-by single spaces).
+every token and inflate the ratio). The ratio is therefore a lower bound. Texts: the 1,009 sentences
+of WNUT-17 dev (data/ner/wnut17/dev.conll, tokens joined by single spaces).
 
 Timing: one warm-up pass per side, then ``--repeats`` passes over all texts, alternating sides (the
 order flips every repetition); sentences/s from the median pass. ``ratio`` = spanlm ÷ peer.

@@ -259,7 +259,8 @@ def main() -> None:
         "peer_tokens_per_s": round(peer_tps),
         "tokens": tokens,
         "peer_tokens": peer_tokens,
-        "token_basis": "content tokens (no [CLS]/[SEP]): spanlm meta.json n_tokens; peer tokenized output minus special_tokens_mask",
+        "token_basis": ("content tokens (no [CLS]/[SEP]): spanlm meta.json n_tokens; "
+                        "peer tokenized output minus special_tokens_mask"),
         "same_ids": identical,
         "peer_grouped_tokens": peer_grouped_tokens,
         "peer_blocks": peer_blocks,

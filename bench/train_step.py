@@ -452,10 +452,12 @@ def main() -> None:
         "compile": args.compile,
         "bf16": args.bf16,
         "step": "forward + backward + gradient clipping at 1.0 + AdamW step + zero_grad; masking/collation untimed",
-        "optimizers": {"spanlm": "spanlm.train.optim.build_optimizer (torch.optim.AdamW(fused=True), no decay on biases / LayerNorm)",
+        "optimizers": {"spanlm": ("spanlm.train.optim.build_optimizer (torch.optim.AdamW(fused=True), "
+                       "no decay on biases / LayerNorm)"),
                        "peer": "torch.optim.AdamW(fused=True) (HF Trainer default adamw_torch_fused)"},
         "peer_collator": "DataCollatorForLanguageModeling(mlm_probability=0.15, whole_word_mask=True)",
-        "data": "gutenberg + tinyshakespeare, one document per book, spanlm WordPiece (min_frequency 1), full-length blocks",
+        "data": ("gutenberg + tinyshakespeare, one document per book, spanlm WordPiece (min_frequency 1), "
+                 "full-length blocks"),
         "accel": args.accel,
         "threads": torch.get_num_threads(),
         "cpus": len(os.sched_getaffinity(0)),

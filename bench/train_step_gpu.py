@@ -16,7 +16,8 @@ same BERT-base encoder on both sides: hidden 768, 12 layers, 12 heads, intermedi
                 ``clip_grad_norm_`` at 1.0.
 
 Data: the *.txt files under ``--data`` (default: the first of external/english_text (data/README.md),
-shared/data/english_text (the device machine's copy) and the embedded data/corpus that exists), one document per file, prepared
+shared/data/english_text (the device machine's copy) and the embedded data/corpus that exists), one
+document per file, prepared
 with a WordPiece of 30,522 entries (``min_frequency`` 1); only blocks of exactly seq tokens are used, so
 both sides process the same tokens with no padding. ``--batches`` batches per side are built before
 timing and cycled (masking and collation untimed).
@@ -360,14 +361,16 @@ def main(argv: list[str] | None = None) -> None:
         "peer_tokens_per_s": {seq: r["peer"]["tokens_per_s"] for seq, r in by_seq.items()},
         "peak_bf16_tflops": round(peak / 1e12, 2),
         "peak_samples_tflops": [round(p / 1e12, 2) for p in peaks],
-        "peak_method": f"torch.mm {args.peak_size}x{args.peak_size} bf16, best of 10, before the runs and after each length",
+        "peak_method": (f"torch.mm {args.peak_size}x{args.peak_size} bf16, best of 10, "
+                        "before the runs and after each length"),
         "flop_formula": "per token: 6*(N_encoder + N_head) + 12*layers*seq*hidden; N_encoder = layers*(4H^2 + 2H*I); "
                         "N_head = H^2 + H*V (dense, both sides); mfu_executed: spanlm's heads at its target rows only",
         "results": results,
         "vocab": corpus.vocab_size,
         "model": dataclasses.asdict(args.size) | {"dropout": 0.1, "attention": "sdpa"},
         "compile": args.compile,
-        "step": "bf16 autocast forward + backward + clipping at 1.0 + fused AdamW step + zero_grad; masking/collation untimed",
+        "step": ("bf16 autocast forward + backward + clipping at 1.0 + fused AdamW step + zero_grad; "
+                 "masking/collation untimed"),
         "peer_collator": "DataCollatorForLanguageModeling(mlm_probability=0.15)",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "cuda": torch.version.cuda},

@@ -74,7 +74,8 @@ def make_recipe(tmp_path: Path, files: dict[str, str | bytes], **sections) -> Re
 
 
 def readme_section(title: str, language: str = "python") -> list[str]:
-    """The ``language`` code blocks under the README heading ``title`` (up to the next heading of its level or above)."""
+    """The ``language`` code blocks under the README heading ``title`` (up to the next heading of its level or
+    above)."""
     import re
 
     lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines(keepends=True)

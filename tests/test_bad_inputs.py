@@ -578,7 +578,8 @@ def poison(path: Path, tensor: str | None = None) -> str:
 
 
 def other_tokenizer(ctx: Ctx, model: Path, size_delta: int = 0) -> None:
-    """Replace the tokenizer of ``model`` by one trained on other text (``size_delta`` more tokens than the embedding rows allow)."""
+    """Replace the tokenizer of ``model`` by one trained on other text (``size_delta`` more tokens than the
+    embedding rows allow)."""
     from spanlm.data.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
     from transformers import AutoConfig
 

@@ -118,5 +118,6 @@ def test_the_import_graph_has_no_cycle():
 
 def test_the_cli_starts_without_torch():
     # `spanlm --help` (and every subcommand's parser) stays fast: heavy libraries load inside the commands.
-    code = "import sys; from spanlm.cli import build_parser; build_parser(); print(sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))"
+    code = ("import sys; from spanlm.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"

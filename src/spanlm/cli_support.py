@@ -1,4 +1,5 @@
-"""What the `spanlm` subcommand modules (spanlm.cli, spanlm.ner.cli, spanlm.qa.cli) share: the training command,\nthe commands on an exported model, and where their output goes."""
+"""What the `spanlm` subcommand modules (spanlm.cli, spanlm.ner.cli, spanlm.qa.cli) share: the training
+command, the commands on an exported model, and where their output goes."""
 
 from __future__ import annotations
 

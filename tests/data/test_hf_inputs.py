@@ -111,7 +111,8 @@ def test_a_saved_dataset_is_reused_until_its_rows_change(tmp_path):
 
 @pytest.fixture
 def cached_wikitext(offline_datasets_cache, tmp_path):
-    """A small `Salesforce/wikitext` (configuration wikitext-2-raw-v1) in the datasets cache, as an online load leaves it."""
+    """A small `Salesforce/wikitext` (configuration wikitext-2-raw-v1) in the datasets cache, as an online load
+    leaves it."""
     rows = {"train": [" = Holmes = ", " He examined the mechanism . ", "", " Watson wrote it down . "],
             "validation": [" The café owners did not care . "]}
     splits = {split: datasets.Dataset.from_dict({"text": texts}) for split, texts in rows.items()}

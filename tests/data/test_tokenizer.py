@@ -122,7 +122,8 @@ def ours_tokenizer(directory: Path):
 
 
 def _tiny_mlm(tokenizer_dir: Path, model):
-    """spanlm's MLM objective (backbone + MLM head) over the tokenizer in ``tokenizer_dir``, weights moved off their init."""
+    """spanlm's MLM objective (backbone + MLM head) over the tokenizer in ``tokenizer_dir``, weights moved off
+    their init."""
     import torch
 
     from spanlm.models.backbone import _transformers_config

@@ -67,7 +67,8 @@ def test_sparse_equals_dense_values_and_gradients(seed):
 
 def test_sparse_has_no_cancellation_when_positives_dominate():
     """Positives at +60, negatives far below: a + log(1 - e^{b-a}) would round 1 - e^{b-a} to 0 here
-    (the known failure of that rewrite, docs/objectives.md); the sparse loss must still equal the dense one and stay ≥ 0."""
+    (the known failure of that rewrite, docs/objectives.md); the sparse loss must still equal the dense one and
+    stay ≥ 0."""
     logits = masked_logits(3, scale=1.0) - 12.0
     labels = span_labels(SPANS, logits.shape)
     logits = torch.where(labels, torch.tensor(60.0), logits).requires_grad_(True)

@@ -62,7 +62,8 @@ def run_without_spanlm(code: str, cwd: Path) -> str:
 
 
 def spanlm_hidden(directory: Path, texts: list[str]) -> torch.Tensor:
-    """spanlm's fine-tuning features (B, L, 2H) of ``texts`` from the encoder ``load_encoder`` reads in ``directory``."""
+    """spanlm's fine-tuning features (B, L, 2H) of ``texts`` from the encoder ``load_encoder`` reads in
+    ``directory``."""
     encoder = load_encoder(EncoderConfig(path=str(directory))).eval()
     assert isinstance(encoder, CharBertEncoder)
     encoding = encoder.tokenizer(texts, padding=True, return_offsets_mapping=True, return_tensors="np")

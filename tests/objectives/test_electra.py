@@ -1,4 +1,5 @@
-"""ELECTRA / DeBERTa-V3 RTD: sizes, gradient routing per sharing mode, labels, learning, pretrain → export → AutoModel."""
+"""ELECTRA / DeBERTa-V3 RTD: sizes, gradient routing per sharing mode, labels, learning, and
+pretrain → export → AutoModel."""
 
 from __future__ import annotations
 

@@ -111,7 +111,8 @@ class ComputedLengths:
 
 
 def start_up(n_blocks: int, tokens: int) -> tuple[int, float]:
-    """Peak traced bytes and seconds to split ``n_blocks`` blocks, build rank 1 of 4's sampler and draw its first batch."""
+    """Peak traced bytes and seconds to split ``n_blocks`` blocks, build rank 1 of 4's sampler and draw its first
+    batch."""
     tracemalloc.start()
     began = time.perf_counter()
     train, _ = split_blocks(n_blocks, 64, seed=0)

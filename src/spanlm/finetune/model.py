@@ -57,7 +57,8 @@ def check_task_directory(directory: Path, files: tuple[str, ...], task: str) -> 
 
 
 def ready_for_inference(objective: EncoderTask, directory: Path, device: str) -> torch.device:
-    """Load the head's weights from ``directory``, move ``objective`` to ``device`` (auto: CUDA when present), eval mode."""
+    """Load the head's weights from ``directory``, move ``objective`` to ``device`` (auto: CUDA when present),
+    eval mode."""
     from safetensors.torch import load_file
 
 

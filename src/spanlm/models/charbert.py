@@ -198,7 +198,8 @@ class CharBertEncoder(nn.Module):
         return hidden
 
     def featurizer(self) -> CharFeaturizer:
-        """Picklable ``f(input_ids (B, L), offsets (B, L, 2), texts) -> {char_ids, char_lengths, char_first, char_last}``."""
+        """Picklable ``f(input_ids (B, L), offsets (B, L, 2), texts)``
+        ``-> {char_ids, char_lengths, char_first, char_last}``."""
         return CharFeaturizer.from_tokenizer(self.tokenizer, self.char_vocab)
 
     def max_length(self) -> int:

@@ -493,7 +493,8 @@ class CharBertModel(DualChannelMixin, PreTrainedModel):
             module.reset_parameters()
 
     def char_featurizer(self, tokenizer) -> CharFeaturizer:
-        """The char inputs' featurizer for this model's (fast) tokenizer: ``featurizer.model_inputs(encoding, texts)``."""
+        """The char inputs' featurizer for this model's (fast) tokenizer:
+        ``featurizer.model_inputs(encoding, texts)``."""
         return CharFeaturizer.from_tokenizer(tokenizer, CharVocab.from_model_config(self.config))
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,

@@ -44,7 +44,8 @@ def cluener_macro_f1(gold: Iterable[tuple], pred: Iterable[tuple], labels: Itera
 
 def format_table(scores: dict) -> str:
     """A printable table of :func:`span_prf`'s result: one row per type, then the micro average
-    (P/R/F1 in percent, as the scores are); CLUENER's macro F1 below it when ``scores["cluener_macro_f1"]`` is present."""
+    (P/R/F1 in percent, as the scores are); CLUENER's macro F1 below it when ``scores["cluener_macro_f1"]``
+    is present."""
     rows = [(label, s) for label, s in scores["per_type"].items()] + [("micro", scores["micro"])]
     width = max([len(str(label)) for label, _ in rows] + [5])
     header = f"{'type':<{width}}  {'P':>6}  {'R':>6}  {'F1':>6}  {'tp':>6}  {'pred':>6}  {'gold':>6}"

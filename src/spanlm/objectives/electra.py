@@ -159,7 +159,8 @@ class Electra(Objective):
             **parts,
             "rtd_loss": rtd.mean.detach(),
             **rtd.metrics(),
-            "sample_accuracy": sample_accuracy,  # share of samples equal to the original (ELECTRA's "sampled MLM accuracy")
+            # the share of samples equal to the original (ELECTRA's "sampled MLM accuracy")
+            "sample_accuracy": sample_accuracy,
         }
 
     def export(self, directory: Path, tokenizer) -> None:

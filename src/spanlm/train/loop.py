@@ -154,7 +154,8 @@ class Trainer:
 
         self.setup = build_setup(recipe, env, self.log, start)
         self.objective = self.setup.objective.to(env.device)
-        # The device's speed backend, in place (spanlm.accel; on CPU its kernels are built now, not under the progress bar)
+        # The device's speed backend, in place (spanlm.accel; on CPU its kernels are built now, not under the
+        # progress bar)
         self.accel = accel.apply(self.objective, env.device, self.config.accel)
         self.gradient_norm = accel.gradient_norm(self.accel, total_norm)
         self.model = self._wrap(self.objective)
@@ -324,7 +325,8 @@ class Trainer:
             return self._train(logger)
 
     def _open_logger(self, resumed_step: int | None) -> MetricsLogger | None:
-        """Rank 0's metrics.jsonl and trackers (None on the other ranks); a tracker that cannot start stops every rank."""
+        """Rank 0's metrics.jsonl and trackers (None on the other ranks); a tracker that cannot start stops every
+        rank."""
         logger, failure = None, None
         if self.env.is_main:
             try:
@@ -495,7 +497,8 @@ _STOPPED = "; stopped without updating the weights (nonfinite=skip skips such st
 
 
 def _nonfinite_message(step: int, parts: dict[str, float | torch.Tensor]) -> str:
-    return f"non-finite loss or gradient norm at step {step} ({', '.join(f'{k}={float(v):.4g}' for k, v in sorted(parts.items()))})"
+    values = ", ".join(f"{k}={float(v):.4g}" for k, v in sorted(parts.items()))
+    return f"non-finite loss or gradient norm at step {step} ({values})"
 
 
 class _Window:

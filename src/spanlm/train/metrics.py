@@ -157,7 +157,8 @@ class TensorBoardTracker:
 
 
 class WandbTracker:
-    """A W&B run (online, or offline with ``WANDB_MODE=offline``); files under ``$WANDB_DIR``, else the output directory."""
+    """A W&B run (online, or offline with ``WANDB_MODE=offline``); files under ``$WANDB_DIR``, else the output
+    directory."""
 
     def __init__(self, run: RunInfo, log):
         import wandb
