@@ -36,6 +36,25 @@ def test_random_init_keeps_architecture_not_weights(tiny_encoder_dir):
     assert not torch.equal(pretrained.state_dict()[weight], random.state_dict()[weight])
 
 
+def test_a_frozen_encoder_leaves_only_the_head_to_train(tiny_encoder_dir):
+    from spanlm.ner.config import NerConfig
+    from spanlm.ner.model import NerObjective
+    from spanlm.train.config import TrainConfig
+    from spanlm.train.optim import build_optimizer
+
+    objective = NerObjective(load_encoder(EncoderConfig(path=str(tiny_encoder_dir), frozen=True)), 3, NerConfig())
+    trained = {id(p) for group in build_optimizer(objective, TrainConfig()).param_groups for p in group["params"]}
+    assert trained == {id(p) for p in objective.head.parameters()}
+    assert not any(p.requires_grad for p in objective.encoder.parameters())
+    ids = torch.tensor([objective.encoder.tokenizer("Alice was beginning to get very tired")["input_ids"]])
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    loss = objective({"input_ids": ids, "attention_mask": mask, "token_mask": mask,
+                      "entity_spans": torch.tensor([[[0, 1, 1]]])})["loss"]
+    loss.backward()
+    assert all(p.grad is None for p in objective.encoder.parameters())
+    assert all(p.grad is not None for p in objective.head.parameters())
+
+
 def test_dropout_override(tiny_encoder_dir):
     encoder = load_encoder(EncoderConfig(path=str(tiny_encoder_dir), dropout=0.0))
     assert encoder.model.config.hidden_dropout_prob == 0.0

@@ -84,9 +84,12 @@ def load_encoder(config: EncoderConfig) -> nn.Module:
     if config.init == "pretrained":
         check_weights(directory)
     if is_charbert_directory(directory):
-        return load_charbert_encoder(directory, config)
-    encoder = Encoder(load_hf_model(directory, config), load_fast_tokenizer(directory))
-    check_tokenizer_fits(encoder, directory)
+        encoder = load_charbert_encoder(directory, config)
+    else:
+        encoder = Encoder(load_hf_model(directory, config), load_fast_tokenizer(directory))
+        check_tokenizer_fits(encoder, directory)
+    if config.frozen:
+        encoder.requires_grad_(False)  # the optimiser takes trainable parameters only (parameter_groups)
     return encoder
 
 

@@ -20,6 +20,9 @@ class EncoderConfig:
     path: str = ""  # a Hugging Face checkpoint directory or a spanlm export
     init: Literal["pretrained", "random"] = "pretrained"  # random: same architecture, fresh weights (baseline)
     dropout: float | None = None  # overrides hidden/attention dropout of the checkpoint's config when set
+    # true: only the task head trains and the encoder keeps the weights it was loaded with — a probe of
+    # what its pretraining learnt (pretrained vs random init), and a cheaper backward pass
+    frozen: bool = False
 
     def __post_init__(self) -> None:
         if self.dropout is not None and not 0 <= self.dropout < 1:
