@@ -49,16 +49,27 @@ INITS = ("pretrained", "random")
 NER_NAME = "GermEval 2014"
 NER_RECIPE = "configs/ner/germeval2014.yaml"
 NER_DATA = "data/ner/germeval2014"
+EMBEDDED_LABELLED = 3000  # labelled sentences in NER_DATA/train.conll
 
 
 @dataclasses.dataclass
 class DemoPlan:
     pretrain_steps: int = 1500
     pretrain_eval_every: int = 250
+    vocab_size: int = 8000  # the WordPiece vocabulary trained on the pretraining text
+    # The first this many of the embedded training sentences keep their labels for NER; all 24,000 are
+    # pretraining text either way.
+    labelled_sentences: int = 3000
     ner_steps: int = 500
     ner_lr: float = 1e-3  # a tiny encoder fine-tuned for minutes needs far more than BERT-base's 2e-5..5e-5
     ner_eval_every: int = 100
     eval_docs: int = 300  # dev sentences scored during NER training (the final scores use all)
+
+    def __post_init__(self) -> None:
+        from spanlm.errors import ConfigError
+
+        if not 1 <= self.labelled_sentences <= EMBEDDED_LABELLED:
+            raise ConfigError(f"labelled_sentences must be 1..{EMBEDDED_LABELLED}, got {self.labelled_sentences}")
 
 
 QUICK = DemoPlan(pretrain_steps=12, pretrain_eval_every=6, ner_steps=12, ner_eval_every=6, eval_docs=50)
@@ -111,12 +122,14 @@ def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
     data = root / NER_DATA
     base = load_recipe(root / NER_RECIPE, [f"data.train={data / 'train.conll'}", f"data.dev={data / 'dev.conll'}"], cls=NerRecipe)
     task_text = _unlabelled_text(base.data, out / "task_text" / "train_sentences.txt")
+    base.data.train = str(_labelled_subset(data / "train.conll", plan.labelled_sentences, out / "ner_train.conll"))
     stages, wall = {}, {}
 
     log(f"[1/5] seed {seed}: pretraining a tiny SpanBERT encoder ({plan.pretrain_steps} steps) → {out / 'pretrain'}")
     pretrain_recipe = load_recipe(root / "configs/pretrain/spanbert.yaml", [
         f"seed={seed}", f"data.inputs={json.dumps([str(data / 'unlabelled.txt.gz'), str(task_text)])}",
         f"data.prepared_dir={out / 'prepared'}", "tokenizer.lowercase=false",  # cased, as BERT-cased for NER
+        f"tokenizer.vocab_size={plan.vocab_size}",
         f"train.output_dir={out / 'pretrain'}", f"train.max_steps={plan.pretrain_steps}", "train.eval_at_start=true",
         f"train.eval_every={plan.pretrain_eval_every}", f"train.save_every={plan.pretrain_steps}",
         f"train.log_every={min(10, plan.pretrain_steps)}", "train.eval_blocks=64", "logging.report_to=[]",
@@ -168,6 +181,13 @@ def _unlabelled_text(data, path: Path) -> Path:
     documents, _ = read_documents(data.train, data)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(document.text + "\n" for document in documents if document.text.strip()), encoding="utf-8")
+    return path
+
+
+def _labelled_subset(conll: Path, sentences: int, path: Path) -> Path:
+    """The first ``sentences`` records of a CoNLL file (records end at a blank line), written to ``path``."""
+    records = [record for record in conll.read_text(encoding="utf-8").split("\n\n") if record.strip()]
+    path.write_text("\n\n".join(records[:sentences]) + "\n", encoding="utf-8")
     return path
 
 
@@ -226,6 +246,7 @@ def _summarise(out: Path, plan: DemoPlan, seed: int, stages: dict, data, pretrai
         "run": {
             "seed": seed, "commit": _commit(), "encoder_parameters": parameters,
             "tokenizer": f"WordPiece, {meta['vocab_size']} tokens, cased, trained on the pretraining text",
+            "labelled_sentences": len(train_docs),
             "pretraining_corpus_tokens": meta["n_tokens"],
             # Blocks of whole sentences, at most data.max_len tokens each.
             "pretraining_blocks_seen": stages["pretrain"]["ran"] * pretrain_recipe.train.batch_size,
@@ -420,7 +441,7 @@ def _write_page(out: Path, summary: dict) -> None:
                     "The numbers below are those of the steps that ran.</p>")
     page += [f"<p>A tiny BERT encoder is pretrained with SpanBERT's objective (span masking, MLM + Span Boundary Objective) "
              f"on the text of the {NER_NAME} training sentences, without their labels (24,000 sentences of German Wikipedia "
-             "and news). Then NER is learnt from only 3,000 labelled sentences: the same "
+             f"and news). Then NER is learnt from only {run['labelled_sentences']:,} labelled sentences: the same "
              f"GlobalPointer NER fine-tuning runs twice with one budget: from that encoder and from a randomly initialised "
              "copy (same architecture and tokenizer, same data order and head initialisation). Only the encoder's starting "
              "weights differ. Run reports: <a href='pretrain/report.html'>pretraining</a>, "
