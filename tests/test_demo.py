@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+import yaml
 
 from spanlm.cli import main
 from spanlm.demo import EXAMPLES, FILL_MASK, QUICK, DemoPlan, run_demo
@@ -51,9 +52,13 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     assert run["labelled_sentences"] == len(labelled) == QUICK.labelled_sentences < 3000
     assert labelled[0].startswith("Schartau\tB-PER")
     assert json.loads((out / "prepared" / "meta.json").read_text(encoding="utf-8"))["n_sentences"] == 24000
+    for init in ("pretrained", "random"):  # the head and the encoder each at the plan's rate
+        recorded = yaml.safe_load((out / f"ner-{init}" / "config.yaml").read_text(encoding="utf-8"))["train"]
+        assert (recorded["lr"], recorded["encoder_lr"]) == (QUICK.ner_lr, QUICK.ner_encoder_lr) and QUICK.ner_encoder_lr < QUICK.ner_lr
     assert set(run["wall_seconds"]) == {"pretrain", "ner_pretrained", "ner_random", "total"}
 
     page = (out / "report.html").read_text(encoding="utf-8")
+    assert "500 labelled sentences; learning rate 0.003 for the head, 0.001 for the encoder" in page
     for section in ("<h2>Summary</h2>", "<h2>Run</h2>", "pretrained vs random init", "seen / unseen", "unigram baseline",
                     "Fill-mask", "Entities found in example sentences", "pretrain/report.html", "ner-random/report.html"):
         assert section in page, section

@@ -437,6 +437,12 @@ _HEAD = ("<!doctype html><html><head><meta charset='utf-8'><title>spanlm demo</t
          "padding:.5em}</style></head><body>")
 
 
+def _rates(plan: dict) -> str:
+    if plan["ner_encoder_lr"] is None:
+        return f"{plan['ner_lr']:g}"
+    return f"{plan['ner_lr']:g} for the head, {plan['ner_encoder_lr']:g} for the encoder"
+
+
 def _write_page(out: Path, summary: dict) -> None:
     run = summary["run"]
     page = [_HEAD, "<h1>spanlm demo: does span-aware pretraining help?</h1>"]
@@ -459,6 +465,7 @@ def _write_page(out: Path, summary: dict) -> None:
              ("encoder", f"BERT, {run['encoder_parameters']:,} parameters"), ("tokenizer", run["tokenizer"]),
              ("pretraining", f"{steps['pretrain']['ran']} of {steps['pretrain']['planned']} steps; {run['pretraining_blocks_seen']:,} "
                              f"blocks of ≤ {run['block_tokens_max']} tokens from a {run['pretraining_corpus_tokens']:,}-token corpus"),
+             ("NER fine-tuning", f"{run['labelled_sentences']:,} labelled sentences; learning rate {_rates(summary['plan'])}"),
              *((f"NER, {name[4:]} init", f"{stage['ran']} of {stage['planned']} steps") for name, stage in steps.items() if name != "pretrain"),
              ("wall time", ", ".join(f"{k} {v:.0f} s" for k, v in run["wall_seconds"].items()))]
     page += [f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in facts]
