@@ -57,7 +57,6 @@ EMBEDDED_LABELLED = 3000  # labelled sentences in NER_DATA/train.conll
 class DemoPlan:
     pretrain_steps: int = 1500
     pretrain_eval_every: int = 250
-    vocab_size: int = 8000  # the WordPiece vocabulary trained on the pretraining text
     # The first this many of the embedded training sentences keep their labels for NER; all 24,000 are
     # pretraining text either way. Few labels: where a pretrained start can matter.
     labelled_sentences: int = 500
@@ -134,7 +133,6 @@ def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
     pretrain_recipe = load_recipe(root / "configs/pretrain/spanbert.yaml", [
         f"seed={seed}", f"data.inputs={json.dumps([str(data / 'unlabelled.txt.gz'), str(task_text)])}",
         f"data.prepared_dir={out / 'prepared'}", "tokenizer.lowercase=false",  # cased, as BERT-cased for NER
-        f"tokenizer.vocab_size={plan.vocab_size}",
         f"train.output_dir={out / 'pretrain'}", f"train.max_steps={plan.pretrain_steps}", "train.eval_at_start=true",
         f"train.eval_every={plan.pretrain_eval_every}", f"train.save_every={plan.pretrain_steps}",
         f"train.log_every={min(10, plan.pretrain_steps)}", "train.eval_blocks=64", "logging.report_to=[]",
