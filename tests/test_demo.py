@@ -11,9 +11,10 @@ import threading
 import time
 
 import pytest
+import yaml
 
 from spanlm.cli import main
-from spanlm.demo import EXAMPLES, FILL_MASK, DemoPlan, run_demo
+from spanlm.demo import EXAMPLES, FILL_MASK, QUICK, DemoPlan, run_demo
 from spanlm.train.metrics import read_metrics
 
 
@@ -46,9 +47,18 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     assert [item["text"] for item in summary["fill_mask"]] == FILL_MASK and all(len(item["top"]) == 3 for item in summary["fill_mask"])
     run = summary["run"]
     assert run["seed"] == 0 and run["encoder_parameters"] > 0 and run["pretraining_blocks_seen"] == 12 * 16
+    # NER learns from the first labelled_sentences sentences; pretraining reads all 24,000 without labels.
+    labelled = (out / "ner_train.conll").read_text(encoding="utf-8").strip().split("\n\n")
+    assert run["labelled_sentences"] == len(labelled) == QUICK.labelled_sentences < 3000
+    assert labelled[0].startswith("Schartau\tB-PER")
+    assert json.loads((out / "prepared" / "meta.json").read_text(encoding="utf-8"))["n_sentences"] == 24000
+    for init in ("pretrained", "random"):  # the head and the encoder each at the plan's rate
+        recorded = yaml.safe_load((out / f"ner-{init}" / "config.yaml").read_text(encoding="utf-8"))["train"]
+        assert (recorded["lr"], recorded["encoder_lr"]) == (QUICK.ner_lr, QUICK.ner_encoder_lr) and QUICK.ner_encoder_lr < QUICK.ner_lr
     assert set(run["wall_seconds"]) == {"pretrain", "ner_pretrained", "ner_random", "total"}
 
     page = (out / "report.html").read_text(encoding="utf-8")
+    assert "500 labelled sentences; learning rate 0.003 for the head, 0.001 for the encoder" in page
     for section in ("<h2>Summary</h2>", "<h2>Run</h2>", "pretrained vs random init", "seen / unseen", "unigram baseline",
                     "Fill-mask", "Entities found in example sentences", "pretrain/report.html", "ner-random/report.html"):
         assert section in page, section
@@ -89,6 +99,14 @@ def test_sigterm_in_the_ner_stage_reports_the_steps_that_ran(tmp_path):
     page = (out / "report.html").read_text(encoding="utf-8")
     assert "Interrupted run" in page and f"ner_pretrained: {ran} of {planned} steps" in page
     assert f"{ran} of {planned} steps" in page and "ner_random: 0 of" in page
+
+
+def test_a_plan_needs_labelled_sentences_the_data_has():
+    from spanlm.errors import ConfigError
+
+    for bad in (0, 3001):
+        with pytest.raises(ConfigError, match="labelled_sentences must be 1..3000"):
+            DemoPlan(labelled_sentences=bad)
 
 
 def test_readme_puts_spanlm_on_path():

@@ -1,7 +1,8 @@
 """`spanlm demo`: does span-aware pretraining help? A controlled comparison on the embedded data, one report.
 
 The German NER data of GermEval 2014 (data/ner/germeval2014, CC BY 4.0) as a low-resource task: 3,000
-labelled training sentences, and the other 21,000 training sentences without their labels. Their text
+labelled training sentences (``DemoPlan.labelled_sentences``: the first N of them), and the other 21,000
+training sentences without their labels. Their text
 (task-adaptive pretraining: the task's own domain, the labelled sentences' text included) → `prepare` →
 SpanBERT pretraining (configs/pretrain/spanbert.yaml) → export → the same GlobalPointer NER fine-tuning
 (configs/ner/germeval2014.yaml) twice, from the pretrained encoder and from a randomly initialised copy
@@ -49,19 +50,33 @@ INITS = ("pretrained", "random")
 NER_NAME = "GermEval 2014"
 NER_RECIPE = "configs/ner/germeval2014.yaml"
 NER_DATA = "data/ner/germeval2014"
+EMBEDDED_LABELLED = 3000  # labelled sentences in NER_DATA/train.conll
 
 
 @dataclasses.dataclass
 class DemoPlan:
     pretrain_steps: int = 1500
     pretrain_eval_every: int = 250
-    ner_steps: int = 500
-    ner_lr: float = 1e-3  # a tiny encoder fine-tuned for minutes needs far more than BERT-base's 2e-5..5e-5
-    ner_eval_every: int = 100
+    # The first this many of the embedded training sentences keep their labels for NER; all 24,000 are
+    # pretraining text either way. Few labels: where a pretrained start can matter.
+    labelled_sentences: int = 500
+    ner_steps: int = 300
+    # The new head learns at ner_lr, the encoder at ner_encoder_lr (train.encoder_lr; None: ner_lr too). A
+    # tiny encoder fine-tuned for minutes needs far more than BERT-base's 2e-5..5e-5, but above 1e-3 a
+    # randomly initialised one sometimes never leaves the predict-nothing start (RESULTS.md).
+    ner_lr: float = 3e-3
+    ner_encoder_lr: float | None = 1e-3
+    ner_eval_every: int = 50
     eval_docs: int = 300  # dev sentences scored during NER training (the final scores use all)
 
+    def __post_init__(self) -> None:
+        from spanlm.errors import ConfigError
 
-QUICK = DemoPlan(pretrain_steps=12, pretrain_eval_every=6, ner_steps=12, ner_eval_every=6, eval_docs=50)
+        if not 1 <= self.labelled_sentences <= EMBEDDED_LABELLED:
+            raise ConfigError(f"labelled_sentences must be 1..{EMBEDDED_LABELLED}, got {self.labelled_sentences}")
+
+
+QUICK = DemoPlan(pretrain_steps=12, pretrain_eval_every=6, labelled_sentences=500, ner_steps=12, ner_eval_every=6, eval_docs=50)
 
 
 def run_demo(out: str | Path = "runs/demo", quick: bool = False, seeds: tuple[int, ...] = (0,), log=print,
@@ -112,6 +127,7 @@ def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
     data = root / NER_DATA
     base = load_config(root / NER_RECIPE, [f"data.train={data / 'train.conll'}", f"data.dev={data / 'dev.conll'}"], cls=NerRecipe)
     task_text = _unlabelled_text(base.data, out / "task_text" / "train_sentences.txt")
+    base.data.train = str(_labelled_subset(data / "train.conll", plan.labelled_sentences, out / "ner_train.conll"))
     stages, wall = {}, {}
 
     log(f"[1/5] seed {seed}: pretraining a tiny SpanBERT encoder ({plan.pretrain_steps} steps) → {out / 'pretrain'}")
@@ -145,6 +161,7 @@ def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
             f"train.max_steps={plan.ner_steps}", f"train.eval_every={plan.ner_eval_every}", "train.eval_at_start=true",
             f"train.lr={plan.ner_lr}", f"train.save_every={plan.ner_steps}", f"train.warmup_steps={max(1, plan.ner_steps // 10)}",
             f"train.log_every={min(10, plan.ner_steps)}", "logging.report_to=[]",
+            f"train.encoder_lr={'null' if plan.ner_encoder_lr is None else plan.ner_encoder_lr}",
         ], cls=NerRecipe)
         clock = time.monotonic()
         train_ner(ner_recipes[init], log=log)
@@ -169,6 +186,13 @@ def _unlabelled_text(data, path: Path) -> Path:
     documents, _ = read_documents(data.train, data)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(document.text + "\n" for document in documents if document.text.strip()), encoding="utf-8")
+    return path
+
+
+def _labelled_subset(conll: Path, sentences: int, path: Path) -> Path:
+    """The first ``sentences`` records of a CoNLL file (records end at a blank line), written to ``path``."""
+    records = [record for record in conll.read_text(encoding="utf-8").split("\n\n") if record.strip()]
+    path.write_text("\n\n".join(records[:sentences]) + "\n", encoding="utf-8")
     return path
 
 
@@ -227,6 +251,7 @@ def _summarise(out: Path, plan: DemoPlan, seed: int, stages: dict, data, pretrai
         "run": {
             "seed": seed, "commit": _commit(), "encoder_parameters": parameters,
             "tokenizer": f"WordPiece, {meta['vocab_size']} tokens, cased, trained on the pretraining text",
+            "labelled_sentences": len(train_docs),
             "pretraining_corpus_tokens": meta["n_tokens"],
             # Blocks of whole sentences, at most data.max_len tokens each.
             "pretraining_blocks_seen": stages["pretrain"]["ran"] * pretrain_recipe.train.batch_size,
@@ -411,6 +436,12 @@ _HEAD = ("<!doctype html><html><head><meta charset='utf-8'><title>spanlm demo</t
          "padding:.5em}</style></head><body>")
 
 
+def _rates(plan: dict) -> str:
+    if plan["ner_encoder_lr"] is None:
+        return f"{plan['ner_lr']:g}"
+    return f"{plan['ner_lr']:g} for the head, {plan['ner_encoder_lr']:g} for the encoder"
+
+
 def _write_page(out: Path, summary: dict) -> None:
     run = summary["run"]
     page = [_HEAD, "<h1>spanlm demo: does span-aware pretraining help?</h1>"]
@@ -421,7 +452,7 @@ def _write_page(out: Path, summary: dict) -> None:
                     "The numbers below are those of the steps that ran.</p>")
     page += [f"<p>A tiny BERT encoder is pretrained with SpanBERT's objective (span masking, MLM + Span Boundary Objective) "
              f"on the text of the {NER_NAME} training sentences, without their labels (24,000 sentences of German Wikipedia "
-             "and news). Then NER is learnt from only 3,000 labelled sentences: the same "
+             f"and news). Then NER is learnt from only {run['labelled_sentences']:,} labelled sentences: the same "
              f"GlobalPointer NER fine-tuning runs twice with one budget: from that encoder and from a randomly initialised "
              "copy (same architecture and tokenizer, same data order and head initialisation). Only the encoder's starting "
              "weights differ. Run reports: <a href='pretrain/report.html'>pretraining</a>, "
@@ -433,6 +464,7 @@ def _write_page(out: Path, summary: dict) -> None:
              ("encoder", f"BERT, {run['encoder_parameters']:,} parameters"), ("tokenizer", run["tokenizer"]),
              ("pretraining", f"{steps['pretrain']['ran']} of {steps['pretrain']['planned']} steps; {run['pretraining_blocks_seen']:,} "
                              f"blocks of ≤ {run['block_tokens_max']} tokens from a {run['pretraining_corpus_tokens']:,}-token corpus"),
+             ("NER fine-tuning", f"{run['labelled_sentences']:,} labelled sentences; learning rate {_rates(summary['plan'])}"),
              *((f"NER, {name[4:]} init", f"{stage['ran']} of {stage['planned']} steps") for name, stage in steps.items() if name != "pretrain"),
              ("wall time", ", ".join(f"{k} {v:.0f} s" for k, v in run["wall_seconds"].items()))]
     page += [f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in facts]

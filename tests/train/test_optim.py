@@ -89,3 +89,33 @@ def test_a_lamb_step_reads_no_value_on_the_host(monkeypatch):
     optimizer.step()
     monkeypatch.undo()
     assert reads == []
+
+
+class _EncoderAndHead(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.LayerNorm(5))
+        self.head = torch.nn.Linear(5, 3)
+
+
+def test_encoder_lr_gives_the_encoder_its_own_peak_rate_under_the_same_schedule():
+    from spanlm.errors import ConfigError
+    from spanlm.train.optim import build_scheduler
+
+    model = _EncoderAndHead()
+    config = TrainConfig(lr=1e-3, encoder_lr=1e-4, warmup_steps=2, max_steps=10)
+    optimizer = build_optimizer(model, config)
+    scheduler = build_scheduler(optimizer, config)
+    lr_of = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
+    assert sorted(map(id, model.parameters())) == sorted(lr_of)  # every parameter in exactly one group
+    assert {lr_of[id(p)] for p in model.encoder.parameters()} == {0.5e-4}  # warmup step 0 of 2: half the peak
+    assert {lr_of[id(p)] for p in model.head.parameters()} == {0.5e-3}
+    decays = {id(p): group["weight_decay"] for group in optimizer.param_groups for p in group["params"]}
+    assert decays[id(model.encoder[1].weight)] == 0.0 and decays[id(model.encoder[0].weight)] == config.weight_decay
+    optimizer.step()
+    scheduler.step()
+    assert sorted({group["lr"] for group in optimizer.param_groups}) == [1e-4, 1e-3]  # the peak, each its own
+    with pytest.raises(ConfigError, match="train.encoder_lr"):
+        build_optimizer(_model_with_gradients(1.0), config)
+    with pytest.raises(ValueError, match="encoder_lr"):
+        TrainConfig(encoder_lr=0.0)

@@ -17,6 +17,9 @@ class TrainConfig:
     grad_accum: int = 1  # micro-batches per optimiser step
     optimizer: Literal["adamw", "lamb"] = "adamw"  # LAMB for large batches, as MacBERT used
     lr: float = 5e-4
+    # Fine-tuning (NER, QA): the peak rate of the pretrained encoder's parameters, the task head keeping
+    # ``lr``; a new head learns fast while the encoder's weights are only adjusted. None: ``lr`` for all.
+    encoder_lr: float | None = None
     betas: list[float] = dataclasses.field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-6
     weight_decay: float = 0.01  # not applied to biases and LayerNorm weights
@@ -51,6 +54,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must not be negative")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a positive finite number, got {self.lr}")
+        if self.encoder_lr is not None and not (math.isfinite(self.encoder_lr) and self.encoder_lr > 0):
+            raise ValueError(f"encoder_lr must be a positive finite number or null, got {self.encoder_lr}")
         if not (math.isfinite(self.eps) and self.eps > 0):
             raise ValueError(f"eps must be a positive finite number, got {self.eps}")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):

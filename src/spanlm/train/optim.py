@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from spanlm.errors import ConfigError
 from spanlm.train.config import TrainConfig
 
 
@@ -31,6 +32,20 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         else:
             decay.append(parameter)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def encoder_groups(model: nn.Module, groups: list[dict], encoder_lr: float) -> list[dict]:
+    """``groups`` each split in two: the parameters of ``model.encoder`` at ``encoder_lr``, the rest (the
+    task head) at the optimiser's ``lr``. The schedule scales each group's own peak rate."""
+    encoder = getattr(model, "encoder", None)
+    if not isinstance(encoder, nn.Module):
+        raise ConfigError(f"train.encoder_lr applies to fine-tuning an encoder (NER, QA); {type(model).__name__} has none")
+    in_encoder = {id(p) for p in encoder.parameters()}
+    split = []
+    for group in groups:
+        split.append({**group, "params": [p for p in group["params"] if id(p) in in_encoder], "lr": encoder_lr})
+        split.append({**group, "params": [p for p in group["params"] if id(p) not in in_encoder]})
+    return [group for group in split if group["params"]]
 
 
 class Lamb(torch.optim.Optimizer):
@@ -69,6 +84,8 @@ class Lamb(torch.optim.Optimizer):
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     groups = parameter_groups(model, config.weight_decay)
+    if config.encoder_lr is not None:
+        groups = encoder_groups(model, groups, config.encoder_lr)
     if config.optimizer == "lamb":
         return Lamb(groups, lr=config.lr, betas=config.betas, eps=config.eps)
     # The fused kernel (one pass over each parameter, CPU and CUDA) is what Hugging Face's Trainer uses
