@@ -27,17 +27,18 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
 
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert summary["seeds"] == [0] and summary["interrupted"] is False
-    for key in ("mlm_accuracy", "unigram_accuracy", "ner_f1_pretrained", "ner_f1_random"):
+    for key in ("mlm_accuracy", "unigram_accuracy", "ner_f1_pretrained", "ner_f1_random", "ner_f1_pretrained_frozen",
+                "ner_f1_random_frozen"):
         assert math.isfinite(summary[key]) and printed[key] == summary[key], key
     assert 0 < summary["unigram_accuracy"] < 1
     assert all(stage == {"planned": 12, "ran": 12, "complete": True} for stage in summary["stages"].values())
-    assert set(summary["ner"]) == {"pretrained", "random"}
+    assert set(summary["ner"]) == {"pretrained", "random", "pretrained-frozen", "random-frozen"}
     for init, scores in summary["ner"].items():
         micro = scores["micro"]
         assert micro["n_gold"] == 1219  # the whole embedded GermEval dev set is scored
         assert all(0 <= micro[k] <= 100 for k in ("precision", "recall", "f1"))  # percent
         assert scores["seen"]["n_gold"] + scores["unseen"]["n_gold"] == micro["n_gold"] and scores["seen"]["n_gold"] > 0
-        assert summary[f"ner_f1_{init}"] == micro["f1"]
+        assert summary[f"ner_f1_{init.replace('-', '_')}"] == micro["f1"]
         # Both runs start with a step-0 evaluation of the same head on their own encoder.
         assert [r["step"] for r in read_metrics(out / f"ner-{init}") if r["kind"] == "eval"] == [0, 6, 12]
         assert len(summary["predictions"][init]) == len(EXAMPLES)
@@ -55,12 +56,21 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     for init in ("pretrained", "random"):  # the head and the encoder each at the plan's rate
         recorded = yaml.safe_load((out / f"ner-{init}" / "config.yaml").read_text(encoding="utf-8"))["train"]
         assert (recorded["lr"], recorded["encoder_lr"]) == (QUICK.ner_lr, QUICK.ner_encoder_lr) and QUICK.ner_encoder_lr < QUICK.ner_lr
-    assert set(run["wall_seconds"]) == {"pretrain", "ner_pretrained", "ner_random", "total"}
+    assert set(run["wall_seconds"]) == {"pretrain", "ner_pretrained", "ner_random", "ner_pretrained-frozen", "ner_random-frozen", "total"}
+    # A frozen arm trains the head only: its exported encoder is the pretrained one, weight for weight.
+    from safetensors.torch import load_file
+
+    frozen, encoder = load_file(out / "ner-pretrained-frozen" / "model" / "model.safetensors"), load_file(out / "encoder" / "model.safetensors")
+    assert frozen.keys() <= {name.removeprefix("bert.") for name in encoder}  # the export is BertForMaskedLM
+    assert all(tensor.equal(encoder[f"bert.{name}"]) for name, tensor in frozen.items())
+    recorded = yaml.safe_load((out / "ner-random-frozen" / "config.yaml").read_text(encoding="utf-8"))["model"]
+    assert (recorded["init"], recorded["frozen"]) == ("random", True)
 
     page = (out / "report.html").read_text(encoding="utf-8")
     assert "500 labelled sentences; learning rate 0.003 for the head, 0.001 for the encoder" in page
     for section in ("<h2>Summary</h2>", "<h2>Run</h2>", "pretrained vs random init", "seen / unseen", "unigram baseline",
-                    "Fill-mask", "Entities found in example sentences", "pretrain/report.html", "ner-random/report.html"):
+                    "Fill-mask", "Entities found in example sentences", "pretrain/report.html", "ner-random/report.html",
+                    "ner-pretrained-frozen/report.html", "frozen (head only)"):
         assert section in page, section
     assert "Interrupted" not in page
     for image in ("ner_f1_curves.png", "ner_f1_seen_unseen.png", "ner_f1_per_type.png", "mlm_accuracy.png", "pretrain/loss.png"):
@@ -79,7 +89,7 @@ def test_sigterm_in_the_ner_stage_reports_the_steps_that_ran(tmp_path):
     planned = 2000  # far more than run before the signal lands
 
     def signal_when_training(line: str) -> None:
-        if line.startswith("[2/5]"):
+        if line.startswith("[2/6]"):
             threading.Thread(target=send_sigterm_after_first_record, daemon=True).start()
 
     def send_sigterm_after_first_record() -> None:
@@ -94,6 +104,7 @@ def test_sigterm_in_the_ner_stage_reports_the_steps_that_ran(tmp_path):
     ran = stages["ner_pretrained"]["ran"]
     assert 10 <= ran < planned and stages["ner_pretrained"]["complete"] is False
     assert stages["ner_random"] == {"planned": planned, "ran": 0, "complete": False}
+    assert stages["ner_random-frozen"] == {"planned": planned, "ran": 0, "complete": False}
     assert summary["ner_f1_random"] is None and math.isfinite(summary["ner_f1_pretrained"])
     assert json.loads((out / "summary.json").read_text(encoding="utf-8"))["stages"] == stages
     page = (out / "report.html").read_text(encoding="utf-8")
@@ -127,3 +138,20 @@ def test_readme_puts_spanlm_on_path():
     assert found.returncode == 0, found
     activated, spanlm = found.stdout.split()  # the venv the script activates (a copied venv's names its origin)
     assert Path(spanlm) == Path(activated) / "bin" / "spanlm", found
+
+
+def test_seeds_are_aggregated_for_every_arm(tmp_path):
+    from spanlm.demo import F1_KEYS, _aggregate, seeds_table
+
+    def run(seed, f1s, interrupted=False):
+        return {"seeds": [seed], "mlm_accuracy": 0.1, "unigram_accuracy": 0.04, "interrupted": interrupted,
+                **dict(zip(F1_KEYS, f1s))}
+
+    runs = [run(0, (20.0, 18.0, 9.0, 1.0)), run(1, (22.0, 21.0, 11.0, 2.0)), run(2, (5.0, 1.0, 1.0, 0.0), interrupted=True)]
+    summary = _aggregate(tmp_path, runs, (0, 1, 2))
+    assert summary["interrupted"] is True and [row["seed"] for row in summary["per_seed"]] == [0, 1, 2]
+    # Means over the complete seeds only; the gaps per pair of arms.
+    assert summary["ner_f1_pretrained_frozen"] == 10.0 and summary["ner_f1_random_frozen"] == 1.5
+    assert summary["ner_f1_gap"]["mean"] == 1.5 and summary["ner_f1_frozen_gap"]["mean"] == 8.5
+    table = seeds_table(summary)
+    assert "frozen: F1 pretrained" in table and "+8.50 ± 0.71" in table and "2 (interrupted)" in table

@@ -80,11 +80,11 @@ def _preview(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from spanlm.demo import run_demo
+    from spanlm.demo import F1_KEYS, run_demo
 
     summary = run_demo(args.out, quick=args.quick, seeds=tuple(args.seeds), log=log)
     print(json.dumps({"report": str(Path(args.out) / "report.html"), "interrupted": summary["interrupted"],
-                      **{key: summary.get(key) for key in ("mlm_accuracy", "unigram_accuracy", "ner_f1_pretrained", "ner_f1_random")}}))
+                      **{key: summary.get(key) for key in ("mlm_accuracy", "unigram_accuracy", *F1_KEYS)}}))
     if summary["interrupted"]:
         log("spanlm demo: interrupted; the report shows the steps that ran")
         return 1

@@ -47,6 +47,10 @@ FILL_MASK = [
     "Die [MASK] wurde im Jahr 1990 gegründet .",
 ]
 INITS = ("pretrained", "random")
+# The NER runs: each init fine-tuned whole, then with its encoder frozen (the head alone learns from the
+# encoder's features: a probe of what pretraining put into them, which fine-tuning can wash out).
+ARMS = (*INITS, *(f"{init}-frozen" for init in INITS))
+F1_KEYS = tuple(f"ner_f1_{arm.replace('-', '_')}" for arm in ARMS)  # summary.json: ner_f1_pretrained, …, ner_f1_random_frozen
 NER_NAME = "GermEval 2014"
 NER_RECIPE = "configs/ner/germeval2014.yaml"
 NER_DATA = "data/ner/germeval2014"
@@ -146,17 +150,19 @@ def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
     encoder_dir = export_checkpoint(out / "pretrain", out / "encoder")
 
     ner_recipes = {}
-    for index, init in enumerate(INITS):
+    for index, arm in enumerate(ARMS):
         if _stopped(stages, stop):
-            stages[f"ner_{init}"] = {"planned": plan.ner_steps, "ran": 0, "complete": False}
+            stages[f"ner_{arm}"] = {"planned": plan.ner_steps, "ran": 0, "complete": False}
             continue
-        log(f"[{2 + index}/5] seed {seed}: fine-tuning NER on {NER_NAME} from the {init} encoder ({plan.ner_steps} steps) "
-            f"→ {out / f'ner-{init}'}")
-        ner_dir = out / f"ner-{init}"
+        init, frozen = arm.removesuffix("-frozen"), arm.endswith("-frozen")
+        log(f"[{2 + index}/{len(ARMS) + 2}] seed {seed}: {'training the NER head on the frozen' if frozen else 'fine-tuning NER from the'} "
+            f"{init} encoder on {NER_NAME} ({plan.ner_steps} steps) → {out / f'ner-{arm}'}")
+        ner_dir = out / f"ner-{arm}"
         if ner_dir.exists():  # the encoder above may have changed: fine-tune afresh
             shutil.rmtree(ner_dir)
-        ner_recipes[init] = load_config(root / NER_RECIPE, [
-            f"seed={seed}", f"model.path={encoder_dir}", f"model.init={init}", f"data.train={base.data.train}",
+        ner_recipes[arm] = load_config(root / NER_RECIPE, [
+            f"seed={seed}", f"model.path={encoder_dir}", f"model.init={init}", f"model.frozen={str(frozen).lower()}",
+            f"data.train={base.data.train}",
             f"data.dev={base.data.dev}", f"data.eval_docs={plan.eval_docs}", f"train.output_dir={ner_dir}",
             f"train.max_steps={plan.ner_steps}", f"train.eval_every={plan.ner_eval_every}", "train.eval_at_start=true",
             f"train.lr={plan.ner_lr}", f"train.save_every={plan.ner_steps}", f"train.warmup_steps={max(1, plan.ner_steps // 10)}",
@@ -164,13 +170,13 @@ def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
             f"train.encoder_lr={'null' if plan.ner_encoder_lr is None else plan.ner_encoder_lr}",
         ], cls=NerRecipe)
         clock = time.monotonic()
-        train_ner(ner_recipes[init], log=log)
-        wall[f"ner_{init}"] = time.monotonic() - clock
-        stages[f"ner_{init}"] = _stage(ner_dir, plan.ner_steps)
+        train_ner(ner_recipes[arm], log=log)
+        wall[f"ner_{arm}"] = time.monotonic() - clock
+        stages[f"ner_{arm}"] = _stage(ner_dir, plan.ner_steps)
         write_report(ner_dir)
 
-    log(f"[5/5] seed {seed}: scoring, fill-mask, predictions → {out / 'report.html'}")
-    summary = _summarise(out, plan, seed, stages, base.data, pretrain_recipe, encoder_dir, [i for i in INITS if i in ner_recipes])
+    log(f"[{len(ARMS) + 2}/{len(ARMS) + 2}] seed {seed}: scoring, fill-mask, predictions → {out / 'report.html'}")
+    summary = _summarise(out, plan, seed, stages, base.data, pretrain_recipe, encoder_dir, [a for a in ARMS if a in ner_recipes])
     summary["run"]["wall_seconds"] = {**{k: round(v, 1) for k, v in wall.items()}, "total": round(time.monotonic() - started, 1)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     _plots(out, summary)
@@ -239,8 +245,7 @@ def _summarise(out: Path, plan: DemoPlan, seed: int, stages: dict, data, pretrai
         "seeds": [seed],
         "mlm_accuracy": pretrain_final.get("mlm_accuracy"),
         "unigram_accuracy": unigram_accuracy(out / "pretrain"),
-        "ner_f1_pretrained": ner.get("pretrained", {}).get("micro", {}).get("f1"),
-        "ner_f1_random": ner.get("random", {}).get("micro", {}).get("f1"),
+        **{f"ner_f1_{arm.replace('-', '_')}": ner.get(arm, {}).get("micro", {}).get("f1") for arm in ARMS},
         "interrupted": bool(interrupted),
         "stages": stages,
         "pretrain": pretrain_final,
@@ -302,17 +307,20 @@ def _spread(values: list[float]) -> dict:
 def _aggregate(out: Path, runs: list[dict], seeds: tuple[int, ...]) -> dict:
     finished = [run for run in runs if not run["interrupted"]]
     rows = [{"seed": run["seeds"][0], "mlm_accuracy": run["mlm_accuracy"], "unigram_accuracy": run["unigram_accuracy"],
-             "ner_f1_pretrained": run["ner_f1_pretrained"], "ner_f1_random": run["ner_f1_random"],
-             "gap": (run["ner_f1_pretrained"] or 0.0) - (run["ner_f1_random"] or 0.0), "interrupted": run["interrupted"]}
+             **{key: run[key] for key in F1_KEYS},
+             "gap": (run["ner_f1_pretrained"] or 0.0) - (run["ner_f1_random"] or 0.0),
+             "frozen_gap": (run["ner_f1_pretrained_frozen"] or 0.0) - (run["ner_f1_random_frozen"] or 0.0),
+             "interrupted": run["interrupted"]}
             for run in runs]
     complete = [row for row in rows if not row["interrupted"]]
-    keys = ("mlm_accuracy", "unigram_accuracy", "ner_f1_pretrained", "ner_f1_random", "gap")
+    keys = ("mlm_accuracy", "unigram_accuracy", *F1_KEYS, "gap", "frozen_gap")
     spread = {key: _spread([row[key] for row in complete]) for key in keys} if complete else {}
     return {
         "seeds": [row["seed"] for row in rows],
         "planned_seeds": list(seeds),
-        **{key: spread[key]["mean"] for key in keys if key in spread and key != "gap"},
+        **{key: spread[key]["mean"] for key in keys if key in spread and key not in ("gap", "frozen_gap")},
         "ner_f1_gap": spread.get("gap"),
+        "ner_f1_frozen_gap": spread.get("frozen_gap"),
         "spread": spread,
         "per_seed": rows,
         "interrupted": len(finished) < len(seeds),
@@ -320,16 +328,18 @@ def _aggregate(out: Path, runs: list[dict], seeds: tuple[int, ...]) -> dict:
 
 
 def seeds_table(summary: dict) -> str:
-    rows = [("seed", "MLM acc", "unigram", "F1 pretrained", "F1 random", "gap")]
+    rows = [("seed", "MLM acc", "unigram", "F1 pretrained", "F1 random", "gap", "frozen: F1 pretrained", "F1 random", "gap")]
     for row in summary["per_seed"]:
         rows.append((str(row["seed"]) + (" (interrupted)" if row["interrupted"] else ""), f"{row['mlm_accuracy']:.3f}",
                      f"{row['unigram_accuracy']:.3f}", f"{row['ner_f1_pretrained'] or 0:.2f}", f"{row['ner_f1_random'] or 0:.2f}",
-                     f"{row['gap']:+.2f}"))
+                     f"{row['gap']:+.2f}", f"{row['ner_f1_pretrained_frozen'] or 0:.2f}", f"{row['ner_f1_random_frozen'] or 0:.2f}",
+                     f"{row['frozen_gap']:+.2f}"))
     spread = summary["spread"]
     if spread:
+        f1 = [f"{spread[k]['mean']:.2f} ± {spread[k]['std']:.2f}" for k in F1_KEYS]
         rows.append(("mean ± sd", *(f"{spread[k]['mean']:.3f} ± {spread[k]['std']:.3f}" for k in ("mlm_accuracy", "unigram_accuracy")),
-                     *(f"{spread[k]['mean']:.2f} ± {spread[k]['std']:.2f}" for k in ("ner_f1_pretrained", "ner_f1_random")),
-                     f"{spread['gap']['mean']:+.2f} ± {spread['gap']['std']:.2f}"))
+                     *f1[:2], f"{spread['gap']['mean']:+.2f} ± {spread['gap']['std']:.2f}",
+                     *f1[2:], f"{spread['frozen_gap']['mean']:+.2f} ± {spread['frozen_gap']['std']:.2f}"))
     return _text_table(rows)
 
 
@@ -352,14 +362,19 @@ def summary_table(summary: dict) -> str:
         rows.append(("pretraining (held-out)", "MLM accuracy", f"{summary['mlm_accuracy']:.4f}"))
     if summary.get("unigram_accuracy") is not None:
         rows.append(("pretraining (held-out)", "unigram baseline", f"{summary['unigram_accuracy']:.4f}"))
-    for init, scores in summary["ner"].items():
-        where = f"NER {NER_NAME} dev, {init} init"
+    for arm, scores in summary["ner"].items():
+        where = f"NER {NER_NAME} dev, {_arm_label(arm)}"
         rows.append((where, "F1 (micro)", f"{scores['micro']['f1']:.2f}"))
         rows.append((where, "F1 seen / unseen", f"{scores['seen']['f1']:.2f} / {scores['unseen']['f1']:.2f}"))
     for name, stage in summary["stages"].items():
         if not stage["complete"]:
             rows.append((name, "INTERRUPTED", f"{stage['ran']} of {stage['planned']} steps"))
     return _text_table(rows)
+
+
+def _arm_label(arm: str) -> str:
+    """"pretrained" → "pretrained init"; "random-frozen" → "random init, frozen (head only)"."""
+    return f"{arm.removesuffix('-frozen')} init" + (", frozen (head only)" if arm.endswith("-frozen") else "")
 
 
 def _text_table(rows: list[tuple]) -> str:
@@ -377,12 +392,13 @@ def _plots(out: Path, summary: dict) -> None:
 
     from spanlm.train.metrics import read_metrics
 
-    colours = {"pretrained": "tab:blue", "random": "tab:orange"}
+    colours = {"pretrained": "tab:blue", "random": "tab:orange", "pretrained-frozen": "tab:cyan", "random-frozen": "tab:red"}
     # Dev F1 during fine-tuning, both inits on one axis, from the step-0 evaluation on.
     figure, axis = plt.subplots(figsize=(6.4, 3.8), dpi=100)
     for init in summary["ner"]:
         points = [(r["step"], r["f1"]) for r in read_metrics(out / f"ner-{init}") if r.get("kind") == "eval" and "f1" in r]
-        axis.plot([p[0] for p in points], [p[1] for p in points], marker=".", color=colours[init], label=f"{init} init")
+        axis.plot([p[0] for p in points], [p[1] for p in points], marker=".", color=colours[init], label=_arm_label(init),
+                  linestyle="--" if init.endswith("-frozen") else "-")
     axis.set(title=f"NER dev F1 during fine-tuning (first {summary['plan']['eval_docs']} dev sentences)", xlabel="step", ylabel="F1 (%)")
     axis.set_ylim(bottom=0)
     axis.grid(alpha=0.3)
@@ -411,7 +427,7 @@ def _plots(out: Path, summary: dict) -> None:
         for offset, (init, scores) in enumerate(summary["ner"].items()):
             values = [(scores[key] if key in ("seen", "unseen") else scores["per_type"].get(key, {})) for _, key in keys]
             xs = [i + offset * width for i in range(len(keys))]
-            bars = axis.bar(xs, [v.get("f1", 0.0) for v in values], width, color=colours[init], label=f"{init} init")
+            bars = axis.bar(xs, [v.get("f1", 0.0) for v in values], width, color=colours[init], label=_arm_label(init))
             axis.bar_label(bars, [f"{v.get('f1', 0.0):.1f}\nn={v.get('n_gold', 0)}" for v in values], fontsize=6)
             top = max([top] + [v.get("f1", 0.0) for v in values])
         axis.set_xticks([i + width * (len(summary["ner"]) - 1) / 2 for i in range(len(keys))], [name for name, _ in keys],
@@ -455,8 +471,9 @@ def _write_page(out: Path, summary: dict) -> None:
              f"and news). Then NER is learnt from only {run['labelled_sentences']:,} labelled sentences: the same "
              f"GlobalPointer NER fine-tuning runs twice with one budget: from that encoder and from a randomly initialised "
              "copy (same architecture and tokenizer, same data order and head initialisation). Only the encoder's starting "
-             "weights differ. Run reports: <a href='pretrain/report.html'>pretraining</a>, "
-             + ", ".join(f"<a href='ner-{i}/report.html'>NER from {i} init</a>" for i in summary["ner"]) + ".</p>",
+             "weights differ. Then both again with the encoder frozen: the head alone learns from the encoder's features, "
+             "which shows what pretraining put into them. Run reports: <a href='pretrain/report.html'>pretraining</a>, "
+             + ", ".join(f"<a href='ner-{a}/report.html'>NER, {html.escape(_arm_label(a))}</a>" for a in summary["ner"]) + ".</p>",
              "<h2>Summary</h2>", f"<pre>{html.escape(summary_table(summary))}</pre>",
              "<h2>Run</h2><table>"]
     steps = summary["stages"]
@@ -465,11 +482,11 @@ def _write_page(out: Path, summary: dict) -> None:
              ("pretraining", f"{steps['pretrain']['ran']} of {steps['pretrain']['planned']} steps; {run['pretraining_blocks_seen']:,} "
                              f"blocks of ≤ {run['block_tokens_max']} tokens from a {run['pretraining_corpus_tokens']:,}-token corpus"),
              ("NER fine-tuning", f"{run['labelled_sentences']:,} labelled sentences; learning rate {_rates(summary['plan'])}"),
-             *((f"NER, {name[4:]} init", f"{stage['ran']} of {stage['planned']} steps") for name, stage in steps.items() if name != "pretrain"),
+             *((f"NER, {_arm_label(name[4:])}", f"{stage['ran']} of {stage['planned']} steps") for name, stage in steps.items() if name != "pretrain"),
              ("wall time", ", ".join(f"{k} {v:.0f} s" for k, v in run["wall_seconds"].items()))]
     page += [f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in facts]
     page.append("</table><h2>Plots</h2>")
-    plots = [("NER dev F1 during fine-tuning: pretrained vs random init", "ner_f1_curves.png"),
+    plots = [("NER dev F1 during fine-tuning: pretrained vs random init, whole and frozen", "ner_f1_curves.png"),
              ("Dev F1 on entities seen / unseen in training", "ner_f1_seen_unseen.png"),
              ("Dev F1 per type (value and number of gold entities on each bar)", "ner_f1_per_type.png"),
              ("Pretraining: held-out MLM accuracy and the unigram baseline", "mlm_accuracy.png"),
@@ -480,7 +497,7 @@ def _write_page(out: Path, summary: dict) -> None:
         guesses = ", ".join(f"{a['token']} ({a['score']:.2f})" for a in item["top"])
         page.append(f"<tr><td>{html.escape(item['text'])}</td><td>{html.escape(guesses)}</td></tr>")
     page.append("</table><h2>Entities found in example sentences</h2>")
-    page.append("<table><tr><th>text</th>" + "".join(f"<th>{html.escape(i)} init</th>" for i in summary["predictions"]) + "</tr>")
+    page.append("<table><tr><th>text</th>" + "".join(f"<th>{html.escape(_arm_label(a))}</th>" for a in summary["predictions"]) + "</tr>")
     for index, text in enumerate(EXAMPLES):
         cells = []
         for init, items in summary["predictions"].items():
