@@ -36,6 +36,40 @@ from transformers.models.roberta.modeling_roberta import RobertaSelfAttention
 from spanlm.accel.dropout import kernels_for, apply_dropout, dropout_stream, fast_dropout_applies
 
 
+def _project(rows: Tensor, heads: int, scale: float, query_weight: Tensor, query_bias: Tensor, key_weight: Tensor,
+             key_bias: Tensor, value_weight: Tensor, value_bias: Tensor) -> tuple[Tensor, Tensor]:
+    """The stacked (3H, H) weight and the head-major (3·heads, N, d) projections of ``rows`` (N, H)."""
+    width = rows.shape[1]
+    head_dim = width // heads
+    # The query's 1/√d goes into its weight and bias (a (H, H) product instead of a (B, L, H) one).
+    weight = torch.cat([query_weight * scale, key_weight, value_weight])  # (3H, H)
+    bias = torch.cat([query_bias * scale, key_bias, value_bias])  # (3H,)
+    # One batched product per (projection, head) writes the head-major layout the attention products
+    # need, (3·heads, N, d), with no copy of the (N, 3H) result.
+    per_head = weight.view(3 * heads, head_dim, width).transpose(1, 2).contiguous()  # (3·heads, H, d)
+    return weight, torch.baddbmm(bias.view(3 * heads, 1, head_dim), rows.expand(3 * heads, -1, -1), per_head)
+
+
+def _project_backward(ctx, grad_qkv: Tensor, rows: Tensor, weight: Tensor, token_shape: tuple[int, ...]):
+    """The gradients of hidden states, weights and biases from those of the projections, ``grad_qkv``
+    (3, heads, *token_shape, d) with the tokens in ``rows``' order."""
+    heads, head_dim, width = grad_qkv.shape[1], grad_qkv.shape[-1], rows.shape[1]
+    tokens = rows.shape[0]
+    # (3, heads, tokens, d) → (tokens, 3H), the projections' output layout, in one pass
+    grad_projected = torch.empty(*token_shape, 3, heads, head_dim, dtype=grad_qkv.dtype)
+    order = (len(token_shape), len(token_shape) + 1, *range(len(token_shape)), len(token_shape) + 2)
+    grad_projected.permute(*order).copy_(grad_qkv)
+    grad_projected = grad_projected.view(tokens, 3 * width)
+    grad_hidden = torch.mm(grad_projected, weight).view(*token_shape, width) if ctx.needs_input_grad[0] else None
+    grad_weight = torch.mm(grad_projected.t(), rows)  # (3H, H)
+    grad_bias = grad_projected.sum(0)
+    grad_weight[:width] *= ctx.scale  # back through the query's scaled weight and bias
+    grad_bias[:width] *= ctx.scale
+    grad_weights, grad_biases = grad_weight.split(width), grad_bias.split(width)  # row blocks: contiguous
+    return (grad_hidden, None, None, None, None,
+            grad_weights[0], grad_biases[0], grad_weights[1], grad_biases[1], grad_weights[2], grad_biases[2])
+
+
 class _SelfAttention(torch.autograd.Function):
     """Context (B, L, H) of multi-head self-attention over ``hidden`` (B, L, H), dropout ``p`` on the
     probabilities; ``allowed`` None or a boolean mask broadcastable to (B, heads, L, L), True = attend."""
@@ -47,13 +81,7 @@ class _SelfAttention(torch.autograd.Function):
         batch, length, width = hidden.shape
         head_dim = width // heads
         rows = hidden.reshape(batch * length, width)
-        # The query's 1/√d goes into its weight and bias (a (H, H) product instead of a (B, L, H) one).
-        weight = torch.cat([query_weight * scale, key_weight, value_weight])  # (3H, H)
-        bias = torch.cat([query_bias * scale, key_bias, value_bias])  # (3H,)
-        # One batched product per (projection, head) writes the head-major layout the attention products
-        # need, (3·heads, B·L, d) = (3, heads, B, L, d), with no copy of the (B·L, 3H) result.
-        per_head = weight.view(3 * heads, head_dim, width).transpose(1, 2).contiguous()  # (3·heads, H, d)
-        qkv = torch.baddbmm(bias.view(3 * heads, 1, head_dim), rows.expand(3 * heads, -1, -1), per_head)
+        weight, qkv = _project(rows, heads, scale, query_weight, query_bias, key_weight, key_bias, value_weight, value_bias)
         query, key, value = qkv.view(3, heads * batch, length, head_dim)  # batches ordered (head, sequence)
         scores = torch.bmm(query, key.transpose(1, 2))  # (heads·B, L, L)
         if allowed is not None:  # (B, 1 or heads, L, L) → (1 or heads, B, L, L)
@@ -91,18 +119,76 @@ class _SelfAttention(torch.autograd.Function):
         grad_scores = torch._softmax_backward_data(grad_probabilities, probabilities, -1, probabilities.dtype)
         torch.bmm(grad_scores, key, out=grad_qkv[0])
         torch.bmm(grad_scores.transpose(1, 2), query, out=grad_qkv[1])
-        # (3, heads, B, L, d) → (B·L, 3H), the projections' output layout, in one pass
-        grad_projected = torch.empty(batch, length, 3, heads, head_dim, dtype=grad_output.dtype)
-        grad_projected.permute(2, 3, 0, 1, 4).copy_(grad_qkv.view(3, heads, batch, length, head_dim))
-        grad_projected = grad_projected.view(batch * length, 3 * width)
-        grad_hidden = torch.mm(grad_projected, weight).view(batch, length, width) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.mm(grad_projected.t(), rows)  # (3H, H)
-        grad_bias = grad_projected.sum(0)
-        grad_weight[:width] *= ctx.scale  # back through the query's scaled weight and bias
-        grad_bias[:width] *= ctx.scale
-        grad_weights, grad_biases = grad_weight.split(width), grad_bias.split(width)  # row blocks: contiguous
-        return (grad_hidden, None, None, None, None,
-                grad_weights[0], grad_biases[0], grad_weights[1], grad_biases[1], grad_weights[2], grad_biases[2])
+        return _project_backward(ctx, grad_qkv.view(3, heads, batch, length, head_dim), rows, weight, (batch, length))
+
+
+class _VarlenSelfAttention(torch.autograd.Function):
+    """Context (R, W, H) of multi-head self-attention over a packed stream ``hidden`` (R, W, H), each segment
+    ``[bounds[i], bounds[i + 1])`` of its flattened tokens attending only to itself; dropout ``p`` on the
+    probabilities. transformers' varlen arguments give the bounds (``cu_seq_lens_q``, spanlm.models.packed).
+
+    Every segment's (heads, n, n) scores lie one after another in one flat buffer, so softmax and the
+    products run per segment on views and dropout is one call over all of them, drawn in (segment, head,
+    query, key) order — nothing is computed between blocks, and no (T, T) mask exists.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, bounds: list[int], heads: int, scale: float, p: float,
+                query_weight: Tensor, query_bias: Tensor, key_weight: Tensor, key_bias: Tensor,
+                value_weight: Tensor, value_bias: Tensor) -> Tensor:
+        width = hidden.shape[-1]
+        tokens, head_dim = hidden.numel() // width, width // heads
+        rows = hidden.reshape(tokens, width)
+        weight, qkv = _project(rows, heads, scale, query_weight, query_bias, key_weight, key_bias, value_weight, value_bias)
+        query, key, value = qkv.view(3, heads, tokens, head_dim)
+        segments = list(zip(bounds[:-1], bounds[1:]))
+        sizes = [heads * (end - start) ** 2 for start, end in segments]
+        probabilities = hidden.new_empty(sum(sizes))  # every segment's (heads, n, n) scores, one after another
+        for (start, end), scores in zip(segments, probabilities.split(sizes)):
+            scores = scores.view(heads, end - start, end - start)
+            torch.bmm(query[:, start:end], key[:, start:end].transpose(1, 2), out=scores)
+            torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # in place
+        key_stream, threshold, keep_scale = dropout_stream(p)
+        dropped = torch.empty_like(probabilities)
+        apply_dropout(probabilities, dropped, key_stream, threshold, 1.0)  # the 1 / (1 − p) goes into the next product
+        context = hidden.new_empty(tokens, heads, head_dim)  # token-major: the (T, H) output
+        zero = hidden.new_zeros(())  # baddbmm's input, ignored at beta = 0
+        for (start, end), weights in zip(segments, dropped.split(sizes)):
+            torch.baddbmm(zero, weights.view(heads, end - start, end - start), value[:, start:end], beta=0.0,
+                          alpha=keep_scale, out=context[start:end].transpose(0, 1))
+        ctx.save_for_backward(rows, weight, qkv, probabilities, dropped)
+        ctx.segments, ctx.sizes, ctx.scale, ctx.keep_scale = segments, sizes, scale, keep_scale
+        ctx.stream = (key_stream, threshold)
+        return context.view(hidden.shape)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_output: Tensor):
+        rows, weight, qkv, probabilities, dropped = ctx.saved_tensors
+        tokens, width = rows.shape
+        heads = qkv.shape[0] // 3
+        query, key, value = qkv.view(3, heads, tokens, width // heads)
+        grad_context = grad_output.reshape(tokens, heads, width // heads)  # token-major
+        grad_qkv = torch.empty(3, heads, tokens, width // heads, dtype=grad_output.dtype)
+        grad_probabilities = torch.empty_like(probabilities)
+        zero = grad_output.new_zeros(())  # baddbmm's input, ignored at beta = 0
+        blocks = list(zip(ctx.segments, dropped.split(ctx.sizes), grad_probabilities.split(ctx.sizes)))
+        for (start, end), weights, grad_weights in blocks:
+            n = end - start
+            grad_block = grad_context[start:end].transpose(0, 1)  # (heads, n, d)
+            torch.baddbmm(zero, weights.view(heads, n, n).transpose(1, 2), grad_block, beta=0.0, alpha=ctx.keep_scale,
+                          out=grad_qkv[2, :, start:end])
+            torch.baddbmm(zero, grad_block, value[:, start:end].transpose(1, 2), beta=0.0, alpha=ctx.keep_scale,
+                          out=grad_weights.view(heads, n, n))
+        apply_dropout(grad_probabilities, grad_probabilities, *ctx.stream, 1.0)  # in place
+        for ((start, end), _, grad_weights), kept in zip(blocks, probabilities.split(ctx.sizes)):
+            n = end - start
+            grad_scores = torch._softmax_backward_data(grad_weights.view(heads, n, n), kept.view(heads, n, n), -1,
+                                                       kept.dtype)
+            torch.bmm(grad_scores, key[:, start:end], out=grad_qkv[0, :, start:end])
+            torch.bmm(grad_scores.transpose(1, 2), query[:, start:end], out=grad_qkv[1, :, start:end])
+        grads = _project_backward(ctx, grad_qkv, rows, weight, (tokens,))
+        return (grads[0].view(grad_output.shape) if grads[0] is not None else None, *grads[1:])
 
 
 class _TrainingForward:
@@ -119,9 +205,14 @@ class _TrainingForward:
                 and not torch.is_autocast_enabled("cpu")
                 and all(layer.bias is not None and layer.weight.dtype == hidden_states.dtype
                         for layer in (self.query, self.key, self.value))):
-            context = _SelfAttention.apply(hidden_states, attention_mask, self.num_attention_heads, self.scaling, p,
-                                           self.query.weight, self.query.bias, self.key.weight, self.key.bias,
-                                           self.value.weight, self.value.bias)
+            weights = (self.query.weight, self.query.bias, self.key.weight, self.key.bias, self.value.weight, self.value.bias)
+            bounds = kwargs.get("cu_seq_lens_q")  # a packed stream's blocks (spanlm.models.packed)
+            if bounds is not None and attention_mask is None:
+                context = _VarlenSelfAttention.apply(hidden_states, bounds.tolist(), self.num_attention_heads,
+                                                     self.scaling, p, *weights)
+            else:
+                context = _SelfAttention.apply(hidden_states, attention_mask, self.num_attention_heads, self.scaling, p,
+                                               *weights)
             return context, None
         return super().forward(hidden_states, attention_mask, *args, **kwargs)
 
