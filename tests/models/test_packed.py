@@ -9,7 +9,8 @@ import torch
 from transformers import AutoConfig, AutoModel, DataCollatorWithFlattening
 
 from spanlm.errors import ConfigError
-from spanlm.models.packed import VARLEN_ATTENTION, check_packable, encoder_states, resolve_packing, segment_lengths
+from spanlm.models.packed import (VARLEN_ATTENTION, check_packable, encoder_states, resolve_packing, segment_lengths,
+                                  segments_padded_attention, varlen_attention)
 
 SIZES = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
          "max_position_embeddings": 64, "vocab_size": 100, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
@@ -77,3 +78,18 @@ def test_an_unknown_family_is_refused_and_auto_pads_deberta():
     deberta.supports_packing = True
     assert resolve_packing("auto", deberta, "cpu") is False  # no varlen path: padded is as fast
     assert resolve_packing(True, deberta, "cpu") is True
+
+
+def test_the_accelerator_path_pads_segments_again_and_equals_the_per_block_loop():
+    """segments_padded_attention (what an accelerator runs without a varlen kernel) against the CPU's per-block SDPA."""
+    generator = torch.Generator().manual_seed(0)
+    bounds = torch.tensor([0, 5, 6, 13, 16], dtype=torch.int32)
+    query, key, value = (torch.randn(1, 2, 16, 8, generator=generator, requires_grad=True) for _ in range(3))
+    padded, _ = varlen_attention(None, query, key, value, None, scaling=0.3, cu_seq_lens_q=bounds, cu_seq_lens_k=bounds,
+                                 max_length_q=7, max_length_k=7)
+    tokens = [x.transpose(1, 2).reshape(16, 2, 8) for x in (query, key, value)]
+    again = segments_padded_attention(*tokens, bounds, 7, 0.0, 0.3).view(1, 16, 2, 8)
+    torch.testing.assert_close(again, padded)
+    weights = torch.linspace(-1, 1, padded.numel()).view_as(padded)
+    torch.testing.assert_close(torch.autograd.grad((again * weights).sum(), (query, key, value)),
+                               torch.autograd.grad((padded * weights).sum(), (query, key, value)))

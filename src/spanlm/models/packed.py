@@ -10,10 +10,11 @@ arguments from the model's forward down to their attention function, and
 
 * transformers' ``flash_attention_2`` / ``flash_attention_3`` take them as they are;
 * every other implementation is switched to ``"spanlm_varlen"`` (:func:`varlen_attention`, registered with
-  transformers' ``AttentionInterface``): per block, never through a (T, T) mask over the stream — on CUDA
-  in half precision without dropout PyTorch's own varlen kernel (``torch.nn.attention.varlen``), elsewhere
-  one SDPA call per block on views of the stream (on the CPU faster than nested jagged tensors or padding
-  the blocks again for the attention: BENCHMARKS.md). Padded batches take transformers' SDPA path;
+  transformers' ``AttentionInterface``): per block, never through a (T, T) mask over the stream. On the CPU
+  one SDPA call per block on views of the stream (faster there than nested jagged tensors or padding the
+  blocks again for the attention: BENCHMARKS.md); on CUDA in half precision without dropout PyTorch's own
+  varlen kernel (``torch.nn.attention.varlen``), else one SDPA call over the blocks padded again to the
+  longest (a per-block loop would wait for the bounds on the host). Padded batches take transformers' SDPA;
 * spanlm's fused CPU self-attention (:mod:`spanlm.accel.attention`) reads the same arguments.
 
 Padding inside a stream (CharBERT's one pad between blocks) forms segments of its own, so no block sees it.
@@ -82,14 +83,37 @@ def varlen_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value:
         from torch.nn.attention.varlen import varlen_attn
 
         context = varlen_attn(query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, scale=scaling)
-    else:
-        lengths = (cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).tolist()
+    elif query.device.type == "cpu":
+        lengths = (cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).tolist()  # host memory: nothing to wait for
         # One SDPA call per segment, on (heads, n, d) views; split's backward writes each gradient in place.
         context = torch.cat([
             F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), dropout_p=dropout,
                                            scale=scaling).transpose(0, 1)
             for q, k, v in zip(query.split(lengths), key.split(lengths), value.split(lengths))])  # (R·W, heads, d)
+    else:  # on an accelerator a loop would wait for the bounds: one SDPA call over the segments padded again
+        context = segments_padded_attention(query, key, value, cu_seq_lens_q, max_length_q, dropout, scaling)
     return context.view(rows, width, heads, head_dim), None
+
+
+def segments_padded_attention(query: Tensor, key: Tensor, value: Tensor, bounds: Tensor, longest: int, dropout: float,
+                              scaling: float | None) -> Tensor:
+    """Attention within each segment of ``bounds`` for token-major (T, heads, d) inputs, as one SDPA call over the
+    segments padded to ``longest`` with a key mask: only device operations, no host read. Returns (T, heads, d)."""
+    tokens, heads, head_dim = query.shape
+    bounds = bounds.long()
+    position = torch.arange(tokens, device=query.device)
+    segment = torch.searchsorted(bounds[1:], position, right=True)  # (T,) each token's segment
+    padded = segment * longest + position - bounds[segment]  # (T,) its place in the (S, longest) layout
+    segments = bounds.numel() - 1
+
+    def by_segment(x: Tensor) -> Tensor:  # (T, heads, d) → (S, heads, longest, d)
+        rows = x.new_zeros(segments * longest, heads, x.shape[-1]).index_copy(0, padded, x)
+        return rows.view(segments, longest, heads, -1).transpose(1, 2)
+
+    keys = torch.arange(longest, device=query.device) < (bounds[1:] - bounds[:-1]).unsqueeze(1)  # (S, longest)
+    context = F.scaled_dot_product_attention(by_segment(query), by_segment(key), by_segment(value),
+                                             attn_mask=keys[:, None, None, :], dropout_p=dropout, scale=scaling)
+    return context.transpose(1, 2).reshape(segments * longest, heads, head_dim).index_select(0, padded)
 
 
 def register_varlen_attention() -> None:
