@@ -50,17 +50,11 @@ def _project(rows: Tensor, heads: int, scale: float, query_weight: Tensor, query
     return weight, torch.baddbmm(bias.view(3 * heads, 1, head_dim), rows.expand(3 * heads, -1, -1), per_head)
 
 
-def _project_backward(ctx, grad_qkv: Tensor, rows: Tensor, weight: Tensor, token_shape: tuple[int, ...]):
-    """The gradients of hidden states, weights and biases from those of the projections, ``grad_qkv``
-    (3, heads, *token_shape, d) with the tokens in ``rows``' order."""
-    heads, head_dim, width = grad_qkv.shape[1], grad_qkv.shape[-1], rows.shape[1]
-    tokens = rows.shape[0]
-    # (3, heads, tokens, d) → (tokens, 3H), the projections' output layout, in one pass
-    grad_projected = torch.empty(*token_shape, 3, heads, head_dim, dtype=grad_qkv.dtype)
-    order = (len(token_shape), len(token_shape) + 1, *range(len(token_shape)), len(token_shape) + 2)
-    grad_projected.permute(*order).copy_(grad_qkv)
-    grad_projected = grad_projected.view(tokens, 3 * width)
-    grad_hidden = torch.mm(grad_projected, weight).view(*token_shape, width) if ctx.needs_input_grad[0] else None
+def _project_backward(ctx, grad_projected: Tensor, rows: Tensor, weight: Tensor):
+    """The gradients of hidden states (rows' layout), weights and biases from those of the projections,
+    ``grad_projected`` (N, 3H) in the projections' output layout."""
+    width = rows.shape[1]
+    grad_hidden = torch.mm(grad_projected, weight) if ctx.needs_input_grad[0] else None
     grad_weight = torch.mm(grad_projected.t(), rows)  # (3H, H)
     grad_bias = grad_projected.sum(0)
     grad_weight[:width] *= ctx.scale  # back through the query's scaled weight and bias
@@ -119,7 +113,11 @@ class _SelfAttention(torch.autograd.Function):
         grad_scores = torch._softmax_backward_data(grad_probabilities, probabilities, -1, probabilities.dtype)
         torch.bmm(grad_scores, key, out=grad_qkv[0])
         torch.bmm(grad_scores.transpose(1, 2), query, out=grad_qkv[1])
-        return _project_backward(ctx, grad_qkv.view(3, heads, batch, length, head_dim), rows, weight, (batch, length))
+        # (3, heads, B, L, d) → (B·L, 3H), the projections' output layout, in one pass
+        grad_projected = torch.empty(batch, length, 3, heads, head_dim, dtype=grad_output.dtype)
+        grad_projected.permute(2, 3, 0, 1, 4).copy_(grad_qkv.view(3, heads, batch, length, head_dim))
+        grads = _project_backward(ctx, grad_projected.view(batch * length, 3 * width), rows, weight)
+        return (grads[0].view(batch, length, width) if grads[0] is not None else None, *grads[1:])
 
 
 class _VarlenSelfAttention(torch.autograd.Function):
@@ -127,9 +125,10 @@ class _VarlenSelfAttention(torch.autograd.Function):
     ``[bounds[i], bounds[i + 1])`` of its flattened tokens attending only to itself; dropout ``p`` on the
     probabilities. transformers' varlen arguments give the bounds (``cu_seq_lens_q``, spanlm.models.packed).
 
-    Every segment's (heads, n, n) scores lie one after another in one flat buffer, so softmax and the
-    products run per segment on views and dropout is one call over all of them, drawn in (segment, head,
-    query, key) order — nothing is computed between blocks, and no (T, T) mask exists.
+    Scores, softmax and the products run per segment on (heads, n, ·) views (products into fresh tensors:
+    ATen's CPU batched product into a strided or offset ``out`` takes a slow per-matrix path); the
+    probabilities of all segments lie one after another in one flat buffer, so dropout is one call over
+    them, drawn in (segment, head, query, key) order. Nothing is computed between blocks: no (T, T) mask.
     """
 
     @staticmethod
@@ -142,20 +141,14 @@ class _VarlenSelfAttention(torch.autograd.Function):
         weight, qkv = _project(rows, heads, scale, query_weight, query_bias, key_weight, key_bias, value_weight, value_bias)
         query, key, value = qkv.view(3, heads, tokens, head_dim)
         segments = list(zip(bounds[:-1], bounds[1:]))
-        sizes = [heads * (end - start) ** 2 for start, end in segments]
-        probabilities = hidden.new_empty(sum(sizes))  # every segment's (heads, n, n) scores, one after another
-        for (start, end), scores in zip(segments, probabilities.split(sizes)):
-            scores = scores.view(heads, end - start, end - start)
-            torch.bmm(query[:, start:end], key[:, start:end].transpose(1, 2), out=scores)
-            torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # in place
+        scores = [torch.bmm(query[:, start:end], key[:, start:end].transpose(1, 2)) for start, end in segments]
+        probabilities = torch.cat([torch.ops.aten._softmax.out(block, -1, False, out=block).flatten() for block in scores])
+        sizes = [block.numel() for block in scores]
         key_stream, threshold, keep_scale = dropout_stream(p)
-        dropped = torch.empty_like(probabilities)
-        apply_dropout(probabilities, dropped, key_stream, threshold, 1.0)  # the 1 / (1 − p) goes into the next product
-        context = hidden.new_empty(tokens, heads, head_dim)  # token-major: the (T, H) output
-        zero = hidden.new_zeros(())  # baddbmm's input, ignored at beta = 0
-        for (start, end), weights in zip(segments, dropped.split(sizes)):
-            torch.baddbmm(zero, weights.view(heads, end - start, end - start), value[:, start:end], beta=0.0,
-                          alpha=keep_scale, out=context[start:end].transpose(0, 1))
+        dropped = apply_dropout(probabilities, torch.empty_like(probabilities), key_stream, threshold, keep_scale)
+        contexts = [torch.bmm(weights.view(heads, end - start, end - start), value[:, start:end])
+                    for (start, end), weights in zip(segments, dropped.split(sizes))]  # (heads, n, d) each
+        context = torch.cat([block.transpose(0, 1) for block in contexts])  # (T, heads, d): the (T, H) output
         ctx.save_for_backward(rows, weight, qkv, probabilities, dropped)
         ctx.segments, ctx.sizes, ctx.scale, ctx.keep_scale = segments, sizes, scale, keep_scale
         ctx.stream = (key_stream, threshold)
@@ -169,25 +162,22 @@ class _VarlenSelfAttention(torch.autograd.Function):
         heads = qkv.shape[0] // 3
         query, key, value = qkv.view(3, heads, tokens, width // heads)
         grad_context = grad_output.reshape(tokens, heads, width // heads)  # token-major
-        grad_qkv = torch.empty(3, heads, tokens, width // heads, dtype=grad_output.dtype)
-        grad_probabilities = torch.empty_like(probabilities)
-        zero = grad_output.new_zeros(())  # baddbmm's input, ignored at beta = 0
-        blocks = list(zip(ctx.segments, dropped.split(ctx.sizes), grad_probabilities.split(ctx.sizes)))
-        for (start, end), weights, grad_weights in blocks:
-            n = end - start
+        shapes = [(heads, end - start, end - start) for start, end in ctx.segments]
+        grad_values, grad_weights = [], []
+        for (start, end), weights, shape in zip(ctx.segments, dropped.split(ctx.sizes), shapes):
             grad_block = grad_context[start:end].transpose(0, 1)  # (heads, n, d)
-            torch.baddbmm(zero, weights.view(heads, n, n).transpose(1, 2), grad_block, beta=0.0, alpha=ctx.keep_scale,
-                          out=grad_qkv[2, :, start:end])
-            torch.baddbmm(zero, grad_block, value[:, start:end].transpose(1, 2), beta=0.0, alpha=ctx.keep_scale,
-                          out=grad_weights.view(heads, n, n))
-        apply_dropout(grad_probabilities, grad_probabilities, *ctx.stream, 1.0)  # in place
-        for ((start, end), _, grad_weights), kept in zip(blocks, probabilities.split(ctx.sizes)):
-            n = end - start
-            grad_scores = torch._softmax_backward_data(grad_weights.view(heads, n, n), kept.view(heads, n, n), -1,
-                                                       kept.dtype)
-            torch.bmm(grad_scores, key[:, start:end], out=grad_qkv[0, :, start:end])
-            torch.bmm(grad_scores.transpose(1, 2), query[:, start:end], out=grad_qkv[1, :, start:end])
-        grads = _project_backward(ctx, grad_qkv, rows, weight, (tokens,))
+            grad_values.append(torch.bmm(weights.view(shape).transpose(1, 2), grad_block))  # dropped holds the 1/(1 − p)
+            grad_weights.append(torch.bmm(grad_block, value[:, start:end].transpose(1, 2)).flatten())
+        grad_probabilities = torch.cat(grad_weights)
+        apply_dropout(grad_probabilities, grad_probabilities, *ctx.stream, ctx.keep_scale)  # in place
+        grad_blocks = []  # (n, 3, heads, d) per segment: the projections' output layout
+        for (start, end), grad_block, kept, grad_value, shape in zip(
+                ctx.segments, grad_probabilities.split(ctx.sizes), probabilities.split(ctx.sizes), grad_values, shapes):
+            grad_scores = torch._softmax_backward_data(grad_block.view(shape), kept.view(shape), -1, kept.dtype)
+            grad_query = torch.bmm(grad_scores, key[:, start:end])
+            grad_key = torch.bmm(grad_scores.transpose(1, 2), query[:, start:end])
+            grad_blocks.append(torch.stack([grad_query, grad_key, grad_value]).permute(2, 0, 1, 3))  # (3, heads, n, d) → (n, 3, heads, d)
+        grads = _project_backward(ctx, torch.cat(grad_blocks).view(tokens, 3 * width), rows, weight)
         return (grads[0].view(grad_output.shape) if grads[0] is not None else None, *grads[1:])
 
 
