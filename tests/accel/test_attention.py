@@ -11,6 +11,7 @@ from torch.nn import functional as F
 import spanlm.accel.attention as attention
 from spanlm.accel.attention import FUSED, _SelfAttention, _VarlenSelfAttention, use_fused_self_attention
 from spanlm.accel.dropout import apply_dropout, dropout_stream
+from spanlm.models.packed import segment_groups
 from spanlm import accel
 
 STOCK = {fused: stock for stock, fused in FUSED.items()}
@@ -134,28 +135,30 @@ def _per_block_reference(hidden, bounds, heads, scale, keep_of, keep_scale, *par
     return torch.cat(contexts).view(hidden.shape)
 
 
+def _position_keep(shape) -> torch.Tensor:
+    """Keep decisions that depend only on (query, key) within a segment, so any grouping of segments draws them alike."""
+    query, key = torch.arange(shape[-2]).unsqueeze(1), torch.arange(shape[-1])
+    return ((query * 7 + key * 3) % 5 != 0).expand(shape)
+
+
 def test_varlen_forward_and_gradients_equal_the_per_block_formula_in_float64(monkeypatch):
     generator = torch.Generator().manual_seed(0)
-    bounds, width, heads = [0, 4, 5, 9, 11], 8, 2  # segments of 4, 1, 4 and 2 tokens in a (1, 11) stream
-    sizes = [heads * (end - start) ** 2 for start, end in zip(bounds[:-1], bounds[1:])]
-    keep = (torch.rand(sum(sizes), generator=generator) > 0.3).double()  # the flat buffer's decisions
+    bounds, width, heads = [0, 4, 5, 9, 11, 17], 8, 2  # segments of 4, 1, 4, 2 and 6 tokens in a (1, 17) stream
     monkeypatch.setattr(attention, "dropout_stream", lambda p: (0, 0, 1 / 0.7))
-    monkeypatch.setattr(attention, "apply_dropout",  # the decisions of `keep` (the kernels are float32 only)
-                        lambda x, out, key, threshold, kept: torch.mul(x, keep.to(x.dtype) * kept, out=out))
-    inputs = [torch.randn(1, 11, width, dtype=torch.float64, generator=generator, requires_grad=True)]
+    monkeypatch.setattr(attention, "apply_dropout",  # position decisions (the kernels are float32 only)
+                        lambda x, out, key, threshold, kept: torch.mul(x, _position_keep(x.shape).to(x.dtype) * kept, out=out))
+    inputs = [torch.randn(1, 17, width, dtype=torch.float64, generator=generator, requires_grad=True)]
     for _ in range(3):
         inputs += [torch.randn(width, width, dtype=torch.float64, generator=generator, requires_grad=True),
                    torch.randn(width, dtype=torch.float64, generator=generator, requires_grad=True)]
     hidden, *parameters = inputs
 
-    def keep_of(number: int, n: int):  # (1, heads, n, n): the segment's stretch of the flat buffer
-        return keep.split(sizes)[number].view(1, heads, n, n)
-
     def fused(hidden, *parameters):
         return _VarlenSelfAttention.apply(hidden, bounds, heads, 0.5, 0.3, *parameters)
 
-    torch.testing.assert_close(fused(hidden, *parameters),
-                               _per_block_reference(hidden, bounds, heads, 0.5, keep_of, 1 / 0.7, *parameters))
+    expected = _per_block_reference(hidden, bounds, heads, 0.5, lambda number, n: _position_keep((1, heads, n, n)).double(),
+                                    1 / 0.7, *parameters)
+    torch.testing.assert_close(fused(hidden, *parameters), expected)
     assert torch.autograd.gradcheck(fused, tuple(inputs))
 
 
@@ -175,14 +178,18 @@ def test_the_fused_varlen_layer_equals_a_per_block_reference_with_its_dropout_dr
                    max_length_k=9)[0]
     assert calls["n"] == 0  # the varlen function, not the padded one
     (grad,) = torch.autograd.grad((output * weights).sum(), hidden)
-    lengths = (bounds[1:] - bounds[:-1]).tolist()
-    sizes = [4 * n * n for n in lengths]
     torch.manual_seed(3)
-    key, threshold, keep_scale = dropout_stream(layer.dropout.p)  # the draw the layer made
-    keep = apply_dropout(torch.ones(sum(sizes)), torch.empty(sum(sizes)), key, threshold, 1.0)
+    keeps = {}  # segment → its (1, heads, n, n) keep decisions: one stream per group, in (head, segment, query, key) order
+    for group in segment_groups(bounds.tolist()):
+        key, threshold, keep_scale = dropout_stream(layer.dropout.p)  # the draw the layer made for the group
+        shape = (4, group.count, group.length, group.length)
+        keep = apply_dropout(torch.ones(shape), torch.empty(shape), key, threshold, 1.0)
+        for row, start in enumerate(group.slots.view(group.count, group.length)[:, 0].tolist()):
+            n = int(group.real[row].sum())
+            keeps[bounds.tolist().index(start)] = keep[:, row, :n, :n].unsqueeze(0)
     parameters = (layer.query.weight, layer.query.bias, layer.key.weight, layer.key.bias, layer.value.weight, layer.value.bias)
-    expected = _per_block_reference(hidden, bounds.tolist(), 4, layer.scaling,
-                                    lambda number, n: keep.split(sizes)[number].view(1, 4, n, n), keep_scale, *parameters)
+    expected = _per_block_reference(hidden, bounds.tolist(), 4, layer.scaling, lambda number, n: keeps[number], keep_scale,
+                                    *parameters)
     (expected_grad,) = torch.autograd.grad((expected * weights).sum(), hidden)
     torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(grad, expected_grad, rtol=1e-4, atol=1e-5)

@@ -34,6 +34,7 @@ from transformers.models.electra.modeling_electra import ElectraSelfAttention
 from transformers.models.roberta.modeling_roberta import RobertaSelfAttention
 
 from spanlm.accel.dropout import kernels_for, apply_dropout, dropout_stream, fast_dropout_applies
+from spanlm.models.packed import segment_groups
 
 
 def _project(rows: Tensor, heads: int, scale: float, query_weight: Tensor, query_bias: Tensor, key_weight: Tensor,
@@ -125,10 +126,10 @@ class _VarlenSelfAttention(torch.autograd.Function):
     ``[bounds[i], bounds[i + 1])`` of its flattened tokens attending only to itself; dropout ``p`` on the
     probabilities. transformers' varlen arguments give the bounds (``cu_seq_lens_q``, spanlm.models.packed).
 
-    Scores, softmax and the products run per segment on (heads, n, ·) views (products into fresh tensors:
-    ATen's CPU batched product into a strided or offset ``out`` takes a slow per-matrix path); the
-    probabilities of all segments lie one after another in one flat buffer, so dropout is one call over
-    them, drawn in (segment, head, query, key) order. Nothing is computed between blocks: no (T, T) mask.
+    Segments of similar length are attended together (:func:`spanlm.models.packed.segment_groups`): a
+    group's queries, keys and values are gathered into (heads·count, length, d) rows, its padding slots
+    masked as keys, so each group is one product, one softmax and one dropout call (its own stream, drawn in
+    (head, segment, query, key) order), as :class:`_SelfAttention` does for a padded batch. No (T, T) mask exists.
     """
 
     @staticmethod
@@ -139,45 +140,54 @@ class _VarlenSelfAttention(torch.autograd.Function):
         tokens, head_dim = hidden.numel() // width, width // heads
         rows = hidden.reshape(tokens, width)
         weight, qkv = _project(rows, heads, scale, query_weight, query_bias, key_weight, key_bias, value_weight, value_bias)
-        query, key, value = qkv.view(3, heads, tokens, head_dim)
-        segments = list(zip(bounds[:-1], bounds[1:]))
-        scores = [torch.bmm(query[:, start:end], key[:, start:end].transpose(1, 2)) for start, end in segments]
-        probabilities = torch.cat([torch.ops.aten._softmax.out(block, -1, False, out=block).flatten() for block in scores])
-        sizes = [block.numel() for block in scores]
-        key_stream, threshold, keep_scale = dropout_stream(p)
-        dropped = apply_dropout(probabilities, torch.empty_like(probabilities), key_stream, threshold, keep_scale)
-        contexts = [torch.bmm(weights.view(heads, end - start, end - start), value[:, start:end])
-                    for (start, end), weights in zip(segments, dropped.split(sizes))]  # (heads, n, d) each
-        context = torch.cat([block.transpose(0, 1) for block in contexts])  # (T, heads, d): the (T, H) output
-        ctx.save_for_backward(rows, weight, qkv, probabilities, dropped)
-        ctx.segments, ctx.sizes, ctx.scale, ctx.keep_scale = segments, sizes, scale, keep_scale
-        ctx.stream = (key_stream, threshold)
+        groups = segment_groups(bounds)
+        saved, streams, parts = [], [], []
+        for group in groups:
+            batch, length = group.count, group.length
+            query, key, value = qkv.index_select(1, group.slots).view(3, heads * batch, length, head_dim)  # (head, segment)
+            scores = torch.bmm(query, key.transpose(1, 2))  # (heads·count, length, length)
+            scores.view(heads, batch, length, length).masked_fill_(~group.real[:, None, :], torch.finfo(scores.dtype).min)
+            probabilities = torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # in place
+            stream, threshold, keep_scale = dropout_stream(p)
+            dropped = apply_dropout(probabilities, torch.empty_like(probabilities), stream, threshold, keep_scale)
+            context = torch.bmm(dropped, value)  # (heads·count, length, d)
+            parts.append(context.view(heads, batch * length, head_dim).index_select(1, group.real_slots))
+            saved += [probabilities, dropped]
+            streams.append((stream, threshold, keep_scale))
+        order = torch.cat([group.tokens for group in groups])  # the stream position of each context row below
+        context = torch.empty(tokens, heads, head_dim, dtype=hidden.dtype)
+        context.index_copy_(0, order, torch.cat(parts, dim=1).transpose(0, 1))  # (T, heads, d): the (T, H) output
+        ctx.save_for_backward(rows, weight, qkv, *saved)
+        ctx.groups, ctx.streams, ctx.order, ctx.scale = groups, streams, order, scale
         return context.view(hidden.shape)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_output: Tensor):
-        rows, weight, qkv, probabilities, dropped = ctx.saved_tensors
+        rows, weight, qkv, *saved = ctx.saved_tensors
         tokens, width = rows.shape
         heads = qkv.shape[0] // 3
-        query, key, value = qkv.view(3, heads, tokens, width // heads)
-        grad_context = grad_output.reshape(tokens, heads, width // heads)  # token-major
-        shapes = [(heads, end - start, end - start) for start, end in ctx.segments]
-        grad_values, grad_weights = [], []
-        for (start, end), weights, shape in zip(ctx.segments, dropped.split(ctx.sizes), shapes):
-            grad_block = grad_context[start:end].transpose(0, 1)  # (heads, n, d)
-            grad_values.append(torch.bmm(weights.view(shape).transpose(1, 2), grad_block))  # dropped holds the 1/(1 − p)
-            grad_weights.append(torch.bmm(grad_block, value[:, start:end].transpose(1, 2)).flatten())
-        grad_probabilities = torch.cat(grad_weights)
-        apply_dropout(grad_probabilities, grad_probabilities, *ctx.stream, ctx.keep_scale)  # in place
-        grad_blocks = []  # (n, 3, heads, d) per segment: the projections' output layout
-        for (start, end), grad_block, kept, grad_value, shape in zip(
-                ctx.segments, grad_probabilities.split(ctx.sizes), probabilities.split(ctx.sizes), grad_values, shapes):
-            grad_scores = torch._softmax_backward_data(grad_block.view(shape), kept.view(shape), -1, kept.dtype)
-            grad_query = torch.bmm(grad_scores, key[:, start:end])
-            grad_key = torch.bmm(grad_scores.transpose(1, 2), query[:, start:end])
-            grad_blocks.append(torch.stack([grad_query, grad_key, grad_value]).permute(2, 0, 1, 3))  # (3, heads, n, d) → (n, 3, heads, d)
-        grads = _project_backward(ctx, torch.cat(grad_blocks).view(tokens, 3 * width), rows, weight)
+        head_dim = width // heads
+        grad_context = grad_output.reshape(tokens, heads, head_dim)  # token-major
+        parts = []  # per group, its real slots' gradients (n, 3, heads, d): the projections' output layout
+        for number, group in enumerate(ctx.groups):
+            batch, length = group.count, group.length
+            probabilities, dropped = saved[2 * number], saved[2 * number + 1]
+            stream, threshold, keep_scale = ctx.streams[number]
+            query, key, value = qkv.index_select(1, group.slots).view(3, heads * batch, length, head_dim)
+            grad_rows = grad_context.index_select(0, group.slots).masked_fill_(~group.real.view(-1, 1, 1), 0.0)
+            grad_rows = grad_rows.permute(1, 0, 2).reshape(heads * batch, length, head_dim)  # padding slots: no gradient
+            grad_value = torch.bmm(dropped.transpose(1, 2), grad_rows)  # dropped holds the 1 / (1 − p)
+            grad_weights = torch.bmm(grad_rows, value.transpose(1, 2))
+            apply_dropout(grad_weights, grad_weights, stream, threshold, keep_scale)  # in place
+            grad_scores = torch._softmax_backward_data(grad_weights, probabilities, -1, probabilities.dtype)
+            grad_query = torch.bmm(grad_scores, key)
+            grad_key = torch.bmm(grad_scores.transpose(1, 2), query)
+            grad_slots = torch.stack([grad_query, grad_key, grad_value]).view(3, heads, batch * length, head_dim)
+            parts.append(grad_slots.index_select(2, group.real_slots).permute(2, 0, 1, 3))
+        grad_projected = torch.empty(tokens, 3, heads, head_dim, dtype=grad_output.dtype)
+        grad_projected.index_copy_(0, ctx.order, torch.cat(parts))
+        grads = _project_backward(ctx, grad_projected.view(tokens, 3 * width), rows, weight)
         return (grads[0].view(grad_output.shape) if grads[0] is not None else None, *grads[1:])
 
 

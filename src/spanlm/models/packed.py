@@ -11,10 +11,11 @@ arguments from the model's forward down to their attention function, and
 * transformers' ``flash_attention_2`` / ``flash_attention_3`` take them as they are;
 * every other implementation is switched to ``"spanlm_varlen"`` (:func:`varlen_attention`, registered with
   transformers' ``AttentionInterface``): per block, never through a (T, T) mask over the stream. On the CPU
-  one SDPA call per block on views of the stream (faster there than nested jagged tensors or padding the
-  blocks again for the attention: BENCHMARKS.md); on CUDA in half precision without dropout PyTorch's own
-  varlen kernel (``torch.nn.attention.varlen``), else one SDPA call over the blocks padded again to the
-  longest (a per-block loop would wait for the bounds on the host). Padded batches take transformers' SDPA;
+  one SDPA call per group of blocks of similar length (:func:`segment_groups`; fewer calls than one per
+  block, little padding in the attention alone, and faster there than nested jagged tensors: BENCHMARKS.md);
+  on CUDA in half precision without dropout PyTorch's own varlen kernel (``torch.nn.attention.varlen``),
+  else one SDPA call over all blocks padded again to the longest (grouping would wait for the bounds on the
+  host). Padded batches take transformers' SDPA;
 * spanlm's fused CPU self-attention (:mod:`spanlm.accel.attention`) reads the same arguments.
 
 Padding inside a stream (CharBERT's one pad between blocks) forms segments of its own, so no block sees it.
@@ -26,6 +27,8 @@ encoder, its states gathered back into the stream (exact, but no faster: ``data.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +62,55 @@ def varlen_kwargs(position_ids: Tensor, attention_mask: Tensor) -> dict:
     return {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": longest, "max_length_k": longest}
 
 
+@dataclasses.dataclass(frozen=True)
+class SegmentGroup:
+    """Segments of similar length attended together: ``count`` rows of ``length`` slots, one segment a row.
+
+    ``slots`` (count·length,): the stream position each slot reads (a padding slot repeats its segment's
+    first token; it is masked as a key and its query discarded); ``real`` (count, length): the slot holds a
+    token of its segment; ``real_slots``: the flat indices of those slots, ``tokens`` their stream positions.
+    """
+
+    count: int
+    length: int
+    slots: Tensor
+    real: Tensor
+    real_slots: Tensor
+    tokens: Tensor
+
+
+# A group takes the next-longest segment while its attention area padded to the group's longest stays within
+# this share of the area its segments need: fewer, larger products (each a parallel region of its own) for
+# little padding in the attention alone.
+GROUP_SLACK = 0.25
+
+
+def segment_groups(bounds: list[int], device: torch.device | str = "cpu", slack: float = GROUP_SLACK) -> list[SegmentGroup]:
+    """The segments ``[bounds[i], bounds[i + 1])`` of a stream in groups of similar length, longest first."""
+    starts = torch.tensor(bounds[:-1], dtype=torch.long)
+    lengths = torch.tensor(bounds[1:], dtype=torch.long) - starts
+    order = torch.argsort(lengths, descending=True, stable=True).tolist()
+    members: list[list[int]] = []
+    for segment in order:
+        group = members[-1] if members else None
+        if group is not None:
+            area = int((lengths[group] ** 2).sum()) + int(lengths[segment]) ** 2
+            if (len(group) + 1) * int(lengths[group[0]]) ** 2 <= (1 + slack) * area:
+                group.append(segment)
+                continue
+        members.append([segment])
+    groups = []
+    for group in members:
+        length = int(lengths[group[0]])
+        within = torch.arange(length)
+        real = within < lengths[group].unsqueeze(1)  # (count, length)
+        slots = starts[group].unsqueeze(1) + torch.where(real, within, 0)  # (count, length)
+        real_slots = real.flatten().nonzero().flatten()
+        groups.append(SegmentGroup(len(group), length, slots.flatten().to(device), real.to(device), real_slots.to(device),
+                                   slots.flatten()[real_slots].to(device)))
+    return groups
+
+
 def torch_varlen_applies(query: Tensor, dropout: float) -> bool:
     """Whether PyTorch's varlen kernel (FlashAttention, CUDA, half precision, no dropout) takes ``query``."""
     return (query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and dropout == 0.0
@@ -83,16 +135,27 @@ def varlen_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value:
         from torch.nn.attention.varlen import varlen_attn
 
         context = varlen_attn(query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, scale=scaling)
-    elif query.device.type == "cpu":
-        lengths = (cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).tolist()  # host memory: nothing to wait for
-        # One SDPA call per segment, on (heads, n, d) views; split's backward writes each gradient in place.
-        context = torch.cat([
-            F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), dropout_p=dropout,
-                                           scale=scaling).transpose(0, 1)
-            for q, k, v in zip(query.split(lengths), key.split(lengths), value.split(lengths))])  # (R·W, heads, d)
+    elif query.device.type == "cpu":  # the bounds are in host memory: nothing to wait for
+        context = grouped_attention(query, key, value, segment_groups(cu_seq_lens_q.tolist()), dropout, scaling)
     else:  # on an accelerator a loop would wait for the bounds: one SDPA call over the segments padded again
         context = segments_padded_attention(query, key, value, cu_seq_lens_q, max_length_q, dropout, scaling)
     return context.view(rows, width, heads, head_dim), None
+
+
+def grouped_attention(query: Tensor, key: Tensor, value: Tensor, groups: list[SegmentGroup], dropout: float,
+                      scaling: float | None) -> Tensor:
+    """Attention within each segment for token-major (T, heads, d) inputs: one SDPA call per group of segments
+    of similar length (:func:`segment_groups`), their padding slots masked as keys. Returns (T, heads, d)."""
+    parts = []
+    for group in groups:
+        def rows(x: Tensor) -> Tensor:  # (T, heads, d) → (count, heads, length, d)
+            return x.index_select(0, group.slots).view(group.count, group.length, *x.shape[1:]).transpose(1, 2)
+
+        context = F.scaled_dot_product_attention(rows(query), rows(key), rows(value), attn_mask=group.real[:, None, None, :],
+                                                 dropout_p=dropout, scale=scaling)  # (count, heads, length, d)
+        parts.append(context.transpose(1, 2).flatten(0, 1).index_select(0, group.real_slots))
+    tokens = torch.cat([group.tokens for group in groups])
+    return torch.zeros_like(query).index_copy(0, tokens, torch.cat(parts))
 
 
 def segments_padded_attention(query: Tensor, key: Tensor, value: Tensor, bounds: Tensor, longest: int, dropout: float,
