@@ -52,3 +52,15 @@ def test_packed_targets_point_at_the_same_tokens(embedded_prepared, scheme):
     source = packed.source_index.reshape(-1)
     assert (ids[source[real]] == packed_ids[real]).all() and (source[~real] == ids.size).all()
     assert packed.input_ids.shape == (1, masked.attention_mask.sum())  # one stream, no padding
+
+
+def test_the_readme_packing_example_runs(embedded_prepared, capsys):
+    from helpers import readme_section
+
+    (code,) = readme_section("Packed batches")
+    code = code.replace('"runs/prepared/english-wordpiece-8000"', repr(str(embedded_prepared)))
+    exec(compile(code, "README.md", "exec"), {})
+    padded, starts = capsys.readouterr().out.splitlines()
+    assert padded.startswith("padded (16, ") and "packed (1, " in padded
+    starts = [int(start) for start in starts.strip("[]").split()]
+    assert len(starts) == 16 and starts[0] == 0 and starts == sorted(starts)
