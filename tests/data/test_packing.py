@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -62,5 +64,5 @@ def test_the_readme_packing_example_runs(embedded_prepared, capsys):
     exec(compile(code, "README.md", "exec"), {})
     padded, starts = capsys.readouterr().out.splitlines()
     assert padded.startswith("padded (16, ") and "packed (1, " in padded
-    starts = [int(start) for start in starts.strip("[]").split()]
+    starts = json.loads(starts)
     assert len(starts) == 16 and starts[0] == 0 and starts == sorted(starts)
