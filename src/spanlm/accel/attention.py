@@ -19,6 +19,10 @@ probabilities (Vaswani et al. 2017, softmax(QKᵀ/√d)V; BERT's attention-proba
 same random draws in the same order, so a run gives the same losses either way up to float rounding
 (tests/accel/test_attention.py). Parameters, state-dict keys and the saved config are untouched.
 
+A packed stream (spanlm.models.packed: no mask, the block boundaries in transformers' varlen arguments
+``cu_seq_lens_q``) takes :class:`_VarlenSelfAttention`: the same projections, then the attention per
+group of blocks of similar length, never across blocks.
+
 Only training on CPU in float32 takes this path (where spanlm.accel.native's kernels are built), with
 dropout on and a boolean or no attention mask (what ``"spanlm_sdpa"`` receives), outside autocast and
 torch.compile; everything else runs the module's own forward.
