@@ -87,27 +87,24 @@ GROUP_SLACK = 0.25
 
 def segment_groups(bounds: list[int], device: torch.device | str = "cpu", slack: float = GROUP_SLACK) -> list[SegmentGroup]:
     """The segments ``[bounds[i], bounds[i + 1])`` of a stream in groups of similar length, longest first."""
-    starts = torch.tensor(bounds[:-1], dtype=torch.long)
-    lengths = torch.tensor(bounds[1:], dtype=torch.long) - starts
-    order = torch.argsort(lengths, descending=True, stable=True).tolist()
-    members: list[list[int]] = []
-    for segment in order:
-        group = members[-1] if members else None
-        if group is not None:
-            area = int((lengths[group] ** 2).sum()) + int(lengths[segment]) ** 2
-            if (len(group) + 1) * int(lengths[group[0]]) ** 2 <= (1 + slack) * area:
-                group.append(segment)
-                continue
-        members.append([segment])
+    lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:])]
+    members: list[list[int]] = []  # segment numbers per group, longest first (ties in stream order)
+    for segment in sorted(range(len(lengths)), key=lambda number: -lengths[number]):
+        group = members[-1] if members else []
+        area = sum(lengths[member] ** 2 for member in group) + lengths[segment] ** 2
+        if group and (len(group) + 1) * lengths[group[0]] ** 2 <= (1 + slack) * area:
+            group.append(segment)
+        else:
+            members.append([segment])
     groups = []
     for group in members:
-        length = int(lengths[group[0]])
+        length = lengths[group[0]]
         within = torch.arange(length)
-        real = within < lengths[group].unsqueeze(1)  # (count, length)
-        slots = starts[group].unsqueeze(1) + torch.where(real, within, 0)  # (count, length)
+        real = within < torch.tensor([lengths[member] for member in group]).unsqueeze(1)  # (count, length)
+        slots = (torch.tensor([bounds[member] for member in group]).unsqueeze(1) + torch.where(real, within, 0)).flatten()
         real_slots = real.flatten().nonzero().flatten()
-        groups.append(SegmentGroup(len(group), length, slots.flatten().to(device), real.to(device), real_slots.to(device),
-                                   slots.flatten()[real_slots].to(device)))
+        groups.append(SegmentGroup(len(group), length, slots.to(device), real.to(device), real_slots.to(device),
+                                   slots[real_slots].to(device)))
     return groups
 
 
