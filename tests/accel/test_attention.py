@@ -2,6 +2,7 @@
 the module's own forward wherever it does not apply."""
 
 import copy
+import functools
 import pickle
 
 import pytest
@@ -141,7 +142,9 @@ def _position_keep(shape) -> torch.Tensor:
     return ((query * 7 + key * 3) % 5 != 0).expand(shape)
 
 
-def test_varlen_forward_and_gradients_equal_the_per_block_formula_in_float64(monkeypatch):
+@pytest.mark.parametrize("padding", [0, 100])  # every segment a product of its own, or short ones grouped
+def test_varlen_forward_and_gradients_equal_the_per_block_formula_in_float64(monkeypatch, padding):
+    monkeypatch.setattr(attention, "segment_groups", functools.partial(segment_groups, padding=padding))
     generator = torch.Generator().manual_seed(0)
     bounds, width, heads = [0, 4, 5, 9, 11, 17], 8, 2  # segments of 4, 1, 4, 2 and 6 tokens in a (1, 17) stream
     monkeypatch.setattr(attention, "dropout_stream", lambda p: (0, 0, 1 / 0.7))

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from transformers import AutoConfig, AutoModel, DataCollatorWithFlattening
 
 from spanlm.errors import ConfigError
-from spanlm.models.packed import (GROUP_SLACK, VARLEN_ATTENTION, check_packable, encoder_states, grouped_attention,
+from spanlm.models.packed import (GROUP_PADDING, VARLEN_ATTENTION, check_packable, encoder_states, grouped_attention,
                                   resolve_packing, segment_groups, segment_lengths, segments_padded_attention, varlen_attention)
 
 SIZES = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
@@ -105,7 +105,7 @@ def test_segment_groups_cover_every_token_once_with_little_padding():
     for group in groups:
         real = group.real.sum(1)
         assert group.length == int(real.max()) and (real > 0).all()
-        assert group.count * group.length ** 2 <= (1 + GROUP_SLACK) * int((real ** 2).sum())
+        assert group.count * group.length ** 2 - int((real ** 2).sum()) <= GROUP_PADDING
         slots = group.slots.view(group.count, group.length)
         assert (slots == torch.where(group.real, slots, slots[:, :1])).all()  # padding slots read their segment's first token
 

@@ -11,8 +11,8 @@ arguments from the model's forward down to their attention function, and
 * transformers' ``flash_attention_2`` / ``flash_attention_3`` take them as they are;
 * every other implementation is switched to ``"spanlm_varlen"`` (:func:`varlen_attention`, registered with
   transformers' ``AttentionInterface``): per block, never through a (T, T) mask over the stream. On the CPU
-  one SDPA call per group of blocks of similar length (:func:`segment_groups`; fewer calls than one per
-  block, little padding in the attention alone, and faster there than nested jagged tensors: BENCHMARKS.md);
+  one SDPA call per group of blocks of similar length (:func:`segment_groups`: short blocks share a call,
+  long ones keep their own; faster there than nested jagged tensors: BENCHMARKS.md);
   on CUDA in half precision without dropout PyTorch's own varlen kernel (``torch.nn.attention.varlen``),
   else one SDPA call over all blocks padded again to the longest (grouping would wait for the bounds on the
   host). Padded batches take transformers' SDPA;
@@ -79,20 +79,21 @@ class SegmentGroup:
     tokens: Tensor
 
 
-# A group takes the next-longest segment while its attention area padded to the group's longest stays within
-# this share of the area its segments need: fewer, larger products (each a parallel region of its own) for
-# little padding in the attention alone.
-GROUP_SLACK = 0.25
+# A group takes the next-longest segment while the scores (per head) its padding to the group's longest adds
+# stay within this budget: short segments share one product (each product, softmax and dropout call is a
+# parallel region of its own, a fixed cost that dominates short segments), long ones keep their own (their
+# padding would cost more than the call).
+GROUP_PADDING = 96 * 96
 
 
-def segment_groups(bounds: list[int], device: torch.device | str = "cpu", slack: float = GROUP_SLACK) -> list[SegmentGroup]:
+def segment_groups(bounds: list[int], device: torch.device | str = "cpu", padding: int = GROUP_PADDING) -> list[SegmentGroup]:
     """The segments ``[bounds[i], bounds[i + 1])`` of a stream in groups of similar length, longest first."""
     lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:])]
     members: list[list[int]] = []  # segment numbers per group, longest first (ties in stream order)
     for segment in sorted(range(len(lengths)), key=lambda number: -lengths[number]):
         group = members[-1] if members else []
         area = sum(lengths[member] ** 2 for member in group) + lengths[segment] ** 2
-        if group and (len(group) + 1) * lengths[group[0]] ** 2 <= (1 + slack) * area:
+        if group and (len(group) + 1) * lengths[group[0]] ** 2 - area <= padding:
             group.append(segment)
         else:
             members.append([segment])
