@@ -70,6 +70,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "loading a shared machine), or wall-clock time")
     parser.add_argument("--accel", choices=["auto", "off"], default="auto",
                         help="spanlm's CPU backend on both sides (train.accel; auto: as the trainer runs on a CPU)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--small", action="store_true", help="a tiny model and a few steps (a smoke run)")
     args = parser.parse_args(argv)
     if args.small:
@@ -251,6 +252,8 @@ def ner(corpus, directory: Path, args) -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="spanlm-bench-packing-") as scratch:
         corpus = prepare_corpus(Path(scratch), args.small)
         seqs = [int(s) for s in args.seqs.split(",")]
