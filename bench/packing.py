@@ -175,9 +175,9 @@ def varlen_attention_cpu(batch: dict, heads: int, head_dim: int, args) -> dict:
     """Median ms of forward + backward of the attention over ``batch``'s blocks, each kept to itself, three ways."""
     import torch.nn.functional as F
 
-    from spanlm.models.packed import grouped_attention, segment_groups, segment_lengths, segments_padded_attention
+    from spanlm.models.packed import grouped_attention, segment_groups, segment_bounds, segments_padded_attention
 
-    bounds = segment_lengths(batch["position_ids"], batch["attention_mask"])
+    bounds = segment_bounds(batch["position_ids"], batch["attention_mask"])
     lengths = (bounds[1:] - bounds[:-1]).tolist()
     generator = torch.Generator().manual_seed(0)
     query, key, value = (torch.randn(sum(lengths), heads, head_dim, generator=generator, requires_grad=True) for _ in range(3))

@@ -11,7 +11,7 @@ from transformers import AutoConfig, AutoModel, DataCollatorWithFlattening
 
 from spanlm.errors import ConfigError
 from spanlm.models.packed import (GROUP_PADDING, VARLEN_ATTENTION, check_packable, encoder_states, grouped_attention,
-                                  resolve_packing, segment_groups, segment_lengths, segments_padded_attention, varlen_attention)
+                                  resolve_packing, segment_groups, segment_bounds, segments_padded_attention, varlen_attention)
 
 SIZES = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
          "max_position_embeddings": 64, "vocab_size": 100, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
@@ -21,7 +21,7 @@ DEBERTA = {"relative_attention": True, "position_buckets": 8, "pos_att_type": ["
 def test_segments_start_at_each_block_and_at_padding_after_one():
     positions = torch.tensor([[0, 1, 2, 1, 0, 1, 1, 1]])  # a block, a pad, a block, two pads
     real = torch.tensor([[1, 1, 1, 0, 1, 1, 0, 0]])
-    assert segment_lengths(positions, real).tolist() == [0, 3, 4, 6, 8]
+    assert segment_bounds(positions, real).tolist() == [0, 3, 4, 6, 8]
 
 
 def model_of(family: str, attention: str, **settings):

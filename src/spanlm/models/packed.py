@@ -44,8 +44,8 @@ VARLEN_FAMILIES = ("bert", "roberta", "electra")  # their models pass the varlen
 PACKABLE_FAMILIES = (*VARLEN_FAMILIES, "deberta-v2")  # DeBERTa-V2: run padded inside the encoder
 
 
-def segment_lengths(position_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """(S + 1,) int32 cumulative lengths of the segments of the flattened stream: a segment starts at each
+def segment_bounds(position_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """(S + 1,) int32 bounds of the segments of the flattened stream (their cumulative lengths): a segment starts at each
     block (a real token at position 0), at the first padding after a real token, and at the stream's start."""
     positions, real = position_ids.flatten(), attention_mask.flatten().bool()
     follows_real = torch.cat([real.new_ones(1), real[:-1]])  # (T,) the token before is real (or none is)
@@ -57,7 +57,7 @@ def segment_lengths(position_ids: Tensor, attention_mask: Tensor) -> Tensor:
 
 def varlen_kwargs(position_ids: Tensor, attention_mask: Tensor) -> dict:
     """The stream's block boundaries as transformers' FlashAttention keyword arguments."""
-    bounds = segment_lengths(position_ids, attention_mask)
+    bounds = segment_bounds(position_ids, attention_mask)
     longest = int((bounds[1:] - bounds[:-1]).max())  # the one host read of a packed forward on a GPU
     return {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": longest, "max_length_k": longest}
 
@@ -86,7 +86,7 @@ class SegmentGroup:
 GROUP_PADDING = 96 * 96
 
 
-def segment_groups(bounds: list[int], device: torch.device | str = "cpu", padding: int = GROUP_PADDING) -> list[SegmentGroup]:
+def segment_groups(bounds: list[int], padding: int = GROUP_PADDING) -> list[SegmentGroup]:
     """The segments ``[bounds[i], bounds[i + 1])`` of a stream in groups of similar length, longest first."""
     lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:])]
     members: list[list[int]] = []  # segment numbers per group, longest first (ties in stream order)
@@ -104,8 +104,7 @@ def segment_groups(bounds: list[int], device: torch.device | str = "cpu", paddin
         real = within < torch.tensor([lengths[member] for member in group]).unsqueeze(1)  # (count, length)
         slots = (torch.tensor([bounds[member] for member in group]).unsqueeze(1) + torch.where(real, within, 0)).flatten()
         real_slots = real.flatten().nonzero().flatten()
-        groups.append(SegmentGroup(len(group), length, slots.to(device), real.to(device), real_slots.to(device),
-                                   slots[real_slots].to(device)))
+        groups.append(SegmentGroup(len(group), length, slots, real, real_slots, slots[real_slots]))
     return groups
 
 
