@@ -16,10 +16,10 @@ the same size with the corpus tokenizer, loaded as a fine-tuning encoder, Global
 
 Attention alone (``varlen_attention_cpu``): forward and backward of the attention over the first packed
 batch (heads and head size of the model, attention dropout 0.1) by the CPU ways to keep blocks apart
-without a (T, T) mask — one SDPA call per group of blocks of similar length (``grouped_sdpa``, what spanlm
-runs without its backend), one SDPA call per block (``per_block_sdpa``), SDPA over nested jagged tensors
-(``nested_jagged``), and one SDPA call over all blocks padded again to the longest (``padded_again``) —
-alternating, median milliseconds.
+without a (T, T) mask — one SDPA call per block (``per_block_sdpa``, what spanlm runs without its backend),
+SDPA over nested jagged tensors (``nested_jagged``), and one SDPA call over all blocks padded again to the
+longest (``padded_again``, what it runs on an accelerator without a varlen kernel) — alternating, median
+milliseconds.
 
 A step is forward, backward, AdamW step, ``zero_grad(set_to_none=True)``. Per comparison: ``--warmup``
 untimed steps per side, then ``--steps`` timed steps per side alternating (the order flips every pair:
@@ -175,7 +175,7 @@ def varlen_attention_cpu(batch: dict, heads: int, head_dim: int, args) -> dict:
     """Median ms of forward + backward of the attention over ``batch``'s blocks, each kept to itself, three ways."""
     import torch.nn.functional as F
 
-    from spanlm.models.packed import grouped_attention, segment_groups, segment_bounds, segments_padded_attention
+    from spanlm.models.packed import segment_bounds, segments_padded_attention
 
     bounds = segment_bounds(batch["position_ids"], batch["attention_mask"])
     lengths = (bounds[1:] - bounds[:-1]).tolist()
@@ -197,9 +197,6 @@ def varlen_attention_cpu(batch: dict, heads: int, head_dim: int, args) -> dict:
     def padded_again():
         return segments_padded_attention(query, key, value, bounds, max(lengths), p, None)
 
-    def grouped():
-        return grouped_attention(query, key, value, segment_groups(bounds.tolist()), p, None)
-
     def step(attention):
         def run():
             attention().sum().backward()
@@ -207,8 +204,7 @@ def varlen_attention_cpu(batch: dict, heads: int, head_dim: int, args) -> dict:
                 x.grad = None
         return run
 
-    ways = {"grouped_sdpa": grouped, "per_block_sdpa": per_block_sdpa, "nested_jagged": nested_jagged,
-            "padded_again": padded_again}
+    ways = {"per_block_sdpa": per_block_sdpa, "nested_jagged": nested_jagged, "padded_again": padded_again}
     times = timed_pair({name: step(way) for name, way in ways.items()}, args.warmup, args.steps, CLOCKS[args.clock])
     return {f"{name}_ms": round(1000 * statistics.median(t), 2) for name, t in times.items()}
 

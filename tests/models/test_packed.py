@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from transformers import AutoConfig, AutoModel, DataCollatorWithFlattening
 
 from spanlm.errors import ConfigError
-from spanlm.models.packed import (GROUP_PADDING, VARLEN_ATTENTION, check_packable, encoder_states, grouped_attention,
-                                  resolve_packing, segment_groups, segment_bounds, segments_padded_attention, varlen_attention)
+from spanlm.models.packed import (GROUP_PADDING, VARLEN_ATTENTION, check_packable, encoder_states, resolve_packing,
+                                  segment_bounds, segment_groups, segments_padded_attention, varlen_attention)
 
 SIZES = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
          "max_position_embeddings": 64, "vocab_size": 100, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
@@ -108,17 +108,3 @@ def test_segment_groups_cover_every_token_once_with_little_padding():
         assert group.count * group.length ** 2 - int((real ** 2).sum()) <= GROUP_PADDING
         slots = group.slots.view(group.count, group.length)
         assert (slots == torch.where(group.real, slots, slots[:, :1])).all()  # padding slots read their segment's first token
-
-
-def test_grouped_attention_equals_one_sdpa_call_per_segment():
-    generator = torch.Generator().manual_seed(0)
-    bounds = [0, 9, 10, 16, 23, 31]
-    query, key, value = (torch.randn(31, 2, 8, generator=generator, requires_grad=True) for _ in range(3))
-    grouped = grouped_attention(query, key, value, segment_groups(bounds), 0.0, 0.3)
-    lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:])]
-    alone = torch.cat([F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), scale=0.3).transpose(0, 1)
-                       for q, k, v in zip(query.split(lengths), key.split(lengths), value.split(lengths))])
-    torch.testing.assert_close(grouped, alone)
-    weights = torch.linspace(-1, 1, grouped.numel()).view_as(grouped)
-    torch.testing.assert_close(torch.autograd.grad((grouped * weights).sum(), (query, key, value)),
-                               torch.autograd.grad((alone * weights).sum(), (query, key, value)))

@@ -11,12 +11,13 @@ arguments from the model's forward down to their attention function, and
 * transformers' ``flash_attention_2`` / ``flash_attention_3`` take them as they are;
 * every other implementation is switched to ``"spanlm_varlen"`` (:func:`varlen_attention`, registered with
   transformers' ``AttentionInterface``): per block, never through a (T, T) mask over the stream. On the CPU
-  one SDPA call per group of blocks of similar length (:func:`segment_groups`: short blocks share a call,
-  long ones keep their own; faster there than nested jagged tensors: BENCHMARKS.md);
+  one SDPA call per block on views of the stream (faster there than grouping blocks of similar length,
+  nested jagged tensors or padding the blocks again: BENCHMARKS.md);
   on CUDA in half precision without dropout PyTorch's own varlen kernel (``torch.nn.attention.varlen``),
   else one SDPA call over all blocks padded again to the longest (grouping would wait for the bounds on the
   host). Padded batches take transformers' SDPA;
-* spanlm's fused CPU self-attention (:mod:`spanlm.accel.attention`) reads the same arguments.
+* spanlm's fused CPU self-attention (:mod:`spanlm.accel.attention`) reads the same arguments, and attends
+  per group of blocks of similar length (:func:`segment_groups`).
 
 Padding inside a stream (CharBERT's one pad between blocks) forms segments of its own, so no block sees it.
 Positions go to the embeddings as the family numbers them (RoBERTa from ``padding_idx + 1``).
@@ -133,26 +134,15 @@ def varlen_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value:
 
         context = varlen_attn(query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, scale=scaling)
     elif query.device.type == "cpu":  # the bounds are in host memory: nothing to wait for
-        context = grouped_attention(query, key, value, segment_groups(cu_seq_lens_q.tolist()), dropout, scaling)
+        lengths = (cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).tolist()
+        # One SDPA call per segment on (heads, n, d) views; split's backward writes each gradient in place.
+        context = torch.cat([
+            F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), dropout_p=dropout,
+                                           scale=scaling).transpose(0, 1)
+            for q, k, v in zip(query.split(lengths), key.split(lengths), value.split(lengths))])  # (R·W, heads, d)
     else:  # on an accelerator a loop would wait for the bounds: one SDPA call over the segments padded again
         context = segments_padded_attention(query, key, value, cu_seq_lens_q, max_length_q, dropout, scaling)
     return context.view(rows, width, heads, head_dim), None
-
-
-def grouped_attention(query: Tensor, key: Tensor, value: Tensor, groups: list[SegmentGroup], dropout: float,
-                      scaling: float | None) -> Tensor:
-    """Attention within each segment for token-major (T, heads, d) inputs: one SDPA call per group of segments
-    of similar length (:func:`segment_groups`), their padding slots masked as keys. Returns (T, heads, d)."""
-    parts = []
-    for group in groups:
-        def rows(x: Tensor) -> Tensor:  # (T, heads, d) → (count, heads, length, d)
-            return x.index_select(0, group.slots).view(group.count, group.length, *x.shape[1:]).transpose(1, 2)
-
-        context = F.scaled_dot_product_attention(rows(query), rows(key), rows(value), attn_mask=group.real[:, None, None, :],
-                                                 dropout_p=dropout, scale=scaling)  # (count, heads, length, d)
-        parts.append(context.transpose(1, 2).flatten(0, 1).index_select(0, group.real_slots))
-    tokens = torch.cat([group.tokens for group in groups])
-    return torch.zeros_like(query).index_copy(0, tokens, torch.cat(parts))
 
 
 def segments_padded_attention(query: Tensor, key: Tensor, value: Tensor, bounds: Tensor, longest: int, dropout: float,
