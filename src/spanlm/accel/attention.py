@@ -125,6 +125,15 @@ class _SelfAttention(torch.autograd.Function):
         return (grads[0].view(batch, length, width) if grads[0] is not None else None, *grads[1:])
 
 
+def _group_rows(qkv: Tensor, group, heads: int) -> Tensor:
+    """A segment group's queries, keys and values (3, heads·count, length, d) from the stream's head-major
+    (3·heads, T, d) projections: a slice for a lone segment, else its slots gathered."""
+    head_dim = qkv.shape[-1]
+    if group.count == 1:
+        return qkv.view(3, heads, -1, head_dim)[:, :, group.start:group.start + group.length]
+    return qkv.index_select(1, group.slots).view(3, heads * group.count, group.length, head_dim)
+
+
 class _VarlenSelfAttention(torch.autograd.Function):
     """Context (R, W, H) of multi-head self-attention over a packed stream ``hidden`` (R, W, H), each segment
     ``[bounds[i], bounds[i + 1])`` of its flattened tokens attending only to itself; dropout ``p`` on the
@@ -148,14 +157,15 @@ class _VarlenSelfAttention(torch.autograd.Function):
         saved, streams, parts = [], [], []
         for group in groups:
             batch, length = group.count, group.length
-            query, key, value = qkv.index_select(1, group.slots).view(3, heads * batch, length, head_dim)  # (head, segment)
+            query, key, value = _group_rows(qkv, group, heads)  # (heads·count, length, d) each, (head, segment) order
             scores = torch.bmm(query, key.transpose(1, 2))  # (heads·count, length, length)
-            scores.view(heads, batch, length, length).masked_fill_(~group.real[:, None, :], torch.finfo(scores.dtype).min)
+            if batch > 1:  # padding slots are no keys
+                scores.view(heads, batch, length, length).masked_fill_(~group.real[:, None, :], torch.finfo(scores.dtype).min)
             probabilities = torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # in place
             stream, threshold, keep_scale = dropout_stream(p)
             dropped = apply_dropout(probabilities, torch.empty_like(probabilities), stream, threshold, keep_scale)
-            context = torch.bmm(dropped, value)  # (heads·count, length, d)
-            parts.append(context.view(heads, batch * length, head_dim).index_select(1, group.real_slots))
+            context = torch.bmm(dropped, value).view(heads, batch * length, head_dim)
+            parts.append(context.index_select(1, group.real_slots) if batch > 1 else context)
             saved += [probabilities, dropped]
             streams.append((stream, threshold, keep_scale))
         order = torch.cat([group.tokens for group in groups])  # the stream position of each context row below
@@ -178,9 +188,12 @@ class _VarlenSelfAttention(torch.autograd.Function):
             batch, length = group.count, group.length
             probabilities, dropped = saved[2 * number], saved[2 * number + 1]
             stream, threshold, keep_scale = ctx.streams[number]
-            query, key, value = qkv.index_select(1, group.slots).view(3, heads * batch, length, head_dim)
-            grad_rows = grad_context.index_select(0, group.slots).masked_fill_(~group.real.view(-1, 1, 1), 0.0)
-            grad_rows = grad_rows.permute(1, 0, 2).reshape(heads * batch, length, head_dim)  # padding slots: no gradient
+            query, key, value = _group_rows(qkv, group, heads)
+            if batch > 1:  # padding slots: no gradient
+                grad_rows = grad_context.index_select(0, group.slots).masked_fill_(~group.real.view(-1, 1, 1), 0.0)
+                grad_rows = grad_rows.permute(1, 0, 2).reshape(heads * batch, length, head_dim)
+            else:
+                grad_rows = grad_context[group.start:group.start + length].transpose(0, 1)  # (heads, n, d)
             grad_value = torch.bmm(dropped.transpose(1, 2), grad_rows)  # dropped holds the 1 / (1 − p)
             grad_weights = torch.bmm(grad_rows, value.transpose(1, 2))
             apply_dropout(grad_weights, grad_weights, stream, threshold, keep_scale)  # in place
@@ -188,7 +201,7 @@ class _VarlenSelfAttention(torch.autograd.Function):
             grad_query = torch.bmm(grad_scores, key)
             grad_key = torch.bmm(grad_scores.transpose(1, 2), query)
             grad_slots = torch.stack([grad_query, grad_key, grad_value]).view(3, heads, batch * length, head_dim)
-            parts.append(grad_slots.index_select(2, group.real_slots).permute(2, 0, 1, 3))
+            parts.append((grad_slots.index_select(2, group.real_slots) if batch > 1 else grad_slots).permute(2, 0, 1, 3))
         grad_projected = torch.empty(tokens, 3, heads, head_dim, dtype=grad_output.dtype)
         grad_projected.index_copy_(0, ctx.order, torch.cat(parts))
         grads = _project_backward(ctx, grad_projected.view(tokens, 3 * width), rows, weight)

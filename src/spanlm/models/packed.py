@@ -67,13 +67,16 @@ def varlen_kwargs(position_ids: Tensor, attention_mask: Tensor) -> dict:
 class SegmentGroup:
     """Segments of similar length attended together: ``count`` rows of ``length`` slots, one segment a row.
 
-    ``slots`` (count·length,): the stream position each slot reads (a padding slot repeats its segment's
-    first token; it is masked as a key and its query discarded); ``real`` (count, length): the slot holds a
-    token of its segment; ``real_slots``: the flat indices of those slots, ``tokens`` their stream positions.
+    ``start``: the first stream position of the group's first segment (a lone segment is a slice of the
+    stream); ``slots`` (count·length,): the stream position each slot reads (a padding slot repeats its
+    segment's first token; it is masked as a key and its query discarded); ``real`` (count, length): the
+    slot holds a token of its segment; ``real_slots``: the flat indices of those slots, ``tokens`` their
+    stream positions.
     """
 
     count: int
     length: int
+    start: int
     slots: Tensor
     real: Tensor
     real_slots: Tensor
@@ -105,7 +108,7 @@ def segment_groups(bounds: list[int], padding: int = GROUP_PADDING) -> list[Segm
         real = within < torch.tensor([lengths[member] for member in group]).unsqueeze(1)  # (count, length)
         slots = (torch.tensor([bounds[member] for member in group]).unsqueeze(1) + torch.where(real, within, 0)).flatten()
         real_slots = real.flatten().nonzero().flatten()
-        groups.append(SegmentGroup(len(group), length, slots, real, real_slots, slots[real_slots]))
+        groups.append(SegmentGroup(len(group), length, bounds[group[0]], slots, real, real_slots, slots[real_slots]))
     return groups
 
 
