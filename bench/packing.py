@@ -3,14 +3,23 @@
 Pretraining: the three English books of the embedded corpus (data/corpus) prepared with a WordPiece
 tokenizer of 8,000 entries, blocks of ``max_len`` = each of ``--seqs``; a BERT MLM (hidden 256, 4 layers,
 4 heads, intermediate 1024, dropout 0.1; ``--small``: hidden 32, 2 layers) trained with spanlm's own
-objective, fused AdamW. Both sides get the SAME blocks and masks: the batches of ``--batch`` blocks that
+objective, fused AdamW, with the CPU backend as the trainer applies it (``--accel``, ``train.accel``). Both
+sides get the SAME blocks and masks: the batches of ``--batch`` blocks that
 ``spanlm.train.data.MaskedBatches`` builds for the first batch keys of the run, once with one block per
-row padded to the longest (``padded``), once packed into rows of ``max_len`` (``packed``; the
-block-diagonal mask through spanlm's CPU self-attention). Masking is outside the timed region.
+row padded to the longest (``padded``), once packed into one stream (``packed``; the attention per block:
+spanlm's fused CPU self-attention under ``--accel auto``, one SDPA call per block under ``off``). Masking
+is outside the timed region.
 
 NER: WNUT-17 (data/ner/wnut17/train.conll; the repository's copy), windows of 128 tokens; a tiny BERT of
 the same size with the corpus tokenizer, loaded as a fine-tuning encoder, GlobalPointer head; batches of
-``--ner-batch`` windows (sentences), padded to the longest window or packed into rows of 128.
+``--ner-batch`` windows (sentences), padded to the longest window or packed into one stream.
+
+Attention alone (``varlen_attention_cpu``): forward and backward of the attention over the first packed
+batch (heads and head size of the model, attention dropout 0.1) by the CPU ways to keep blocks apart
+without a (T, T) mask — one SDPA call per block (``per_block_sdpa``, what spanlm runs without its backend),
+SDPA over nested jagged tensors (``nested_jagged``), and one SDPA call over all blocks padded again to the
+longest (``padded_again``, what it runs on an accelerator without a varlen kernel) — alternating, median
+milliseconds.
 
 A step is forward, backward, AdamW step, ``zero_grad(set_to_none=True)``. Per comparison: ``--warmup``
 untimed steps per side, then ``--steps`` timed steps per side alternating (the order flips every pair:
@@ -59,6 +68,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--clock", choices=["process", "wall"], default="process",
                         help="step time: the process's CPU time over all its threads (robust to other processes "
                              "loading a shared machine), or wall-clock time")
+    parser.add_argument("--accel", choices=["auto", "off"], default="auto",
+                        help="spanlm's CPU backend on both sides (train.accel; auto: as the trainer runs on a CPU)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--small", action="store_true", help="a tiny model and a few steps (a smoke run)")
     args = parser.parse_args(argv)
     if args.small:
@@ -100,7 +112,10 @@ def timed_pair(steps: dict, warmup: int, count: int, clock=time.process_time) ->
     return times
 
 
-def training_step(objective, batches: list[dict]):
+def training_step(objective, batches: list[dict], accel_mode: str):
+    from spanlm import accel
+
+    accel.apply(objective, torch.device("cpu"), accel_mode)
     optimizer = torch.optim.AdamW(objective.parameters(), lr=1e-4, fused=True)
     cycle = {"next": 0}
 
@@ -141,18 +156,59 @@ def pretraining(corpus, seq: int, args) -> dict:
     keys = [next(keys) for _ in range(args.batches)]
     pad = corpus.special_ids["pad"]
     batches, steps = {}, {}
-    for side, width in (("padded", None), ("packed", seq)):
+    for side in ("padded", "packed"):
         torch.manual_seed(0)
         objective = build_objective(recipe, corpus).train()
-        data = MaskedBatches(blocks, objective.masker, pad, seed=0, rank=0, pack_width=width)
+        data = MaskedBatches(blocks, objective.masker, pad, seed=0, rank=0, packed=side == "packed")
         batches[side] = [data[key] for key in keys]
-        steps[side] = training_step(objective, batches[side])
+        steps[side] = training_step(objective, batches[side], args.accel)
     tokens = statistics.mean(int(b["attention_mask"].sum()) for b in batches["padded"])
     rates = compare(timed_pair(steps, args.warmup, args.steps, CLOCKS[args.clock]), tokens)
+    sizes = model_sizes(args.small)
+    attention = varlen_attention_cpu(batches["packed"][0], sizes["num_heads"], sizes["hidden_size"] // sizes["num_heads"], args)
     return {"padding_share_padded": round(padding_share(batches["padded"]), 4),
             "padding_share_packed": round(padding_share(batches["packed"]), 4),
             "tokens_per_s_padded": round(rates["padded"], 1), "tokens_per_s_packed": round(rates["packed"], 1),
-            "ratio": rates["ratio"], "ratio_paired_median": rates["ratio_paired_median"]}
+            "ratio": rates["ratio"], "ratio_paired_median": rates["ratio_paired_median"],
+            "varlen_attention_cpu": attention}
+
+
+def varlen_attention_cpu(batch: dict, heads: int, head_dim: int, args) -> dict:
+    """Median ms of forward + backward of the attention over ``batch``'s blocks, each kept to itself, three ways."""
+    import torch.nn.functional as F
+
+    from spanlm.models.packed import segment_bounds, segments_padded_attention
+
+    bounds = segment_bounds(batch["position_ids"], batch["attention_mask"])
+    lengths = (bounds[1:] - bounds[:-1]).tolist()
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(sum(lengths), heads, head_dim, generator=generator, requires_grad=True) for _ in range(3))
+    p = 0.1
+
+    def per_block_sdpa():
+        return torch.cat([F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                                         dropout_p=p).transpose(0, 1)
+                          for q, k, v in zip(query.split(lengths), key.split(lengths), value.split(lengths))])
+
+    def nested_jagged():
+        def jagged(x):  # (T, heads, d) → (blocks, heads, j, d)
+            return torch.nested.nested_tensor_from_jagged(x, bounds.long()).transpose(1, 2)
+
+        return F.scaled_dot_product_attention(jagged(query), jagged(key), jagged(value), dropout_p=p).transpose(1, 2).values()
+
+    def padded_again():
+        return segments_padded_attention(query, key, value, bounds, max(lengths), p, None)
+
+    def step(attention):
+        def run():
+            attention().sum().backward()
+            for x in (query, key, value):
+                x.grad = None
+        return run
+
+    ways = {"per_block_sdpa": per_block_sdpa, "nested_jagged": nested_jagged, "padded_again": padded_again}
+    times = timed_pair({name: step(way) for name, way in ways.items()}, args.warmup, args.steps, CLOCKS[args.clock])
+    return {f"{name}_ms": round(1000 * statistics.median(t), 2) for name, t in times.items()}
 
 
 def ner(corpus, directory: Path, args) -> dict:
@@ -179,12 +235,12 @@ def ner(corpus, directory: Path, args) -> dict:
     sampler = iter(BatchKeySampler(np.arange(len(windows)), args.ner_batch, seed=0, rank=0, world_size=1))
     keys = [next(sampler) for _ in range(args.batches * 4)]
     batches, steps = {}, {}
-    for side, width in (("padded", None), ("packed", max_len)):
+    for side in ("padded", "packed"):
         torch.manual_seed(0)
         objective = NerObjective(load_encoder(EncoderConfig(path=str(directory / "encoder"))), len(labels), NerConfig()).train()
-        windows.pack_width = width
+        windows.packed = side == "packed"
         batches[side] = [windows.batch(indices) for _, _, indices in keys]
-        steps[side] = training_step(objective, batches[side])
+        steps[side] = training_step(objective, batches[side], args.accel)
     examples = statistics.mean(len(b["token_mask"]) for b in batches["padded"])
     rates = compare(timed_pair(steps, args.warmup, args.ner_steps, CLOCKS[args.clock]), examples)
     return {"windows": max_len, "padding_share_padded": round(padding_share(batches["padded"]), 4),
@@ -195,10 +251,13 @@ def ner(corpus, directory: Path, args) -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="spanlm-bench-packing-") as scratch:
         corpus = prepare_corpus(Path(scratch), args.small)
         seqs = [int(s) for s in args.seqs.split(",")]
-        result = {"device": "cpu", "threads": torch.get_num_threads(), "clock": args.clock, "batch": args.batch,
+        result = {"device": "cpu", "threads": torch.get_num_threads(), "clock": args.clock, "accel": args.accel,
+                  "batch": args.batch,
                   "pretraining": {str(seq): pretraining(corpus, seq, args) for seq in seqs}}
         if args.ner_steps:
             result["ner_wnut17"] = ner(corpus, Path(scratch), args)

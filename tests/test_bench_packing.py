@@ -24,6 +24,10 @@ def test_a_small_run_prints_padding_shares_rates_and_ratios():
         assert 0 <= part["padding_share_packed"] <= part["padding_share_padded"] < 1
         assert part["ratio"] > 0 and part["ratio_paired_median"] > 0
     assert output["ner_wnut17"]["padding_share_packed"] < output["ner_wnut17"]["padding_share_padded"]
+    for part in output["pretraining"].values():
+        assert part["padding_share_packed"] == 0.0  # one stream: no padding (MLM has no gap between blocks)
+        assert set(part["varlen_attention_cpu"]) == {"per_block_sdpa_ms", "nested_jagged_ms", "padded_again_ms"}
+        assert all(ms > 0 for ms in part["varlen_attention_cpu"].values())
     rates = output["pretraining"]["32"]
     assert output["ratio_first_seq"] == rates["ratio"]
     assert abs(rates["tokens_per_s_packed"] / rates["tokens_per_s_padded"] - rates["ratio"]) < 0.01 * rates["ratio"] + 0.01

@@ -2,6 +2,7 @@
 the module's own forward wherever it does not apply."""
 
 import copy
+import functools
 import pickle
 
 import pytest
@@ -9,7 +10,9 @@ import torch
 from torch.nn import functional as F
 
 import spanlm.accel.attention as attention
-from spanlm.accel.attention import FUSED, _SelfAttention, use_fused_self_attention
+from spanlm.accel.attention import FUSED, _SelfAttention, _VarlenSelfAttention, use_fused_self_attention
+from spanlm.accel.dropout import apply_dropout, dropout_stream
+from spanlm.models.packed import segment_groups
 from spanlm import accel
 
 STOCK = {fused: stock for stock, fused in FUSED.items()}
@@ -123,6 +126,96 @@ def test_forward_and_gradients_equal_the_formula_in_float64(monkeypatch):
     torch.testing.assert_close(fused(hidden, *parameters),
                                _reference(hidden, allowed, heads, 0.5, keep, 1 / 0.7, *parameters))
     assert torch.autograd.gradcheck(fused, tuple(inputs))
+
+
+def _per_block_reference(hidden, bounds, heads, scale, keep_of, keep_scale, *parameters):
+    """Each segment of the flattened stream through :func:`_reference` alone, with its dropout keep decisions."""
+    rows = hidden.reshape(-1, hidden.shape[-1])
+    contexts = [_reference(rows[start:end].unsqueeze(0), None, heads, scale, keep_of(number, end - start), keep_scale,
+                           *parameters)[0] for number, (start, end) in enumerate(zip(bounds[:-1], bounds[1:]))]
+    return torch.cat(contexts).view(hidden.shape)
+
+
+def _position_keep(shape) -> torch.Tensor:
+    """Keep decisions that depend only on (query, key) within a segment, so any grouping of segments draws them alike."""
+    query, key = torch.arange(shape[-2]).unsqueeze(1), torch.arange(shape[-1])
+    return ((query * 7 + key * 3) % 5 != 0).expand(shape)
+
+
+@pytest.mark.parametrize("padding", [0, 100])  # every segment a product of its own, or short ones grouped
+def test_varlen_forward_and_gradients_equal_the_per_block_formula_in_float64(monkeypatch, padding):
+    monkeypatch.setattr(attention, "segment_groups", functools.partial(segment_groups, padding=padding))
+    generator = torch.Generator().manual_seed(0)
+    bounds, width, heads = [0, 4, 5, 9, 11, 17], 8, 2  # segments of 4, 1, 4, 2 and 6 tokens in a (1, 17) stream
+    monkeypatch.setattr(attention, "dropout_stream", lambda p: (0, 0, 1 / 0.7))
+    monkeypatch.setattr(attention, "apply_dropout",  # position decisions (the kernels are float32 only)
+                        lambda x, out, key, threshold, kept: torch.mul(x, _position_keep(x.shape).to(x.dtype) * kept, out=out))
+    inputs = [torch.randn(1, 17, width, dtype=torch.float64, generator=generator, requires_grad=True)]
+    for _ in range(3):
+        inputs += [torch.randn(width, width, dtype=torch.float64, generator=generator, requires_grad=True),
+                   torch.randn(width, dtype=torch.float64, generator=generator, requires_grad=True)]
+    hidden, *parameters = inputs
+
+    def fused(hidden, *parameters):
+        return _VarlenSelfAttention.apply(hidden, bounds, heads, 0.5, 0.3, *parameters)
+
+    expected = _per_block_reference(hidden, bounds, heads, 0.5, lambda number, n: _position_keep((1, heads, n, n)).double(),
+                                    1 / 0.7, *parameters)
+    torch.testing.assert_close(fused(hidden, *parameters), expected)
+    assert torch.autograd.gradcheck(fused, tuple(inputs))
+
+
+def _stream_layer():
+    layer = _model("bert").encoder.layer[0].attention.self
+    hidden = torch.randn(1, 23, 32, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    bounds = torch.tensor([0, 9, 10, 16, 23], dtype=torch.int32)  # blocks of 9, 6 and 7 with one pad after the first
+    return layer, hidden, bounds
+
+
+def test_the_fused_varlen_layer_equals_a_per_block_reference_with_its_dropout_draws(calls):
+    """Float32 with the real dropout kernel: the keep decisions are the stream's, segment after segment."""
+    layer, hidden, bounds = _stream_layer()
+    weights = torch.linspace(-1, 1, hidden.numel()).view_as(hidden)
+    torch.manual_seed(3)
+    output = layer(hidden, attention_mask=None, cu_seq_lens_q=bounds, cu_seq_lens_k=bounds, max_length_q=9,
+                   max_length_k=9)[0]
+    assert calls["n"] == 0  # the varlen function, not the padded one
+    (grad,) = torch.autograd.grad((output * weights).sum(), hidden)
+    torch.manual_seed(3)
+    keeps = {}  # segment → its (1, heads, n, n) keep decisions: one stream per group, in (head, segment, query, key) order
+    for group in segment_groups(bounds.tolist()):
+        key, threshold, keep_scale = dropout_stream(layer.dropout.p)  # the draw the layer made for the group
+        shape = (4, group.count, group.length, group.length)
+        keep = apply_dropout(torch.ones(shape), torch.empty(shape), key, threshold, 1.0)
+        for row, start in enumerate(group.slots.view(group.count, group.length)[:, 0].tolist()):
+            n = int(group.real[row].sum())
+            keeps[bounds.tolist().index(start)] = keep[:, row, :n, :n].unsqueeze(0)
+    parameters = (layer.query.weight, layer.query.bias, layer.key.weight, layer.key.bias, layer.value.weight, layer.value.bias)
+    expected = _per_block_reference(hidden, bounds.tolist(), 4, layer.scaling, lambda number, n: keeps[number], keep_scale,
+                                    *parameters)
+    (expected_grad,) = torch.autograd.grad((expected * weights).sum(), hidden)
+    torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-4, atol=1e-5)
+
+
+def test_changing_block_2_leaves_block_1_of_the_fused_varlen_layer_unchanged_forward_and_backward():
+    layer, hidden, bounds = _stream_layer()
+    results = []
+    for replacement in (0.0, 5.0):
+        changed = hidden.detach().clone()
+        changed[0, 10:16] += replacement  # block 2
+        changed.requires_grad_(True)
+        layer.zero_grad(set_to_none=True)
+        torch.manual_seed(4)
+        output = layer(changed, attention_mask=None, cu_seq_lens_q=bounds, cu_seq_lens_k=bounds, max_length_q=9,
+                       max_length_k=9)[0]
+        output[0, :9].sum().backward()  # block 1's outputs only
+        results.append((output[0, :9].detach(), changed.grad.clone(), {n: p.grad.clone() for n, p in layer.named_parameters()}))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=0)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=0, atol=0)
+    assert results[0][1][0, 9:].abs().sum() == 0  # nothing flows back to the pad or the other blocks
+    for name, grad in results[0][2].items():
+        torch.testing.assert_close(results[1][2][name], grad, rtol=0, atol=0, msg=name)
 
 
 @pytest.mark.parametrize("case", ["eval", "no dropout", "autocast", "float mask"])

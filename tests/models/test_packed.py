@@ -1,5 +1,6 @@
-"""Encoders over packed rows: the block-diagonal mask from per-block positions, as transformers'
-DataCollatorWithFlattening writes them, and the families that cannot be packed."""
+"""Encoders over packed streams: block boundaries from per-block positions, as transformers'
+DataCollatorWithFlattening writes them, through the variable-length attention; and the families that cannot
+be packed."""
 
 from __future__ import annotations
 
@@ -8,41 +9,101 @@ import torch
 from transformers import AutoConfig, AutoModel, DataCollatorWithFlattening
 
 from spanlm.errors import ConfigError
-from spanlm.models.packed import block_attention, check_packable, encoder_states
+from spanlm.models.packed import (GROUP_PADDING, VARLEN_ATTENTION, check_packable, encoder_states, resolve_packing,
+                                  segment_bounds, segment_groups, segments_padded_attention, varlen_attention)
 
 SIZES = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
          "max_position_embeddings": 64, "vocab_size": 100, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+DEBERTA = {"relative_attention": True, "position_buckets": 8, "pos_att_type": ["p2c", "c2p"], "position_biased_input": False}
 
 
-def test_the_mask_joins_only_tokens_of_one_block():
-    positions = torch.tensor([[0, 1, 2, 0, 1, 1]])  # two blocks, then padding
-    real = torch.tensor([[1, 1, 1, 1, 1, 0]])
-    allowed = block_attention(positions, real)[0, 0]
-    assert allowed[:3, :3].all() and allowed[3:5, 3:5].all()
-    assert not allowed[:3, 3:].any() and not allowed[3:, :3].any() and not allowed[:, 5].any()
+def test_segments_start_at_each_block_and_at_padding_after_one():
+    positions = torch.tensor([[0, 1, 2, 1, 0, 1, 1, 1]])  # a block, a pad, a block, two pads
+    real = torch.tensor([[1, 1, 1, 0, 1, 1, 0, 0]])
+    assert segment_bounds(positions, real).tolist() == [0, 3, 4, 6, 8]
 
 
-# DeBERTa-V2 has only the eager attention.
+def model_of(family: str, attention: str, **settings):
+    extra = {"pad_token_id": 1} if family == "roberta" else {}
+    extra.update(DEBERTA if family == "deberta-v2" else {})
+    torch.manual_seed(0)
+    return AutoModel.from_config(AutoConfig.for_model(family, **SIZES, **extra, **settings), attn_implementation=attention)
+
+
+# DeBERTa-V2 has only the eager attention (and runs packed batches padded).
 @pytest.mark.parametrize("family, attention", [(family, attention) for family in ("bert", "roberta", "electra")
                                                for attention in ("sdpa", "eager")] + [("deberta-v2", "eager")])
 def test_a_flattened_batch_gives_each_sequence_its_own_states(family, attention):
     """DataCollatorWithFlattening's one-row batch (positions restarting per sequence) through encoder_states."""
-    extra = {"pad_token_id": 1} if family == "roberta" else {}
-    extra.update({"relative_attention": True, "position_buckets": 8, "pos_att_type": ["p2c", "c2p"],
-                  "position_biased_input": False} if family == "deberta-v2" else {})
-    torch.manual_seed(0)
-    model = AutoModel.from_config(AutoConfig.for_model(family, **SIZES, **extra), attn_implementation=attention).eval()
+    model = model_of(family, attention).eval()
     sequences = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16]]
     flat = DataCollatorWithFlattening(return_tensors="pt")([{"input_ids": s} for s in sequences])
     with torch.no_grad():
         packed = encoder_states(model, flat["input_ids"], torch.ones_like(flat["input_ids"]), flat["position_ids"])[0]
         alone = [encoder_states(model, torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long))[0] for s in sequences]
     torch.testing.assert_close(packed, torch.cat(alone), rtol=1e-5, atol=1e-5)
+    if family != "deberta-v2":  # switched to the varlen attention, which still runs padded batches as SDPA
+        assert model.config._attn_implementation == VARLEN_ATTENTION
 
 
-@pytest.mark.parametrize("setting, reason", [({"conv_kernel_size": 3}, "conv_kernel_size > 0 convolves"),
-                                             ({"z_steps": 2}, "z_steps > 1 re-runs")])
-def test_deberta_variants_that_mix_blocks_are_refused_with_the_reason(setting, reason):
-    model = AutoModel.from_config(AutoConfig.for_model("deberta-v2", **SIZES, **setting))
-    with pytest.raises(ConfigError, match=reason):
+@pytest.mark.parametrize("family", ["bert", "deberta-v2"])
+def test_changing_block_2_changes_nothing_of_block_1_forward_or_backward(family):
+    """Block 1's states, and the gradients its states send to every weight, do not depend on block 2."""
+    model = model_of(family, "eager" if family == "deberta-v2" else "sdpa").train()
+    positions = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2]])
+    real = torch.ones_like(positions)
+    results = []
+    for second in ([20, 21, 22], [30, 31, 32]):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(1)
+        ids = torch.tensor([[5, 6, 7, 8, 9, *second]])
+        embeddings = model.get_input_embeddings()
+        states = encoder_states(model, ids, real, positions)
+        states[0, :5].sum().backward()  # block 1's outputs only
+        grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+        word_rows = embeddings.weight.grad[[5, 6, 7, 8, 9]].clone()
+        results.append((states[0, :5].detach(), grads, word_rows, embeddings.weight.grad[second].abs().sum()))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-6, atol=1e-6)
+    for name, grad in results[0][1].items():
+        torch.testing.assert_close(results[1][1][name], grad, rtol=1e-5, atol=1e-6, msg=name)
+    torch.testing.assert_close(results[0][2], results[1][2], rtol=1e-5, atol=1e-6)
+    assert results[0][3] == 0 and results[1][3] == 0  # nothing flows back into block 2's tokens
+
+
+def test_an_unknown_family_is_refused_and_auto_pads_deberta():
+    model = AutoModel.from_config(AutoConfig.for_model("distilbert", vocab_size=100, dim=32, n_layers=1, n_heads=2, hidden_dim=64))
+    with pytest.raises(ConfigError, match="not 'distilbert'"):
         check_packable(model)
+    deberta = model_of("deberta-v2", "eager")
+    deberta.supports_packing = True
+    assert resolve_packing("auto", deberta, "cpu") is False  # no varlen path: padded is as fast
+    assert resolve_packing(True, deberta, "cpu") is True
+
+
+def test_the_accelerator_path_pads_segments_again_and_equals_the_per_block_loop():
+    """segments_padded_attention (what an accelerator runs without a varlen kernel) against the CPU's per-block SDPA."""
+    generator = torch.Generator().manual_seed(0)
+    bounds = torch.tensor([0, 5, 6, 13, 16], dtype=torch.int32)
+    query, key, value = (torch.randn(1, 2, 16, 8, generator=generator, requires_grad=True) for _ in range(3))
+    padded, _ = varlen_attention(None, query, key, value, None, scaling=0.3, cu_seq_lens_q=bounds, cu_seq_lens_k=bounds,
+                                 max_length_q=7, max_length_k=7)
+    tokens = [x.transpose(1, 2).reshape(16, 2, 8) for x in (query, key, value)]
+    again = segments_padded_attention(*tokens, bounds, 7, 0.0, 0.3).view(1, 16, 2, 8)
+    torch.testing.assert_close(again, padded)
+    weights = torch.linspace(-1, 1, padded.numel()).view_as(padded)
+    torch.testing.assert_close(torch.autograd.grad((again * weights).sum(), (query, key, value)),
+                               torch.autograd.grad((padded * weights).sum(), (query, key, value)))
+
+
+def test_segment_groups_cover_every_token_once_with_little_padding():
+    lengths = torch.randint(1, 129, (40,), generator=torch.Generator().manual_seed(0))
+    bounds = [0, *torch.cumsum(lengths, 0).tolist()]
+    groups = segment_groups(bounds)
+    assert sorted(torch.cat([g.tokens for g in groups]).tolist()) == list(range(bounds[-1]))
+    assert 1 < len(groups) < len(lengths)  # fewer products than segments
+    for group in groups:
+        real = group.real.sum(1)
+        assert group.length == int(real.max()) and (real > 0).all()
+        assert group.count * group.length ** 2 - int((real ** 2).sum()) <= GROUP_PADDING
+        slots = group.slots.view(group.count, group.length)
+        assert (slots == torch.where(group.real, slots, slots[:, :1])).all()  # padding slots read their segment's first token

@@ -1,4 +1,4 @@
-"""Packed NER windows (several per row, spanlm.data.packing) give the padded windows' loss, gradients and
+"""Packed NER windows (one stream per batch, spanlm.data.packing) give the padded windows' loss, gradients and
 predictions, with a BERT and a CharBERT encoder; a packed fine-tuning run trains and records its choice."""
 
 from __future__ import annotations
@@ -62,9 +62,10 @@ def test_packed_windows_train_and_predict_as_padded_ones(tiny_encoder_dir, charb
     objective, windows = objective_and_windows(tiny_encoder_dir if encoder == "bert" else charbert_dir)
     indices = np.arange(len(windows))[:16]
     padded = windows.batch(indices)
-    windows.pack_width = 3 * MAX_LEN  # rows wider than a window: several windows share each, whatever their lengths
+    windows.packed = True
     packed = windows.batch(indices)
-    assert packed["input_ids"].shape[0] < padded["input_ids"].shape[0]  # rows hold several windows
+    gap = getattr(windows.featurizer, "packing_gap", 0)  # CharBERT's one pad between windows
+    assert packed["input_ids"].shape == (1, padded["attention_mask"].sum() + gap * (len(indices) - 1))  # one stream
     padded_loss, padded_grads = loss_and_gradients(objective, padded)
     packed_loss, packed_grads = loss_and_gradients(objective, packed)
     torch.testing.assert_close(packed_loss, padded_loss, rtol=1e-5, atol=1e-6)
@@ -76,7 +77,7 @@ def test_packed_windows_train_and_predict_as_padded_ones(tiny_encoder_dir, charb
     objective.eval()
     with torch.no_grad():
         found_packed = window_spans(objective, windows, np.arange(len(windows)), -5.0, 8, torch.device("cpu"))
-        windows.pack_width = None
+        windows.packed = False
         found_padded = window_spans(objective, windows, np.arange(len(windows)), -5.0, 8, torch.device("cpu"))
     assert len(found_padded.score) > 0  # a low threshold: the untrained head finds spans to compare
     for field in ("document", "type", "start", "end"):

@@ -1,5 +1,5 @@
-"""Packed batches (spanlm.data.packing) give every objective the padded batch's losses and gradients, and no
-information crosses the blocks sharing a row."""
+"""Packed batches (spanlm.data.packing: one stream, variable-length attention) give every objective the padded
+batch's losses and gradients, and no information crosses the blocks sharing the stream."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from helpers import EMBEDDED_CORPUS, REPO
 from spanlm.pretrain.recipe import load_recipe
 from spanlm.data.blocks import BlockDataset, collate_blocks
-from spanlm.data.packing import pack_lengths, pack_masked
+from spanlm.data.packing import pack_masked, stream_layout
 from spanlm.data.shards import PreparedCorpus
 from spanlm.masking.base import MASK, MaskedBatch
 from spanlm.models.packed import encoder_states
@@ -84,11 +84,11 @@ def test_packed_batch_gives_the_padded_losses_and_gradients(corpus, tmp_path, ca
     objective = build(corpus, tmp_path, case)
     objective.train(mode == "train")
     masked = objective.masker(collate_blocks(mixed_blocks(corpus), corpus.special_ids["pad"]), np.random.default_rng(3))
-    width = max(MAX_LEN, masked.input_ids.shape[1])
     gap = getattr(objective.masker, "packing_gap", 0)
-    packed = pack_masked(masked, width, corpus.special_ids["pad"], gap)
-    assert packed.input_ids.shape[0] < masked.input_ids.shape[0]  # rows really hold several blocks
+    packed = pack_masked(masked, corpus.special_ids["pad"], gap)
+    assert packed.input_ids.shape[0] == 1  # one stream
     assert packed.attention_mask.sum() == masked.attention_mask.sum()
+    assert packed.input_ids.shape[1] == masked.attention_mask.sum() + gap * (len(masked.input_ids) - 1)  # no padding but gaps
     padded_out, padded_grads = parameters_gradients(objective, masked.to_torch())
     packed_out, packed_grads = parameters_gradients(objective, packed.to_torch())
     assert padded_out.keys() == packed_out.keys()
@@ -116,7 +116,7 @@ def first_block_batch(masked_ids: np.ndarray, lengths: np.ndarray, mask_id: int)
 
 @pytest.mark.parametrize("family", ["bert", "roberta", "electra", "deberta-v2"])
 def test_no_information_crosses_blocks(corpus, tmp_path, family):
-    """Changing block 2 of a packed row leaves block 1's hidden states and its MLM loss unchanged."""
+    """Changing block 2 of a packed stream leaves block 1's hidden states and its MLM loss unchanged."""
     torch.manual_seed(0)
     objective = build_objective(recipe("mlm", corpus.directory, tmp_path / "run", f"model.family={family}"), corpus).eval()
     blocks = BlockDataset(corpus, MAX_LEN)
@@ -127,10 +127,9 @@ def test_no_information_crosses_blocks(corpus, tmp_path, family):
     for second in short[1:]:
         padded = collate_blocks([blocks[int(short[0])], blocks[int(second)]], pad)
         masked = first_block_batch(padded.input_ids, padded.attention_mask.sum(axis=1), corpus.special_ids["mask"])
-        packed = pack_masked(masked, MAX_LEN, pad)
-        assert packed.input_ids.shape[0] == 1  # both blocks share the row
+        packed = pack_masked(masked, pad)
         batch = packed.to_torch()
-        first = torch.from_numpy(pack_lengths(masked.attention_mask.sum(axis=1), MAX_LEN).token_positions()[2][: lengths[short[0]]])
+        first = torch.from_numpy(stream_layout(masked.attention_mask.sum(axis=1)).token_positions()[2][: lengths[short[0]]])
         with torch.no_grad():
             hidden = encoder_states(objective.backbone, batch["input_ids"], batch["attention_mask"], batch["position_ids"])
             outputs.append((hidden.flatten(0, 1)[first], objective(batch)["loss"]))

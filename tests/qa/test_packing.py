@@ -1,4 +1,4 @@
-"""Packed QA windows (several per row, spanlm.data.packing; question and context segments kept) give the padded
+"""Packed QA windows (one stream per batch, spanlm.data.packing; question and context segments kept) give the padded
 windows' loss, gradients and best spans."""
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ def test_packed_windows_train_and_predict_as_padded_ones(qa_encoder_dir, qa_fixt
     windows = make_windows(objective.encoder.tokenizer, examples, MAX_LENGTH, 16, 16)
     indices = np.arange(len(windows))
     padded = windows.batch(indices)
-    windows.pack_width = 2 * MAX_LENGTH  # rows wider than a window: several windows share each
+    windows.packed = True
     packed = windows.batch(indices)
-    assert packed["input_ids"].shape[0] < padded["input_ids"].shape[0]
+    assert packed["input_ids"].shape == (1, padded["attention_mask"].sum())  # one stream, no padding
     assert packed["token_type_ids"].sum() == padded["token_type_ids"].sum() > 0  # context segments moved with their tokens
     padded_loss, padded_grads = loss_and_gradients(objective, padded)
     packed_loss, packed_grads = loss_and_gradients(objective, packed)
@@ -46,7 +46,7 @@ def test_packed_windows_train_and_predict_as_padded_ones(qa_encoder_dir, qa_fixt
     objective.eval()
     with torch.no_grad():
         packed_spans = window_spans(objective, windows, 30, 4, torch.device("cpu"))
-        windows.pack_width = None
+        windows.packed = False
         padded_spans = window_spans(objective, windows, 30, 4, torch.device("cpu"))
     for packed_part, padded_part in zip(packed_spans, padded_spans):
         np.testing.assert_allclose(packed_part, padded_part, rtol=1e-4, atol=1e-5)

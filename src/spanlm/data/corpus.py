@@ -52,7 +52,7 @@ class DataConfig:
     on_bad_line: Literal["error", "skip"] = "error"  # invalid UTF-8 / broken JSON: stop, or skip and count
     num_proc: int | None = None  # processes that tokenize (and segment with jieba); None: one per core
     max_len: int = 128  # pretraining block length including [CLS] and [SEP]
-    # Packed batches (spanlm.data.packing): several blocks per row of max_len, each attending only to
+    # Packed batches (spanlm.data.packing): a batch's blocks in one token stream, each attending only to
     # itself: true / false, or "auto": per device what measured fastest (config.yaml records the choice).
     packing: bool | Literal["auto"] = "auto"
     # Batches of blocks up to this many real tokens instead of train.batch_size blocks; 0 = off.

@@ -50,7 +50,7 @@ from spanlm.models.modeling_charbert import (
     DualChannelMixin,
     init_char_weights,
 )
-from spanlm.models.packed import unpack_rows
+from spanlm.models.packed import unpack_rows, use_varlen_attention
 
 MODELING_FILE = Path(modeling_charbert.__file__)
 WEIGHTS_FILE = "model.safetensors"
@@ -78,6 +78,8 @@ class DualChannel(DualChannelMixin, nn.Module):
 
     def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """Token and char channels' last hidden states, each (B, L, H)."""
+        if batch.get("position_ids") is not None and batch["position_ids"].numel():  # a packed stream
+            use_varlen_attention(self.backbone)
         return self.channels(batch["input_ids"], batch["attention_mask"], batch["char_ids"], batch["char_lengths"],
                              batch["char_first"], batch["char_last"], batch.get("token_type_ids"),
                              batch.get("position_ids"), batch.get("source_index"))

@@ -378,6 +378,23 @@ class Fusion(nn.Module):
         return self.token_norm(token + shared), self.char_norm(char + shared)
 
 
+# Attention implementations that take a packed stream's block boundaries (spanlm.models.packed registers the last).
+VARLEN_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3", "spanlm_varlen")
+
+
+def varlen_arguments(position_ids: Tensor, attention_mask: Tensor) -> dict:
+    """A packed stream's block boundaries as transformers' FlashAttention keyword arguments: the cumulative lengths
+    of its segments (a segment starts at each block's position 0 and at the first padding after a real token)
+    and the longest. The same as spanlm.models.packed.varlen_kwargs: this file imports no spanlm."""
+    positions, real = position_ids.flatten(), attention_mask.flatten().bool()
+    follows_real = torch.cat([real.new_ones(1), real[:-1]])  # (T,) the token before is real (or none is)
+    starts = (real & (positions == 0)) | (~real & follows_real)
+    starts[0] = True
+    bounds = torch.cat([starts.nonzero().flatten(), starts.new_full((1,), starts.numel(), dtype=torch.long)]).to(torch.int32)
+    longest = int((bounds[1:] - bounds[:-1]).max())
+    return {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": longest, "max_length_k": longest}
+
+
 def init_char_weights(module: nn.Module, std: float) -> None:
     """The char channel's init, as the authors' ``init_weights`` leaves it: the char embedding and the fusion
     linears drawn like BERT's (N(0, std), the pad row zero); GRUs, convolution and norms keep PyTorch's
@@ -419,10 +436,12 @@ class DualChannelMixin:
                  position_ids: Tensor | None = None, source_index: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Token and char channels' last hidden states, each (B, L, H).
 
-        A packed batch (several blocks per row, spanlm.data.packing) gives ``position_ids`` (B, L) restarting
-        at 0 per block and ``source_index`` (B, L): each token's flat position in the char inputs' one
-        block per row layout (past its end for padding). Its blocks are one pad apart, so the fusion
-        convolution sees padding at every block edge, as in an unpacked row.
+        A packed batch (its blocks one after another in one stream, spanlm.data.packing) gives ``position_ids``
+        (1, T) restarting at 0 per block and ``source_index`` (1, T): each token's flat position in the char
+        inputs' one block per row layout (past its end for padding). Its blocks are one pad apart, so the
+        fusion convolution sees padding at every block edge, as in an unpacked row. Each block attends only
+        to itself through the backbone's variable-length attention (:func:`varlen_arguments`), which must
+        take them: ``flash_attention_2`` / ``_3`` or spanlm's ``spanlm_varlen``.
         """
         backbone = self.backbone
         packed = position_ids is not None and position_ids.numel() > 0
@@ -441,15 +460,15 @@ class DualChannelMixin:
         if packed:
             rows = torch.cat([char.flatten(0, 1), char.new_zeros(1, char.shape[-1])])  # (blocks·length + 1, H): a zero row for padding
             char = rows.index_select(0, source_index.flatten()).view(*input_ids.shape, -1)  # (B, L, H)
-            block = torch.cumsum(position_ids == 0, dim=1)  # (B, L) block number within the row
-            mask = ((block.unsqueeze(2) == block.unsqueeze(1)) & attention_mask.bool().unsqueeze(1)).unsqueeze(1)  # (B, 1, L, L)
-            if backbone.config._attn_implementation == "eager":
-                mask = torch.zeros(mask.shape, dtype=token.dtype, device=mask.device).masked_fill_(~mask, torch.finfo(token.dtype).min)
+            if backbone.config._attn_implementation not in VARLEN_IMPLEMENTATIONS:
+                raise ValueError(f"a packed batch needs a variable-length attention ({', '.join(VARLEN_IMPLEMENTATIONS)}), "
+                                 f"not {backbone.config._attn_implementation!r}")
+            mask, varlen = None, varlen_arguments(position_ids, attention_mask)
         else:
-            mask = create_bidirectional_mask(config=backbone.config, inputs_embeds=token, attention_mask=real)
+            mask, varlen = create_bidirectional_mask(config=backbone.config, inputs_embeds=token, attention_mask=real), {}
         for index, layer in enumerate(self.layers):
             # The same layer object — one set of weights — reads both channels (paper §3.2).
-            token, char = self.fusion(index)(layer(token, mask), layer(char, mask), real)
+            token, char = self.fusion(index)(layer(token, mask, **varlen), layer(char, mask, **varlen), real)
         return token, char
 
 

@@ -1,37 +1,189 @@
-"""Running a transformers encoder over a packed batch (:mod:`spanlm.data.packing`).
+"""Running a transformers encoder over a packed batch (:mod:`spanlm.data.packing`): variable-length attention.
 
-A packed row holds several blocks; each must attend only to itself and number its positions from the
-start. Given the row's ``position_ids`` (restarting at 0 per block) and ``attention_mask`` (real
-tokens), :func:`encoder_states` passes the encoder
+A packed batch is one stream of several blocks; each must attend only to itself and number its positions
+from the start. Everything but the attention works token by token, so :func:`encoder_states` runs the
+encoder on the stream as it is — no padding in the embeddings, linear layers and heads — and hands the
+block boundaries to the attention as transformers' variable-length (FlashAttention) arguments:
+``cu_seq_lens_q`` / ``cu_seq_lens_k`` (the cumulative lengths of the stream's segments) and
+``max_length_q`` / ``max_length_k``, with no attention mask. BERT, RoBERTa and ELECTRA pass these keyword
+arguments from the model's forward down to their attention function, and
 
-* a 4-D mask (R, 1, W, W), True where query and key are in the same block and the key is real. transformers
-  5 hands a 4-D mask to the attention unchanged (``masking_utils._preprocess_mask_arguments``), and
-  spanlm's CPU self-attention and SDPA take it as a boolean mask; the eager attention of BERT, RoBERTa
-  and ELECTRA adds its mask to the scores, so it gets the additive form;
-* the positions: BERT and ELECTRA number from 0, RoBERTa from ``padding_idx + 1`` (what its embeddings
-  compute from the ids of an unpacked row).
+* transformers' ``flash_attention_2`` / ``flash_attention_3`` take them as they are;
+* every other implementation is switched to ``"spanlm_varlen"`` (:func:`varlen_attention`, registered with
+  transformers' ``AttentionInterface``): per block, never through a (T, T) mask over the stream. On the CPU
+  one SDPA call per block on views of the stream (faster there than grouping blocks of similar length,
+  nested jagged tensors or padding the blocks again: BENCHMARKS.md);
+  on CUDA in half precision without dropout PyTorch's own varlen kernel (``torch.nn.attention.varlen``),
+  else one SDPA call over all blocks padded again to the longest (grouping would wait for the bounds on the
+  host). Padded batches take transformers' SDPA;
+* spanlm's fused CPU self-attention (:mod:`spanlm.accel.attention`) reads the same arguments, and attends
+  per group of blocks of similar length (:func:`segment_groups`).
 
-DeBERTa-V2 / V3 positions are relative (i − j within a row, unchanged by where a block starts), but its
-model multiplies the embeddings by the mask it is given, which only works with a 2-D mask, so it is run
-as embeddings (2-D mask) → encoder (4-D mask). Its optional convolution after the first layer
-(``conv_kernel_size``) reads neighbouring tokens across block edges and ``z_steps`` re-runs the last
-layer with the 2-D mask: such models cannot be packed (:func:`check_packable`).
+Padding inside a stream (CharBERT's one pad between blocks) forms segments of its own, so no block sees it.
+Positions go to the embeddings as the family numbers them (RoBERTa from ``padding_idx + 1``).
+
+DeBERTa-V2 / V3 computes disentangled relative-position scores over a whole row and transformers has no
+variable-length path for it, so its packed batch is run padded: cut back into one block per row for the
+encoder, its states gathered back into the stream (exact, but no faster: ``data.packing: auto`` pads it).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from transformers import PreTrainedModel
 
 from spanlm.errors import ConfigError
 
+VARLEN_ATTENTION = "spanlm_varlen"
+# transformers' implementations that take cu_seq_lens_q / k themselves.
+NATIVE_VARLEN = ("flash_attention_2", "flash_attention_3")
+VARLEN_FAMILIES = ("bert", "roberta", "electra")  # their models pass the varlen arguments to the attention
+PACKABLE_FAMILIES = (*VARLEN_FAMILIES, "deberta-v2")  # DeBERTa-V2: run padded inside the encoder
 
-def block_attention(position_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """(R, 1, W, W) bool: query and key in the same block (a block starts at each position 0), key real."""
-    block = torch.cumsum(position_ids == 0, dim=1)  # (R, W) block number within the row
-    same = block.unsqueeze(2) == block.unsqueeze(1)  # (R, W, W)
-    return (same & attention_mask.bool().unsqueeze(1)).unsqueeze(1)
+
+def segment_bounds(position_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """(S + 1,) int32 bounds of the segments of the flattened stream (their cumulative lengths): a segment starts at each
+    block (a real token at position 0), at the first padding after a real token, and at the stream's start."""
+    positions, real = position_ids.flatten(), attention_mask.flatten().bool()
+    follows_real = torch.cat([real.new_ones(1), real[:-1]])  # (T,) the token before is real (or none is)
+    starts = (real & (positions == 0)) | (~real & follows_real)
+    starts[0] = True
+    bounds = torch.cat([starts.nonzero().flatten(), starts.new_full((1,), starts.numel(), dtype=torch.long)])
+    return bounds.to(torch.int32)
+
+
+def varlen_kwargs(position_ids: Tensor, attention_mask: Tensor) -> dict:
+    """The stream's block boundaries as transformers' FlashAttention keyword arguments."""
+    bounds = segment_bounds(position_ids, attention_mask)
+    longest = int((bounds[1:] - bounds[:-1]).max())  # the one host read of a packed forward on a GPU
+    return {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": longest, "max_length_k": longest}
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentGroup:
+    """Segments of similar length attended together: ``count`` rows of ``length`` slots, one segment a row.
+
+    ``start``: the first stream position of the group's first segment (a lone segment is a slice of the
+    stream); ``slots`` (count·length,): the stream position each slot reads (a padding slot repeats its
+    segment's first token; it is masked as a key and its query discarded); ``real`` (count, length): the
+    slot holds a token of its segment; ``real_slots``: the flat indices of those slots, ``tokens`` their
+    stream positions.
+    """
+
+    count: int
+    length: int
+    start: int
+    slots: Tensor
+    real: Tensor
+    real_slots: Tensor
+    tokens: Tensor
+
+
+# A group takes the next-longest segment while the scores (per head) its padding to the group's longest adds
+# stay within this budget: short segments share one product (each product, softmax and dropout call is a
+# parallel region of its own, a fixed cost that dominates short segments), long ones keep their own (their
+# padding would cost more than the call).
+GROUP_PADDING = 96 * 96
+
+
+def segment_groups(bounds: list[int], padding: int = GROUP_PADDING) -> list[SegmentGroup]:
+    """The segments ``[bounds[i], bounds[i + 1])`` of a stream in groups of similar length, longest first."""
+    lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:])]
+    members: list[list[int]] = []  # segment numbers per group, longest first (ties in stream order)
+    for segment in sorted(range(len(lengths)), key=lambda number: -lengths[number]):
+        group = members[-1] if members else []
+        area = sum(lengths[member] ** 2 for member in group) + lengths[segment] ** 2
+        if group and (len(group) + 1) * lengths[group[0]] ** 2 - area <= padding:
+            group.append(segment)
+        else:
+            members.append([segment])
+    groups = []
+    for group in members:
+        length = lengths[group[0]]
+        within = torch.arange(length)
+        real = within < torch.tensor([lengths[member] for member in group]).unsqueeze(1)  # (count, length)
+        slots = (torch.tensor([bounds[member] for member in group]).unsqueeze(1) + torch.where(real, within, 0)).flatten()
+        real_slots = real.flatten().nonzero().flatten()
+        groups.append(SegmentGroup(len(group), length, bounds[group[0]], slots, real, real_slots, slots[real_slots]))
+    return groups
+
+
+def torch_varlen_applies(query: Tensor, dropout: float) -> bool:
+    """Whether PyTorch's varlen kernel (FlashAttention, CUDA, half precision, no dropout) takes ``query``."""
+    return (query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and dropout == 0.0
+            and not torch.compiler.is_compiling())
+
+
+def varlen_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+                     dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
+                     cu_seq_lens_q: Tensor | None = None, cu_seq_lens_k: Tensor | None = None,
+                     max_length_q: int | None = None, max_length_k: int | None = None, **kwargs):
+    """transformers' attention interface: ``query`` / ``key`` / ``value`` (R, heads, W, d) → (R, W, heads, d), no
+    weights. With ``cu_seq_lens_q`` (a packed stream) each segment attends only to itself; else SDPA as usual."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if cu_seq_lens_q is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    rows, heads, width, head_dim = query.shape
+    # (R, heads, W, d) → (R·W, heads, d): token-major, so a segment is a slice of rows
+    query, key, value = (x.transpose(1, 2).reshape(rows * width, heads, x.shape[-1]) for x in (query, key, value))
+    if torch_varlen_applies(query, dropout):
+        from torch.nn.attention.varlen import varlen_attn
+
+        context = varlen_attn(query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, scale=scaling)
+    elif query.device.type == "cpu":  # the bounds are in host memory: nothing to wait for
+        lengths = (cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).tolist()
+        # One SDPA call per segment on (heads, n, d) views; split's backward writes each gradient in place.
+        context = torch.cat([
+            F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), dropout_p=dropout,
+                                           scale=scaling).transpose(0, 1)
+            for q, k, v in zip(query.split(lengths), key.split(lengths), value.split(lengths))])  # (R·W, heads, d)
+    else:  # on an accelerator a loop would wait for the bounds: one SDPA call over the segments padded again
+        context = segments_padded_attention(query, key, value, cu_seq_lens_q, max_length_q, dropout, scaling)
+    return context.view(rows, width, heads, head_dim), None
+
+
+def segments_padded_attention(query: Tensor, key: Tensor, value: Tensor, bounds: Tensor, longest: int, dropout: float,
+                              scaling: float | None) -> Tensor:
+    """Attention within each segment of ``bounds`` for token-major (T, heads, d) inputs, as one SDPA call over the
+    segments padded to ``longest`` with a key mask: only device operations, no host read. Returns (T, heads, d)."""
+    tokens, heads, head_dim = query.shape
+    bounds = bounds.long()
+    position = torch.arange(tokens, device=query.device)
+    segment = torch.searchsorted(bounds[1:], position, right=True)  # (T,) each token's segment
+    padded = segment * longest + position - bounds[segment]  # (T,) its place in the (S, longest) layout
+    segments = bounds.numel() - 1
+
+    def by_segment(x: Tensor) -> Tensor:  # (T, heads, d) → (S, heads, longest, d)
+        rows = x.new_zeros(segments * longest, heads, x.shape[-1]).index_copy(0, padded, x)
+        return rows.view(segments, longest, heads, -1).transpose(1, 2)
+
+    keys = torch.arange(longest, device=query.device) < (bounds[1:] - bounds[:-1]).unsqueeze(1)  # (S, longest)
+    context = F.scaled_dot_product_attention(by_segment(query), by_segment(key), by_segment(value),
+                                             attn_mask=keys[:, None, None, :], dropout_p=dropout, scale=scaling)
+    return context.transpose(1, 2).reshape(segments * longest, heads, head_dim).index_select(0, padded)
+
+
+def register_varlen_attention() -> None:
+    """Make ``"spanlm_varlen"`` a transformers attention implementation (idempotent); its masks are SDPA's."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(VARLEN_ATTENTION, varlen_attention)
+    AttentionMaskInterface.register(VARLEN_ATTENTION, sdpa_mask)
+
+
+def use_varlen_attention(model: PreTrainedModel) -> None:
+    """Give ``model`` an attention implementation that takes the varlen arguments (``"spanlm_varlen"`` unless
+    it has one), in place: parameters, state-dict keys and the saved config are unchanged."""
+    if model.config._attn_implementation not in (VARLEN_ATTENTION, *NATIVE_VARLEN):
+        register_varlen_attention()
+        model.set_attn_implementation(VARLEN_ATTENTION)
 
 
 def packed_block_starts(position_ids: Tensor | None) -> Tensor | None:
@@ -45,18 +197,11 @@ def packed_block_starts(position_ids: Tensor | None) -> Tensor | None:
 
 
 def check_packable(model) -> None:
-    """Refuse, naming why, an encoder whose outputs packing would change."""
-    config = model.config
-    if config.model_type == "deberta-v2":
-        if int(getattr(config, "conv_kernel_size", 0) or 0) > 0:
-            raise ConfigError("data.packing: DeBERTa-V2 with conv_kernel_size > 0 convolves neighbouring tokens across "
-                              "block edges in a packed row; set data.packing: false")
-        if int(getattr(config, "z_steps", 0) or 0) > 1:
-            raise ConfigError("data.packing: DeBERTa-V2 with z_steps > 1 re-runs its last layer on a 2-D mask, which "
-                              "would let packed blocks see each other; set data.packing: false")
-    elif config.model_type not in ("bert", "roberta", "electra"):
-        raise ConfigError(f"data.packing: packed rows are supported for bert, roberta, electra and deberta-v2 encoders, "
-                          f"not '{config.model_type}'; set data.packing: false")
+    """Refuse, naming why, an encoder that cannot run packed batches."""
+    family = model.config.model_type
+    if family not in PACKABLE_FAMILIES:
+        raise ConfigError(f"data.packing: packed batches are supported for {', '.join(PACKABLE_FAMILIES)} encoders, "
+                          f"not '{family}'; set data.packing: false")
 
 
 def encoder_positions(model, position_ids: Tensor) -> Tensor:
@@ -66,27 +211,38 @@ def encoder_positions(model, position_ids: Tensor) -> Tensor:
     return position_ids
 
 
-def encoder_mask(model, position_ids: Tensor, attention_mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """The block-diagonal mask in the form ``model``'s attention implementation adds or applies."""
-    allowed = block_attention(position_ids, attention_mask)
-    if model.config.model_type != "deberta-v2" and model.config._attn_implementation == "eager":
-        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, torch.finfo(dtype).min)
-    return allowed
-
-
 def encoder_states(model, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor | None = None,
                    token_type_ids: Tensor | None = None) -> Tensor:
-    """The encoder's last hidden states (R, W, H): padded rows when ``position_ids`` is None or empty, else packed."""
+    """The encoder's last hidden states (R, W, H): padded rows when ``position_ids`` is None or empty, else a
+    packed stream (positions restarting at 0 per block), each block attending only to itself."""
     extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
     if position_ids is None or position_ids.numel() == 0:
         return model(input_ids=input_ids, attention_mask=attention_mask.long(), **extra).last_hidden_state
-    dtype = model.get_input_embeddings().weight.dtype
-    mask = encoder_mask(model, position_ids, attention_mask, dtype)
-    positions = encoder_positions(model, position_ids)
-    if model.config.model_type == "deberta-v2":
-        embedded = model.embeddings(input_ids=input_ids, position_ids=positions, mask=attention_mask.long(), **extra)
-        return model.encoder(embedded, mask, output_hidden_states=False).last_hidden_state
-    return model(input_ids=input_ids, attention_mask=mask, position_ids=positions, **extra).last_hidden_state
+    if model.config.model_type not in VARLEN_FAMILIES:
+        return repadded_states(model, input_ids, attention_mask, position_ids, token_type_ids)
+    use_varlen_attention(model)
+    return model(input_ids=input_ids, position_ids=encoder_positions(model, position_ids), **extra,
+                 **varlen_kwargs(position_ids, attention_mask)).last_hidden_state
+
+
+def repadded_states(model, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
+                    token_type_ids: Tensor | None = None) -> Tensor:
+    """A packed stream's states (R, W, H) computed one block per row: for encoders without a varlen path."""
+    real = attention_mask.flatten().bool()  # (T,)
+    positions = position_ids.flatten()
+    block = torch.cumsum(real & (positions == 0), 0) - 1  # (T,) each token's block
+    stream = real.nonzero().flatten()  # (N,) the real tokens' stream positions
+    blocks, length = int(block[-1]) + 1, int(positions[stream].max()) + 1
+    padded = (block * length + positions)[stream]  # (N,) their flat positions in the (blocks, length) layout
+
+    def one_block_per_row(values: Tensor, fill: int) -> Tensor:
+        return values.new_full((blocks * length,), fill).index_copy(0, padded, values.flatten()[stream]).view(blocks, length)
+
+    extra = {} if token_type_ids is None else {"token_type_ids": one_block_per_row(token_type_ids, 0)}
+    hidden = model(input_ids=one_block_per_row(input_ids, model.config.pad_token_id or 0),
+                   attention_mask=one_block_per_row(attention_mask.long(), 0), **extra).last_hidden_state  # (blocks, length, H)
+    states = hidden.new_zeros(real.numel(), hidden.shape[-1]).index_copy(0, stream, hidden.flatten(0, 1).index_select(0, padded))
+    return states.view(*input_ids.shape, -1)
 
 
 def unpack_rows(hidden: Tensor, unpack_index: Tensor) -> Tensor:
@@ -94,25 +250,28 @@ def unpack_rows(hidden: Tensor, unpack_index: Tensor) -> Tensor:
     return hidden.flatten(0, 1).index_select(0, unpack_index.flatten()).view(*unpack_index.shape, hidden.shape[-1])
 
 
-# Devices on which packed rows measured at least as fast as padded ones (bench/packing.py, BENCHMARKS.md):
+# Devices on which packed batches measured at least as fast as padded ones (bench/packing.py, BENCHMARKS.md):
 # what data.packing: auto becomes there.
 PACKED_BY_DEFAULT = {"cpu": True}  # not yet measured on a GPU: padded there until it is
 
 
 def resolve_packing(setting: bool | str, objective: torch.nn.Module, device: torch.device | str) -> bool:
-    """``data.packing`` as a run uses it. "auto" is the device's default (PACKED_BY_DEFAULT), and false for an
-    objective or encoder that cannot be packed; true for one is refused."""
+    """``data.packing`` as a run uses it. "auto" is the device's default (PACKED_BY_DEFAULT) where every encoder
+    has a varlen path, and false for an objective or encoder that cannot be packed; true for one is refused."""
     if setting is False:
         return False
+    encoders = [module for module in objective.modules() if isinstance(module, PreTrainedModel)]
     try:
         if not getattr(objective, "supports_packing", False):
             raise ConfigError(f"data.packing: objective {type(objective).__name__} reads one block per row only; "
                               "set data.packing: false")
-        for module in objective.modules():
-            if isinstance(module, PreTrainedModel):
-                check_packable(module)
+        for encoder in encoders:
+            check_packable(encoder)
     except ConfigError:
         if setting is True:
             raise
         return False
-    return setting is True or PACKED_BY_DEFAULT.get(torch.device(device).type, False)
+    if setting is True:
+        return True
+    varlen = all(encoder.config.model_type in VARLEN_FAMILIES for encoder in encoders)
+    return varlen and PACKED_BY_DEFAULT.get(torch.device(device).type, False)

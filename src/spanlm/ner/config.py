@@ -31,7 +31,7 @@ class NerDataConfig(ReadOptions):
     # Tokens shared by consecutive windows (the overlap; the step is the window's content minus it).
     stride: int = 64
     eval_docs: int = 1000  # dev documents scored at each periodic evaluation (0 = all)
-    # Several windows per row of max_len tokens, each attending only to itself (spanlm.data.packing); "auto"
+    # A batch's windows in one token stream, each attending only to itself (spanlm.data.packing):
     # true / false, or "auto": per device what measured fastest (config.yaml records the choice).
     packing: bool | Literal["auto"] = "auto"
     tokens_per_batch: int = 0  # batches of windows up to this many real tokens instead of train.batch_size windows; 0 = off

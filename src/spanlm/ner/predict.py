@@ -189,7 +189,7 @@ class NerModel:
         data = self.recipe.data
         bare = [NerDocument(d.id, d.text, []) for d in documents]  # prediction needs no gold entities
         windows = make_windows(self.tokenizer, bare, self.labels, data.max_len, data.stride, self.featurizer)[0]
-        windows.pack_width = data.max_len if resolve_packing(data.packing, self.objective, self.device) else None
+        windows.packed = resolve_packing(data.packing, self.objective, self.device)
         return windows
 
     def predict(self, documents: list[NerDocument], batch_size: int = 32, flat: bool | None = None,

@@ -91,7 +91,7 @@ def ner_setup(recipe: NerRecipe, env, log=print, start: StartingPoint = Starting
     log(f"{data.train}: " + json.dumps(report.summary()))
     objective = NerObjective(encoder, len(labels), recipe.ner)
     data.packing = resolve_packing(data.packing, objective, env.device)  # config.yaml records the choice
-    train_windows.pack_width = data.max_len if data.packing else None
+    train_windows.packed = data.packing
 
     loader = build_window_loader(train_windows, recipe.train, recipe.seed, env.rank, env.world_size, data.tokens_per_batch)
     if not data.dev:
@@ -100,7 +100,7 @@ def ner_setup(recipe: NerRecipe, env, log=print, start: StartingPoint = Starting
     dev_docs = read_split(data.dev, recipe, "dev", labels, log)[: data.eval_docs or None]
     dev_format = input_format(data.dev, data)
     dev_windows, dev_report = make_windows(encoder.tokenizer, dev_docs, labels, data.max_len, data.stride, featurizer)
-    dev_windows.pack_width = train_windows.pack_width
+    dev_windows.packed = train_windows.packed
     for line in dev_report.lines(data.dev):
         log(line)
     batch_size = recipe.train.batch_size

@@ -56,8 +56,8 @@ class Windows:
     texts: list[str]  # the documents' texts (for a featurizer)
     featurizer: Featurizer | None = None
     pad_id: int = 0  # the tokenizer's padding id
-    # Rows of this many tokens holding several windows each (spanlm.data.packing); None: one window per row.
-    pack_width: int | None = None
+    # A batch's windows one after another in one packed stream (spanlm.data.packing); False: one window per row.
+    packed: bool = False
 
     def __len__(self) -> int:
         return len(self.document)
@@ -74,8 +74,8 @@ class Windows:
             rows["entity_spans"] = spans[:, :width]
         if self.featurizer is not None:
             rows.update(self.featurizer(rows["input_ids"], self.offsets[indices, :length], [self.texts[d] for d in self.document[indices]]))
-        if self.pack_width:
-            rows.update(pack_encoder_inputs(rows, self.pack_width, self.pad_id, getattr(self.featurizer, "packing_gap", 0)))
+        if self.packed:
+            rows.update(pack_encoder_inputs(rows, self.pad_id, getattr(self.featurizer, "packing_gap", 0)))
         return {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in rows.items()}
 
 

@@ -24,7 +24,7 @@ class QADataConfig:
     # A wrong answer_start is repaired to the nearest occurrence of the answer text at most this many
     # characters away; answer_start = -1 takes the first occurrence anywhere.
     repair_window: int = 20
-    # Several windows per row of max_length tokens, each attending only to itself (spanlm.data.packing); "auto"
+    # A batch's windows in one token stream, each attending only to itself (spanlm.data.packing):
     # true / false, or "auto": per device what measured fastest (config.yaml records the choice).
     packing: bool | Literal["auto"] = "auto"
     tokens_per_batch: int = 0  # batches of windows up to this many real tokens instead of train.batch_size windows; 0 = off

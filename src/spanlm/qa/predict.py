@@ -92,7 +92,7 @@ def predict(model: torch.nn.Module, tokenizer, examples: list[QAExample], recipe
         data = recipe.data
         windows = make_windows(tokenizer, examples, data.max_length, data.doc_stride, data.max_query_length,
                                encoder_featurizer(model.encoder))
-        windows.pack_width = data.max_length if resolve_packing(data.packing, model, device) else None
+        windows.packed = resolve_packing(data.packing, model, device)
     was_training = model.training
     model.eval()
     try:

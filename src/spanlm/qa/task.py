@@ -62,7 +62,7 @@ def qa_setup(recipe: QARecipe, env, log=print, start: StartingPoint = StartingPo
     dev_windows = make_windows(tokenizer, dev_examples, data.max_length, data.doc_stride, data.max_query_length, featurizer)
     log(f"{len(train_windows)} training windows from {len(train_examples)} questions, {len(dev_windows)} dev windows")
     data.packing = resolve_packing(data.packing, objective, env.device)  # config.yaml records the choice
-    train_windows.pack_width = dev_windows.pack_width = data.max_length if data.packing else None
+    train_windows.packed = dev_windows.packed = data.packing
 
     loader = build_window_loader(train_windows, recipe.train, recipe.seed, env.rank, env.world_size, data.tokens_per_batch)
 

@@ -48,8 +48,8 @@ class Windows:
     # so an [UNK] in the question is spelt empty.
     featurizer: Callable | None = None
     pad_id: int = 0  # the tokenizer's padding id
-    # Rows of this many tokens holding several windows each (spanlm.data.packing); None: one window per row.
-    pack_width: int | None = None
+    # A batch's windows one after another in one packed stream (spanlm.data.packing); False: one window per row.
+    packed: bool = False
 
     def __len__(self) -> int:
         return len(self.example)
@@ -64,8 +64,8 @@ class Windows:
             rows["start_positions"], rows["end_positions"] = self.start_positions[indices], self.end_positions[indices]
         if self.featurizer is not None:
             rows.update(self.featurizer(rows["input_ids"], self.offsets[indices, :length], [self.contexts[e] for e in self.example[indices]]))
-        if self.pack_width:
-            rows.update(pack_encoder_inputs(rows, self.pack_width, self.pad_id, getattr(self.featurizer, "packing_gap", 0)))
+        if self.packed:
+            rows.update(pack_encoder_inputs(rows, self.pad_id, getattr(self.featurizer, "packing_gap", 0)))
         return {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in rows.items()}
 
 

@@ -241,23 +241,21 @@ class BatchKeySampler:
 class MaskedBatches(torch.utils.data.Dataset):
     """Map-style dataset keyed by batch: key → masked batch as a dict of tensors.
 
-    ``pack_width``: pack the masked blocks into rows of that many tokens (:mod:`spanlm.data.packing`;
-    rows widen to a block that outgrew it, as CharBERT's noise may). Masking comes first, on one block
-    per row, so a key gives the same masks packed or not.
+    ``packed``: the masked blocks one after another in one stream (:mod:`spanlm.data.packing`). Masking
+    comes first, on one block per row, so a key gives the same masks packed or not.
     """
 
-    def __init__(self, blocks: BlockDataset, masker, pad_id: int, seed: int, rank: int, pack_width: int | None = None):
+    def __init__(self, blocks: BlockDataset, masker, pad_id: int, seed: int, rank: int, packed: bool = False):
         self.blocks, self.masker, self.pad_id, self.seed, self.rank = blocks, masker, pad_id, seed, rank
-        self.pack_width = pack_width
+        self.packed = packed
 
     def __getitem__(self, key) -> dict[str, torch.Tensor]:
         epoch, batch, indices = key
         block_batch = collate_blocks([self.blocks[int(i)] for i in indices], self.pad_id)
         rng = np.random.default_rng([self.seed, self.rank, epoch, batch])
         masked = self.masker(block_batch, rng)
-        if self.pack_width:
-            width = max(self.pack_width, masked.input_ids.shape[1])
-            masked = pack_masked(masked, width, self.pad_id, getattr(self.masker, "packing_gap", 0))
+        if self.packed:
+            masked = pack_masked(masked, self.pad_id, getattr(self.masker, "packing_gap", 0))
         return masked.to_torch()
 
 
@@ -320,25 +318,25 @@ class KeyedLoader:
 
 def build_train_loader(blocks: BlockDataset, train_blocks: np.ndarray, masker, config, seed: int, rank: int, world_size: int,
                        data=None) -> KeyedLoader:
-    """The resumable pretraining loader; ``data`` (DataConfig, its ``packing`` resolved) packs rows and sets a token budget."""
+    """The resumable pretraining loader; ``data`` (DataConfig, its ``packing`` resolved) packs batches and sets a token budget."""
     tokens = data.tokens_per_batch if data is not None else 0
     sampler = BatchKeySampler(train_blocks, config.batch_size, seed, rank, world_size,
                               lengths=BlockLengths(blocks), tokens_per_batch=tokens)
-    dataset = MaskedBatches(blocks, masker, blocks.corpus.special_ids["pad"], seed, rank, pack_width(data))
+    dataset = MaskedBatches(blocks, masker, blocks.corpus.special_ids["pad"], seed, rank, packs(data))
     return KeyedLoader(dataset, sampler, config.num_workers, seed, pin_memory=uses_cuda(config.device))
 
 
-def pack_width(data) -> int | None:
-    """Rows of ``data.max_len`` when ``data.packing`` is true, else None (padded batches)."""
+def packs(data) -> bool:
+    """Whether batches are packed: ``data.packing``, which must be resolved to true / false by now."""
     if data is None or data.packing is False:
-        return None
+        return False
     if data.packing is not True:
         raise ValueError(f"data.packing must be resolved to true / false before batching, not {data.packing!r}")
-    return data.max_len
+    return True
 
 
 def build_window_loader(windows, config, seed: int, rank: int, world_size: int, tokens_per_batch: int = 0) -> KeyedLoader:
-    """The resumable training loader of a fine-tuning task over ``len(windows)`` windows (``windows.pack_width``
+    """The resumable training loader of a fine-tuning task over ``len(windows)`` windows (``windows.packed``
     packs them), ``config.batch_size`` windows or ``tokens_per_batch`` tokens a batch."""
     try:
         sampler = BatchKeySampler(np.arange(len(windows)), config.batch_size, seed, rank, world_size,
@@ -358,7 +356,7 @@ def eval_batches(blocks: BlockDataset, eval_blocks: np.ndarray, masker, batch_si
     Every rank gets the same number of batches (the held-out set is trimmed to a multiple of the
     world size), so the metrics can be reduced across ranks.
     """
-    dataset = MaskedBatches(blocks, masker, blocks.corpus.special_ids["pad"], seed, rank, pack_width(data))
+    dataset = MaskedBatches(blocks, masker, blocks.corpus.special_ids["pad"], seed, rank, packs(data))
     mine = eval_blocks[: len(eval_blocks) - len(eval_blocks) % world_size][rank::world_size]
     for number, start in enumerate(range(0, len(mine), batch_size)):
         yield dataset[(EVAL_EPOCH, number, mine[start:start + batch_size])]

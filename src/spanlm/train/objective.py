@@ -21,7 +21,7 @@ class Objective(nn.Module):
     masker = None
     #: continued pretraining: head name → where its weights came from ("loaded (...)" / "fresh (why)")
     head_report: dict[str, str] | None = None
-    #: reads packed batches (spanlm.data.packing: several blocks per row, ``position_ids``) with per-block
+    #: reads packed batches (spanlm.data.packing: blocks in one stream, ``position_ids``) with per-block
     #: semantics; an objective that does not is always given padded batches
     supports_packing = False
 
