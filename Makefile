@@ -27,6 +27,7 @@ demo: venv
 
 test: venv
 	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
 	$(BIN)/python -m pytest -q
 
 # On a machine with a CUDA GPU (install a CUDA torch: CONSTRAINTS= make gpu-check): the GPU tests (pytest -m gpu:

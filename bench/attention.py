@@ -32,8 +32,8 @@ import time
 
 import torch
 
-from spanlm.accel.attention import FUSED
 from spanlm import accel
+from spanlm.accel.attention import FUSED
 
 SHAPES = {"seq128": (16, 128), "seq512": (4, 512)}
 HIDDEN, HEADS = 256, 4
@@ -42,8 +42,15 @@ HIDDEN, HEADS = 256, 4
 def build_modules(seed: int) -> dict[str, torch.nn.Module]:
     from transformers import AutoConfig, AutoModel
 
-    config = AutoConfig.for_model("bert", vocab_size=100, hidden_size=HIDDEN, num_hidden_layers=1, num_attention_heads=HEADS,
-                                  intermediate_size=4 * HIDDEN, max_position_embeddings=512)
+    config = AutoConfig.for_model(
+        "bert",
+        vocab_size=100,
+        hidden_size=HIDDEN,
+        num_hidden_layers=1,
+        num_attention_heads=HEADS,
+        intermediate_size=4 * HIDDEN,
+        max_position_embeddings=512,
+    )
     torch.manual_seed(seed)
     peer = AutoModel.from_config(config, attn_implementation="sdpa", add_pooling_layer=False).train()
     spanlm = copy.deepcopy(peer)
@@ -53,8 +60,10 @@ def build_modules(seed: int) -> dict[str, torch.nn.Module]:
     for module in unfused.modules():
         if type(module) in stock:
             module.__class__ = stock[type(module)]
-    return {name: model.encoder.layer[0].attention.self for name, model in
-            (("spanlm", spanlm), ("unfused", unfused), ("peer", peer))}
+    return {
+        name: model.encoder.layer[0].attention.self
+        for name, model in (("spanlm", spanlm), ("unfused", unfused), ("peer", peer))
+    }
 
 
 def forward_backward(module: torch.nn.Module, hidden: torch.Tensor, upstream: torch.Tensor) -> torch.Tensor:
@@ -83,20 +92,33 @@ def main() -> None:
         times = {side: [] for side in modules}
         order = list(modules)
         for i in range(args.repeats):
-            for side in (order if i % 2 == 0 else order[::-1]):
+            for side in order if i % 2 == 0 else order[::-1]:
                 start = time.perf_counter()
                 forward_backward(modules[side], hidden, upstream)
                 times[side].append(time.perf_counter() - start)
             for module in modules.values():
                 module.zero_grad(set_to_none=True)
         medians = {side: statistics.median(t) for side, t in times.items()}
-        results[name] = {"batch": batch, "seq": length, "repeats": args.repeats,
-                         **{f"{side}_ms": round(1000 * m, 3) for side, m in medians.items()},
-                         "ratio": round(medians["peer"] / medians["spanlm"], 3),
-                         "ratio_vs_unfused": round(medians["unfused"] / medians["spanlm"], 3)}
-    print(json.dumps({"bench": "attention", "ratio": min(r["ratio"] for r in results.values()), "results": results,
-                      "threads": torch.get_num_threads(), "cpus": len(os.sched_getaffinity(0)),
-                      "torch": torch.__version__}))
+        results[name] = {
+            "batch": batch,
+            "seq": length,
+            "repeats": args.repeats,
+            **{f"{side}_ms": round(1000 * m, 3) for side, m in medians.items()},
+            "ratio": round(medians["peer"] / medians["spanlm"], 3),
+            "ratio_vs_unfused": round(medians["unfused"] / medians["spanlm"], 3),
+        }
+    print(
+        json.dumps(
+            {
+                "bench": "attention",
+                "ratio": min(r["ratio"] for r in results.values()),
+                "results": results,
+                "threads": torch.get_num_threads(),
+                "cpus": len(os.sched_getaffinity(0)),
+                "torch": torch.__version__,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

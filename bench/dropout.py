@@ -67,17 +67,30 @@ def main() -> None:
         order = list(sides)
         repeats = max(3, args.repeats // 4) if shape[-1] == 512 else args.repeats
         for i in range(repeats):
-            for side in (order if i % 2 == 0 else order[::-1]):
+            for side in order if i % 2 == 0 else order[::-1]:
                 start = time.perf_counter()
                 forward_backward(sides[side], x, upstream)
                 times[side].append(time.perf_counter() - start)
         medians = {side: statistics.median(t) for side, t in times.items()}
-        results[name] = {"shape": list(shape), "repeats": repeats,
-                         **{f"{side}_ms": round(1000 * m, 3) for side, m in medians.items()},
-                         "ratio": round(medians["peer"] / medians["spanlm"], 3)}
-    print(json.dumps({"bench": "dropout", "ratio": min(r["ratio"] for r in results.values()), "p": P,
-                      "results": results, "threads": torch.get_num_threads(), "cpus": len(os.sched_getaffinity(0)),
-                      "torch": torch.__version__}))
+        results[name] = {
+            "shape": list(shape),
+            "repeats": repeats,
+            **{f"{side}_ms": round(1000 * m, 3) for side, m in medians.items()},
+            "ratio": round(medians["peer"] / medians["spanlm"], 3),
+        }
+    print(
+        json.dumps(
+            {
+                "bench": "dropout",
+                "ratio": min(r["ratio"] for r in results.values()),
+                "p": P,
+                "results": results,
+                "threads": torch.get_num_threads(),
+                "cpus": len(os.sched_getaffinity(0)),
+                "torch": torch.__version__,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -62,8 +62,9 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5, help="timed runs of each variant (alternating)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--memory", nargs=4, metavar=("SIDE", "KIND", "BATCH", "LENGTH"),
-                        help=argparse.SUPPRESS)  # internal: one peak-memory measurement in this process
+    parser.add_argument(
+        "--memory", nargs=4, metavar=("SIDE", "KIND", "BATCH", "LENGTH"), help=argparse.SUPPRESS
+    )  # internal: one peak-memory measurement in this process
     return parser.parse_args()
 
 
@@ -84,7 +85,8 @@ def import_bert4torch():
                 package = types.ModuleType(name)
                 package.__path__ = [path]
                 sys.modules[name] = package
-        from bert4torch.layers.global_point import EfficientGlobalPointer, GlobalPointer as B4TGlobalPointer
+        from bert4torch.layers.global_point import EfficientGlobalPointer
+        from bert4torch.layers.global_point import GlobalPointer as B4TGlobalPointer
         from bert4torch.losses import MultilabelCategoricalCrossentropy
     except Exception as error:  # any import failure means: no peer, say why
         return None, f"bert4torch not importable: {type(error).__name__}: {error}"
@@ -157,8 +159,11 @@ def measure_memory(side: str, kind: str, batch: int, length: int, seed: int) -> 
     peer = import_bert4torch()[0] if side == "bert4torch" else None
     hidden, mask, entity_spans = make_workload(batch, length, seed)
     hidden.requires_grad_(True)
-    labels = span_labels(entity_spans, (batch, TYPES, length, length)).float().view(batch * TYPES, -1) \
-        if side == "bert4torch" else None
+    labels = (
+        span_labels(entity_spans, (batch, TYPES, length, length)).float().view(batch * TYPES, -1)
+        if side == "bert4torch"
+        else None
+    )
     module, run = build(side, kind, peer, seed)
     forward_backward(run, module, hidden, (mask, entity_spans, labels))  # warm-up: lazy inits, caches
 
@@ -178,8 +183,13 @@ def measure_memory(side: str, kind: str, batch: int, length: int, seed: int) -> 
 
 def memory_in_subprocess(side: str, kind: str, batch: int, length: int, seed: int) -> int:
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    out = subprocess.run([sys.executable, __file__, "--seed", str(seed), "--memory", side, kind, str(batch), str(length)],
-                         env=env, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, __file__, "--seed", str(seed), "--memory", side, kind, str(batch), str(length)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return int(out.strip().splitlines()[-1])
 
 
@@ -208,7 +218,9 @@ def main() -> None:
                         parameter.copy_(weight)
                 # same loss, same gradients for the hidden states and every head parameter
                 (loss, grads), (peer_loss, peer_grads) = (
-                    forward_backward(run, module, hidden, (mask, entity_spans, labels)) for module, run in modules.values())
+                    forward_backward(run, module, hidden, (mask, entity_spans, labels))
+                    for module, run in modules.values()
+                )
                 torch.testing.assert_close(loss, peer_loss, rtol=1e-4, atol=1e-5)
                 for grad, peer_grad in zip(grads, peer_grads[:1] + to_spanlm_layout(peer_grads[1:], kind), strict=True):
                     torch.testing.assert_close(grad, peer_grad, rtol=1e-3, atol=1e-6)
@@ -236,23 +248,33 @@ def main() -> None:
     if peer:
         cells = [(kind, batch, length) for kind in KINDS for batch, length in SHAPES]
         result["ratio"] = round(min(median[("bert4torch", *c)] / median[("spanlm", *c)] for c in cells), 3)
-        result["memory_ratio"] = round(max(memory[("spanlm", kind, *SHAPES[1])] / memory[("bert4torch", kind, *SHAPES[1])]
-                                           for kind in KINDS), 3)
-        result["speed_ratios"] = {name(("x", *c))[2:]: round(median[("bert4torch", *c)] / median[("spanlm", *c)], 3)
-                                  for c in cells}
-        result["memory_ratios"] = {name(("x", *c))[2:]: round(memory[("spanlm", *c)] / memory[("bert4torch", *c)], 3)
-                                   for c in cells}
+        result["memory_ratio"] = round(
+            max(memory[("spanlm", kind, *SHAPES[1])] / memory[("bert4torch", kind, *SHAPES[1])] for kind in KINDS), 3
+        )
+        result["speed_ratios"] = {
+            name(("x", *c))[2:]: round(median[("bert4torch", *c)] / median[("spanlm", *c)], 3) for c in cells
+        }
+        result["memory_ratios"] = {
+            name(("x", *c))[2:]: round(memory[("spanlm", *c)] / memory[("bert4torch", *c)], 3) for c in cells
+        }
         result["identical"] = True
     else:
         result["skipped"] = reason
     result["ms"] = {name(key): round(1000 * value, 1) for key, value in median.items()}
     result["peak_mib"] = {name(key): round(value / 2**20, 1) for key, value in memory.items()}
-    result.update({
-        "hidden": HIDDEN, "types": TYPES, "head_size": HEAD_SIZE, "shapes": [list(s) for s in SHAPES],
-        "loss": "spanlm: ZLPR sparse (auto, L > 128); bert4torch: MultilabelCategoricalCrossentropy (dense)",
-        "repeats": args.repeats, "threads": torch.get_num_threads(), "cpus": len(os.sched_getaffinity(0)),
-        "torch": torch.__version__,
-    })
+    result.update(
+        {
+            "hidden": HIDDEN,
+            "types": TYPES,
+            "head_size": HEAD_SIZE,
+            "shapes": [list(s) for s in SHAPES],
+            "loss": "spanlm: ZLPR sparse (auto, L > 128); bert4torch: MultilabelCategoricalCrossentropy (dense)",
+            "repeats": args.repeats,
+            "threads": torch.get_num_threads(),
+            "cpus": len(os.sched_getaffinity(0)),
+            "torch": torch.__version__,
+        }
+    )
     print(json.dumps(result))
 
 

@@ -52,8 +52,8 @@ BATCH, WIDTH = 32, 512
 def prepare_corpus(data: Path, out: Path) -> Path:
     """One JSONL record per book (long documents → full blocks), prepared with a 30,522 WordPiece."""
     from spanlm.config import from_dict
-    from spanlm.pretrain.recipe import Recipe
     from spanlm.data.prepare import prepare
+    from spanlm.pretrain.recipe import Recipe
 
     files = sorted(p for p in data.rglob("*.txt") if "LICENSE" not in p.name)
     if not files:
@@ -64,10 +64,13 @@ def prepare_corpus(data: Path, out: Path) -> Path:
         with open(books, "w", encoding="utf-8") as handle:
             for path in files:
                 handle.write(json.dumps({"text": path.read_text(encoding="utf-8-sig")}) + "\n")
-    recipe = from_dict(Recipe, {
-        "data": {"inputs": [str(books)], "prepared_dir": str(out / "prepared"), "similar_words": "word2vec"},
-        "tokenizer": {"kind": "wordpiece", "vocab_size": 30522},
-    })
+    recipe = from_dict(
+        Recipe,
+        {
+            "data": {"inputs": [str(books)], "prepared_dir": str(out / "prepared"), "similar_words": "word2vec"},
+            "tokenizer": {"kind": "wordpiece", "vocab_size": 30522},
+        },
+    )
     return prepare(recipe, log=lambda message: print(message, file=sys.stderr))
 
 
@@ -121,8 +124,11 @@ def measure(corpus, args) -> dict:
     # Same words on both sides: where HF's whole-word ids change is exactly where spanlm's words start.
     special = np.array([e["special_tokens_mask"] for e in hf_wwm_input], dtype=bool)  # (B, L)
     word_ids, _ = DataCollatorForLanguageModeling._calc_word_ids_and_prob_mask(
-        np.array([e["offset_mapping"] for e in hf_wwm_input]), special.astype(np.int64))
-    hf_starts = (word_ids >= 0) & np.concatenate([np.ones((len(blocks), 1), bool), word_ids[:, 1:] != word_ids[:, :-1]], axis=1)
+        np.array([e["offset_mapping"] for e in hf_wwm_input]), special.astype(np.int64)
+    )
+    hf_starts = (word_ids >= 0) & np.concatenate(
+        [np.ones((len(blocks), 1), bool), word_ids[:, 1:] != word_ids[:, :-1]], axis=1
+    )
     spanlm_starts = np.stack([np.asarray(b.word_starts, dtype=bool) for b in blocks]) & ~special
     assert np.array_equal(hf_starts, spanlm_starts), int((hf_starts != spanlm_starts).sum())
 
@@ -131,7 +137,7 @@ def measure(corpus, args) -> dict:
         run()  # warm-up
     for repeat in range(args.repeats):
         names = list(contenders)
-        names = names[repeat % len(names):] + names[:repeat % len(names)]  # rotate who goes first
+        names = names[repeat % len(names) :] + names[: repeat % len(names)]  # rotate who goes first
         for name in names:
             start = time.perf_counter()
             for _ in range(args.calls):
@@ -180,6 +186,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         corpus = PreparedCorpus(prepare_corpus(Path(args.data), Path(args.prepared or scratch)))
         print(json.dumps(measure(corpus, args)))
+
 
 if __name__ == "__main__":
     main()

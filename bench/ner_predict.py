@@ -61,16 +61,33 @@ def build_encoder(directory: Path, texts: list[str]) -> None:
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=8000, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
-                                                                   show_progress=False))  # stdout carries only the JSON line
+    tokenizer.train_from_iterator(
+        texts,
+        trainers.WordPieceTrainer(
+            vocab_size=8000, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], show_progress=False
+        ),
+    )  # stdout carries only the JSON line
     cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    tokenizer.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
-                                                             special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                                   sep_token="[SEP]", mask_token="[MASK]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=len(fast), hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512,
-                        max_position_embeddings=512)
+    config = BertConfig(
+        vocab_size=len(fast),
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=512,
+        max_position_embeddings=512,
+    )
     BertModel(config, add_pooling_layer=False).save_pretrained(str(directory))
     fast.save_pretrained(str(directory))
 
@@ -83,13 +100,25 @@ def train_ner_model(encoder_dir: Path, out: Path, data: Path, steps: int) -> Pat
     from spanlm.ner.config import NerRecipe
     from spanlm.ner.task import train_ner
 
-    recipe = from_dict(NerRecipe, {
-        "model": {"path": str(encoder_dir)},
-        "data": {"train": str(data / "train.conll"), "format": "conll", "max_len": 128, "stride": 32},
-        "train": {"output_dir": str(out), "max_steps": steps, "batch_size": 32, "lr": 1e-3, "warmup_steps": 0, "eval_every": 0,
-                  "save_every": steps, "num_workers": 0, "device": "cpu"},
-        "logging": {"report_to": [], "progress": False},
-    })
+    recipe = from_dict(
+        NerRecipe,
+        {
+            "model": {"path": str(encoder_dir)},
+            "data": {"train": str(data / "train.conll"), "format": "conll", "max_len": 128, "stride": 32},
+            "train": {
+                "output_dir": str(out),
+                "max_steps": steps,
+                "batch_size": 32,
+                "lr": 1e-3,
+                "warmup_steps": 0,
+                "eval_every": 0,
+                "save_every": steps,
+                "num_workers": 0,
+                "device": "cpu",
+            },
+            "logging": {"report_to": [], "progress": False},
+        },
+    )
     run_dir, _ = train_ner(recipe, log=lambda *_: None)
     return run_dir / "model"
 
@@ -117,11 +146,21 @@ def main() -> int:
         spanlm_model = NerModel(model_dir, device="cpu")
         bio = ["O"] + [f"{p}-{label}" for label in labels for p in ("B", "I")]
         torch.manual_seed(0)
-        peer_model = BertForTokenClassification.from_pretrained(str(encoder_dir), num_labels=len(bio),
-                                                                id2label=dict(enumerate(bio)), label2id={l: i for i, l in enumerate(bio)})
+        peer_model = BertForTokenClassification.from_pretrained(
+            str(encoder_dir),
+            num_labels=len(bio),
+            id2label=dict(enumerate(bio)),
+            label2id={l: i for i, l in enumerate(bio)},
+        )
         with torch.no_grad():
             peer_model.classifier.bias[0] += 1e4  # "O" everywhere: no entities to aggregate (see the docstring)
-        peer = pipeline("token-classification", model=peer_model, tokenizer=spanlm_model.tokenizer, aggregation_strategy="simple", device="cpu")
+        peer = pipeline(
+            "token-classification",
+            model=peer_model,
+            tokenizer=spanlm_model.tokenizer,
+            aggregation_strategy="simple",
+            device="cpu",
+        )
 
         def run_spanlm():
             return sum(len(d.entities) for d, _ in spanlm_model.predict_texts(texts, args.batch))
@@ -140,10 +179,17 @@ def main() -> int:
                 sides[name]()
                 times[name].append(time.perf_counter() - started)
     rate = {name: len(texts) / statistics.median(t) for name, t in times.items()}
-    result = {"bench": "ner_predict", "sentences": len(texts), "batch": args.batch, "threads": torch.get_num_threads(),
-              "spanlm_sentences_per_s": round(rate["spanlm"], 1), "peer_sentences_per_s": round(rate["peer"], 1),
-              "spanlm_entities": entities["spanlm"], "peer_entities": entities["peer"],
-              "ratio": round(rate["spanlm"] / rate["peer"], 3)}
+    result = {
+        "bench": "ner_predict",
+        "sentences": len(texts),
+        "batch": args.batch,
+        "threads": torch.get_num_threads(),
+        "spanlm_sentences_per_s": round(rate["spanlm"], 1),
+        "peer_sentences_per_s": round(rate["peer"], 1),
+        "spanlm_entities": entities["spanlm"],
+        "peer_entities": entities["peer"],
+        "ratio": round(rate["spanlm"] / rate["peer"], 3),
+    }
     print(json.dumps(result))
     return 0
 

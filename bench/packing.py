@@ -65,16 +65,32 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per side")
     parser.add_argument("--ner-batch", type=int, default=32, help="windows per NER batch")
     parser.add_argument("--ner-steps", type=int, default=20, help="timed NER steps per side (0: no NER comparison)")
-    parser.add_argument("--clock", choices=["process", "wall"], default="process",
-                        help="step time: the process's CPU time over all its threads (robust to other processes "
-                             "loading a shared machine), or wall-clock time")
-    parser.add_argument("--accel", choices=["auto", "off"], default="auto",
-                        help="spanlm's CPU backend on both sides (train.accel; auto: as the trainer runs on a CPU)")
+    parser.add_argument(
+        "--clock",
+        choices=["process", "wall"],
+        default="process",
+        help="step time: the process's CPU time over all its threads (robust to other processes "
+        "loading a shared machine), or wall-clock time",
+    )
+    parser.add_argument(
+        "--accel",
+        choices=["auto", "off"],
+        default="auto",
+        help="spanlm's CPU backend on both sides (train.accel; auto: as the trainer runs on a CPU)",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--small", action="store_true", help="a tiny model and a few steps (a smoke run)")
     args = parser.parse_args(argv)
     if args.small:
-        args.seqs, args.batch, args.batches, args.steps, args.warmup, args.ner_batch, args.ner_steps = "32,64", 8, 2, 2, 1, 8, 2
+        args.seqs, args.batch, args.batches, args.steps, args.warmup, args.ner_batch, args.ner_steps = (
+            "32,64",
+            8,
+            2,
+            2,
+            1,
+            8,
+            2,
+        )
     return args
 
 
@@ -86,14 +102,21 @@ def model_sizes(small: bool) -> dict:
 
 def prepare_corpus(directory: Path, small: bool):
     from spanlm.config import from_dict
-    from spanlm.pretrain.recipe import Recipe
     from spanlm.data.prepare import prepare
     from spanlm.data.shards import PreparedCorpus
+    from spanlm.pretrain.recipe import Recipe
 
     books = BOOKS[:1] if small else BOOKS
-    recipe = from_dict(Recipe, {"data": {"inputs": [str(REPO / "data" / "corpus" / b) for b in books],
-                                         "prepared_dir": str(directory / "prepared")},
-                                "tokenizer": {"vocab_size": 1000 if small else 8000}})
+    recipe = from_dict(
+        Recipe,
+        {
+            "data": {
+                "inputs": [str(REPO / "data" / "corpus" / b) for b in books],
+                "prepared_dir": str(directory / "prepared"),
+            },
+            "tokenizer": {"vocab_size": 1000 if small else 8000},
+        },
+    )
     return PreparedCorpus(prepare(recipe, log=lambda *_: None))
 
 
@@ -105,7 +128,7 @@ def timed_pair(steps: dict, warmup: int, count: int, clock=time.process_time) ->
     times = {side: [] for side in steps}
     sides = list(steps)
     for number in range(count):
-        for side in (sides if number % 2 == 0 else sides[::-1]):
+        for side in sides if number % 2 == 0 else sides[::-1]:
             start = clock()
             steps[side]()
             times[side].append(clock() - start)
@@ -137,20 +160,30 @@ def padding_share(batches: list[dict]) -> float:
 
 def compare(times: dict[str, list[float]], work: float) -> dict:
     padded, packed = statistics.median(times["padded"]), statistics.median(times["packed"])
-    return {"padded": work / padded, "packed": work / packed, "ratio": round(padded / packed, 4),
-            "ratio_paired_median": round(statistics.median(a / b for a, b in zip(times["padded"], times["packed"])), 4)}
+    return {
+        "padded": work / padded,
+        "packed": work / packed,
+        "ratio": round(padded / packed, 4),
+        "ratio_paired_median": round(statistics.median(a / b for a, b in zip(times["padded"], times["packed"])), 4),
+    }
 
 
 def pretraining(corpus, seq: int, args) -> dict:
     from spanlm.config import from_dict
-    from spanlm.pretrain.recipe import Recipe
     from spanlm.data.blocks import BlockDataset
     from spanlm.objectives import build_objective
+    from spanlm.pretrain.recipe import Recipe
     from spanlm.train.data import BatchKeySampler, MaskedBatches
 
-    recipe = from_dict(Recipe, {"data": {"prepared_dir": str(corpus.directory), "max_len": seq},
-                                "model": {**model_sizes(args.small), "max_position_embeddings": seq},
-                                "objective": {"name": "mlm"}, "masking": {"scheme": "mlm"}})
+    recipe = from_dict(
+        Recipe,
+        {
+            "data": {"prepared_dir": str(corpus.directory), "max_len": seq},
+            "model": {**model_sizes(args.small), "max_position_embeddings": seq},
+            "objective": {"name": "mlm"},
+            "masking": {"scheme": "mlm"},
+        },
+    )
     blocks = BlockDataset(corpus, seq)
     keys = iter(BatchKeySampler(np.arange(len(blocks)), args.batch, seed=0, rank=0, world_size=1))
     keys = [next(keys) for _ in range(args.batches)]
@@ -165,12 +198,18 @@ def pretraining(corpus, seq: int, args) -> dict:
     tokens = statistics.mean(int(b["attention_mask"].sum()) for b in batches["padded"])
     rates = compare(timed_pair(steps, args.warmup, args.steps, CLOCKS[args.clock]), tokens)
     sizes = model_sizes(args.small)
-    attention = varlen_attention_cpu(batches["packed"][0], sizes["num_heads"], sizes["hidden_size"] // sizes["num_heads"], args)
-    return {"padding_share_padded": round(padding_share(batches["padded"]), 4),
-            "padding_share_packed": round(padding_share(batches["packed"]), 4),
-            "tokens_per_s_padded": round(rates["padded"], 1), "tokens_per_s_packed": round(rates["packed"], 1),
-            "ratio": rates["ratio"], "ratio_paired_median": rates["ratio_paired_median"],
-            "varlen_attention_cpu": attention}
+    attention = varlen_attention_cpu(
+        batches["packed"][0], sizes["num_heads"], sizes["hidden_size"] // sizes["num_heads"], args
+    )
+    return {
+        "padding_share_padded": round(padding_share(batches["padded"]), 4),
+        "padding_share_packed": round(padding_share(batches["packed"]), 4),
+        "tokens_per_s_padded": round(rates["padded"], 1),
+        "tokens_per_s_packed": round(rates["packed"], 1),
+        "ratio": rates["ratio"],
+        "ratio_paired_median": rates["ratio_paired_median"],
+        "varlen_attention_cpu": attention,
+    }
 
 
 def varlen_attention_cpu(batch: dict, heads: int, head_dim: int, args) -> dict:
@@ -182,19 +221,30 @@ def varlen_attention_cpu(batch: dict, heads: int, head_dim: int, args) -> dict:
     bounds = segment_bounds(batch["position_ids"], batch["attention_mask"])
     lengths = (bounds[1:] - bounds[:-1]).tolist()
     generator = torch.Generator().manual_seed(0)
-    query, key, value = (torch.randn(sum(lengths), heads, head_dim, generator=generator, requires_grad=True) for _ in range(3))
+    query, key, value = (
+        torch.randn(sum(lengths), heads, head_dim, generator=generator, requires_grad=True) for _ in range(3)
+    )
     p = 0.1
 
     def per_block_sdpa():
-        return torch.cat([F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                                         dropout_p=p).transpose(0, 1)
-                          for q, k, v in zip(query.split(lengths), key.split(lengths), value.split(lengths))])
+        return torch.cat(
+            [
+                F.scaled_dot_product_attention(
+                    q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), dropout_p=p
+                ).transpose(0, 1)
+                for q, k, v in zip(query.split(lengths), key.split(lengths), value.split(lengths))
+            ]
+        )
 
     def nested_jagged():
         def jagged(x):  # (T, heads, d) → (blocks, heads, j, d)
             return torch.nested.nested_tensor_from_jagged(x, bounds.long()).transpose(1, 2)
 
-        return F.scaled_dot_product_attention(jagged(query), jagged(key), jagged(value), dropout_p=p).transpose(1, 2).values()
+        return (
+            F.scaled_dot_product_attention(jagged(query), jagged(key), jagged(value), dropout_p=p)
+            .transpose(1, 2)
+            .values()
+        )
 
     def padded_again():
         return segments_padded_attention(query, key, value, bounds, max(lengths), p, None)
@@ -204,6 +254,7 @@ def varlen_attention_cpu(batch: dict, heads: int, head_dim: int, args) -> dict:
             attention().sum().backward()
             for x in (query, key, value):
                 x.grad = None
+
         return run
 
     ways = {"per_block_sdpa": per_block_sdpa, "nested_jagged": nested_jagged, "padded_again": padded_again}
@@ -237,16 +288,23 @@ def ner(corpus, directory: Path, args) -> dict:
     batches, steps = {}, {}
     for side in ("padded", "packed"):
         torch.manual_seed(0)
-        objective = NerObjective(load_encoder(EncoderConfig(path=str(directory / "encoder"))), len(labels), NerConfig()).train()
+        objective = NerObjective(
+            load_encoder(EncoderConfig(path=str(directory / "encoder"))), len(labels), NerConfig()
+        ).train()
         windows.packed = side == "packed"
         batches[side] = [windows.batch(indices) for _, _, indices in keys]
         steps[side] = training_step(objective, batches[side], args.accel)
     examples = statistics.mean(len(b["token_mask"]) for b in batches["padded"])
     rates = compare(timed_pair(steps, args.warmup, args.ner_steps, CLOCKS[args.clock]), examples)
-    return {"windows": max_len, "padding_share_padded": round(padding_share(batches["padded"]), 4),
-            "padding_share_packed": round(padding_share(batches["packed"]), 4),
-            "examples_per_s_padded": round(rates["padded"], 1), "examples_per_s_packed": round(rates["packed"], 1),
-            "ratio": rates["ratio"], "ratio_paired_median": rates["ratio_paired_median"]}
+    return {
+        "windows": max_len,
+        "padding_share_padded": round(padding_share(batches["padded"]), 4),
+        "padding_share_packed": round(padding_share(batches["packed"]), 4),
+        "examples_per_s_padded": round(rates["padded"], 1),
+        "examples_per_s_packed": round(rates["packed"], 1),
+        "ratio": rates["ratio"],
+        "ratio_paired_median": rates["ratio_paired_median"],
+    }
 
 
 def main(argv=None) -> None:
@@ -256,9 +314,14 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory(prefix="spanlm-bench-packing-") as scratch:
         corpus = prepare_corpus(Path(scratch), args.small)
         seqs = [int(s) for s in args.seqs.split(",")]
-        result = {"device": "cpu", "threads": torch.get_num_threads(), "clock": args.clock, "accel": args.accel,
-                  "batch": args.batch,
-                  "pretraining": {str(seq): pretraining(corpus, seq, args) for seq in seqs}}
+        result = {
+            "device": "cpu",
+            "threads": torch.get_num_threads(),
+            "clock": args.clock,
+            "accel": args.accel,
+            "batch": args.batch,
+            "pretraining": {str(seq): pretraining(corpus, seq, args) for seq in seqs},
+        }
         if args.ner_steps:
             result["ner_wnut17"] = ner(corpus, Path(scratch), args)
     result["ratio_first_seq"] = result["pretraining"][str(seqs[0])]["ratio"]

@@ -68,10 +68,15 @@ PEER_STORES = [
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", default=str(REPO / "external" / "english_text"),
-                        help="directory searched recursively for *.txt (default: external/english_text, see data/README.md)")
+    parser.add_argument(
+        "--data",
+        default=str(REPO / "external" / "english_text"),
+        help="directory searched recursively for *.txt (default: external/english_text, see data/README.md)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side (alternating)")
-    parser.add_argument("--num-proc", type=int, default=1, help="data.num_proc for spanlm, num_proc for the peer's maps")
+    parser.add_argument(
+        "--num-proc", type=int, default=1, help="data.num_proc for spanlm, num_proc for the peer's maps"
+    )
     parser.add_argument("--block-size", type=int, default=512, help="run_mlm's max_seq_length for group_texts")
     return parser.parse_args()
 
@@ -233,7 +238,9 @@ def main() -> None:
             peer_s, spanlm_s = [], []
             for rep in range(args.repeats):
                 cache_dir = work / f"peer-{rep}"
-                seconds, (tokenized, grouped) = timed(run_peer, files, tokenizer_dir, cache_dir, args.block_size, args.num_proc)
+                seconds, (tokenized, grouped) = timed(
+                    run_peer, files, tokenizer_dir, cache_dir, args.block_size, args.num_proc
+                )
                 peer_s.append(seconds)
                 recipe = spanlm_recipe(files, work / f"spanlm-{rep}", tokenizer_dir, args.num_proc)
                 seconds, prepared = timed(run_spanlm, recipe)
@@ -259,8 +266,10 @@ def main() -> None:
         "peer_tokens_per_s": round(peer_tps),
         "tokens": tokens,
         "peer_tokens": peer_tokens,
-        "token_basis": ("content tokens (no [CLS]/[SEP]): spanlm meta.json n_tokens; "
-                        "peer tokenized output minus special_tokens_mask"),
+        "token_basis": (
+            "content tokens (no [CLS]/[SEP]): spanlm meta.json n_tokens; "
+            "peer tokenized output minus special_tokens_mask"
+        ),
         "same_ids": identical,
         "peer_grouped_tokens": peer_grouped_tokens,
         "peer_blocks": peer_blocks,
@@ -275,7 +284,11 @@ def main() -> None:
         "peer_cache_bytes": peer_bytes,
         "stores": SPANLM_STORES,
         "peer_stores": PEER_STORES,
-        "versions": {"datasets": datasets.__version__, "transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
+        "versions": {
+            "datasets": datasets.__version__,
+            "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__,
+        },
     }
     print(json.dumps(result), file=stdout)
 

@@ -59,10 +59,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--chinese", type=float, default=0, help="size in MB of a Chinese (jieba) corpus; 0: none")
     parser.add_argument("--data", default=str(REPO / "external" / "english_text"))
     parser.add_argument("--chinese-data", default=str(REPO / "external" / "chinese_text"))
-    parser.add_argument("--no-run-mlm", action="store_true", help="leave out the run_mlm peer (its caches take ~4× the corpus)")
+    parser.add_argument(
+        "--no-run-mlm", action="store_true", help="leave out the run_mlm peer (its caches take ~4× the corpus)"
+    )
     parser.add_argument("--max-len", type=int, default=128)
-    parser.add_argument("--small", action="store_true", help="tiny sizes (0.3 and 1 MB, 0.2 MB Chinese): a check that it runs")
-    parser.add_argument("--work", default=None, help="where the corpora and outputs go (default: a temporary directory)")
+    parser.add_argument(
+        "--small", action="store_true", help="tiny sizes (0.3 and 1 MB, 0.2 MB Chinese): a check that it runs"
+    )
+    parser.add_argument(
+        "--work", default=None, help="where the corpora and outputs go (default: a temporary directory)"
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-args", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -192,8 +198,12 @@ def measured(function, watch: Path | None = None) -> dict:
     cpu, wall = cpu_seconds(), time.perf_counter()
     with PeakSampler(watch) as peaks:
         result = function()
-    result.update(cpu_s=round(cpu_seconds() - cpu, 3), wall_s=round(time.perf_counter() - wall, 3),
-                  heap_peak_mb=round(peaks.heap / MB, 1), file_peak_mb=round(peaks.file / MB, 1))
+    result.update(
+        cpu_s=round(cpu_seconds() - cpu, 3),
+        wall_s=round(time.perf_counter() - wall, 3),
+        heap_peak_mb=round(peaks.heap / MB, 1),
+        file_peak_mb=round(peaks.file / MB, 1),
+    )
     if watch is not None:
         result["disk_peak_mb"] = round(peaks.disk / MB, 2)
     return result
@@ -202,14 +212,27 @@ def measured(function, watch: Path | None = None) -> dict:
 # ---------------------------------------------------------------- the sides (each in a child)
 
 
-def spanlm_recipe(files, prepared: Path, tokenizer: str | None, num_proc: int, words: str, max_len: int, vocab_size: int = 8000):
+def spanlm_recipe(
+    files, prepared: Path, tokenizer: str | None, num_proc: int, words: str, max_len: int, vocab_size: int = 8000
+):
     from spanlm.config import from_dict
     from spanlm.pretrain.recipe import Recipe
 
-    return from_dict(Recipe, {
-        "data": {"inputs": files, "prepared_dir": str(prepared), "num_proc": num_proc, "words": words, "max_len": max_len},
-        "tokenizer": {"path": tokenizer} if tokenizer else {"kind": "wordpiece", "vocab_size": vocab_size, "lowercase": True},
-    })
+    return from_dict(
+        Recipe,
+        {
+            "data": {
+                "inputs": files,
+                "prepared_dir": str(prepared),
+                "num_proc": num_proc,
+                "words": words,
+                "max_len": max_len,
+            },
+            "tokenizer": {"path": tokenizer}
+            if tokenizer
+            else {"kind": "wordpiece", "vocab_size": vocab_size, "lowercase": True},
+        },
+    )
 
 
 def side_spanlm(files, out: Path, tokenizer: str, num_proc: int, words: str, max_len: int) -> dict:
@@ -283,7 +306,13 @@ def side_startup(prepared: str, max_len: int) -> dict:
     start = time.perf_counter()
     blocks = BlockDataset(PreparedCorpus(prepared), max_len)
     train, _ = split_blocks(len(blocks), 1000, 0)
-    next(iter(BatchKeySampler(train, 32, 0, rank=0, world_size=1, lengths=BlockLengths(blocks), tokens_per_batch=32 * max_len)))
+    next(
+        iter(
+            BatchKeySampler(
+                train, 32, 0, rank=0, world_size=1, lengths=BlockLengths(blocks), tokens_per_batch=32 * max_len
+            )
+        )
+    )
     startup = time.perf_counter() - start
     with temporary.TemporaryDirectory() as scratch:  # another max_len, built into a copy's directory
         copy = Path(scratch) / "copy"
@@ -301,7 +330,14 @@ def child_main(kind: str, options: dict) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     if kind == "spanlm":
-        result = side_spanlm(options["files"], Path(options["out"]), options["tokenizer"], options["num_proc"], options["words"], options["max_len"])
+        result = side_spanlm(
+            options["files"],
+            Path(options["out"]),
+            options["tokenizer"],
+            options["num_proc"],
+            options["words"],
+            options["max_len"],
+        )
     elif kind == "bare":
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
         result = side_bare(options["files"], options["tokenizer"])
@@ -329,7 +365,15 @@ def per_cpu(result: dict) -> float:
 
 
 def measure_size(files, tokenizer: str, work: Path, name: str, words: str, max_len: int, peers: bool) -> dict:
-    one = child("spanlm", files=files, out=str(work / f"{name}-np1"), tokenizer=tokenizer, num_proc=1, words=words, max_len=max_len)
+    one = child(
+        "spanlm",
+        files=files,
+        out=str(work / f"{name}-np1"),
+        tokenizer=tokenizer,
+        num_proc=1,
+        words=words,
+        max_len=max_len,
+    )
     row = {"tokens": one["tokens"], "spanlm_np1": one}
     if peers:
         row["bare"] = child("bare", files=files, tokenizer=tokenizer)
@@ -338,7 +382,15 @@ def measure_size(files, tokenizer: str, work: Path, name: str, words: str, max_l
         row["run_mlm"] = child("run_mlm", files=files, tokenizer=tokenizer, out=str(work / f"{name}-run_mlm"))
         shutil.rmtree(work / f"{name}-run_mlm", ignore_errors=True)
         row["spanlm_vs_run_mlm"] = round(per_cpu(one) / per_cpu(row["run_mlm"]), 3)
-    two = child("spanlm", files=files, out=str(work / f"{name}-np2"), tokenizer=tokenizer, num_proc=2, words=words, max_len=max_len)
+    two = child(
+        "spanlm",
+        files=files,
+        out=str(work / f"{name}-np2"),
+        tokenizer=tokenizer,
+        num_proc=2,
+        words=words,
+        max_len=max_len,
+    )
     shutil.rmtree(work / f"{name}-np2", ignore_errors=True)
     row["spanlm_np2"] = two
     row["np2_wall_speedup"] = round(one["wall_s"] / two["wall_s"], 3)
@@ -356,7 +408,12 @@ def main(argv=None) -> None:
         return
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="spanlm-bench-scale-"))
     work.mkdir(parents=True, exist_ok=True)
-    result = {"bench": "prepare_scale", "sizes_mb": args.sizes, "cpus": len(os.sched_getaffinity(0)), "max_len": args.max_len}
+    result = {
+        "bench": "prepare_scale",
+        "sizes_mb": args.sizes,
+        "cpus": len(os.sched_getaffinity(0)),
+        "max_len": args.max_len,
+    }
     try:
         english = paragraphs(Path(args.data))
         corpora = {size: write_corpus(english, size, work / f"corpus-{size:g}mb") for size in args.sizes}
@@ -364,22 +421,36 @@ def main(argv=None) -> None:
         sample = write_corpus(english, min(5.0, args.sizes[0]), work / "tokenizer-sample", seed=1)
         from spanlm.data.prepare import prepare
 
-        tokenizer = str(prepare(spanlm_recipe(sample, work / "tokenizer", None, 1, "none", args.max_len), log=lambda *_: None) / "tokenizer")
+        tokenizer = str(
+            prepare(spanlm_recipe(sample, work / "tokenizer", None, 1, "none", args.max_len), log=lambda *_: None)
+            / "tokenizer"
+        )
         peers = ("bare",) + (() if args.no_run_mlm else ("run_mlm",))
-        result["english"] = {f"{size:g}": measure_size(corpora[size], tokenizer, work, f"en-{size:g}", "none", args.max_len, peers)
-                             for size in args.sizes}
+        result["english"] = {
+            f"{size:g}": measure_size(corpora[size], tokenizer, work, f"en-{size:g}", "none", args.max_len, peers)
+            for size in args.sizes
+        }
         for size in args.sizes:
             shutil.rmtree(work / f"corpus-{size:g}mb", ignore_errors=True)
-        small, large = (result["english"][f"{size:g}"]["spanlm_np1"]["heap_peak_mb"] for size in (args.sizes[0], args.sizes[-1]))
+        small, large = (
+            result["english"][f"{size:g}"]["spanlm_np1"]["heap_peak_mb"] for size in (args.sizes[0], args.sizes[-1])
+        )
         result["heap_growth"] = round(large / small, 3)
         slope = (large - small) / (args.sizes[-1] - args.sizes[0])
         result["heap_fit_mb"] = {"a": round(small - slope * args.sizes[0], 1), "b_per_mb": round(slope, 4)}
-        result["heap_extrapolated_gb"] = {f"{gb}GB": round((small + slope * (gb * 1024 - args.sizes[0])) / 1024, 2) for gb in (20, 200)}
+        result["heap_extrapolated_gb"] = {
+            f"{gb}GB": round((small + slope * (gb * 1024 - args.sizes[0])) / 1024, 2) for gb in (20, 200)
+        }
         if args.chinese:
             chinese = paragraphs(Path(args.chinese_data))
             files = write_corpus(chinese, args.chinese, work / "corpus-zh")
-            zh_tokenizer = str(prepare(spanlm_recipe(files, work / "zh-tokenizer", None, 1, "none", args.max_len, 8000),
-                                       log=lambda *_: None) / "tokenizer")
+            zh_tokenizer = str(
+                prepare(
+                    spanlm_recipe(files, work / "zh-tokenizer", None, 1, "none", args.max_len, 8000),
+                    log=lambda *_: None,
+                )
+                / "tokenizer"
+            )
             row = measure_size(files, zh_tokenizer, work, "zh", "jieba", args.max_len, ())
             english_rate = result["english"][f"{args.sizes[0]:g}"]["spanlm_tokens_per_cpu_s"]
             row["vs_english_per_cpu"] = round(row["spanlm_tokens_per_cpu_s"] / english_rate, 3)

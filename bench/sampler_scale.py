@@ -45,7 +45,9 @@ def traced(build) -> dict:
 
 def sampler(n_blocks: int, batch_size: int, tokens: int) -> BatchKeySampler:
     train, _ = split_blocks(n_blocks, 64, seed=0)
-    return BatchKeySampler(train, batch_size, seed=0, rank=1, world_size=4, lengths=ComputedLengths(), tokens_per_batch=tokens)
+    return BatchKeySampler(
+        train, batch_size, seed=0, rank=1, world_size=4, lengths=ComputedLengths(), tokens_per_batch=tokens
+    )
 
 
 def permutations(n_blocks: int) -> None:
@@ -77,15 +79,22 @@ def main() -> None:
             "tokens": traced(lambda n=n: next(iter(sampler(n, args.batch_size, tokens)))),
             "numpy_permutations": traced(lambda n=n: permutations(n)),
         }
-    keys = {mode: iter(sampler(args.sizes[-1], args.batch_size, budget)) for mode, budget in (("fixed", 0), ("tokens", tokens))}
+    keys = {
+        mode: iter(sampler(args.sizes[-1], args.batch_size, budget))
+        for mode, budget in (("fixed", 0), ("tokens", tokens))
+    }
     rng = np.random.default_rng(0)
-    blocks = [Block(ids=rng.integers(5, 30000, args.max_len), word_starts=np.ones(args.max_len, dtype=bool))
-              for _ in range(args.batch_size)]
+    blocks = [
+        Block(ids=rng.integers(5, 30000, args.max_len), word_starts=np.ones(args.max_len, dtype=bool))
+        for _ in range(args.batch_size)
+    ]
     batch = collate_blocks(blocks, pad_id=0)
     masker = MlmMasker(MlmConfig(), Vocabulary(size=30000, mask_id=4, special_ids=(0, 1, 2, 3, 4)))
     mask_s = per_batch(lambda: masker(batch, rng), 200)
-    report["per_batch_s"] = {"mlm_masking": round(mask_s, 6),  # the cheapest masker; a worker also collates and converts
-                             "collate_mask_to_torch": round(per_batch(lambda: masker(collate_blocks(blocks, 0), rng).to_torch(), 200), 6)}
+    report["per_batch_s"] = {
+        "mlm_masking": round(mask_s, 6),  # the cheapest masker; a worker also collates and converts
+        "collate_mask_to_torch": round(per_batch(lambda: masker(collate_blocks(blocks, 0), rng).to_torch(), 200), 6),
+    }
     for mode, iterator in keys.items():
         seconds = per_batch(lambda iterator=iterator: next(iterator), 200)
         report["per_batch_s"][f"keys_{mode}"] = round(seconds, 6)

@@ -99,7 +99,7 @@ def padded_layout(spans, labels):
         count[b] += 1
         pairs[b, k, 0], pairs[b, k, 1] = s - 1, e + 1
         n = min(e - s + 1, MAX_TARGETS)
-        targets[b, k, :n] = labels[b, s:s + n]
+        targets[b, k, :n] = labels[b, s : s + n]
     return pairs, targets
 
 
@@ -127,7 +127,9 @@ def run_padded(head, hidden, inputs):
     right_hidden = torch.gather(hidden, 1, right.unsqueeze(2).repeat(1, 1, dim))
     right_hidden = right_hidden.contiguous().view(bs * num_pairs, dim).unsqueeze(1).repeat(1, MAX_TARGETS, 1)
     position_embeddings = head.position_embeddings.weight  # (max_targets, 200)
-    states = mlp(head, torch.cat((left_hidden, right_hidden, position_embeddings.unsqueeze(0).repeat(bs * num_pairs, 1, 1)), -1))
+    states = mlp(
+        head, torch.cat((left_hidden, right_hidden, position_embeddings.unsqueeze(0).repeat(bs * num_pairs, 1, 1)), -1)
+    )
     scores = head.decoder(states)  # (bs·num_pairs, max_targets, vocab)
     return F.cross_entropy(scores.view(-1, scores.size(-1)), pair_targets.view(-1), reduction="sum", ignore_index=PAD)
 
@@ -177,7 +179,9 @@ def main() -> None:
 
     # Identical outputs: same summed loss and gradients for hidden states, the tied embedding and
     # every head parameter (float32 sums over ~600 rows: relative tolerance 1e-4).
-    results = {name: forward_backward(run, head, parameters, hidden, inputs) for name, (run, inputs) in variants.items()}
+    results = {
+        name: forward_backward(run, head, parameters, hidden, inputs) for name, (run, inputs) in variants.items()
+    }
     loss, gradients = results["spanlm"]
     for name in ("padded", "loop"):
         other_loss, other_gradients = results[name]
@@ -188,7 +192,7 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in variants}
     order = list(variants)
     for rep in range(args.repeats + 1):  # repetition 0 is the warm-up
-        for name in order[rep % 3:] + order[:rep % 3]:
+        for name in order[rep % 3 :] + order[: rep % 3]:
             run, inputs = variants[name]
             start = time.perf_counter()
             forward_backward(run, head, parameters, hidden, inputs)
@@ -198,29 +202,37 @@ def main() -> None:
 
     targets = len(target)
     slots = int(pair_targets.numel())
-    print(json.dumps({
-        "bench": "sbo_head",
-        "ratio": round(median["padded"] / median["spanlm"], 3),
-        "loop_ratio": round(median["loop"] / median["spanlm"], 3),
-        "spanlm_ms": round(1000 * median["spanlm"], 1),
-        "padded_ms": round(1000 * median["padded"], 1),
-        "loop_ms": round(1000 * median["loop"], 1),
-        "targets": targets,
-        "targets_per_block": round(targets / BATCH, 1),
-        "spans_per_block": round(len(spans) / BATCH, 1),
-        "padded_slots": slots,
-        "padded_slots_per_target": round(slots / targets, 2),
-        "identical": True,
-        "loss": round(loss.item(), 4),
-        "batch": BATCH, "length": LENGTH, "hidden": HIDDEN, "vocab": VOCAB, "max_targets": MAX_TARGETS,
-        "repeats": args.repeats,
-        "spanlm_s": [round(t, 4) for t in times["spanlm"]],
-        "padded_s": [round(t, 4) for t in times["padded"]],
-        "loop_s": [round(t, 4) for t in times["loop"]],
-        "threads": torch.get_num_threads(),
-        "cpus": len(os.sched_getaffinity(0)),
-        "torch": torch.__version__,
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "sbo_head",
+                "ratio": round(median["padded"] / median["spanlm"], 3),
+                "loop_ratio": round(median["loop"] / median["spanlm"], 3),
+                "spanlm_ms": round(1000 * median["spanlm"], 1),
+                "padded_ms": round(1000 * median["padded"], 1),
+                "loop_ms": round(1000 * median["loop"], 1),
+                "targets": targets,
+                "targets_per_block": round(targets / BATCH, 1),
+                "spans_per_block": round(len(spans) / BATCH, 1),
+                "padded_slots": slots,
+                "padded_slots_per_target": round(slots / targets, 2),
+                "identical": True,
+                "loss": round(loss.item(), 4),
+                "batch": BATCH,
+                "length": LENGTH,
+                "hidden": HIDDEN,
+                "vocab": VOCAB,
+                "max_targets": MAX_TARGETS,
+                "repeats": args.repeats,
+                "spanlm_s": [round(t, 4) for t in times["spanlm"]],
+                "padded_s": [round(t, 4) for t in times["padded"]],
+                "loop_s": [round(t, 4) for t in times["loop"]],
+                "threads": torch.get_num_threads(),
+                "cpus": len(os.sched_getaffinity(0)),
+                "torch": torch.__version__,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ def per_seq(text: str, seqs: list[int], flag: str, script: str) -> list[int]:
         values = values * len(seqs)
     if len(values) < len(seqs):
         sys.exit(f"{script}: {flag} needs one value or one per --seqs entry")
-    return values[:len(seqs)]
+    return values[: len(seqs)]
 
 
 def book_inputs(root: Path, out_dir: Path, script: str, skip: Callable[[Path], bool] = lambda path: False) -> list[str]:

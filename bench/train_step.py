@@ -114,8 +114,9 @@ SBO_POSITION_SIZE = 200  # spanlm.heads.sbo.POSITION_SIZE
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", default="16,6",
-                        help="timed steps per side, one number for every length or one per --seqs entry")
+    parser.add_argument(
+        "--steps", default="16,6", help="timed steps per side, one number for every length or one per --seqs entry"
+    )
     parser.add_argument("--warmup", default="2,1", help="untimed steps per side before timing (same form as --steps)")
     parser.add_argument("--seqs", default="128,512", help="sequence lengths (block max_len, [CLS]/[SEP] included)")
     parser.add_argument("--batch", type=int, default=16)
@@ -123,11 +124,18 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--compile", action="store_true", help="torch.compile both sides' forward")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast on both sides (weights stay fp32)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--accel", choices=["auto", "off"], default="auto",
-                        help="spanlm's speed backend (train.accel; off: the model as built, glibc's malloc defaults)")
+    parser.add_argument(
+        "--accel",
+        choices=["auto", "off"],
+        default="auto",
+        help="spanlm's speed backend (train.accel; off: the model as built, glibc's malloc defaults)",
+    )
     parser.add_argument("--peak-size", type=int, default=2048, help="matrix size of the matmul-peak measurement")
-    parser.add_argument("--data", default=str(REPO / "external" / "english_text"),
-                        help="directory searched recursively for *.txt (default: external/english_text, see data/README.md)")
+    parser.add_argument(
+        "--data",
+        default=str(REPO / "external" / "english_text"),
+        help="directory searched recursively for *.txt (default: external/english_text, see data/README.md)",
+    )
     args = parser.parse_args()
     args.seqs = [int(s) for s in args.seqs.split(",")]
     args.steps = step_inputs.per_seq(args.steps, args.seqs, "--steps", SCRIPT)
@@ -149,8 +157,14 @@ def base_recipe(inputs: list[str]) -> dict:
         "seed": 0,
         "data": {"inputs": inputs, "prepared_dir": str(WORK / "prepared")},
         "tokenizer": {"kind": "wordpiece", "vocab_size": VOCAB, "min_frequency": 1, "lowercase": True},
-        "model": {"family": "bert", "hidden_size": HIDDEN, "num_layers": LAYERS, "num_heads": HEADS,
-                  "intermediate_size": INTERMEDIATE, "max_position_embeddings": POSITIONS},
+        "model": {
+            "family": "bert",
+            "hidden_size": HIDDEN,
+            "num_layers": LAYERS,
+            "num_heads": HEADS,
+            "intermediate_size": INTERMEDIATE,
+            "max_position_embeddings": POSITIONS,
+        },
         "masking": {"scheme": "span"},
         "objective": {"name": "spanbert"},
         "train": {"batch_size": 16, "max_grad_norm": 1.0},
@@ -180,7 +194,11 @@ def peer_features(block) -> dict:
     starts = np.cumsum(block.word_starts.astype(np.int64)) + np.arange(n)
     offsets = np.stack([starts, starts + 1], axis=1)
     offsets[special == 1] = 0
-    return {"input_ids": block.ids.tolist(), "special_tokens_mask": special.tolist(), "offset_mapping": offsets.tolist()}
+    return {
+        "input_ids": block.ids.tolist(),
+        "special_tokens_mask": special.tolist(),
+        "offset_mapping": offsets.tolist(),
+    }
 
 
 # ---------------------------------------------------------------- models and steps
@@ -206,8 +224,14 @@ def build_peer(corpus, recipe, seed: int):
 
     special = corpus.special_ids
     config = AutoConfig.for_model(
-        "bert", vocab_size=corpus.vocab_size, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-        intermediate_size=INTERMEDIATE, max_position_embeddings=POSITIONS, pad_token_id=special["pad"],
+        "bert",
+        vocab_size=corpus.vocab_size,
+        hidden_size=HIDDEN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        intermediate_size=INTERMEDIATE,
+        max_position_embeddings=POSITIONS,
+        pad_token_id=special["pad"],
     )
     torch.manual_seed(seed)
     model = AutoModelForMaskedLM.from_config(config, attn_implementation="sdpa")
@@ -220,7 +244,9 @@ def build_peer(corpus, recipe, seed: int):
         {"params": [p for n, p in named if n in decay], "weight_decay": recipe.train.weight_decay},
         {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
     ]
-    optimizer = torch.optim.AdamW(groups, lr=recipe.train.lr, betas=tuple(recipe.train.betas), eps=recipe.train.eps, fused=True)
+    optimizer = torch.optim.AdamW(
+        groups, lr=recipe.train.lr, betas=tuple(recipe.train.betas), eps=recipe.train.eps, fused=True
+    )
     return model, optimizer
 
 
@@ -277,9 +303,9 @@ def run_length(args, seq: int, steps: int, warmup: int, recipe_dict: dict, corpu
     from transformers import DataCollatorForLanguageModeling
 
     from spanlm.config import from_dict
-    from spanlm.pretrain.recipe import Recipe
     from spanlm.data.blocks import BlockDataset, collate_blocks
     from spanlm.masking.base import make_rng
+    from spanlm.pretrain.recipe import Recipe
     from spanlm.train.optim import clip_gradients
 
     recipe_dict = json.loads(json.dumps(recipe_dict))
@@ -290,18 +316,21 @@ def run_length(args, seq: int, steps: int, warmup: int, recipe_dict: dict, corpu
 
     blocks = BlockDataset(corpus, seq)
     chosen, full = pick_blocks(blocks, seq, args.batches * args.batch, args.seed)
-    groups = [[blocks[int(i)] for i in chosen[k * args.batch:(k + 1) * args.batch]] for k in range(args.batches)]
+    groups = [[blocks[int(i)] for i in chosen[k * args.batch : (k + 1) * args.batch]] for k in range(args.batches)]
 
     torch._dynamo.reset()
     objective, spanlm_optimizer, gradient_norm = build_spanlm(recipe, corpus, args.seed)
     model, peer_optimizer = build_peer(corpus, recipe, args.seed)
 
     pad = corpus.special_ids["pad"]
-    spanlm_batches = [objective.masker(collate_blocks(g, pad), make_rng(args.seed, seq, k)).to_torch()
-                      for k, g in enumerate(groups)]
+    spanlm_batches = [
+        objective.masker(collate_blocks(g, pad), make_rng(args.seed, seq, k)).to_torch() for k, g in enumerate(groups)
+    ]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Random token replacement is not supported with whole word masking"
-        collator = DataCollatorForLanguageModeling(corpus.tokenizer, mlm_probability=0.15, whole_word_mask=True, seed=args.seed)
+        collator = DataCollatorForLanguageModeling(
+            corpus.tokenizer, mlm_probability=0.15, whole_word_mask=True, seed=args.seed
+        )
     peer_batches = [dict(collator([peer_features(b) for b in g])) for g in groups]
 
     spanlm_forward = objective.forward
@@ -310,12 +339,23 @@ def run_length(args, seq: int, steps: int, warmup: int, recipe_dict: dict, corpu
         spanlm_forward = torch.compile(spanlm_forward)
         peer_forward = torch.compile(peer_forward)
     sides = {
-        "spanlm": (make_step(objective, spanlm_optimizer, lambda b: spanlm_forward(b)["loss"], args.bf16, 1.0,
-                             functools.partial(clip_gradients, norm=gradient_norm)), spanlm_batches),
+        "spanlm": (
+            make_step(
+                objective,
+                spanlm_optimizer,
+                lambda b: spanlm_forward(b)["loss"],
+                args.bf16,
+                1.0,
+                functools.partial(clip_gradients, norm=gradient_norm),
+            ),
+            spanlm_batches,
+        ),
         "peer": (make_step(model, peer_optimizer, lambda b: peer_forward(**b).loss, args.bf16, 1.0), peer_batches),
     }
-    tokens = {"spanlm": [int(b["attention_mask"].sum()) for b in spanlm_batches],
-              "peer": [int(b["attention_mask"].sum()) for b in peer_batches]}
+    tokens = {
+        "spanlm": [int(b["attention_mask"].sum()) for b in spanlm_batches],
+        "peer": [int(b["attention_mask"].sum()) for b in peer_batches],
+    }
     assert tokens["spanlm"] == tokens["peer"], "both sides must see the same number of tokens"
 
     if args.compile:  # every distinct batch once (target counts vary: recompiles happen here)
@@ -332,7 +372,7 @@ def run_length(args, seq: int, steps: int, warmup: int, recipe_dict: dict, corpu
     pair_peaks = [sample_peak()]  # one sample before the first pair, then one after every pair
     for i in range(steps):
         k = (warmup + i) % args.batches
-        for name in (order if i % 2 == 0 else order[::-1]):
+        for name in order if i % 2 == 0 else order[::-1]:
             step, batches = sides[name]
             start = time.perf_counter()
             losses[name].append(step(batches[k]))
@@ -349,8 +389,14 @@ def run_length(args, seq: int, steps: int, warmup: int, recipe_dict: dict, corpu
     dense = encoder + 6 * head_params(vocab)
     spanlm_masked = encoder + 6 * (n_mlm * head_params(vocab) + n_sbo * sbo_head_params(vocab)) / step_tokens
     peer_masked = encoder + 6 * n_peer * head_params(vocab) / step_tokens
-    result = {"seq": seq, "full_length_blocks": full, "tokens_per_step": step_tokens,
-              "steps": steps, "warmup": warmup, "warmup_s": round(warmup_s, 1)}
+    result = {
+        "seq": seq,
+        "full_length_blocks": full,
+        "tokens_per_step": step_tokens,
+        "steps": steps,
+        "warmup": warmup,
+        "warmup_s": round(warmup_s, 1),
+    }
     for name in sides:
         median = statistics.median(times[name])
         result[name] = {
@@ -363,10 +409,15 @@ def run_length(args, seq: int, steps: int, warmup: int, recipe_dict: dict, corpu
     result["ratio"] = round(result["spanlm"]["tokens_per_s"] / result["peer"]["tokens_per_s"], 3)
     # Each step's pair ran back to back: the median of the per-pair ratios resists load bursts that hit one pair.
     result["ratio_paired_median"] = round(statistics.median(p / s for s, p in zip(times["spanlm"], times["peer"])), 3)
-    result["spanlm"].update(targets_mlm=n_mlm, targets_sbo=n_sbo,
-                            flops_per_token_executed=round(spanlm_masked), flops_per_token_dense_formula=round(dense))
-    result["peer"].update(targets_mlm=n_peer, flops_per_token_executed=round(dense),
-                          flops_per_token_masked_formula=round(peer_masked))
+    result["spanlm"].update(
+        targets_mlm=n_mlm,
+        targets_sbo=n_sbo,
+        flops_per_token_executed=round(spanlm_masked),
+        flops_per_token_dense_formula=round(dense),
+    )
+    result["peer"].update(
+        targets_mlm=n_peer, flops_per_token_executed=round(dense), flops_per_token_masked_formula=round(peer_masked)
+    )
     result["_flops"] = {"spanlm": (spanlm_masked, dense), "peer": (dense, peer_masked)}
     # The machine's speed drifts within a run: each step is also compared with the matmul peak measured
     # right before and right after its pair (the higher of the two), and the median over steps is taken.
@@ -374,8 +425,10 @@ def run_length(args, seq: int, steps: int, warmup: int, recipe_dict: dict, corpu
         shares = [step_tokens * executed / t / max(pair_peaks[i], pair_peaks[i + 1]) for i, t in enumerate(times[name])]
         result[name]["mfu_executed_adjacent_peak"] = round(statistics.median(shares), 4)
     result["adjacent_peak_gflops"] = [round(v / 1e9, 1) for v in pair_peaks]
-    result["params"] = {"spanlm": sum(p.numel() for p in objective.parameters()),
-                        "peer": sum(p.numel() for p in model.parameters())}
+    result["params"] = {
+        "spanlm": sum(p.numel() for p in objective.parameters()),
+        "peer": sum(p.numel() for p in model.parameters()),
+    }
     del sides, objective, model, spanlm_optimizer, peer_optimizer
     return result
 
@@ -389,9 +442,10 @@ def main() -> None:
         import transformers
 
         from spanlm.config import from_dict
-        from spanlm.pretrain.recipe import Recipe
         from spanlm.data.prepare import prepare
         from spanlm.data.shards import PreparedCorpus
+        from spanlm.pretrain.recipe import Recipe
+
         recipe_dict = base_recipe(book_inputs(args.data))
         prepared = prepare(from_dict(Recipe, recipe_dict), log=lambda message: print(message, file=sys.stderr))
         corpus = PreparedCorpus(prepared)
@@ -401,7 +455,9 @@ def main() -> None:
 
         def measure_peaks(reps: int = 10) -> float:
             for name in peaks:
-                peaks[name].append(matmul_peak(args.peak_size, torch.float32 if name == "fp32" else torch.bfloat16, reps))
+                peaks[name].append(
+                    matmul_peak(args.peak_size, torch.float32 if name == "fp32" else torch.bfloat16, reps)
+                )
             return peaks["bf16" if args.bf16 else "fp32"][-1]
 
         measure_peaks()
@@ -432,32 +488,55 @@ def main() -> None:
         "spanlm_tokens_per_s": headline["spanlm"]["tokens_per_s"],
         "peer_tokens_per_s": headline["peer"]["tokens_per_s"],
         "results": results,
-        "peak_gflops": {k: {"best": round(max(vs) / 1e9, 1), "median": round(statistics.median(vs) / 1e9, 1),
-                            "worst": round(min(vs) / 1e9, 1), "samples": len(vs)} for k, vs in peaks.items()},
+        "peak_gflops": {
+            k: {
+                "best": round(max(vs) / 1e9, 1),
+                "median": round(statistics.median(vs) / 1e9, 1),
+                "worst": round(min(vs) / 1e9, 1),
+                "samples": len(vs),
+            }
+            for k, vs in peaks.items()
+        },
         "peak_used_gflops": round(peak / 1e9, 1),
-        "peak_method": (f"torch.mm {args.peak_size}x{args.peak_size} {peak_dtype}: best of 10 before the runs and "
-                        "after each length, best of 3 before the first and after every timed step pair; mfu: per "
-                        "step against the higher sample adjacent to its pair, median over steps; mfu_best_peak "
-                        "and the dense formula: against the highest sample of the run"),
-        "flop_formula": ("per token: 6*(N_encoder + N_head) + 12*layers*seq*hidden; N_encoder = layers*(4H^2 + 2H*I); "
-                         "dense head N_head = H^2 + H*V; masked-only heads N_head = (n_mlm/T)*(H^2 + H*V) "
-                         "+ (n_sbo/T)*((2H+200)*H + H^2 + H*V) (SBO head, spanlm only); "
-                         "mfu = spanlm executed (masked-only) FLOP/s / adjacent peak at ratio_seq; "
-                         "mfu_dense_formula = spanlm tokens/s * dense-head FLOPs / peak"),
+        "peak_method": (
+            f"torch.mm {args.peak_size}x{args.peak_size} {peak_dtype}: best of 10 before the runs and "
+            "after each length, best of 3 before the first and after every timed step pair; mfu: per "
+            "step against the higher sample adjacent to its pair, median over steps; mfu_best_peak "
+            "and the dense formula: against the highest sample of the run"
+        ),
+        "flop_formula": (
+            "per token: 6*(N_encoder + N_head) + 12*layers*seq*hidden; N_encoder = layers*(4H^2 + 2H*I); "
+            "dense head N_head = H^2 + H*V; masked-only heads N_head = (n_mlm/T)*(H^2 + H*V) "
+            "+ (n_sbo/T)*((2H+200)*H + H^2 + H*V) (SBO head, spanlm only); "
+            "mfu = spanlm executed (masked-only) FLOP/s / adjacent peak at ratio_seq; "
+            "mfu_dense_formula = spanlm tokens/s * dense-head FLOPs / peak"
+        ),
         "vocab": corpus.vocab_size,
-        "model": {"family": "bert", "hidden": HIDDEN, "layers": LAYERS, "heads": HEADS, "intermediate": INTERMEDIATE,
-                  "positions": POSITIONS, "dropout": 0.1, "attention": "sdpa"},
+        "model": {
+            "family": "bert",
+            "hidden": HIDDEN,
+            "layers": LAYERS,
+            "heads": HEADS,
+            "intermediate": INTERMEDIATE,
+            "positions": POSITIONS,
+            "dropout": 0.1,
+            "attention": "sdpa",
+        },
         "batch": args.batch,
         "distinct_batches": args.batches,
         "compile": args.compile,
         "bf16": args.bf16,
         "step": "forward + backward + gradient clipping at 1.0 + AdamW step + zero_grad; masking/collation untimed",
-        "optimizers": {"spanlm": ("spanlm.train.optim.build_optimizer (torch.optim.AdamW(fused=True), "
-                       "no decay on biases / LayerNorm)"),
-                       "peer": "torch.optim.AdamW(fused=True) (HF Trainer default adamw_torch_fused)"},
+        "optimizers": {
+            "spanlm": (
+                "spanlm.train.optim.build_optimizer (torch.optim.AdamW(fused=True), no decay on biases / LayerNorm)"
+            ),
+            "peer": "torch.optim.AdamW(fused=True) (HF Trainer default adamw_torch_fused)",
+        },
         "peer_collator": "DataCollatorForLanguageModeling(mlm_probability=0.15, whole_word_mask=True)",
-        "data": ("gutenberg + tinyshakespeare, one document per book, spanlm WordPiece (min_frequency 1), "
-                 "full-length blocks"),
+        "data": (
+            "gutenberg + tinyshakespeare, one document per book, spanlm WordPiece (min_frequency 1), full-length blocks"
+        ),
         "accel": args.accel,
         "threads": torch.get_num_threads(),
         "cpus": len(os.sched_getaffinity(0)),

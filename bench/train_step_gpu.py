@@ -91,16 +91,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--peak-size", type=int, default=8192, help="matrix size of the bf16 matmul-peak measurement")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data", default=None, help="directory searched recursively for *.txt")
-    parser.add_argument("--work", default=str(REPO / "runs" / "bench" / "train_step_gpu"),
-                        help="where the prepared corpus is kept")
+    parser.add_argument(
+        "--work", default=str(REPO / "runs" / "bench" / "train_step_gpu"), help="where the prepared corpus is kept"
+    )
     args = parser.parse_args(argv)
     args.seqs = [int(s) for s in args.seqs.split(",")]
     for name in ("batch", "steps", "warmup"):
         setattr(args, name, step_inputs.per_seq(getattr(args, name), args.seqs, f"--{name}", SCRIPT))
     args.size = TINY if args.tiny else BERT_BASE
     if args.data is None:
-        candidates = [REPO / "data" / "corpus"] if args.tiny else [
-            REPO / "external" / "english_text", REPO / "shared" / "data" / "english_text", REPO / "data" / "corpus"]
+        candidates = (
+            [REPO / "data" / "corpus"]
+            if args.tiny
+            else [
+                REPO / "external" / "english_text",
+                REPO / "shared" / "data" / "english_text",
+                REPO / "data" / "corpus",
+            ]
+        )
         args.data = str(next(p for p in candidates if p.is_dir()))
     return args
 
@@ -118,8 +126,14 @@ def base_recipe(inputs: list[str], size: Size, work: Path) -> dict:
         "seed": 0,
         "data": {"inputs": inputs, "prepared_dir": str(work / f"prepared-{size.vocab}")},
         "tokenizer": {"kind": "wordpiece", "vocab_size": size.vocab, "min_frequency": 1, "lowercase": True},
-        "model": {"family": "bert", "hidden_size": size.hidden, "num_layers": size.layers, "num_heads": size.heads,
-                  "intermediate_size": size.intermediate, "max_position_embeddings": size.positions},
+        "model": {
+            "family": "bert",
+            "hidden_size": size.hidden,
+            "num_layers": size.layers,
+            "num_heads": size.heads,
+            "intermediate_size": size.intermediate,
+            "max_position_embeddings": size.positions,
+        },
         "masking": {"scheme": "span"},
         "objective": {"name": "spanbert"},
         "train": {"max_grad_norm": 1.0, "precision": "bf16"},
@@ -153,8 +167,13 @@ def build_peer(corpus, recipe, size: Size, device: torch.device, seed: int):
     from transformers.trainer_pt_utils import get_parameter_names
 
     config = AutoConfig.for_model(
-        "bert", vocab_size=corpus.vocab_size, hidden_size=size.hidden, num_hidden_layers=size.layers,
-        num_attention_heads=size.heads, intermediate_size=size.intermediate, max_position_embeddings=size.positions,
+        "bert",
+        vocab_size=corpus.vocab_size,
+        hidden_size=size.hidden,
+        num_hidden_layers=size.layers,
+        num_attention_heads=size.heads,
+        intermediate_size=size.intermediate,
+        max_position_embeddings=size.positions,
         pad_token_id=corpus.special_ids["pad"],
     )
     torch.manual_seed(seed)
@@ -164,9 +183,13 @@ def build_peer(corpus, recipe, size: Size, device: torch.device, seed: int):
     forbidden = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]
     decay = set(get_parameter_names(model, [torch.nn.LayerNorm], forbidden))
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    groups = [{"params": [p for n, p in named if n in decay], "weight_decay": recipe.train.weight_decay},
-              {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=recipe.train.lr, betas=tuple(recipe.train.betas), eps=recipe.train.eps, fused=True)
+    groups = [
+        {"params": [p for n, p in named if n in decay], "weight_decay": recipe.train.weight_decay},
+        {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
+    ]
+    optimizer = torch.optim.AdamW(
+        groups, lr=recipe.train.lr, betas=tuple(recipe.train.betas), eps=recipe.train.eps, fused=True
+    )
     return model, optimizer
 
 
@@ -231,9 +254,9 @@ def run_length(args, seq: int, batch: int, steps: int, warmup: int, recipe_dict:
     from transformers import DataCollatorForLanguageModeling
 
     from spanlm.config import from_dict
-    from spanlm.pretrain.recipe import Recipe
     from spanlm.data.blocks import BlockDataset, collate_blocks
     from spanlm.masking.base import make_rng
+    from spanlm.pretrain.recipe import Recipe
     from spanlm.train.optim import clip_gradients
 
     recipe_dict = json.loads(json.dumps(recipe_dict))
@@ -243,14 +266,16 @@ def run_length(args, seq: int, batch: int, steps: int, warmup: int, recipe_dict:
 
     blocks = BlockDataset(corpus, seq)
     chosen = full_blocks(blocks, seq, args.batches * batch, args.seed)
-    groups = [[blocks[int(i)] for i in chosen[k * batch:(k + 1) * batch]] for k in range(args.batches)]
+    groups = [[blocks[int(i)] for i in chosen[k * batch : (k + 1) * batch]] for k in range(args.batches)]
 
     torch._dynamo.reset()
     objective, spanlm_optimizer = build_spanlm(recipe, corpus, device, args.seed)
     model, peer_optimizer = build_peer(corpus, recipe, args.size, device, args.seed)
 
     pad = corpus.special_ids["pad"]
-    spanlm_batches = [objective.masker(collate_blocks(g, pad), make_rng(args.seed, seq, k)).to_torch() for k, g in enumerate(groups)]
+    spanlm_batches = [
+        objective.masker(collate_blocks(g, pad), make_rng(args.seed, seq, k)).to_torch() for k, g in enumerate(groups)
+    ]
     collator = DataCollatorForLanguageModeling(corpus.tokenizer, mlm_probability=0.15, seed=args.seed)
     peer_batches = [dict(collator([{"input_ids": b.ids.tolist()} for b in g])) for g in groups]
     tokens = [int(b["attention_mask"].sum()) for b in spanlm_batches]
@@ -265,9 +290,20 @@ def run_length(args, seq: int, batch: int, steps: int, warmup: int, recipe_dict:
     if args.compile:
         spanlm_forward, peer_forward = torch.compile(spanlm_forward), torch.compile(peer_forward)
     sides = {
-        "spanlm": (make_step(objective, spanlm_optimizer, lambda b: spanlm_forward(b)["loss"], device, clip_gradients), spanlm_batches),
-        "peer": (make_step(model, peer_optimizer, lambda b: peer_forward(**b).loss, device,
-                           lambda _, params, norm: torch.nn.utils.clip_grad_norm_(params, norm)), peer_batches),
+        "spanlm": (
+            make_step(objective, spanlm_optimizer, lambda b: spanlm_forward(b)["loss"], device, clip_gradients),
+            spanlm_batches,
+        ),
+        "peer": (
+            make_step(
+                model,
+                peer_optimizer,
+                lambda b: peer_forward(**b).loss,
+                device,
+                lambda _, params, norm: torch.nn.utils.clip_grad_norm_(params, norm),
+            ),
+            peer_batches,
+        ),
     }
     if args.compile:  # every distinct batch once (target counts vary: recompiles happen here)
         warmup = max(warmup, args.batches + 1)
@@ -281,7 +317,7 @@ def run_length(args, seq: int, batch: int, steps: int, warmup: int, recipe_dict:
     times, losses, order = {name: [] for name in sides}, {name: [] for name in sides}, list(sides)
     for i in range(steps):
         k = (warmup + i) % args.batches
-        for name in (order if i % 2 == 0 else order[::-1]):
+        for name in order if i % 2 == 0 else order[::-1]:
             step, batches = sides[name]
             synchronize(device)
             start = time.perf_counter()
@@ -294,9 +330,19 @@ def run_length(args, seq: int, batch: int, steps: int, warmup: int, recipe_dict:
     vocab = corpus.vocab_size
     encoder = encoder_flops_per_token(args.size, seq)
     dense = encoder + 6 * head_params(args.size, vocab)
-    executed = encoder + 6 * (n_mlm * head_params(args.size, vocab) + n_sbo * sbo_head_params(args.size, vocab)) / step_tokens
-    result = {"seq": seq, "batch": batch, "tokens_per_step": step_tokens, "steps": steps, "warmup": warmup,
-              "warmup_s": round(warmup_s, 1), "flops_per_token_dense": round(dense), "_executed": executed}
+    executed = (
+        encoder + 6 * (n_mlm * head_params(args.size, vocab) + n_sbo * sbo_head_params(args.size, vocab)) / step_tokens
+    )
+    result = {
+        "seq": seq,
+        "batch": batch,
+        "tokens_per_step": step_tokens,
+        "steps": steps,
+        "warmup": warmup,
+        "warmup_s": round(warmup_s, 1),
+        "flops_per_token_dense": round(dense),
+        "_executed": executed,
+    }
     for name in sides:
         median = statistics.median(times[name])
         result[name] = {
@@ -330,15 +376,19 @@ def main(argv: list[str] | None = None) -> None:
         import transformers
 
         from spanlm.config import from_dict
-        from spanlm.pretrain.recipe import Recipe
         from spanlm.data.prepare import prepare
         from spanlm.data.shards import PreparedCorpus
+        from spanlm.pretrain.recipe import Recipe
 
         if device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls outside autocast (none on either side's hot path)
+            torch.backends.cuda.matmul.allow_tf32 = (
+                True  # fp32 matmuls outside autocast (none on either side's hot path)
+            )
         work = Path(args.work)
         recipe_dict = base_recipe(book_inputs(args.data, work), args.size, work)
-        corpus = PreparedCorpus(prepare(from_dict(Recipe, recipe_dict), log=lambda message: print(message, file=sys.stderr)))
+        corpus = PreparedCorpus(
+            prepare(from_dict(Recipe, recipe_dict), log=lambda message: print(message, file=sys.stderr))
+        )
         peaks = [matmul_peak(args.peak_size, device)]
         results = []
         for seq, batch, steps, warmup in zip(args.seqs, args.batch, args.steps, args.warmup):
@@ -361,19 +411,21 @@ def main(argv: list[str] | None = None) -> None:
         "peer_tokens_per_s": {seq: r["peer"]["tokens_per_s"] for seq, r in by_seq.items()},
         "peak_bf16_tflops": round(peak / 1e12, 2),
         "peak_samples_tflops": [round(p / 1e12, 2) for p in peaks],
-        "peak_method": (f"torch.mm {args.peak_size}x{args.peak_size} bf16, best of 10, "
-                        "before the runs and after each length"),
+        "peak_method": (
+            f"torch.mm {args.peak_size}x{args.peak_size} bf16, best of 10, before the runs and after each length"
+        ),
         "flop_formula": "per token: 6*(N_encoder + N_head) + 12*layers*seq*hidden; N_encoder = layers*(4H^2 + 2H*I); "
-                        "N_head = H^2 + H*V (dense, both sides); mfu_executed: spanlm's heads at its target rows only",
+        "N_head = H^2 + H*V (dense, both sides); mfu_executed: spanlm's heads at its target rows only",
         "results": results,
         "vocab": corpus.vocab_size,
         "model": dataclasses.asdict(args.size) | {"dropout": 0.1, "attention": "sdpa"},
         "compile": args.compile,
-        "step": ("bf16 autocast forward + backward + clipping at 1.0 + fused AdamW step + zero_grad; "
-                 "masking/collation untimed"),
+        "step": (
+            "bf16 autocast forward + backward + clipping at 1.0 + fused AdamW step + zero_grad; "
+            "masking/collation untimed"
+        ),
         "peer_collator": "DataCollatorForLanguageModeling(mlm_probability=0.15)",
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "cuda": torch.version.cuda},
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda},
     }
     print(json.dumps(output), file=stdout)
 

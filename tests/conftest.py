@@ -18,11 +18,16 @@ def embedded_prepared(tmp_path_factory) -> Path:
     from spanlm.data.prepare import prepare
 
     out = tmp_path_factory.mktemp("embedded")
-    recipe = from_dict(Recipe, {
-        "data": {"inputs": [str(p) for p in sorted(EMBEDDED_CORPUS.glob("*.txt")) if "hongloumeng" not in p.name],
-                 "prepared_dir": str(out / "prepared")},
-        "tokenizer": {"vocab_size": 2000},
-    })
+    recipe = from_dict(
+        Recipe,
+        {
+            "data": {
+                "inputs": [str(p) for p in sorted(EMBEDDED_CORPUS.glob("*.txt")) if "hongloumeng" not in p.name],
+                "prepared_dir": str(out / "prepared"),
+            },
+            "tokenizer": {"vocab_size": 2000},
+        },
+    )
     return prepare(recipe, log=lambda *_: None)
 
 
@@ -36,8 +41,12 @@ def tiny_encoder_dir(embedded_prepared, tmp_path_factory) -> Path:
 
     corpus = PreparedCorpus(embedded_prepared)
     torch.manual_seed(0)
-    model = build_backbone(BackboneConfig(family="bert", hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-                                          max_position_embeddings=128), corpus)
+    model = build_backbone(
+        BackboneConfig(
+            family="bert", hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position_embeddings=128
+        ),
+        corpus,
+    )
     out = tmp_path_factory.mktemp("tiny_encoder")
     model.save_pretrained(str(out))
     corpus.tokenizer.save_pretrained(str(out))

@@ -17,6 +17,8 @@ def external_data(name: str) -> Path:
     keep one copy beside their checkouts (``../shared/data``), used when ``external/`` lacks it."""
     local = REPO / "external" / name
     return local if local.exists() else REPO.parent / "shared" / "data" / name
+
+
 NER_FIXTURES = REPO / "tests" / "fixtures" / "ner"
 
 ENGLISH = (
@@ -32,13 +34,22 @@ ENGLISH = (
 def write_wnut_recipe(encoder_dir: Path, out: Path, steps: int) -> Path:
     """A `ner train` recipe of ``steps`` steps on the WNUT-17 fixtures into ``out``; written beside it."""
     recipe = out.parent / "recipe.yaml"
-    recipe.write_text(f"""
+    recipe.write_text(
+        f"""
 model: {{path: {encoder_dir}}}
-data: {{train: {NER_FIXTURES / 'wnut_train_mini.conll'}, dev: {NER_FIXTURES / 'wnut_dev_mini.conll'}, format: conll, max_len: 32, stride: 8}}
+data:
+  train: {NER_FIXTURES / "wnut_train_mini.conll"}
+  dev: {NER_FIXTURES / "wnut_dev_mini.conll"}
+  format: conll
+  max_len: 32
+  stride: 8
 ner: {{head: {{head_size: 16}}}}
-train: {{output_dir: {out}, max_steps: {steps}, batch_size: 8, lr: 0.001, warmup_steps: 0, eval_every: 3, save_every: {steps}, log_every: 3, num_workers: 0, device: cpu}}
+train: {{output_dir: {out}, max_steps: {steps}, batch_size: 8, lr: 0.001, warmup_steps: 0, eval_every: 3,
+         save_every: {steps}, log_every: 3, num_workers: 0, device: cpu}}
 logging: {{report_to: [], progress: false}}
-""", encoding="utf-8")
+""",
+        encoding="utf-8",
+    )
     return recipe
 
 
@@ -84,7 +95,7 @@ def readme_section(title: str, language: str = "python") -> list[str]:
         raise AssertionError(f"README.md has no heading '{title}'")
     level = len(lines[heading]) - len(lines[heading].lstrip("#"))
     body, fenced = [], False
-    for line in lines[heading + 1:]:
+    for line in lines[heading + 1 :]:
         fenced ^= line.startswith("```")
         if not fenced and re.match(rf"#{{1,{level}}} ", line):
             break
@@ -93,8 +104,21 @@ def readme_section(title: str, language: str = "python") -> list[str]:
 
 
 # The ClassLabel names of the Hub's wnut_17 ner_tags, in its order.
-WNUT_TAGS = ["O", "B-corporation", "I-corporation", "B-creative-work", "I-creative-work", "B-group", "I-group",
-             "B-location", "I-location", "B-person", "I-person", "B-product", "I-product"]
+WNUT_TAGS = [
+    "O",
+    "B-corporation",
+    "I-corporation",
+    "B-creative-work",
+    "I-creative-work",
+    "B-group",
+    "I-group",
+    "B-location",
+    "I-location",
+    "B-person",
+    "I-person",
+    "B-product",
+    "I-product",
+]
 
 
 def conll_dataset(path: Path, tag_names: list[str]):
@@ -116,8 +140,13 @@ def conll_dataset(path: Path, tag_names: list[str]):
             rows["tokens"].append(tokens)
             rows["ner_tags"].append([tag_names.index(tag) for tag in tags])
             tokens, tags = [], []
-    features = datasets.Features({"id": datasets.Value("string"), "tokens": datasets.List(datasets.Value("string")),
-                                  "ner_tags": datasets.List(datasets.ClassLabel(names=tag_names))})
+    features = datasets.Features(
+        {
+            "id": datasets.Value("string"),
+            "tokens": datasets.List(datasets.Value("string")),
+            "ner_tags": datasets.List(datasets.ClassLabel(names=tag_names)),
+        }
+    )
     return datasets.Dataset.from_dict(rows, features=features)
 
 
@@ -141,7 +170,9 @@ def cache_like_the_hub(root: Path, name: str, splits: dict, config: str | None =
         dataset.to_parquet(str(repo / folder / f"{split}-00000-of-00001.parquet"))
     if config:
         files = "".join(f"  - split: {split}\n    path: {config}/{split}-*\n" for split in splits)
-        (repo / "README.md").write_text(f"---\nconfigs:\n- config_name: {config}\n  data_files:\n{files}---\n", encoding="utf-8")
+        (repo / "README.md").write_text(
+            f"---\nconfigs:\n- config_name: {config}\n  data_files:\n{files}---\n", encoding="utf-8"
+        )
     datasets.load_dataset(str(repo), config)
     if namespace:
         cache = Path(datasets.config.HF_DATASETS_CACHE)
@@ -186,8 +217,13 @@ def tiny_charbert_export(prepared: Path, out: Path) -> Path:
     corpus = PreparedCorpus(prepared)
     char_vocab = build_char_vocab(corpus, 100)
     torch.manual_seed(0)
-    backbone = build_backbone(BackboneConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-                                             max_position_embeddings=64), corpus)
-    dual = DualChannel(backbone, CharChannelConfig(char_vocab_size=char_vocab.size, hidden_size=32, char_embedding_size=16, num_layers=2))
+    backbone = build_backbone(
+        BackboneConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position_embeddings=64),
+        corpus,
+    )
+    dual = DualChannel(
+        backbone,
+        CharChannelConfig(char_vocab_size=char_vocab.size, hidden_size=32, char_embedding_size=16, num_layers=2),
+    )
     CharBertEncoder(dual, corpus.tokenizer, char_vocab).save(out)
     return out

@@ -66,13 +66,28 @@ def qa_model(tiny_encoder_dir, tmp_path_factory) -> Path:
 
 def pretrain_recipe(prepared: Path, out: Path) -> dict:
     inputs = [str(prepared.parent / "in" / "english.txt")]  # what the small corpus was prepared from
-    return {"data": {"inputs": inputs, "prepared_dir": str(prepared), "max_len": 32},
-            "tokenizer": {"vocab_size": 300, "min_frequency": 1},
-            "objective": {"name": "mlm"},
-            "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64},
-            "train": {"output_dir": str(out), "max_steps": 1, "batch_size": 2, "num_workers": 0, "eval_every": 0,
-                      "save_every": 1, "device": "cpu"},
-            "logging": {"report_to": [], "progress": False}}
+    return {
+        "data": {"inputs": inputs, "prepared_dir": str(prepared), "max_len": 32},
+        "tokenizer": {"vocab_size": 300, "min_frequency": 1},
+        "objective": {"name": "mlm"},
+        "model": {
+            "hidden_size": 32,
+            "num_layers": 1,
+            "num_heads": 2,
+            "intermediate_size": 64,
+            "max_position_embeddings": 64,
+        },
+        "train": {
+            "output_dir": str(out),
+            "max_steps": 1,
+            "batch_size": 2,
+            "num_workers": 0,
+            "eval_every": 0,
+            "save_every": 1,
+            "device": "cpu",
+        },
+        "logging": {"report_to": [], "progress": False},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -86,15 +101,40 @@ def pretrain_run(small_prepared, tmp_path_factory) -> Path:
 
 
 def qa_recipe(encoder: Path, out: Path, **data) -> dict:
-    return {"model": {"path": str(encoder)},
-            "data": {"train": str(SQUAD), "dev": str(SQUAD), "max_length": 48, "doc_stride": 16, "max_query_length": 16, **data},
-            "qa": {"metric": "squad", "no_answer": True},
-            "train": {"output_dir": str(out), "max_steps": 1, "batch_size": 4, "lr": 1e-3, "warmup_steps": 0, "eval_every": 0,
-                      "save_every": 1, "log_every": 1, "num_workers": 0, "device": "cpu"},
-            "logging": {"report_to": [], "progress": False}}
+    return {
+        "model": {"path": str(encoder)},
+        "data": {
+            "train": str(SQUAD),
+            "dev": str(SQUAD),
+            "max_length": 48,
+            "doc_stride": 16,
+            "max_query_length": 16,
+            **data,
+        },
+        "qa": {"metric": "squad", "no_answer": True},
+        "train": {
+            "output_dir": str(out),
+            "max_steps": 1,
+            "batch_size": 4,
+            "lr": 1e-3,
+            "warmup_steps": 0,
+            "eval_every": 0,
+            "save_every": 1,
+            "log_every": 1,
+            "num_workers": 0,
+            "device": "cpu",
+        },
+        "logging": {"report_to": [], "progress": False},
+    }
 
 
-FIXTURE_NAMES = {"prepared": "small_prepared", "pretrain_run": "pretrain_run", "encoder": "tiny_encoder_dir", "ner_model": "ner_model", "qa_model": "qa_model"}
+FIXTURE_NAMES = {
+    "prepared": "small_prepared",
+    "pretrain_run": "pretrain_run",
+    "encoder": "tiny_encoder_dir",
+    "ner_model": "ner_model",
+    "qa_model": "qa_model",
+}
 
 
 @dataclasses.dataclass
@@ -123,7 +163,9 @@ class Ctx:
 
     def pretrain_recipe(self, **train) -> Path:
         recipe = pretrain_recipe(self.copy("prepared"), self.tmp / "run")
-        recipe["data"]["inputs"] = [str(self.fixture("prepared").parent / "in" / "english.txt")]  # what it was prepared from
+        recipe["data"]["inputs"] = [
+            str(self.fixture("prepared").parent / "in" / "english.txt")
+        ]  # what it was prepared from
         recipe["train"].update(train)
         return self.recipe(recipe)
 
@@ -150,6 +192,7 @@ def case(name: str):
     def register(build):
         CASES.append(Case(name, build))
         return build
+
     return register
 
 
@@ -167,6 +210,7 @@ CONTEXT = "The lighthouse on Gull Island was built in 1858 by the harbour board,
 # ---- recipes and overrides, for each recipe kind ------------------------------------------------------------
 
 for kind, command in (("pretrain", ["pretrain"]), ("ner", ["ner", "train"]), ("qa", ["qa", "train"])):
+
     def build_recipe(ctx: Ctx, kind=kind):
         return {"pretrain": ctx.pretrain_recipe, "ner": ctx.ner_recipe, "qa": ctx.qa_recipe}[kind]()
 
@@ -181,22 +225,27 @@ for kind, command in (("pretrain", ["pretrain"]), ("ner", ["ner", "train"]), ("q
         ("negative_weight_decay", "train.weight_decay=-1", ["'train': weight_decay", "negative"]),
         ("betas_out_of_range", "train.betas=[0.9,1.5]", ["'train': betas", "[0, 1)"]),
     ):
+
         def build(ctx: Ctx, command=command, build_recipe=build_recipe, override=override, expected=expected):
             recipe = build_recipe(ctx)
             return [*command, recipe, override], [*expected]
+
         case(f"{kind}_{label}")(build)
 
     def build_missing(ctx: Ctx, command=command):
         return [*command, ctx.tmp / "nope.yaml"], [str(ctx.tmp / "nope.yaml"), "does not exist"]
+
     case(f"{kind}_recipe_missing")(build_missing)
 
     def build_dir(ctx: Ctx, command=command):
         return [*command, ctx.tmp], [str(ctx.tmp), "is a directory"]
+
     case(f"{kind}_recipe_is_directory")(build_dir)
 
     def build_binary(ctx: Ctx, command=command):
         path = ctx.file("recipe.yaml", b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe")
         return [*command, path], [str(path), "not"]
+
     case(f"{kind}_recipe_binary")(build_binary)
 
 
@@ -300,11 +349,16 @@ def _(ctx):
 
 # ---- prepare --------------------------------------------------------------------------------------------
 
+
 def prepare_recipe(ctx: Ctx, *inputs: Path, **data) -> Path:
     """A recipe preparing ``inputs`` over a copy of the small prepared corpus (which must survive a failure)."""
     prepared = ctx.copy("prepared")
-    return ctx.recipe({"data": {"inputs": [str(p) for p in inputs], "prepared_dir": str(prepared), **data},
-                       "tokenizer": {"vocab_size": 300, "min_frequency": 1}})
+    return ctx.recipe(
+        {
+            "data": {"inputs": [str(p) for p in inputs], "prepared_dir": str(prepared), **data},
+            "tokenizer": {"vocab_size": 300, "min_frequency": 1},
+        }
+    )
 
 
 @case("prepare_input_missing")
@@ -366,7 +420,9 @@ def _(ctx):
 def _(ctx):
     good = ctx.file("good.txt", "Some words here.\n" * 20)
     blocker = ctx.file("blocker", "keep me")
-    recipe = ctx.recipe({"data": {"inputs": [str(good)], "prepared_dir": str(blocker)}, "tokenizer": {"vocab_size": 300}})
+    recipe = ctx.recipe(
+        {"data": {"inputs": [str(good)], "prepared_dir": str(blocker)}, "tokenizer": {"vocab_size": 300}}
+    )
     return ["prepare", recipe], [str(blocker)]
 
 
@@ -376,6 +432,7 @@ def _(ctx):
 
 
 # ---- pretrain and export ------------------------------------------------------------------------------------
+
 
 @case("pretrain_prepared_dir_is_a_file")
 def _(ctx):
@@ -561,6 +618,7 @@ def _(ctx):
 
 # ---- NER model directories: eval / predict --------------------------------------------------------------------
 
+
 def truncate(path: Path) -> None:
     raw = path.read_bytes()
     path.write_bytes(raw[: len(raw) // 2])
@@ -580,8 +638,9 @@ def poison(path: Path, tensor: str | None = None) -> str:
 def other_tokenizer(ctx: Ctx, model: Path, size_delta: int = 0) -> None:
     """Replace the tokenizer of ``model`` by one trained on other text (``size_delta`` more tokens than the
     embedding rows allow)."""
-    from spanlm.data.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
     from transformers import AutoConfig
+
+    from spanlm.data.tokenizer import TokenizerConfig, save_tokenizer, train_tokenizer
 
     rows = AutoConfig.from_pretrained(str(model)).vocab_size
     texts = ["zebra quartz lumberjack xylophone " * 3, "völlig andere wörter hier"] * 50
@@ -704,7 +763,9 @@ def _(ctx):
 @case("ner_eval_output_dir_missing")
 def _(ctx):
     model = ctx.copy("ner_model", "model")
-    return ["ner", "eval", model, "--data", CONLL_DEV, "--output", ctx.tmp / "no" / "eval.json"], [str(ctx.tmp / "no" / "eval.json")]
+    return ["ner", "eval", model, "--data", CONLL_DEV, "--output", ctx.tmp / "no" / "eval.json"], [
+        str(ctx.tmp / "no" / "eval.json")
+    ]
 
 
 @case("ner_predict_input_is_directory")
@@ -733,6 +794,7 @@ def _(ctx):
 
 
 # ---- QA -----------------------------------------------------------------------------------------------------
+
 
 def qa_eval(ctx: Ctx, data: Path) -> list:
     return ["qa", "eval", ctx.copy("qa_model", "model"), "--data", data]
@@ -774,7 +836,9 @@ def _(ctx):
 
 @case("qa_context_wrong_type")
 def _(ctx):
-    path = ctx.file("dev.json", json.dumps({"data": [{"paragraphs": [{"context": 7, "qas": [question("q1", "7", 0)]}]}]}))
+    path = ctx.file(
+        "dev.json", json.dumps({"data": [{"paragraphs": [{"context": 7, "qas": [question("q1", "7", 0)]}]}]})
+    )
     return qa_eval(ctx, path), [str(path), "context"]
 
 
@@ -849,8 +913,8 @@ def _(ctx):
 
 @case("ner_model_weights_of_another_architecture")
 def _(ctx):
-    from safetensors.torch import save_file
     import torch
+    from safetensors.torch import save_file
 
     model = ctx.copy("ner_model", "model")
     save_file({"weight": torch.zeros(2)}, str(model / "model.safetensors"))
@@ -859,8 +923,8 @@ def _(ctx):
 
 @case("ner_model_head_of_another_model")
 def _(ctx):
-    from safetensors.torch import save_file
     import torch
+    from safetensors.torch import save_file
 
     model = ctx.copy("ner_model", "model")
     save_file({"weight": torch.zeros(2)}, str(model / "ner_head.safetensors"))
@@ -884,11 +948,16 @@ def test_qa_eval_scores_every_question(qa_model, tmp_path, capsys):
     """An answer whose answer_start is off (too far to repair) keeps its question in the metric, scored on
     its text as the official scripts do; the notice names the file, the question and what is off."""
     path = tmp_path / "dev.json"
-    path.write_text(squad(CONTEXT, [question("q1", "1858", 43), question("q2", "harbour board", 3), question("q3", "a castle", 5)]))
+    path.write_text(
+        squad(CONTEXT, [question("q1", "1858", 43), question("q2", "harbour board", 3), question("q3", "a castle", 5)])
+    )
     code, out, err = run_cli(capsys, ["qa", "eval", qa_model, "--data", path, "--device", "cpu"])
     assert code == 0, err
     assert json.loads(out)["questions"] == 3
-    assert f"{path}: 2 answer(s) without a span" in err and "id q2: answer_start 3 is off: 'harbour board' occurs at 55" in err
+    assert (
+        f"{path}: 2 answer(s) without a span" in err
+        and "id q2: answer_start 3 is off: 'harbour board' occurs at 55" in err
+    )
     assert "id q3: answer 'a castle' does not occur in the context" in err
 
 
@@ -904,16 +973,24 @@ def test_ner_predictions_keep_grapheme_clusters_whole(ner_model, tmp_path, capsy
     an emoji sequence and CRLF stay whole; and the offsets index the text exactly."""
     texts = ["Cafe\u0301 Zoe\u0308 met Rene\u0301e .", "Holmes 👩\u200d🔬 Watson\r\nin London .", "Ǹ̈ x̧̌ y"]
     path = tmp_path / "texts.jsonl"
-    path.write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(texts)), encoding="utf-8")
-    code, out, err = run_cli(capsys, ["ner", "predict", ner_model, "--input", path, "--threshold=-1e9", "--device", "cpu"])
+    path.write_text(
+        "".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(texts)), encoding="utf-8"
+    )
+    code, out, err = run_cli(
+        capsys, ["ner", "predict", ner_model, "--input", path, "--threshold=-1e9", "--device", "cpu"]
+    )
     assert code == 0, err
     records = [json.loads(line) for line in out.splitlines()]
     assert [r["text"] for r in records] == texts
-    cut = [(r["text"], e["start"], e["end"]) for r in records for e in r["entities"]
-           if not {e["start"], e["end"]} <= grapheme_bounds(r["text"])]
-    assert all(e["text"] == r["text"][e["start"]:e["end"]] for r in records for e in r["entities"])
+    cut = [
+        (r["text"], e["start"], e["end"])
+        for r in records
+        for e in r["entities"]
+        if not {e["start"], e["end"]} <= grapheme_bounds(r["text"])
+    ]
+    assert all(e["text"] == r["text"][e["start"] : e["end"]] for r in records for e in r["entities"])
     assert sum(len(r["entities"]) for r in records) > 0 and cut == []
-    assert any(r["text"][e["start"]:e["end"]] == "Cafe\u0301" for r in records for e in r["entities"])
+    assert any(r["text"][e["start"] : e["end"]] == "Cafe\u0301" for r in records for e in r["entities"])
 
 
 def test_ner_crlf_files_read_as_lf(tmp_path):
@@ -927,15 +1004,28 @@ def test_ner_crlf_files_read_as_lf(tmp_path):
     assert read_documents(crlf, ReadOptions(format="conll"))[0] == read_documents(lf, ReadOptions(format="conll"))[0]
     text = "Holmes lives\r\nin London\r\n"
     jsonl = tmp_path / "crlf.jsonl"
-    jsonl.write_text(json.dumps({"text": text, "entities": [{"start": 0, "end": 6, "label": "person"}, {"start": 17, "end": 23, "label": "location"}]}) + "\r\n")
+    jsonl.write_text(
+        json.dumps(
+            {
+                "text": text,
+                "entities": [{"start": 0, "end": 6, "label": "person"}, {"start": 17, "end": 23, "label": "location"}],
+            }
+        )
+        + "\r\n"
+    )
     (document,), _ = read_documents(jsonl, ReadOptions(format="jsonl"))
-    assert document.text == text and [text[e.start:e.end] for e in document.entities] == ["Holmes", "London"]
+    assert document.text == text and [text[e.start : e.end] for e in document.entities] == ["Holmes", "London"]
 
 
 # ---- the table ----------------------------------------------------------------------------------------------
 
+
 def snapshot(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture

@@ -15,14 +15,39 @@ SCRIPT = REPO / "bench" / "train_step_gpu.py"
 
 
 def test_help_names_the_comparison_and_options():
-    result = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60, check=True)
-    assert "BertForMaskedLM" in result.stdout and all(f"--{o}" in result.stdout for o in ("device", "tiny", "seqs", "compile"))
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "BertForMaskedLM" in result.stdout and all(
+        f"--{o}" in result.stdout for o in ("device", "tiny", "seqs", "compile")
+    )
 
 
 def test_a_tiny_cpu_dry_run_prints_one_json_line_with_ratio_and_mfu(tmp_path):
-    result = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--seqs", "64,32", "--batch", "2",
-                             "--steps", "2", "--warmup", "1", "--peak-size", "128", "--work", str(tmp_path)],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--device",
+            "cpu",
+            "--tiny",
+            "--seqs",
+            "64,32",
+            "--batch",
+            "2",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--peak-size",
+            "128",
+            "--work",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
     assert len(lines) == 1
@@ -40,5 +65,9 @@ def test_a_tiny_cpu_dry_run_prints_one_json_line_with_ratio_and_mfu(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here")
 def test_without_a_gpu_it_says_so_in_one_line(tmp_path):
-    result = subprocess.run([sys.executable, str(SCRIPT), "--work", str(tmp_path)], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 1 and result.stderr.strip().splitlines()[-1].startswith("bench/train_step_gpu.py: no CUDA device")
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--work", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 1 and result.stderr.strip().splitlines()[-1].startswith(
+        "bench/train_step_gpu.py: no CUDA device"
+    )

@@ -30,5 +30,7 @@ def test_a_small_run_prints_padding_shares_rates_and_ratios():
         assert all(ms > 0 for ms in part["varlen_attention_cpu"].values())
     rates = output["pretraining"]["32"]
     assert output["ratio_first_seq"] == rates["ratio"]
-    assert abs(rates["tokens_per_s_packed"] / rates["tokens_per_s_padded"] - rates["ratio"]) < 0.01 * rates["ratio"] + 0.01
+    assert (
+        abs(rates["tokens_per_s_packed"] / rates["tokens_per_s_padded"] - rates["ratio"]) < 0.01 * rates["ratio"] + 0.01
+    )
     assert output["ner_ratio"] == output["ner_wnut17"]["ratio"]

@@ -13,7 +13,11 @@ from spanlm.data.words import encode_sentences
 from spanlm.errors import ConfigError
 from spanlm.masking.base import MaskingConfig, SpanConfig
 
-LINES = [line for line in (EMBEDDED_CORPUS / "alice_in_wonderland.txt").read_text(encoding="utf-8").splitlines() if len(line.split()) > 4][:300]
+LINES = [
+    line
+    for line in (EMBEDDED_CORPUS / "alice_in_wonderland.txt").read_text(encoding="utf-8").splitlines()
+    if len(line.split()) > 4
+][:300]
 
 
 @pytest.fixture(scope="module")
@@ -25,18 +29,26 @@ def tokenizer():
 def features(tokenizer):
     import datasets
 
-    return datasets.Dataset.from_dict({"text": LINES}).map(tokenize_words(tokenizer, max_length=48), batched=True, remove_columns=["text"])
+    return datasets.Dataset.from_dict({"text": LINES}).map(
+        tokenize_words(tokenizer, max_length=48), batched=True, remove_columns=["text"]
+    )
 
 
 def test_word_ids_give_the_word_starts_spanlm_prepare_stores(tokenizer, features):
     collator = MaskingCollator(tokenizer, "wwm", seed=0)
     batch = collator.block_batch([features[i] for i in range(16)])
     ids, starts, lengths = encode_sentences(tokenizer, LINES[:16], "none")
-    for row, (sentence_ids, sentence_starts) in enumerate(zip(np.split(ids, np.cumsum(lengths)[:-1]), np.split(starts, np.cumsum(lengths)[:-1]))):
+    for row, (sentence_ids, sentence_starts) in enumerate(
+        zip(np.split(ids, np.cumsum(lengths)[:-1]), np.split(starts, np.cumsum(lengths)[:-1]))
+    ):
         n = min(len(sentence_ids), 46)  # 48 with [CLS] and [SEP]
-        assert batch.input_ids[row, 1:n + 1].tolist() == sentence_ids[:n].tolist()
-        assert batch.word_starts[row, 1:n + 1].tolist() == sentence_starts[:n].tolist()
-        assert batch.special_mask[row, 0] and batch.special_mask[row, n + 1] and not batch.special_mask[row, 1:n + 1].any()
+        assert batch.input_ids[row, 1 : n + 1].tolist() == sentence_ids[:n].tolist()
+        assert batch.word_starts[row, 1 : n + 1].tolist() == sentence_starts[:n].tolist()
+        assert (
+            batch.special_mask[row, 0]
+            and batch.special_mask[row, n + 1]
+            and not batch.special_mask[row, 1 : n + 1].any()
+        )
 
 
 def test_jieba_word_ids_match_prepare(tmp_path):
@@ -47,9 +59,11 @@ def test_jieba_word_ids_match_prepare(tmp_path):
     word_ids = encode({"text": lines[:8]})["word_ids"]
     ids, starts, lengths = encode_sentences(tokenizer, lines[:8], "jieba")
     collator = MaskingCollator(tokenizer, "wwm", seed=0)
-    batch = collator.block_batch([{"input_ids": i, "word_ids": w} for i, w in zip(encode({"text": lines[:8]})["input_ids"], word_ids)])
+    batch = collator.block_batch(
+        [{"input_ids": i, "word_ids": w} for i, w in zip(encode({"text": lines[:8]})["input_ids"], word_ids)]
+    )
     for row, sentence_starts in enumerate(np.split(starts, np.cumsum(lengths)[:-1])):
-        assert batch.word_starts[row, 1:len(sentence_starts) + 1].tolist() == sentence_starts.tolist()
+        assert batch.word_starts[row, 1 : len(sentence_starts) + 1].tolist() == sentence_starts.tolist()
     assert batch.word_starts.sum() < (~batch.special_mask).sum()  # multi-character words exist
 
 
@@ -122,13 +136,22 @@ def test_clear_errors_for_what_a_scheme_needs(tokenizer, features):
 def test_macbert_collator_uses_a_prepared_similar_word_table(embedded_prepared, tmp_path):
     """scheme ngram with similar words from a `spanlm prepare` directory made with data.similar_words."""
     from spanlm.config import from_dict
-    from spanlm.pretrain.recipe import Recipe
     from spanlm.data.prepare import prepare
     from spanlm.data.shards import PreparedCorpus
+    from spanlm.pretrain.recipe import Recipe
 
-    recipe = from_dict(Recipe, {"data": {"inputs": [str(EMBEDDED_CORPUS / "alice_in_wonderland.txt")], "prepared_dir": str(tmp_path / "p"),
-                                         "similar_words": "word2vec", "similar_words_min_count": 2},
-                                "tokenizer": {"vocab_size": 600}})
+    recipe = from_dict(
+        Recipe,
+        {
+            "data": {
+                "inputs": [str(EMBEDDED_CORPUS / "alice_in_wonderland.txt")],
+                "prepared_dir": str(tmp_path / "p"),
+                "similar_words": "word2vec",
+                "similar_words_min_count": 2,
+            },
+            "tokenizer": {"vocab_size": 600},
+        },
+    )
     corpus = PreparedCorpus(prepare(recipe, log=lambda *_: None))
     features = tokenize_words(corpus.tokenizer, max_length=64)({"text": LINES[:64]})
     rows = [{"input_ids": i, "word_ids": w} for i, w in zip(features["input_ids"], features["word_ids"])]

@@ -4,14 +4,16 @@ from typing import Literal
 import pytest
 
 from spanlm.config import apply_overrides, from_dict, save_config
-from spanlm.pretrain.recipe import Recipe, load_recipe
 from spanlm.errors import ConfigError
+from spanlm.pretrain.recipe import Recipe, load_recipe
 
 
 def test_recipe_with_overrides(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text("data:\n  inputs: [a.txt]\n  max_len: 64\ntokenizer:\n  kind: bpe\n")
-    recipe = load_recipe(path, ["data.max_len=256", "tokenizer.vocab_size=16000", "seed=0", "data.inputs=[x.txt, y.txt]"])
+    recipe = load_recipe(
+        path, ["data.max_len=256", "tokenizer.vocab_size=16000", "seed=0", "data.inputs=[x.txt, y.txt]"]
+    )
     assert recipe.data.max_len == 256 and recipe.tokenizer.vocab_size == 16000
     assert recipe.tokenizer.kind == "bpe" and recipe.data.inputs == ["x.txt", "y.txt"] and recipe.seed == 0
 
@@ -32,17 +34,20 @@ def test_unknown_section_is_rejected():
         load_recipe(None, ["trian.max_steps=3"])
 
 
-@pytest.mark.parametrize("override, fragment", [
-    ("data.max_len=abc", "'data.max_len' must be int"),
-    ("data.max_len=true", "'data.max_len' must be int"),
-    ("tokenizer.lowercase=1", "'tokenizer.lowercase' must be bool"),
-    ("tokenizer.kind=sentencepiece", "'tokenizer.kind' must be one of 'wordpiece' | 'bpe' | 'unigram'"),
-    ("data.inputs=a.txt", "'data.inputs' must be a list"),
-    ("data.inputs=[1]", "'data.inputs[0]' must be str"),
-    ("data=3", "'data' must be a mapping"),
-    ("data.max_len=2", "data"),  # __post_init__ validation, named by section
-    ("nodots", "section.key=value"),
-])
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("data.max_len=abc", "'data.max_len' must be int"),
+        ("data.max_len=true", "'data.max_len' must be int"),
+        ("tokenizer.lowercase=1", "'tokenizer.lowercase' must be bool"),
+        ("tokenizer.kind=sentencepiece", "'tokenizer.kind' must be one of 'wordpiece' | 'bpe' | 'unigram'"),
+        ("data.inputs=a.txt", "'data.inputs' must be a list"),
+        ("data.inputs=[1]", "'data.inputs[0]' must be str"),
+        ("data=3", "'data' must be a mapping"),
+        ("data.max_len=2", "data"),  # __post_init__ validation, named by section
+        ("nodots", "section.key=value"),
+    ],
+)
 def test_wrong_values_are_rejected(override, fragment):
     with pytest.raises(ConfigError, match=None) as error:
         load_recipe(None, [override])

@@ -27,8 +27,14 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
 
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert summary["seeds"] == [0] and summary["interrupted"] is False
-    for key in ("mlm_accuracy", "unigram_accuracy", "ner_f1_pretrained", "ner_f1_random", "ner_f1_pretrained_frozen",
-                "ner_f1_random_frozen"):
+    for key in (
+        "mlm_accuracy",
+        "unigram_accuracy",
+        "ner_f1_pretrained",
+        "ner_f1_random",
+        "ner_f1_pretrained_frozen",
+        "ner_f1_random_frozen",
+    ):
         assert math.isfinite(summary[key]) and printed[key] == summary[key], key
     assert 0 < summary["unigram_accuracy"] < 1
     assert all(stage == {"planned": 12, "ran": 12, "complete": True} for stage in summary["stages"].values())
@@ -44,8 +50,10 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
         assert len(summary["predictions"][init]) == len(EXAMPLES)
         for item in summary["predictions"][init]:
             for entity in item["entities"]:  # predicted offsets point at the predicted text
-                assert item["text"][entity["start"]:entity["end"]] == entity["text"]
-    assert [item["text"] for item in summary["fill_mask"]] == FILL_MASK and all(len(item["top"]) == 3 for item in summary["fill_mask"])
+                assert item["text"][entity["start"] : entity["end"]] == entity["text"]
+    assert [item["text"] for item in summary["fill_mask"]] == FILL_MASK and all(
+        len(item["top"]) == 3 for item in summary["fill_mask"]
+    )
     run = summary["run"]
     assert run["seed"] == 0 and run["encoder_parameters"] > 0 and run["pretraining_blocks_seen"] == 12 * 16
     # NER learns from the first labelled_sentences sentences; pretraining reads all 24,000 without labels.
@@ -55,12 +63,25 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     assert json.loads((out / "prepared" / "meta.json").read_text(encoding="utf-8"))["n_sentences"] == 24000
     for init in ("pretrained", "random"):  # the head and the encoder each at the plan's rate
         recorded = yaml.safe_load((out / f"ner-{init}" / "config.yaml").read_text(encoding="utf-8"))["train"]
-        assert (recorded["lr"], recorded["encoder_lr"]) == (QUICK.ner_lr, QUICK.ner_encoder_lr) and QUICK.ner_encoder_lr < QUICK.ner_lr
-    assert set(run["wall_seconds"]) == {"pretrain", "ner_pretrained", "ner_random", "ner_pretrained-frozen", "ner_random-frozen", "total"}
+        assert (recorded["lr"], recorded["encoder_lr"]) == (
+            QUICK.ner_lr,
+            QUICK.ner_encoder_lr,
+        ) and QUICK.ner_encoder_lr < QUICK.ner_lr
+    assert set(run["wall_seconds"]) == {
+        "pretrain",
+        "ner_pretrained",
+        "ner_random",
+        "ner_pretrained-frozen",
+        "ner_random-frozen",
+        "total",
+    }
     # A frozen arm trains the head only: its exported encoder is the pretrained one, weight for weight.
     from safetensors.torch import load_file
 
-    frozen, encoder = load_file(out / "ner-pretrained-frozen" / "model" / "model.safetensors"), load_file(out / "encoder" / "model.safetensors")
+    frozen, encoder = (
+        load_file(out / "ner-pretrained-frozen" / "model" / "model.safetensors"),
+        load_file(out / "encoder" / "model.safetensors"),
+    )
     assert frozen.keys() <= {name.removeprefix("bert.") for name in encoder}  # the export is BertForMaskedLM
     assert all(tensor.equal(encoder[f"bert.{name}"]) for name, tensor in frozen.items())
     recorded = yaml.safe_load((out / "ner-random-frozen" / "config.yaml").read_text(encoding="utf-8"))["model"]
@@ -68,12 +89,28 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
 
     page = (out / "report.html").read_text(encoding="utf-8")
     assert "500 labelled sentences; learning rate 0.003 for the head, 0.001 for the encoder" in page
-    for section in ("<h2>Summary</h2>", "<h2>Run</h2>", "pretrained vs random init", "seen / unseen", "unigram baseline",
-                    "Fill-mask", "Entities found in example sentences", "pretrain/report.html", "ner-random/report.html",
-                    "ner-pretrained-frozen/report.html", "frozen (head only)"):
+    for section in (
+        "<h2>Summary</h2>",
+        "<h2>Run</h2>",
+        "pretrained vs random init",
+        "seen / unseen",
+        "unigram baseline",
+        "Fill-mask",
+        "Entities found in example sentences",
+        "pretrain/report.html",
+        "ner-random/report.html",
+        "ner-pretrained-frozen/report.html",
+        "frozen (head only)",
+    ):
         assert section in page, section
     assert "Interrupted" not in page
-    for image in ("ner_f1_curves.png", "ner_f1_seen_unseen.png", "ner_f1_per_type.png", "mlm_accuracy.png", "pretrain/loss.png"):
+    for image in (
+        "ner_f1_curves.png",
+        "ner_f1_seen_unseen.png",
+        "ner_f1_per_type.png",
+        "mlm_accuracy.png",
+        "pretrain/loss.png",
+    ):
         assert (out / image).stat().st_size > 1000 and image in page
     # The exported encoder is a plain Hugging Face directory.
     from transformers import AutoModel
@@ -133,8 +170,12 @@ def test_readme_puts_spanlm_on_path():
         pytest.skip("the tests do not run in a .venv like the one make creates")
     (block,) = [b for b in readme_section("Quickstart", language="bash") if "activate" in b]
     activate = next(line.split("#")[0].strip() for line in block.splitlines() if "activate" in line)
-    found = subprocess.run(["bash", "-c", f'{activate} && echo "$VIRTUAL_ENV" && command -v spanlm'], cwd=venv.parent,
-                           capture_output=True, text=True)
+    found = subprocess.run(
+        ["bash", "-c", f'{activate} && echo "$VIRTUAL_ENV" && command -v spanlm'],
+        cwd=venv.parent,
+        capture_output=True,
+        text=True,
+    )
     assert found.returncode == 0, found
     activated, spanlm = found.stdout.split()  # the venv the script activates (a copied venv's names its origin)
     assert Path(spanlm) == Path(activated) / "bin" / "spanlm", found
@@ -144,10 +185,19 @@ def test_seeds_are_aggregated_for_every_arm(tmp_path):
     from spanlm.demo import F1_KEYS, _aggregate, seeds_table
 
     def run(seed, f1s, interrupted=False):
-        return {"seeds": [seed], "mlm_accuracy": 0.1, "unigram_accuracy": 0.04, "interrupted": interrupted,
-                **dict(zip(F1_KEYS, f1s))}
+        return {
+            "seeds": [seed],
+            "mlm_accuracy": 0.1,
+            "unigram_accuracy": 0.04,
+            "interrupted": interrupted,
+            **dict(zip(F1_KEYS, f1s)),
+        }
 
-    runs = [run(0, (20.0, 18.0, 9.0, 1.0)), run(1, (22.0, 21.0, 11.0, 2.0)), run(2, (5.0, 1.0, 1.0, 0.0), interrupted=True)]
+    runs = [
+        run(0, (20.0, 18.0, 9.0, 1.0)),
+        run(1, (22.0, 21.0, 11.0, 2.0)),
+        run(2, (5.0, 1.0, 1.0, 0.0), interrupted=True),
+    ]
     summary = _aggregate(tmp_path, runs, (0, 1, 2))
     assert summary["interrupted"] is True and [row["seed"] for row in summary["per_seed"]] == [0, 1, 2]
     # Means over the complete seeds only; the gaps per pair of arms.

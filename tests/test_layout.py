@@ -85,9 +85,14 @@ def test_every_folder_has_a_layer():
 
 
 def test_imports_go_down_the_layers():
-    upward = sorted(f"{module} -> {target}" for module, targets in GRAPH.items() for target in targets
-                    if target not in STANDALONE and folder_of(target) != folder_of(module)
-                    and LAYER[folder_of(target)] >= LAYER[folder_of(module)])
+    upward = sorted(
+        f"{module} -> {target}"
+        for module, targets in GRAPH.items()
+        for target in targets
+        if target not in STANDALONE
+        and folder_of(target) != folder_of(module)
+        and LAYER[folder_of(target)] >= LAYER[folder_of(module)]
+    )
     assert upward == []
 
 
@@ -104,7 +109,7 @@ def test_the_import_graph_has_no_cycle():
         path.append(module)
         for target in sorted(GRAPH[module]):
             if state.get(target) == "open":
-                cycles.append(" -> ".join(path[path.index(target):] + [target]))
+                cycles.append(" -> ".join(path[path.index(target) :] + [target]))
             elif target not in state:
                 visit(target)
         path.pop()
@@ -118,6 +123,10 @@ def test_the_import_graph_has_no_cycle():
 
 def test_the_cli_starts_without_torch():
     # `spanlm --help` (and every subcommand's parser) stays fast: heavy libraries load inside the commands.
-    code = ("import sys; from spanlm.cli import build_parser; build_parser(); "
-            "print(sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))")
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    code = (
+        "import sys; from spanlm.cli import build_parser; build_parser(); "
+        "print(sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))"
+    )
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    )

@@ -5,9 +5,17 @@ import re
 from helpers import REPO
 from spanlm.cli import main
 
-TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64",
-        "tokenizer.vocab_size=2000", "train.max_steps=2", "train.eval_every=0", "train.num_workers=0",
-        "logging.progress=false"]
+TINY = [
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.intermediate_size=64",
+    "tokenizer.vocab_size=2000",
+    "train.max_steps=2",
+    "train.eval_every=0",
+    "train.num_workers=0",
+    "logging.progress=false",
+]
 
 
 def test_readme_python_examples_run(tmp_path, monkeypatch, capsys):

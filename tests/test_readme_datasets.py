@@ -13,9 +13,18 @@ from spanlm.data.shards import read_meta
 
 TINY = {  # appended to the README's commands
     ("prepare",): ["tokenizer.vocab_size=500"],
-    ("ner", "train"): ["data.max_len=32", "data.stride=8", "ner.head.head_size=16", "train.max_steps=2", "train.batch_size=8",
-                       "train.eval_every=0", "train.save_every=2", "train.num_workers=0", "logging.progress=false",
-                       "logging.report_to=[]"],
+    ("ner", "train"): [
+        "data.max_len=32",
+        "data.stride=8",
+        "ner.head.head_size=16",
+        "train.max_steps=2",
+        "train.batch_size=8",
+        "train.eval_every=0",
+        "train.save_every=2",
+        "train.num_workers=0",
+        "logging.progress=false",
+        "logging.report_to=[]",
+    ],
     ("ner", "eval"): [],
 }
 
@@ -40,11 +49,19 @@ def test_the_datasets_inputs_snippets_run(tiny_encoder_dir, offline_datasets_cac
     (tmp_path / "runs" / "export").mkdir(parents=True)
     (tmp_path / "runs" / "export" / "spanbert").symlink_to(tiny_encoder_dir)
     lines = [line for line in ENGLISH.splitlines() if line]
-    cache_like_the_hub(tmp_path / "hub", "Salesforce/wikitext",
-                       {"train": datasets.Dataset.from_dict({"text": ["", *lines]}),
-                        "validation": datasets.Dataset.from_dict({"text": lines[:1]})}, config="wikitext-2-raw-v1")
+    cache_like_the_hub(
+        tmp_path / "hub",
+        "Salesforce/wikitext",
+        {
+            "train": datasets.Dataset.from_dict({"text": ["", *lines]}),
+            "validation": datasets.Dataset.from_dict({"text": lines[:1]}),
+        },
+        config="wikitext-2-raw-v1",
+    )
     train, dev = (conll_dataset(NER_FIXTURES / f"wnut_{name}_mini.conll", WNUT_TAGS) for name in ("train", "dev"))
-    cache_like_the_hub(tmp_path / "hub", "leondz/wnut_17", {"train": train, "validation": dev, "test": dev}, config="wnut_17")
+    cache_like_the_hub(
+        tmp_path / "hub", "leondz/wnut_17", {"train": train, "validation": dev, "test": dev}, config="wnut_17"
+    )
 
     python_blocks = readme_section("`datasets` inputs")
     bash_blocks = readme_section("`datasets` inputs", language="bash")
@@ -58,8 +75,12 @@ def test_the_datasets_inputs_snippets_run(tiny_encoder_dir, offline_datasets_cac
 
     assert read_meta(tmp_path / "runs/prepared/my_texts")["n_documents"] == 2
     wikitext = read_meta(tmp_path / "runs/prepared/wikitext-2")
-    assert wikitext["n_documents"] == len(lines) and wikitext["inputs"] == ["hf:Salesforce/wikitext:wikitext-2-raw-v1 (split train)"]
+    assert wikitext["n_documents"] == len(lines) and wikitext["inputs"] == [
+        "hf:Salesforce/wikitext:wikitext-2-raw-v1 (split train)"
+    ]
     trained = json.loads((tmp_path / "runs/ner/wnut17/eval.json").read_text())
     assert trained["data"] == "hf:leondz/wnut_17@refs/convert/parquet" and trained["micro"]["n_gold"] == 39
     tested = json.loads((tmp_path / "runs/ner/wnut17/model/eval-wnut_17-test.json").read_text())
-    assert tested["micro"] == trained["micro"] and tested["file"] == "hf:leondz/wnut_17@refs/convert/parquet (split test)"
+    assert (
+        tested["micro"] == trained["micro"] and tested["file"] == "hf:leondz/wnut_17@refs/convert/parquet (split test)"
+    )

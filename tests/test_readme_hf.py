@@ -10,9 +10,17 @@ import pytest
 from helpers import REPO, readme_section
 from spanlm.cli import main
 
-TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64",
-        "tokenizer.vocab_size=2000", "train.max_steps=2", "train.eval_every=0", "train.num_workers=0",
-        "logging.progress=false"]
+TINY = [
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.intermediate_size=64",
+    "tokenizer.vocab_size=2000",
+    "train.max_steps=2",
+    "train.eval_every=0",
+    "train.num_workers=0",
+    "logging.progress=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +42,11 @@ def workdir(tmp_path_factory):
 def commands(bash: str) -> list[list[str]]:
     """The snippet's commands (continuation lines joined, comments dropped), split into words."""
     joined = bash.replace("\\\n", " ")
-    return [shlex.split(os.path.expandvars(line)) for line in joined.splitlines() if line.strip() and not line.startswith("#")]
+    return [
+        shlex.split(os.path.expandvars(line))
+        for line in joined.splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
 
 
 def test_exports_load_with_their_heads(workdir, monkeypatch, capsys):
@@ -54,22 +66,33 @@ def test_continued_pretraining_from_a_stock_checkpoint(workdir, monkeypatch, cap
     checkpoint = workdir / "bert-base-uncased"  # a stand-in: a stock BertForMaskedLM made by transformers
     tokenizer = AutoTokenizer.from_pretrained("runs/export/spanbert")
     torch.manual_seed(0)
-    BertForMaskedLM(AutoConfig.for_model("bert", vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                         intermediate_size=64, pad_token_id=tokenizer.pad_token_id)).save_pretrained(str(checkpoint))
+    BertForMaskedLM(
+        AutoConfig.for_model(
+            "bert",
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    ).save_pretrained(str(checkpoint))
     tokenizer.save_pretrained(str(checkpoint))
     monkeypatch.setenv("CHECKPOINT", str(checkpoint))
     (bash,) = readme_section("Continued pretraining from a Hugging Face checkpoint", language="bash")
     (command,) = commands(bash)
     assert command[:2] == ["spanlm", "pretrain"]
     assert main([*command[1:], *TINY]) == 0
-    assert f"heads from {checkpoint}: mlm_head loaded (BertForMaskedLM weights in bert-base-uncased); sbo_head fresh (not in the checkpoint)" \
-        in capsys.readouterr().err
+    assert (
+        f"heads from {checkpoint}: mlm_head loaded (BertForMaskedLM weights in bert-base-uncased); sbo_head fresh "
+        "(not in the checkpoint)" in capsys.readouterr().err
+    )
 
 
 def test_maskers_in_the_trainer(workdir, monkeypatch):
-    from spanlm.pretrain.recipe import load_recipe
     from spanlm.data.shards import PreparedCorpus
     from spanlm.objectives import build_objective
+    from spanlm.pretrain.recipe import load_recipe
 
     monkeypatch.chdir(workdir)
     (code,) = readme_section("spanlm's maskers in your own `Trainer`")
@@ -80,4 +103,7 @@ def test_maskers_in_the_trainer(workdir, monkeypatch):
     # spanlm continues the Trainer's model with both of its heads.
     recipe = load_recipe(REPO / "configs/pretrain/spanbert.yaml", [f"model.path={export}", *TINY[4:5]])
     objective = build_objective(recipe, PreparedCorpus(recipe.data.prepared_dir))
-    assert objective.head_report == {"mlm_head": "loaded (BertForMaskedLM weights in export)", "sbo_head": "loaded (heads.safetensors)"}
+    assert objective.head_report == {
+        "mlm_head": "loaded (BertForMaskedLM weights in export)",
+        "sbo_head": "loaded (heads.safetensors)",
+    }

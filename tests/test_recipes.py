@@ -30,10 +30,14 @@ def test_a_checkout_ships_its_own_configs_and_data():
 
 def test_list_names_every_recipe_with_what_it_is(capsys):
     listed = recipes_listed(capsys)
-    assert set(listed) == {path.relative_to(REPO / "configs").with_suffix("").as_posix()
-                           for path in (REPO / "configs").rglob("*.yaml")}
+    assert set(listed) == {
+        path.relative_to(REPO / "configs").with_suffix("").as_posix() for path in (REPO / "configs").rglob("*.yaml")
+    }
     assert listed["pretrain/spanbert"] == "SpanBERT (Joshi et al. 2020, arXiv 1907.10529)"
-    assert listed["prepare/english"] == "Prepare the embedded public-domain English corpus (data/corpus) with a new WordPiece tokenizer"
+    assert (
+        listed["prepare/english"]
+        == "Prepare the embedded public-domain English corpus (data/corpus) with a new WordPiece tokenizer"
+    )
     assert listed["masking/macbert"].endswith("on the embedded Chinese text")  # the colon ending the line is cut too
 
 
@@ -57,7 +61,9 @@ def test_copy_into_a_directory_keeps_the_recipe_file_name(tmp_path, capsys):
     wnut17 = yaml.safe_load((tmp_path / "wnut17.yaml").read_text(encoding="utf-8"))
     assert wnut17["data"]["train"] == (REPO / "data/ner/wnut17/train.conll").as_posix()
     assert wnut17["model"]["path"] == "runs/export/spanbert"
-    assert (tmp_path / "new/squad.yaml").read_text(encoding="utf-8") == (REPO / "configs/qa/squad.yaml").read_text(encoding="utf-8")
+    assert (tmp_path / "new/squad.yaml").read_text(encoding="utf-8") == (REPO / "configs/qa/squad.yaml").read_text(
+        encoding="utf-8"
+    )
 
 
 def test_copy_replaces_an_existing_file_only_with_force(tmp_path, capsys):
@@ -71,21 +77,29 @@ def test_copy_replaces_an_existing_file_only_with_force(tmp_path, capsys):
     assert sorted(path.name for path in tmp_path.iterdir()) == ["my.yaml"]  # no partial file left behind
 
 
-@pytest.mark.parametrize(("name", "close"), [
-    ("spanbert", "masking/spanbert, pretrain/spanbert, pretrain/spanbert_chinese"),
-    ("pretrain/spanbret", "pretrain/spanbert"),
-])
+@pytest.mark.parametrize(
+    ("name", "close"),
+    [
+        ("spanbert", "masking/spanbert, pretrain/spanbert, pretrain/spanbert_chinese"),
+        ("pretrain/spanbret", "pretrain/spanbert"),
+    ],
+)
 def test_an_unknown_name_is_one_line_naming_close_ones(tmp_path, capsys, name, close):
     assert main(["recipes", "copy", name, str(tmp_path / "my.yaml")]) == 2
     error = capsys.readouterr().err
-    assert error.startswith(f"spanlm recipes: error: no recipe named '{name}' (close names: ") and error.count("\n") == 1
+    assert (
+        error.startswith(f"spanlm recipes: error: no recipe named '{name}' (close names: ") and error.count("\n") == 1
+    )
     assert close in error
     assert not (tmp_path / "my.yaml").exists()
 
 
 def test_a_name_like_none_points_at_the_list(tmp_path, capsys):
     assert main(["recipes", "copy", "zzzz", str(tmp_path / "my.yaml")]) == 2
-    assert capsys.readouterr().err == "spanlm recipes: error: no recipe named 'zzzz' (`spanlm recipes list` shows them all)\n"
+    assert (
+        capsys.readouterr().err
+        == "spanlm recipes: error: no recipe named 'zzzz' (`spanlm recipes list` shows them all)\n"
+    )
 
 
 def embedded_root(root: Path) -> Path:
@@ -96,12 +110,19 @@ def embedded_root(root: Path) -> Path:
 
 def test_only_paths_into_the_embedded_data_are_rewritten(tmp_path):
     root = embedded_root(tmp_path / "my data")  # a space is plain YAML
-    text = ("# see data/corpus/alice.txt and ../other/data/corpus/alice.txt\n"
-            "data:\n  inputs: [data/corpus/alice.txt, data/corpus/missing.txt, runs/data/corpus/alice.txt]\n")
+    text = (
+        "# see data/corpus/alice.txt and ../other/data/corpus/alice.txt\n"
+        "data:\n  inputs: [data/corpus/alice.txt, data/corpus/missing.txt, runs/data/corpus/alice.txt]\n"
+    )
     rewritten = with_embedded_data_paths(text, root)
-    assert rewritten.splitlines()[0] == f"# see {root.as_posix()}/data/corpus/alice.txt and ../other/data/corpus/alice.txt"
-    assert yaml.safe_load(rewritten)["data"]["inputs"] == [(root / "data/corpus/alice.txt").as_posix(),
-                                                           "data/corpus/missing.txt", "runs/data/corpus/alice.txt"]
+    assert (
+        rewritten.splitlines()[0] == f"# see {root.as_posix()}/data/corpus/alice.txt and ../other/data/corpus/alice.txt"
+    )
+    assert yaml.safe_load(rewritten)["data"]["inputs"] == [
+        (root / "data/corpus/alice.txt").as_posix(),
+        "data/corpus/missing.txt",
+        "runs/data/corpus/alice.txt",
+    ]
 
 
 @pytest.mark.parametrize("directory", ["a, b", "a #b", "a: b"])
@@ -112,21 +133,57 @@ def test_a_data_path_yaml_would_misread_is_refused(tmp_path, directory):
 
 
 # The README's commands, made small: the same tokenizer for both (so pretrain reuses the prepared corpus).
-TINY = {"prepare": ["tokenizer.vocab_size=500"],
-        "pretrain": ["tokenizer.vocab_size=500", "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
-                     "model.intermediate_size=64", "train.max_steps=2", "train.eval_every=0", "train.num_workers=0",
-                     "logging.progress=false"]}
+TINY = {
+    "prepare": ["tokenizer.vocab_size=500"],
+    "pretrain": [
+        "tokenizer.vocab_size=500",
+        "model.hidden_size=32",
+        "model.num_layers=1",
+        "model.num_heads=2",
+        "model.intermediate_size=64",
+        "train.max_steps=2",
+        "train.eval_every=0",
+        "train.num_workers=0",
+        "logging.progress=false",
+    ],
+}
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     """A wheel built from an sdist of the checkout, as a release is (so MANIFEST.in is exercised too)."""
     out = tmp_path_factory.mktemp("dist")
-    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}  # offline: the venv's setuptools builds
-    sdist = subprocess.run([sys.executable, "-c", f"from setuptools import build_meta; print(build_meta.build_sdist({str(out)!r}))"],
-                           cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(out / sdist), "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(out)], env=env, capture_output=True, text=True, check=True)
+    env = {
+        **os.environ,
+        "PIP_NO_INDEX": "1",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }  # offline: the venv's setuptools builds
+    sdist = subprocess.run(
+        [sys.executable, "-c", f"from setuptools import build_meta; print(build_meta.build_sdist({str(out)!r}))"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()[-1]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(out / sdist),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     (wheel,) = out.glob("spanlm-*.whl")
     return wheel
 
@@ -137,11 +194,21 @@ def test_an_installed_wheel_runs_the_readme_commands_from_anywhere(wheel, tmp_pa
     # -S: the venv's .pth files are not read, so the editable install's path to this checkout's src/ is not
     # on sys.path; the dependencies come from the venv's site-packages, spanlm only from `site`.
     dependencies = sysconfig.get_paths()["purelib"]
-    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{dependencies}", "SPANLM_NATIVE": "0",  # no kernel build
-           "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{site}{os.pathsep}{dependencies}",
+        "SPANLM_NATIVE": "0",  # no kernel build
+        "PIP_NO_INDEX": "1",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
     python = [sys.executable, "-S"]
-    without_site = subprocess.run([*python, "-c", "import spanlm"], cwd=work, capture_output=True, text=True,
-                                  env={**env, "PYTHONPATH": dependencies})
+    without_site = subprocess.run(
+        [*python, "-c", "import spanlm"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONPATH": dependencies},
+    )
     assert "No module named 'spanlm'" in without_site.stderr  # nothing of the checkout is importable
 
     ran = []
@@ -156,25 +223,40 @@ def test_an_installed_wheel_runs_the_readme_commands_from_anywhere(wheel, tmp_pa
         result = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, f"{line}\n{result.stderr[-3000:]}"
         ran.append((words[:2], result))
-    assert [words for words, _ in ran] == [["pip", "install"], ["spanlm", "recipes"], ["spanlm", "recipes"],
-                                           ["spanlm", "prepare"], ["spanlm", "pretrain"]]
+    assert [words for words, _ in ran] == [
+        ["pip", "install"],
+        ["spanlm", "recipes"],
+        ["spanlm", "recipes"],
+        ["spanlm", "prepare"],
+        ["spanlm", "pretrain"],
+    ]
 
     share = site / "spanlm" / "share"
-    tracked = subprocess.run(["git", "ls-files", "configs", "data"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    tracked = subprocess.run(
+        ["git", "ls-files", "configs", "data"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
     assert sorted(path.relative_to(share).as_posix() for path in share.rglob("*") if path.is_file()) == sorted(tracked)
     assert all((share / path).read_bytes() == (REPO / path).read_bytes() for path in tracked)
 
     listing, copying, preparing, pretraining = (result for _, result in ran[1:])
     listed = dict(line.split(maxsplit=1) for line in listing.stdout.splitlines())
-    assert listed["pretrain/spanbert"] == "SpanBERT (Joshi et al. 2020, arXiv 1907.10529)" and len(listed) == len(list(share.rglob("*.yaml")))
+    assert listed["pretrain/spanbert"] == "SpanBERT (Joshi et al. 2020, arXiv 1907.10529)" and len(listed) == len(
+        list(share.rglob("*.yaml"))
+    )
     assert f"recipes in {share / 'configs'}" in listing.stderr
     assert json.loads(copying.stdout) == {"recipe": "pretrain/spanbert", "copied": "my_spanbert.yaml"}
     inputs = yaml.safe_load((work / "my_spanbert.yaml").read_text(encoding="utf-8"))["data"]["inputs"]
-    assert inputs == [(share / "data/corpus" / name).as_posix()
-                      for name in ("alice_in_wonderland.txt", "adventures_of_sherlock_holmes.txt", "frankenstein.txt")]
+    assert inputs == [
+        (share / "data/corpus" / name).as_posix()
+        for name in ("alice_in_wonderland.txt", "adventures_of_sherlock_holmes.txt", "frankenstein.txt")
+    ]
     prepared = json.loads(preparing.stdout)
     assert (prepared["n_documents"], prepared["vocab_size"]) == (3, 500)
-    assert (work / prepared["prepared_dir"]).resolve() == work / "runs/prepared/english-wordpiece-500"  # keyed by its tokenizer
+    assert (
+        work / prepared["prepared_dir"]
+    ).resolve() == work / "runs/prepared/english-wordpiece-500"  # keyed by its tokenizer
     assert (work / json.loads(pretraining.stdout)["run_dir"]).resolve() == work / "runs/pretrain/spanbert"
     assert "reusing it" in pretraining.stderr
-    assert [json.loads(line)["step"] for line in (work / "runs/pretrain/spanbert/metrics.jsonl").read_text().splitlines()][-1] == 2
+    assert [
+        json.loads(line)["step"] for line in (work / "runs/pretrain/spanbert/metrics.jsonl").read_text().splitlines()
+    ][-1] == 2

@@ -17,8 +17,8 @@ from torch import nn
 
 from helpers import EMBEDDED_CORPUS
 from spanlm.config import from_dict
-from spanlm.pretrain.recipe import Recipe
 from spanlm.objectives import register
+from spanlm.pretrain.recipe import Recipe
 from spanlm.train.metrics import read_metrics
 from spanlm.train.objective import Objective
 
@@ -52,7 +52,9 @@ class Toy(Objective):
         super().__init__()
         self.masker = ToyMasker(mask_id)
         self.embedding = nn.Embedding(vocab_size, hidden)
-        self.layers = nn.ModuleList([nn.Sequential(nn.Linear(hidden, hidden), nn.GELU(), nn.Dropout(0.1)) for _ in range(2)])
+        self.layers = nn.ModuleList(
+            [nn.Sequential(nn.Linear(hidden, hidden), nn.GELU(), nn.Dropout(0.1)) for _ in range(2)]
+        )
         self.norm = nn.LayerNorm(hidden)
         self.decoder = nn.Linear(hidden, vocab_size)
         self.decoder.weight = self.embedding.weight  # tied, as real MLM heads are
@@ -89,16 +91,34 @@ def build_toy(recipe, corpus) -> Toy:
 
 
 def toy_recipe(prepared: Path, output_dir: Path, **train) -> Recipe:
-    return from_dict(Recipe, {
-        "seed": 0,
-        "data": {"inputs": [str(EMBEDDED_CORPUS / "alice_in_wonderland.txt")], "prepared_dir": str(prepared), "max_len": 32},
-        "tokenizer": {"vocab_size": 500},
-        "objective": {"name": "toy"},
-        "train": {"output_dir": str(output_dir), "max_steps": 8, "batch_size": 4, "lr": 1e-2, "warmup_steps": 2,
-                  "log_every": 1, "eval_every": 0, "save_every": 1000, "keep_last": 5, "num_workers": 0,
-                  "eval_blocks": 8, **train},
-        "logging": {"report_to": [], "progress": False},
-    })
+    return from_dict(
+        Recipe,
+        {
+            "seed": 0,
+            "data": {
+                "inputs": [str(EMBEDDED_CORPUS / "alice_in_wonderland.txt")],
+                "prepared_dir": str(prepared),
+                "max_len": 32,
+            },
+            "tokenizer": {"vocab_size": 500},
+            "objective": {"name": "toy"},
+            "train": {
+                "output_dir": str(output_dir),
+                "max_steps": 8,
+                "batch_size": 4,
+                "lr": 1e-2,
+                "warmup_steps": 2,
+                "log_every": 1,
+                "eval_every": 0,
+                "save_every": 1000,
+                "keep_last": 5,
+                "num_workers": 0,
+                "eval_blocks": 8,
+                **train,
+            },
+            "logging": {"report_to": [], "progress": False},
+        },
+    )
 
 
 def losses(run_dir: Path) -> dict[int, float]:

@@ -11,14 +11,16 @@ from spanlm.cli_support import add_training_command, log
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from spanlm.pretrain.recipe import load_recipe
     from spanlm.data.prepare import prepare
     from spanlm.data.shards import read_meta
+    from spanlm.pretrain.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
     directory = prepare(recipe, force=args.force, log=log, shard=_shard(args.shard))
     meta = read_meta(directory)
-    summary = {key: meta[key] for key in ("n_documents", "n_sentences", "n_words", "n_tokens", "vocab_size", "dtype", "words")}
+    summary = {
+        key: meta[key] for key in ("n_documents", "n_sentences", "n_words", "n_tokens", "vocab_size", "dtype", "words")
+    }
     summary["tokens_per_word"] = round(meta["n_tokens"] / max(meta["n_words"], 1), 3)
     summary["stats"] = meta["stats"]
     summary["prepared_dir"] = str(directory)
@@ -39,8 +41,8 @@ def _shard(text: str | None) -> tuple[int, int] | None:
 
 def _pretrain(args: argparse.Namespace) -> int:
     from spanlm.pretrain.recipe import load_recipe
-    from spanlm.train.dist import is_main_process
     from spanlm.pretrain.run import pretrain
+    from spanlm.train.dist import is_main_process
 
     recipe = load_recipe(args.recipe, args.overrides)
     run_dir = pretrain(recipe, resume=args.resume, log=log, weights_from=args.weights_from)
@@ -71,8 +73,8 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _preview(args: argparse.Namespace) -> int:
-    from spanlm.pretrain.recipe import load_recipe
     from spanlm.masking.preview import preview
+    from spanlm.pretrain.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
     preview(recipe, n=args.n, stats_blocks=args.stats_blocks, jsonl=args.jsonl, log=log)
@@ -83,8 +85,15 @@ def _demo(args: argparse.Namespace) -> int:
     from spanlm.demo import F1_KEYS, run_demo
 
     summary = run_demo(args.out, quick=args.quick, seeds=tuple(args.seeds), log=log)
-    print(json.dumps({"report": str(Path(args.out) / "report.html"), "interrupted": summary["interrupted"],
-                      **{key: summary.get(key) for key in ("mlm_accuracy", "unigram_accuracy", *F1_KEYS)}}))
+    print(
+        json.dumps(
+            {
+                "report": str(Path(args.out) / "report.html"),
+                "interrupted": summary["interrupted"],
+                **{key: summary.get(key) for key in ("mlm_accuracy", "unigram_accuracy", *F1_KEYS)},
+            }
+        )
+    )
     if summary["interrupted"]:
         log("spanlm demo: interrupted; the report shows the steps that ran")
         return 1
@@ -98,7 +107,10 @@ def _recipes_list(args: argparse.Namespace) -> int:
     width = max((len(recipe.name) for recipe in recipes), default=0)
     for recipe in recipes:
         print(f"{recipe.name:<{width}}  {recipe.description}")
-    log(f"{len(recipes)} recipes in {shipped_root() / 'configs'}; `spanlm recipes copy NAME DEST` copies one to edit and run")
+    log(
+        f"{len(recipes)} recipes in {shipped_root() / 'configs'}; `spanlm recipes copy NAME DEST` copies one to "
+        "edit and run"
+    )
     return 0
 
 
@@ -112,34 +124,64 @@ def _recipes_copy(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from spanlm import __version__
 
-    parser = argparse.ArgumentParser(prog="spanlm", description="spanlm: span-, word- and character-aware pretraining and span-extraction fine-tuning for BERT-family encoders.")
+    parser = argparse.ArgumentParser(
+        prog="spanlm",
+        description="spanlm: span-, word- and character-aware pretraining and span-extraction fine-tuning "
+        "for BERT-family encoders.",
+    )
     parser.add_argument("--version", action="version", version=f"spanlm {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    prepare = commands.add_parser("prepare", help="raw text → tokenizer + token shards (reused when up to date)",
-                                  description="Tokenize a corpus into memmappable shards with word starts, sentence and document offsets.")
+    prepare = commands.add_parser(
+        "prepare",
+        help="raw text → tokenizer + token shards (reused when up to date)",
+        description="Tokenize a corpus into memmappable shards with word starts, sentence and document offsets.",
+    )
     prepare.add_argument("recipe", help="a YAML recipe (its data and tokenizer sections are used)")
-    prepare.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.inputs=[a.txt] tokenizer.vocab_size=16000")
-    prepare.add_argument("--force", action="store_true", help="rebuild even when the prepared directory is up to date, or when that replaces its tokenizer "
-                         "(the runs trained on it are named)")
-    prepare.add_argument("--shard", metavar="I/N", default=None,
-                         help="prepare only shard I (from 0) of N consecutive parts of the inputs, into PREPARED_DIR/shard-I-of-N "
-                              "(needs tokenizer.path; a run reads the shards with data.prepared_shards)")
+    prepare.add_argument(
+        "overrides", nargs="*", help="dotted overrides, e.g. data.inputs=[a.txt] tokenizer.vocab_size=16000"
+    )
+    prepare.add_argument(
+        "--force",
+        action="store_true",
+        help="rebuild even when the prepared directory is up to date, or when that replaces its tokenizer "
+        "(the runs trained on it are named)",
+    )
+    prepare.add_argument(
+        "--shard",
+        metavar="I/N",
+        default=None,
+        help="prepare only shard I (from 0) of N consecutive parts of the inputs, into PREPARED_DIR/shard-I-of-N "
+        "(needs tokenizer.path; a run reads the shards with data.prepared_shards)",
+    )
     prepare.set_defaults(run=_prepare)
 
-    preview = commands.add_parser("preview", help="show masked blocks and masking statistics for a recipe",
-                                  description="Mask a few blocks with the recipe's masking scheme, print them decoded "
-                                              "(targets and noised tokens marked), then one JSON line of statistics.")
-    preview.add_argument("recipe", help="a YAML recipe (data, tokenizer and masking sections), e.g. configs/masking/spanbert.yaml")
+    preview = commands.add_parser(
+        "preview",
+        help="show masked blocks and masking statistics for a recipe",
+        description="Mask a few blocks with the recipe's masking scheme, print them decoded "
+        "(targets and noised tokens marked), then one JSON line of statistics.",
+    )
+    preview.add_argument(
+        "recipe", help="a YAML recipe (data, tokenizer and masking sections), e.g. configs/masking/spanbert.yaml"
+    )
     preview.add_argument("overrides", nargs="*", help="dotted overrides, e.g. masking.span.p=0.3 data.max_len=256")
     preview.add_argument("--n", type=int, default=4, help="blocks to show (default 4)")
     preview.add_argument("--stats-blocks", type=int, default=256, help="blocks the statistics cover (default 256)")
-    preview.add_argument("--jsonl", default=None, metavar="FILE", help="also write the raw masked batches, one JSON line per batch")
+    preview.add_argument(
+        "--jsonl", default=None, metavar="FILE", help="also write the raw masked batches, one JSON line per batch"
+    )
     preview.set_defaults(run=_preview)
 
-    add_training_command(commands, "pretrain", "pretrain with a recipe's objective (one process or torchrun)",
-                         "configs/pretrain/spanbert.yaml", "train.max_steps=200", _pretrain,
-                         description="Train; under torchrun every process runs this same command.")
+    add_training_command(
+        commands,
+        "pretrain",
+        "pretrain with a recipe's objective (one process or torchrun)",
+        "configs/pretrain/spanbert.yaml",
+        "train.max_steps=200",
+        _pretrain,
+        description="Train; under torchrun every process runs this same command.",
+    )
 
     export = commands.add_parser("export", help="checkpoint → Hugging Face directory (+ heads) that AutoModel loads")
     export.add_argument("checkpoint", help="a checkpoint directory, or a run directory (its latest checkpoint)")
@@ -152,30 +194,49 @@ def build_parser() -> argparse.ArgumentParser:
 
     compare = commands.add_parser("compare", help="one plot of several runs' metrics side by side")
     compare.add_argument("run_dirs", nargs="+")
-    compare.add_argument("--metric", action="append", required=True, help="a logged key, e.g. mlm_loss (repeatable: one panel each)")
+    compare.add_argument(
+        "--metric", action="append", required=True, help="a logged key, e.g. mlm_loss (repeatable: one panel each)"
+    )
     compare.add_argument("--kind", choices=["train", "eval"], default="eval", help="which records (default eval)")
     compare.add_argument("--out", required=True, help="the PNG to write")
     compare.set_defaults(run=_compare)
 
-    demo = commands.add_parser("demo", help="the whole toolkit on the embedded data: pretrain → NER from it and from random init → report",
-                               description="Prepare the embedded corpus, pretrain a tiny SpanBERT, fine-tune GlobalPointer NER on "
-                                           "WNUT-17 from it and from a random initialisation with the same budget, evaluate both, "
-                                           "and write OUT/report.html and OUT/summary.json, from the recipes and data installed "
-                                           "with spanlm (any working directory).")
+    demo = commands.add_parser(
+        "demo",
+        help="the whole toolkit on the embedded data: pretrain → NER from it and from random init → report",
+        description="Prepare the embedded corpus, pretrain a tiny SpanBERT, fine-tune GlobalPointer NER on "
+        "WNUT-17 from it and from a random initialisation with the same budget, evaluate both, "
+        "and write OUT/report.html and OUT/summary.json, from the recipes and data installed "
+        "with spanlm (any working directory).",
+    )
     demo.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     demo.add_argument("--quick", action="store_true", help="the one-minute smoke version (a few steps per stage)")
-    demo.add_argument("--seeds", type=int, nargs="+", default=[0], metavar="SEED",
-                      help="run the comparison once per seed (in OUT/seed-N) and report mean and spread (default: 0)")
+    demo.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[0],
+        metavar="SEED",
+        help="run the comparison once per seed (in OUT/seed-N) and report mean and spread (default: 0)",
+    )
     demo.set_defaults(run=_demo)
 
-    recipes = commands.add_parser("recipes", help="the recipes installed with spanlm: list them, copy one to edit and run",
-                                  description="The recipes of the repository's configs/, installed with the package "
-                                              "(with the embedded data they read).")
+    recipes = commands.add_parser(
+        "recipes",
+        help="the recipes installed with spanlm: list them, copy one to edit and run",
+        description="The recipes of the repository's configs/, installed with the package "
+        "(with the embedded data they read).",
+    )
     actions = recipes.add_subparsers(dest="recipes_command", metavar="ACTION", required=True)
-    actions.add_parser("list", help="each recipe's name (e.g. pretrain/spanbert) and what it is").set_defaults(run=_recipes_list)
-    copy = actions.add_parser("copy", help="write a recipe where you can edit it, its embedded-data paths made absolute",
-                              description="Copy a recipe; its data/... paths become the absolute paths of the installed "
-                                          "embedded data, so the copy runs from any directory.")
+    actions.add_parser("list", help="each recipe's name (e.g. pretrain/spanbert) and what it is").set_defaults(
+        run=_recipes_list
+    )
+    copy = actions.add_parser(
+        "copy",
+        help="write a recipe where you can edit it, its embedded-data paths made absolute",
+        description="Copy a recipe; its data/... paths become the absolute paths of the installed "
+        "embedded data, so the copy runs from any directory.",
+    )
     copy.add_argument("name", help="a name from `spanlm recipes list`, e.g. pretrain/spanbert")
     copy.add_argument("dest", help="the file to write, or a directory to put it in (keeping the recipe's file name)")
     copy.add_argument("--force", action="store_true", help="replace DEST if it exists")

@@ -12,17 +12,33 @@ def log(message: str) -> None:
     print(message, file=sys.stderr)
 
 
-def add_training_command(actions, name: str, help: str, recipe_example: str, override_examples: str,
-                         run: Callable, description: str | None = None):
+def add_training_command(
+    actions,
+    name: str,
+    help: str,
+    recipe_example: str,
+    override_examples: str,
+    run: Callable,
+    description: str | None = None,
+):
     """A ``NAME RECIPE [OVERRIDES…] [--resume auto|PATH]`` subcommand (pretrain, ner train, qa train)."""
     command = actions.add_parser(name, help=help, description=description)
     command.add_argument("recipe", help=f"a YAML recipe, e.g. {recipe_example}")
     command.add_argument("overrides", nargs="*", help=f"dotted overrides, e.g. {override_examples}")
-    command.add_argument("--resume", default=None, metavar="auto|PATH",
-                         help="auto: the latest complete checkpoint of train.output_dir; or a checkpoint / run directory")
-    command.add_argument("--resume-weights-only", default=None, metavar="PATH", dest="weights_from",
-                         help="start a new run (in another train.output_dir) from the weights of this checkpoint / run "
-                              "directory: new optimiser, schedule and data position, any settings may differ")
+    command.add_argument(
+        "--resume",
+        default=None,
+        metavar="auto|PATH",
+        help="auto: the latest complete checkpoint of train.output_dir; or a checkpoint / run directory",
+    )
+    command.add_argument(
+        "--resume-weights-only",
+        default=None,
+        metavar="PATH",
+        dest="weights_from",
+        help="start a new run (in another train.output_dir) from the weights of this checkpoint / run "
+        "directory: new optimiser, schedule and data position, any settings may differ",
+    )
     command.set_defaults(run=run)
     return command
 

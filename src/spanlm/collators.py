@@ -43,8 +43,12 @@ Scheme = Literal["mlm", "wwm", "span", "ngram"]
 IGNORE_INDEX = -100  # transformers' label of a position without a target
 
 
-def tokenize_words(tokenizer, max_length: int | None = None, words: Literal["tokenizer", "jieba"] = "tokenizer",
-                   text_column: str = "text") -> Callable[[dict], dict]:
+def tokenize_words(
+    tokenizer,
+    max_length: int | None = None,
+    words: Literal["tokenizer", "jieba"] = "tokenizer",
+    text_column: str = "text",
+) -> Callable[[dict], dict]:
     """A function for ``dataset.map(..., batched=True)``: texts → ``input_ids``, ``attention_mask``, ``word_ids``.
 
     Special tokens are added (and their word id is None); the *text* of a special token ("[MASK]",
@@ -61,8 +65,10 @@ def tokenize_words(tokenizer, max_length: int | None = None, words: Literal["tok
             lengths = np.array([len(e.ids) for e in encodings], dtype=np.int64)
             index = jieba_word_index(texts, encodings, lengths).astype(np.int64)  # global over the batch
             starts = np.cumsum(lengths) - lengths
-            word_ids = [[None if own is None else int(index[start + t]) for t, own in enumerate(row)]
-                        for row, start in zip(word_ids, starts)]
+            word_ids = [
+                [None if own is None else int(index[start + t]) for t, own in enumerate(row)]
+                for row, start in zip(word_ids, starts)
+            ]
         return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], "word_ids": word_ids}
 
     return encode
@@ -99,24 +105,37 @@ class MaskingCollator:
         pad_to_multiple_of: pad the length to a multiple of this (e.g. 8 for tensor cores).
     """
 
-    def __init__(self, tokenizer, scheme: Scheme = "mlm", masking: MaskingConfig | None = None, seed: int = 0,
-                 token_counts: np.ndarray | None = None, similar_words=None, pad_to_multiple_of: int | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        scheme: Scheme = "mlm",
+        masking: MaskingConfig | None = None,
+        seed: int = 0,
+        token_counts: np.ndarray | None = None,
+        similar_words=None,
+        pad_to_multiple_of: int | None = None,
+    ):
         if scheme not in ("mlm", "wwm", "span", "ngram"):
             raise ConfigError(f"scheme must be mlm, wwm, span or ngram, not {scheme!r}")
         masking = masking or MaskingConfig()
         settings = getattr(masking, scheme)
         if getattr(settings, "random_source", None) == "unigram" and token_counts is None:
-            raise ConfigError(f"masking.{scheme}.random_source is 'unigram' (random replacements follow the corpus "
-                              "frequencies): pass token_counts=spanlm.collators.count_tokens(dataset, len(tokenizer)), "
-                              f"or set masking.{scheme}.random_source='uniform'")
+            raise ConfigError(
+                f"masking.{scheme}.random_source is 'unigram' (random replacements follow the corpus "
+                "frequencies): pass token_counts=spanlm.collators.count_tokens(dataset, len(tokenizer)), "
+                f"or set masking.{scheme}.random_source='uniform'"
+            )
         if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
             raise ConfigError("the tokenizer needs a mask and a pad token")
         self.tokenizer, self.scheme, self.seed = tokenizer, scheme, seed
         self.pad_to_multiple_of = pad_to_multiple_of
         self.pad_id = int(tokenizer.pad_token_id)
-        vocabulary = Vocabulary(size=len(tokenizer), mask_id=int(tokenizer.mask_token_id),
-                                special_ids=tuple(int(i) for i in tokenizer.all_special_ids),
-                                token_counts=None if token_counts is None else np.asarray(token_counts, dtype=np.int64))
+        vocabulary = Vocabulary(
+            size=len(tokenizer),
+            mask_id=int(tokenizer.mask_token_id),
+            special_ids=tuple(int(i) for i in tokenizer.all_special_ids),
+            token_counts=None if token_counts is None else np.asarray(token_counts, dtype=np.int64),
+        )
         self.masker = _build_masker(scheme, settings, vocabulary, similar_words)
         self._rng: np.random.Generator | None = None
         self._rng_worker: int | None = None
@@ -146,7 +165,9 @@ class MaskingCollator:
             "labels": torch.from_numpy(labels.reshape(ids.shape)),
         }
         if "token_type_ids" in features[0]:
-            out["token_type_ids"] = torch.from_numpy(self._pad([f["token_type_ids"] for f in features], ids.shape[1], 0))
+            out["token_type_ids"] = torch.from_numpy(
+                self._pad([f["token_type_ids"] for f in features], ids.shape[1], 0)
+            )
         if self.scheme == "span":
             for name in ("sbo_left", "sbo_right", "sbo_relative", "sbo_labels"):
                 out[name] = torch.from_numpy(np.ascontiguousarray(getattr(masked, name)))
@@ -160,8 +181,10 @@ class MaskingCollator:
             raise ConfigError(f"every feature needs input_ids (got keys {sorted(features[0])})")
         has_words = "word_ids" in features[0]
         if not has_words and self.scheme != "mlm":
-            raise ConfigError(f"scheme {self.scheme!r} masks whole words: every feature needs word_ids — tokenize with "
-                              "spanlm.collators.tokenize_words(tokenizer), or add encoding.word_ids() to each feature")
+            raise ConfigError(
+                f"scheme {self.scheme!r} masks whole words: every feature needs word_ids — tokenize with "
+                "spanlm.collators.tokenize_words(tokenizer), or add encoding.word_ids() to each feature"
+            )
         lengths = np.array([len(f["input_ids"]) for f in features], dtype=np.int64)
         width = int(lengths.max())
         if self.pad_to_multiple_of:
@@ -178,27 +201,32 @@ class MaskingCollator:
             structural = [i for i in self.tokenizer.all_special_ids if i != self.tokenizer.unk_token_id]
             special = ~attention | np.isin(input_ids, structural)
             word_starts = ~special
-        return BlockBatch(input_ids=input_ids, word_starts=word_starts, attention_mask=attention, special_mask=special | ~attention)
+        return BlockBatch(
+            input_ids=input_ids, word_starts=word_starts, attention_mask=attention, special_mask=special | ~attention
+        )
 
     @staticmethod
     def _pad(rows: list, width: int, value: int) -> np.ndarray:
         out = np.full((len(rows), width), value, dtype=np.int64)
         lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
-        out[np.arange(width)[None, :] < lengths[:, None]] = np.fromiter((x for r in rows for x in r), dtype=np.int64, count=int(lengths.sum()))
+        out[np.arange(width)[None, :] < lengths[:, None]] = np.fromiter(
+            (x for r in rows for x in r), dtype=np.int64, count=int(lengths.sum())
+        )
         return out
 
 
 def _build_masker(scheme: str, settings, vocabulary: Vocabulary, similar_words):
 
     if scheme == "ngram":
-
         if isinstance(similar_words, (str, Path)):
             similar_words = SimilarWords.load(similar_words)
         if similar_words is None:
             if settings.proportions.similar > 0:
-                raise ConfigError("MacBERT (scheme 'ngram') replaces words by similar words: pass similar_words= a "
-                                  "`spanlm prepare` directory made with data.similar_words set, or set "
-                                  "masking.ngram.proportions.similar to 0")
+                raise ConfigError(
+                    "MacBERT (scheme 'ngram') replaces words by similar words: pass similar_words= a "
+                    "`spanlm prepare` directory made with data.similar_words set, or set "
+                    "masking.ngram.proportions.similar to 0"
+                )
             similar_words = SimilarWords([], [], [0], [], [])
         return NgramMasker(settings, vocabulary, similar_words)
     return {"mlm": MlmMasker, "wwm": WholeWordMasker, "span": SpanMasker}[scheme](settings, vocabulary)

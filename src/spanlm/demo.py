@@ -50,7 +50,9 @@ INITS = ("pretrained", "random")
 # The NER runs: each init fine-tuned whole, then with its encoder frozen (the head alone learns from the
 # encoder's features: a probe of what pretraining put into them, which fine-tuning can wash out).
 ARMS = (*INITS, *(f"{init}-frozen" for init in INITS))
-F1_KEYS = tuple(f"ner_f1_{arm.replace('-', '_')}" for arm in ARMS)  # summary.json: ner_f1_pretrained, …, ner_f1_random_frozen
+F1_KEYS = tuple(
+    f"ner_f1_{arm.replace('-', '_')}" for arm in ARMS
+)  # summary.json: ner_f1_pretrained, …, ner_f1_random_frozen
 NER_NAME = "GermEval 2014"
 NER_RECIPE = "configs/ner/germeval2014.yaml"
 NER_DATA = "data/ner/germeval2014"
@@ -80,19 +82,25 @@ class DemoPlan:
             raise ConfigError(f"labelled_sentences must be 1..{EMBEDDED_LABELLED}, got {self.labelled_sentences}")
 
 
-QUICK = DemoPlan(pretrain_steps=12, pretrain_eval_every=6, labelled_sentences=500, ner_steps=12, ner_eval_every=6, eval_docs=50)
+QUICK = DemoPlan(
+    pretrain_steps=12, pretrain_eval_every=6, labelled_sentences=500, ner_steps=12, ner_eval_every=6, eval_docs=50
+)
 
 
-def run_demo(out: str | Path = "runs/demo", quick: bool = False, seeds: tuple[int, ...] = (0,), log=print,
-             plan: DemoPlan | None = None) -> dict:
+def run_demo(
+    out: str | Path = "runs/demo",
+    quick: bool = False,
+    seeds: tuple[int, ...] = (0,),
+    log=print,
+    plan: DemoPlan | None = None,
+) -> dict:
     """Run the comparison for each seed; returns the summary (also in ``out/summary.json``).
 
     One seed writes everything into ``out``; several write ``out/seed-N/`` each and, in ``out``, the
     per-seed table with the mean and spread. ``plan`` replaces the budgets of ``quick``.
     """
-    from spanlm.train.loop import StopSignal
-
     from spanlm.errors import ConfigError
+    from spanlm.train.loop import StopSignal
 
     plan = plan or (QUICK if quick else DemoPlan())
     out = Path(out)
@@ -110,7 +118,9 @@ def run_demo(out: str | Path = "runs/demo", quick: bool = False, seeds: tuple[in
                     break
             summary = _aggregate(out, runs, seeds)
             _write_seeds_page(out, summary)
-            (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+            (out / "summary.json").write_text(
+                json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+            )
             log(seeds_table(summary))
     return summary
 
@@ -118,10 +128,10 @@ def run_demo(out: str | Path = "runs/demo", quick: bool = False, seeds: tuple[in
 # -- one seed -----------------------------------------------------------------------------------------
 def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
     from spanlm.config import load_config
-    from spanlm.pretrain.recipe import load_recipe
     from spanlm.ner.config import NerRecipe
     from spanlm.ner.task import train_ner
     from spanlm.pretrain.export import export_checkpoint
+    from spanlm.pretrain.recipe import load_recipe
     from spanlm.pretrain.run import pretrain
     from spanlm.train.report import write_report
 
@@ -129,19 +139,31 @@ def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
     root = shipped_root()  # the recipes and data installed with this spanlm, whatever the working directory
     out.mkdir(parents=True, exist_ok=True)
     data = root / NER_DATA
-    base = load_config(root / NER_RECIPE, [f"data.train={data / 'train.conll'}", f"data.dev={data / 'dev.conll'}"], cls=NerRecipe)
+    base = load_config(
+        root / NER_RECIPE, [f"data.train={data / 'train.conll'}", f"data.dev={data / 'dev.conll'}"], cls=NerRecipe
+    )
     task_text = _unlabelled_text(base.data, out / "task_text" / "train_sentences.txt")
     base.data.train = str(_labelled_subset(data / "train.conll", plan.labelled_sentences, out / "ner_train.conll"))
     stages, wall = {}, {}
 
     log(f"[1/5] seed {seed}: pretraining a tiny SpanBERT encoder ({plan.pretrain_steps} steps) → {out / 'pretrain'}")
-    pretrain_recipe = load_recipe(root / "configs/pretrain/spanbert.yaml", [
-        f"seed={seed}", f"data.inputs={json.dumps([str(data / 'unlabelled.txt.gz'), str(task_text)])}",
-        f"data.prepared_dir={out / 'prepared'}", "tokenizer.lowercase=false",  # cased, as BERT-cased for NER
-        f"train.output_dir={out / 'pretrain'}", f"train.max_steps={plan.pretrain_steps}", "train.eval_at_start=true",
-        f"train.eval_every={plan.pretrain_eval_every}", f"train.save_every={plan.pretrain_steps}",
-        f"train.log_every={min(10, plan.pretrain_steps)}", "train.eval_blocks=64", "logging.report_to=[]",
-    ])
+    pretrain_recipe = load_recipe(
+        root / "configs/pretrain/spanbert.yaml",
+        [
+            f"seed={seed}",
+            f"data.inputs={json.dumps([str(data / 'unlabelled.txt.gz'), str(task_text)])}",
+            f"data.prepared_dir={out / 'prepared'}",
+            "tokenizer.lowercase=false",  # cased, as BERT-cased for NER
+            f"train.output_dir={out / 'pretrain'}",
+            f"train.max_steps={plan.pretrain_steps}",
+            "train.eval_at_start=true",
+            f"train.eval_every={plan.pretrain_eval_every}",
+            f"train.save_every={plan.pretrain_steps}",
+            f"train.log_every={min(10, plan.pretrain_steps)}",
+            "train.eval_blocks=64",
+            "logging.report_to=[]",
+        ],
+    )
     clock = time.monotonic()
     pretrain(pretrain_recipe, resume="auto", log=log)
     wall["pretrain"] = time.monotonic() - clock
@@ -155,20 +177,37 @@ def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
             stages[f"ner_{arm}"] = {"planned": plan.ner_steps, "ran": 0, "complete": False}
             continue
         init, frozen = arm.removesuffix("-frozen"), arm.endswith("-frozen")
-        log(f"[{2 + index}/{len(ARMS) + 2}] seed {seed}: {'training the NER head on the frozen' if frozen else 'fine-tuning NER from the'} "
-            f"{init} encoder on {NER_NAME} ({plan.ner_steps} steps) → {out / f'ner-{arm}'}")
+        log(
+            f"[{2 + index}/{len(ARMS) + 2}] seed {seed}: "
+            f"{'training the NER head on the frozen' if frozen else 'fine-tuning NER from the'} "
+            f"{init} encoder on {NER_NAME} ({plan.ner_steps} steps) → {out / f'ner-{arm}'}"
+        )
         ner_dir = out / f"ner-{arm}"
         if ner_dir.exists():  # the encoder above may have changed: fine-tune afresh
             shutil.rmtree(ner_dir)
-        ner_recipes[arm] = load_config(root / NER_RECIPE, [
-            f"seed={seed}", f"model.path={encoder_dir}", f"model.init={init}", f"model.frozen={str(frozen).lower()}",
-            f"data.train={base.data.train}",
-            f"data.dev={base.data.dev}", f"data.eval_docs={plan.eval_docs}", f"train.output_dir={ner_dir}",
-            f"train.max_steps={plan.ner_steps}", f"train.eval_every={plan.ner_eval_every}", "train.eval_at_start=true",
-            f"train.lr={plan.ner_lr}", f"train.save_every={plan.ner_steps}", f"train.warmup_steps={max(1, plan.ner_steps // 10)}",
-            f"train.log_every={min(10, plan.ner_steps)}", "logging.report_to=[]",
-            f"train.encoder_lr={'null' if plan.ner_encoder_lr is None else plan.ner_encoder_lr}",
-        ], cls=NerRecipe)
+        ner_recipes[arm] = load_config(
+            root / NER_RECIPE,
+            [
+                f"seed={seed}",
+                f"model.path={encoder_dir}",
+                f"model.init={init}",
+                f"model.frozen={str(frozen).lower()}",
+                f"data.train={base.data.train}",
+                f"data.dev={base.data.dev}",
+                f"data.eval_docs={plan.eval_docs}",
+                f"train.output_dir={ner_dir}",
+                f"train.max_steps={plan.ner_steps}",
+                f"train.eval_every={plan.ner_eval_every}",
+                "train.eval_at_start=true",
+                f"train.lr={plan.ner_lr}",
+                f"train.save_every={plan.ner_steps}",
+                f"train.warmup_steps={max(1, plan.ner_steps // 10)}",
+                f"train.log_every={min(10, plan.ner_steps)}",
+                "logging.report_to=[]",
+                f"train.encoder_lr={'null' if plan.ner_encoder_lr is None else plan.ner_encoder_lr}",
+            ],
+            cls=NerRecipe,
+        )
         clock = time.monotonic()
         train_ner(ner_recipes[arm], log=log)
         wall[f"ner_{arm}"] = time.monotonic() - clock
@@ -176,8 +215,13 @@ def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
         write_report(ner_dir)
 
     log(f"[{len(ARMS) + 2}/{len(ARMS) + 2}] seed {seed}: scoring, fill-mask, predictions → {out / 'report.html'}")
-    summary = _summarise(out, plan, seed, stages, base.data, pretrain_recipe, encoder_dir, [a for a in ARMS if a in ner_recipes])
-    summary["run"]["wall_seconds"] = {**{k: round(v, 1) for k, v in wall.items()}, "total": round(time.monotonic() - started, 1)}
+    summary = _summarise(
+        out, plan, seed, stages, base.data, pretrain_recipe, encoder_dir, [a for a in ARMS if a in ner_recipes]
+    )
+    summary["run"]["wall_seconds"] = {
+        **{k: round(v, 1) for k, v in wall.items()},
+        "total": round(time.monotonic() - started, 1),
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     _plots(out, summary)
     _write_page(out, summary)
@@ -215,8 +259,9 @@ def _stopped(stages: dict, stop) -> bool:
     return stop.received is not None or not all(stage["complete"] for stage in stages.values())
 
 
-def _summarise(out: Path, plan: DemoPlan, seed: int, stages: dict, data, pretrain_recipe, encoder_dir: Path,
-               inits: list[str]) -> dict:
+def _summarise(
+    out: Path, plan: DemoPlan, seed: int, stages: dict, data, pretrain_recipe, encoder_dir: Path, inits: list[str]
+) -> dict:
     from spanlm.ner.data import read_documents
     from spanlm.ner.predict import NerModel
     from spanlm.train.metrics import read_metrics
@@ -225,19 +270,33 @@ def _summarise(out: Path, plan: DemoPlan, seed: int, stages: dict, data, pretrai
     evals = [r for r in read_metrics(out / "pretrain") if r.get("kind") == "eval"]
     pretrain_final = {k: v for k, v in (evals[-1] if evals else {}).items() if k not in ("kind", "time", "elapsed")}
     train_docs, dev_docs = read_documents(data.train, data)[0], read_documents(data.dev, data)[0]
-    seen_names = {document.text[e.start:e.end] for document in train_docs for e in document.entities}
+    seen_names = {document.text[e.start : e.end] for document in train_docs for e in document.entities}
     ner, predictions = {}, {}
     for init in inits:
         model = NerModel(out / f"ner-{init}" / "model")
         scores = json.loads((out / f"ner-{init}" / "eval.json").read_text(encoding="utf-8"))
         predicted = [document for document, _ in model.predict(dev_docs)]
-        ner[init] = {"micro": scores["micro"], "per_type": scores["per_type"],
-                     **seen_unseen_scores(dev_docs, predicted, seen_names)}
+        ner[init] = {
+            "micro": scores["micro"],
+            "per_type": scores["per_type"],
+            **seen_unseen_scores(dev_docs, predicted, seen_names),
+        }
         predictions[init] = [
-            {"text": document.text, "entities": [
-                {"text": document.text[e.start:e.end], "label": e.label, "start": e.start, "end": e.end, "score": round(float(s), 3)}
-                for e, s in zip(document.entities, entity_scores)]}
-            for document, entity_scores in model.predict_texts(EXAMPLES)]
+            {
+                "text": document.text,
+                "entities": [
+                    {
+                        "text": document.text[e.start : e.end],
+                        "label": e.label,
+                        "start": e.start,
+                        "end": e.end,
+                        "score": round(float(s), 3),
+                    }
+                    for e, s in zip(document.entities, entity_scores)
+                ],
+            }
+            for document, entity_scores in model.predict_texts(EXAMPLES)
+        ]
     fill_mask, parameters = _fill_mask(encoder_dir)
     meta = json.loads((out / "prepared" / "meta.json").read_text(encoding="utf-8"))
     interrupted = {name: stage for name, stage in stages.items() if not stage["complete"]}
@@ -254,7 +313,9 @@ def _summarise(out: Path, plan: DemoPlan, seed: int, stages: dict, data, pretrai
         "fill_mask": fill_mask,
         "plan": dataclasses.asdict(plan),
         "run": {
-            "seed": seed, "commit": _commit(), "encoder_parameters": parameters,
+            "seed": seed,
+            "commit": _commit(),
+            "encoder_parameters": parameters,
             "tokenizer": f"WordPiece, {meta['vocab_size']} tokens, cased, trained on the pretraining text",
             "labelled_sentences": len(train_docs),
             "pretraining_corpus_tokens": meta["n_tokens"],
@@ -271,9 +332,17 @@ def seen_unseen_scores(gold: list, predicted: list, seen_names: set[str]) -> dic
     from spanlm.ner.metrics import span_prf
 
     def tuples(documents, seen: bool):
-        return [(d.id, e.label, e.start, e.end) for d in documents for e in d.entities if (d.text[e.start:e.end] in seen_names) == seen]
+        return [
+            (d.id, e.label, e.start, e.end)
+            for d in documents
+            for e in d.entities
+            if (d.text[e.start : e.end] in seen_names) == seen
+        ]
 
-    return {side: span_prf(tuples(gold, seen), tuples(predicted, seen))["micro"] for side, seen in (("seen", True), ("unseen", False))}
+    return {
+        side: span_prf(tuples(gold, seen), tuples(predicted, seen))["micro"]
+        for side, seen in (("seen", True), ("unseen", False))
+    }
 
 
 def _fill_mask(encoder_dir: Path) -> tuple[list[dict], int]:
@@ -284,15 +353,22 @@ def _fill_mask(encoder_dir: Path) -> tuple[list[dict], int]:
 
     with quiet_load_report():  # the export's unused pooler is no news
         fill = pipeline("fill-mask", model=str(encoder_dir), device="cpu")
-    answers = [{"text": text, "top": [{"token": a["token_str"], "score": round(float(a["score"]), 3)} for a in fill(text, top_k=3)]}
-               for text in FILL_MASK]
+    answers = [
+        {
+            "text": text,
+            "top": [{"token": a["token_str"], "score": round(float(a["score"]), 3)} for a in fill(text, top_k=3)],
+        }
+        for text in FILL_MASK
+    ]
     return answers, int(fill.model.base_model.num_parameters())
 
 
 def _commit() -> str:
     """The git commit of the spanlm checkout running the demo, or "unknown" for an installed wheel."""
     try:
-        found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=shipped_root(), capture_output=True, text=True, timeout=10)
+        found = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=shipped_root(), capture_output=True, text=True, timeout=10
+        )
     except OSError:
         return "unknown"
     return found.stdout.strip() if found.returncode == 0 else "unknown"
@@ -300,18 +376,28 @@ def _commit() -> str:
 
 # -- several seeds ------------------------------------------------------------------------------------
 def _spread(values: list[float]) -> dict:
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "min": min(values), "max": max(values)}
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "min": min(values),
+        "max": max(values),
+    }
 
 
 def _aggregate(out: Path, runs: list[dict], seeds: tuple[int, ...]) -> dict:
     finished = [run for run in runs if not run["interrupted"]]
-    rows = [{"seed": run["seeds"][0], "mlm_accuracy": run["mlm_accuracy"], "unigram_accuracy": run["unigram_accuracy"],
-             **{key: run[key] for key in F1_KEYS},
-             "gap": (run["ner_f1_pretrained"] or 0.0) - (run["ner_f1_random"] or 0.0),
-             "frozen_gap": (run["ner_f1_pretrained_frozen"] or 0.0) - (run["ner_f1_random_frozen"] or 0.0),
-             "interrupted": run["interrupted"]}
-            for run in runs]
+    rows = [
+        {
+            "seed": run["seeds"][0],
+            "mlm_accuracy": run["mlm_accuracy"],
+            "unigram_accuracy": run["unigram_accuracy"],
+            **{key: run[key] for key in F1_KEYS},
+            "gap": (run["ner_f1_pretrained"] or 0.0) - (run["ner_f1_random"] or 0.0),
+            "frozen_gap": (run["ner_f1_pretrained_frozen"] or 0.0) - (run["ner_f1_random_frozen"] or 0.0),
+            "interrupted": run["interrupted"],
+        }
+        for run in runs
+    ]
     complete = [row for row in rows if not row["interrupted"]]
     keys = ("mlm_accuracy", "unigram_accuracy", *F1_KEYS, "gap", "frozen_gap")
     spread = {key: _spread([row[key] for row in complete]) for key in keys} if complete else {}
@@ -328,27 +414,49 @@ def _aggregate(out: Path, runs: list[dict], seeds: tuple[int, ...]) -> dict:
 
 
 def seeds_table(summary: dict) -> str:
-    rows = [("seed", "MLM acc", "unigram", "F1 pretrained", "F1 random", "gap", "frozen: F1 pretrained", "F1 random", "gap")]
+    rows = [
+        ("seed", "MLM acc", "unigram", "F1 pretrained", "F1 random", "gap", "frozen: F1 pretrained", "F1 random", "gap")
+    ]
     for row in summary["per_seed"]:
-        rows.append((str(row["seed"]) + (" (interrupted)" if row["interrupted"] else ""), f"{row['mlm_accuracy']:.3f}",
-                     f"{row['unigram_accuracy']:.3f}", f"{row['ner_f1_pretrained'] or 0:.2f}", f"{row['ner_f1_random'] or 0:.2f}",
-                     f"{row['gap']:+.2f}", f"{row['ner_f1_pretrained_frozen'] or 0:.2f}", f"{row['ner_f1_random_frozen'] or 0:.2f}",
-                     f"{row['frozen_gap']:+.2f}"))
+        rows.append(
+            (
+                str(row["seed"]) + (" (interrupted)" if row["interrupted"] else ""),
+                f"{row['mlm_accuracy']:.3f}",
+                f"{row['unigram_accuracy']:.3f}",
+                f"{row['ner_f1_pretrained'] or 0:.2f}",
+                f"{row['ner_f1_random'] or 0:.2f}",
+                f"{row['gap']:+.2f}",
+                f"{row['ner_f1_pretrained_frozen'] or 0:.2f}",
+                f"{row['ner_f1_random_frozen'] or 0:.2f}",
+                f"{row['frozen_gap']:+.2f}",
+            )
+        )
     spread = summary["spread"]
     if spread:
         f1 = [f"{spread[k]['mean']:.2f} ± {spread[k]['std']:.2f}" for k in F1_KEYS]
-        rows.append(("mean ± sd", *(f"{spread[k]['mean']:.3f} ± {spread[k]['std']:.3f}" for k in ("mlm_accuracy", "unigram_accuracy")),
-                     *f1[:2], f"{spread['gap']['mean']:+.2f} ± {spread['gap']['std']:.2f}",
-                     *f1[2:], f"{spread['frozen_gap']['mean']:+.2f} ± {spread['frozen_gap']['std']:.2f}"))
+        rows.append(
+            (
+                "mean ± sd",
+                *(f"{spread[k]['mean']:.3f} ± {spread[k]['std']:.3f}" for k in ("mlm_accuracy", "unigram_accuracy")),
+                *f1[:2],
+                f"{spread['gap']['mean']:+.2f} ± {spread['gap']['std']:.2f}",
+                *f1[2:],
+                f"{spread['frozen_gap']['mean']:+.2f} ± {spread['frozen_gap']['std']:.2f}",
+            )
+        )
     return _text_table(rows)
 
 
 def _write_seeds_page(out: Path, summary: dict) -> None:
-    page = [_HEAD, f"<h1>spanlm demo: {len(summary['per_seed'])} seeds</h1>",
-            f"<p>The same comparison per seed (pretraining, data order and head initialisation all follow the seed); "
-            f"F1 in percent on the whole {NER_NAME} dev set; gap = pretrained − random init. Spread: sample standard "
-            "deviation over the seeds.</p>",
-            f"<pre>{html.escape(seeds_table(summary))}</pre>", "<ul>"]
+    page = [
+        _HEAD,
+        f"<h1>spanlm demo: {len(summary['per_seed'])} seeds</h1>",
+        f"<p>The same comparison per seed (pretraining, data order and head initialisation all follow the seed); "
+        f"F1 in percent on the whole {NER_NAME} dev set; gap = pretrained − random init. Spread: sample standard "
+        "deviation over the seeds.</p>",
+        f"<pre>{html.escape(seeds_table(summary))}</pre>",
+        "<ul>",
+    ]
     page += [f"<li><a href='seed-{row['seed']}/report.html'>seed {row['seed']}</a></li>" for row in summary["per_seed"]]
     page.append("</ul></body></html>")
     (out / "report.html").write_text("\n".join(page), encoding="utf-8")
@@ -373,7 +481,7 @@ def summary_table(summary: dict) -> str:
 
 
 def _arm_label(arm: str) -> str:
-    """"pretrained" → "pretrained init"; "random-frozen" → "random init, frozen (head only)"."""
+    """ "pretrained" → "pretrained init"; "random-frozen" → "random init, frozen (head only)"."""
     return f"{arm.removesuffix('-frozen')} init" + (", frozen (head only)" if arm.endswith("-frozen") else "")
 
 
@@ -392,25 +500,48 @@ def _plots(out: Path, summary: dict) -> None:
 
     from spanlm.train.metrics import read_metrics
 
-    colours = {"pretrained": "tab:blue", "random": "tab:orange", "pretrained-frozen": "tab:cyan", "random-frozen": "tab:red"}
+    colours = {
+        "pretrained": "tab:blue",
+        "random": "tab:orange",
+        "pretrained-frozen": "tab:cyan",
+        "random-frozen": "tab:red",
+    }
     # Dev F1 during fine-tuning, both inits on one axis, from the step-0 evaluation on.
     figure, axis = plt.subplots(figsize=(6.4, 3.8), dpi=100)
     for init in summary["ner"]:
-        points = [(r["step"], r["f1"]) for r in read_metrics(out / f"ner-{init}") if r.get("kind") == "eval" and "f1" in r]
-        axis.plot([p[0] for p in points], [p[1] for p in points], marker=".", color=colours[init], label=_arm_label(init),
-                  linestyle="--" if init.endswith("-frozen") else "-")
-    axis.set(title=f"NER dev F1 during fine-tuning (first {summary['plan']['eval_docs']} dev sentences)", xlabel="step", ylabel="F1 (%)")
+        points = [
+            (r["step"], r["f1"]) for r in read_metrics(out / f"ner-{init}") if r.get("kind") == "eval" and "f1" in r
+        ]
+        axis.plot(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            marker=".",
+            color=colours[init],
+            label=_arm_label(init),
+            linestyle="--" if init.endswith("-frozen") else "-",
+        )
+    axis.set(
+        title=f"NER dev F1 during fine-tuning (first {summary['plan']['eval_docs']} dev sentences)",
+        xlabel="step",
+        ylabel="F1 (%)",
+    )
     axis.set_ylim(bottom=0)
     axis.grid(alpha=0.3)
     axis.legend()
     _save(figure, out / "ner_f1_curves.png")
 
     # Held-out MLM accuracy against the unigram line.
-    points = [(r["step"], r["mlm_accuracy"]) for r in read_metrics(out / "pretrain") if r.get("kind") == "eval" and "mlm_accuracy" in r]
+    points = [
+        (r["step"], r["mlm_accuracy"])
+        for r in read_metrics(out / "pretrain")
+        if r.get("kind") == "eval" and "mlm_accuracy" in r
+    ]
     figure, axis = plt.subplots(figsize=(6.4, 3.4), dpi=100)
     axis.plot([p[0] for p in points], [p[1] for p in points], marker=".", label="held-out MLM accuracy")
     if summary["unigram_accuracy"] is not None:
-        axis.axhline(summary["unigram_accuracy"], color="grey", linestyle="--", label="unigram baseline (most frequent token)")
+        axis.axhline(
+            summary["unigram_accuracy"], color="grey", linestyle="--", label="unigram baseline (most frequent token)"
+        )
     axis.set(title="Pretraining: masked-token accuracy", xlabel="step", ylabel="accuracy")
     axis.set_ylim(bottom=0)
     axis.grid(alpha=0.3)
@@ -420,18 +551,25 @@ def _plots(out: Path, summary: dict) -> None:
     # Seen / unseen and per-type F1, the two inits side by side, each bar with its value and support.
     groups = [("seen in training", "seen"), ("unseen", "unseen")]
     types = sorted({label for scores in summary["ner"].values() for label in scores["per_type"]})
-    for filename, title, keys in (("ner_f1_seen_unseen.png", "Dev F1 on entities seen / unseen in training", groups),
-                                  ("ner_f1_per_type.png", "Dev F1 per type", [(t, t) for t in types])):
+    for filename, title, keys in (
+        ("ner_f1_seen_unseen.png", "Dev F1 on entities seen / unseen in training", groups),
+        ("ner_f1_per_type.png", "Dev F1 per type", [(t, t) for t in types]),
+    ):
         figure, axis = plt.subplots(figsize=(min(10.0, max(6.4, 0.8 * len(keys) + 2)), 3.8), dpi=100)
         width, top = 0.8 / max(1, len(summary["ner"])), 0.0
         for offset, (init, scores) in enumerate(summary["ner"].items()):
-            values = [(scores[key] if key in ("seen", "unseen") else scores["per_type"].get(key, {})) for _, key in keys]
+            values = [
+                (scores[key] if key in ("seen", "unseen") else scores["per_type"].get(key, {})) for _, key in keys
+            ]
             xs = [i + offset * width for i in range(len(keys))]
             bars = axis.bar(xs, [v.get("f1", 0.0) for v in values], width, color=colours[init], label=_arm_label(init))
             axis.bar_label(bars, [f"{v.get('f1', 0.0):.1f}\nn={v.get('n_gold', 0)}" for v in values], fontsize=6)
             top = max([top] + [v.get("f1", 0.0) for v in values])
-        axis.set_xticks([i + width * (len(summary["ner"]) - 1) / 2 for i in range(len(keys))], [name for name, _ in keys],
-                        rotation=20 if len(keys) > 3 else 0)
+        axis.set_xticks(
+            [i + width * (len(summary["ner"]) - 1) / 2 for i in range(len(keys))],
+            [name for name, _ in keys],
+            rotation=20 if len(keys) > 3 else 0,
+        )
         axis.set(title=title + " (bars: F1, n = gold entities)", ylabel="F1 (%)")
         axis.set_ylim(0, max(10.0, 1.3 * top))  # room for the labels; a 0..10 axis when nothing scores
         axis.legend(fontsize=8)
@@ -446,10 +584,12 @@ def _save(figure, path: Path) -> None:
     plt.close(figure)
 
 
-_HEAD = ("<!doctype html><html><head><meta charset='utf-8'><title>spanlm demo</title>"
-         "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}table{border-collapse:collapse}"
-         "td,th{border:1px solid #ccc;padding:.3em .6em}img{max-width:100%}.warning{background:#fee;border:1px solid #c00;"
-         "padding:.5em}</style></head><body>")
+_HEAD = (
+    "<!doctype html><html><head><meta charset='utf-8'><title>spanlm demo</title>"
+    "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}table{border-collapse:collapse}"
+    "td,th{border:1px solid #ccc;padding:.3em .6em}img{max-width:100%}.warning{background:#fee;border:1px solid #c00;"
+    "padding:.5em}</style></head><body>"
+)
 
 
 def _rates(plan: dict) -> str:
@@ -462,42 +602,77 @@ def _write_page(out: Path, summary: dict) -> None:
     run = summary["run"]
     page = [_HEAD, "<h1>spanlm demo: does span-aware pretraining help?</h1>"]
     if summary["interrupted"]:
-        stopped = "; ".join(f"{name}: {stage['ran']} of {stage['planned']} steps" for name, stage in summary["stages"].items()
-                            if not stage["complete"])
-        page.append(f"<p class='warning'><b>Interrupted run.</b> These stages stopped early: {html.escape(stopped)}. "
-                    "The numbers below are those of the steps that ran.</p>")
-    page += [f"<p>A tiny BERT encoder is pretrained with SpanBERT's objective (span masking, MLM + Span Boundary Objective) "
-             f"on the text of the {NER_NAME} training sentences, without their labels (24,000 sentences of German Wikipedia "
-             f"and news). Then NER is learnt from only {run['labelled_sentences']:,} labelled sentences: the same "
-             f"GlobalPointer NER fine-tuning runs twice with one budget: from that encoder and from a randomly initialised "
-             "copy (same architecture and tokenizer, same data order and head initialisation). Only the encoder's starting "
-             "weights differ. Then both again with the encoder frozen: the head alone learns from the encoder's features, "
-             "which shows what pretraining put into them. Run reports: <a href='pretrain/report.html'>pretraining</a>, "
-             + ", ".join(f"<a href='ner-{a}/report.html'>NER, {html.escape(_arm_label(a))}</a>" for a in summary["ner"]) + ".</p>",
-             "<h2>Summary</h2>", f"<pre>{html.escape(summary_table(summary))}</pre>",
-             "<h2>Run</h2><table>"]
+        stopped = "; ".join(
+            f"{name}: {stage['ran']} of {stage['planned']} steps"
+            for name, stage in summary["stages"].items()
+            if not stage["complete"]
+        )
+        page.append(
+            f"<p class='warning'><b>Interrupted run.</b> These stages stopped early: {html.escape(stopped)}. "
+            "The numbers below are those of the steps that ran.</p>"
+        )
+    page += [
+        f"<p>A tiny BERT encoder is pretrained with SpanBERT's objective (span masking, MLM + Span Boundary Objective) "
+        f"on the text of the {NER_NAME} training sentences, without their labels (24,000 sentences of German Wikipedia "
+        f"and news). Then NER is learnt from only {run['labelled_sentences']:,} labelled sentences: the same "
+        f"GlobalPointer NER fine-tuning runs twice with one budget: from that encoder and from a randomly initialised "
+        "copy (same architecture and tokenizer, same data order and head initialisation). Only the encoder's starting "
+        "weights differ. Then both again with the encoder frozen: the head alone learns from the encoder's features, "
+        "which shows what pretraining put into them. Run reports: <a href='pretrain/report.html'>pretraining</a>, "
+        + ", ".join(f"<a href='ner-{a}/report.html'>NER, {html.escape(_arm_label(a))}</a>" for a in summary["ner"])
+        + ".</p>",
+        "<h2>Summary</h2>",
+        f"<pre>{html.escape(summary_table(summary))}</pre>",
+        "<h2>Run</h2><table>",
+    ]
     steps = summary["stages"]
-    facts = [("seed", run["seed"]), ("commit", run["commit"]),
-             ("encoder", f"BERT, {run['encoder_parameters']:,} parameters"), ("tokenizer", run["tokenizer"]),
-             ("pretraining", f"{steps['pretrain']['ran']} of {steps['pretrain']['planned']} steps; {run['pretraining_blocks_seen']:,} "
-                             f"blocks of ≤ {run['block_tokens_max']} tokens from a {run['pretraining_corpus_tokens']:,}-token corpus"),
-             ("NER fine-tuning", f"{run['labelled_sentences']:,} labelled sentences; learning rate {_rates(summary['plan'])}"),
-             *((f"NER, {_arm_label(name[4:])}", f"{stage['ran']} of {stage['planned']} steps") for name, stage in steps.items() if name != "pretrain"),
-             ("wall time", ", ".join(f"{k} {v:.0f} s" for k, v in run["wall_seconds"].items()))]
+    facts = [
+        ("seed", run["seed"]),
+        ("commit", run["commit"]),
+        ("encoder", f"BERT, {run['encoder_parameters']:,} parameters"),
+        ("tokenizer", run["tokenizer"]),
+        (
+            "pretraining",
+            f"{steps['pretrain']['ran']} of {steps['pretrain']['planned']} steps; {run['pretraining_blocks_seen']:,} "
+            f"blocks of ≤ {run['block_tokens_max']} tokens from a {run['pretraining_corpus_tokens']:,}-token corpus",
+        ),
+        (
+            "NER fine-tuning",
+            f"{run['labelled_sentences']:,} labelled sentences; learning rate {_rates(summary['plan'])}",
+        ),
+        *(
+            (f"NER, {_arm_label(name[4:])}", f"{stage['ran']} of {stage['planned']} steps")
+            for name, stage in steps.items()
+            if name != "pretrain"
+        ),
+        ("wall time", ", ".join(f"{k} {v:.0f} s" for k, v in run["wall_seconds"].items())),
+    ]
     page += [f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in facts]
     page.append("</table><h2>Plots</h2>")
-    plots = [("NER dev F1 during fine-tuning: pretrained vs random init, whole and frozen", "ner_f1_curves.png"),
-             ("Dev F1 on entities seen / unseen in training", "ner_f1_seen_unseen.png"),
-             ("Dev F1 per type (value and number of gold entities on each bar)", "ner_f1_per_type.png"),
-             ("Pretraining: held-out MLM accuracy and the unigram baseline", "mlm_accuracy.png"),
-             ("Pretraining losses (MLM and SBO parts)", "pretrain/loss.png")]
-    page += [f"<h3>{html.escape(title)}</h3><img src='{src}' alt='{html.escape(title)}'>" for title, src in plots if (out / src).is_file()]
-    page.append("<h2>Fill-mask: the pretrained encoder's top 3 guesses</h2><table><tr><th>text</th><th>guesses</th></tr>")
+    plots = [
+        ("NER dev F1 during fine-tuning: pretrained vs random init, whole and frozen", "ner_f1_curves.png"),
+        ("Dev F1 on entities seen / unseen in training", "ner_f1_seen_unseen.png"),
+        ("Dev F1 per type (value and number of gold entities on each bar)", "ner_f1_per_type.png"),
+        ("Pretraining: held-out MLM accuracy and the unigram baseline", "mlm_accuracy.png"),
+        ("Pretraining losses (MLM and SBO parts)", "pretrain/loss.png"),
+    ]
+    page += [
+        f"<h3>{html.escape(title)}</h3><img src='{src}' alt='{html.escape(title)}'>"
+        for title, src in plots
+        if (out / src).is_file()
+    ]
+    page.append(
+        "<h2>Fill-mask: the pretrained encoder's top 3 guesses</h2><table><tr><th>text</th><th>guesses</th></tr>"
+    )
     for item in summary["fill_mask"]:
         guesses = ", ".join(f"{a['token']} ({a['score']:.2f})" for a in item["top"])
         page.append(f"<tr><td>{html.escape(item['text'])}</td><td>{html.escape(guesses)}</td></tr>")
     page.append("</table><h2>Entities found in example sentences</h2>")
-    page.append("<table><tr><th>text</th>" + "".join(f"<th>{html.escape(_arm_label(a))}</th>" for a in summary["predictions"]) + "</tr>")
+    page.append(
+        "<table><tr><th>text</th>"
+        + "".join(f"<th>{html.escape(_arm_label(a))}</th>" for a in summary["predictions"])
+        + "</tr>"
+    )
     for index, text in enumerate(EXAMPLES):
         cells = []
         for init, items in summary["predictions"].items():

@@ -52,7 +52,9 @@ def replace_directory(tmp: Path, final: Path) -> None:
 
 OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 # How libraries that wrap the OSError say it: safetensors "(os error 28)", numpy's short write.
-_OUT_OF_SPACE_TEXT = re.compile(r"No space left on device|Disk quota exceeded|File too large|\d+ requested and \d+ written")
+_OUT_OF_SPACE_TEXT = re.compile(
+    r"No space left on device|Disk quota exceeded|File too large|\d+ requested and \d+ written"
+)
 
 
 def out_of_space(error: BaseException) -> str | None:

@@ -34,8 +34,10 @@ def shipped_root() -> Path:
     for root in SHIPPED_ROOTS:
         if (root / "configs").is_dir() and (root / "data" / "README.md").is_file():
             return root
-    raise InputError(f"{PACKAGE}: this spanlm has neither spanlm/share/ (a wheel's recipes and data) nor a source "
-                     "checkout around it; reinstall it from a wheel or from the repository")
+    raise InputError(
+        f"{PACKAGE}: this spanlm has neither spanlm/share/ (a wheel's recipes and data) nor a source "
+        "checkout around it; reinstall it from a wheel or from the repository"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,8 +57,10 @@ def describe(path: Path) -> str:
 
 def shipped_recipes() -> list[ShippedRecipe]:
     configs = shipped_root() / "configs"
-    return [ShippedRecipe(path.relative_to(configs).with_suffix("").as_posix(), path, describe(path))
-            for path in sorted(configs.glob("**/*.yaml"))]
+    return [
+        ShippedRecipe(path.relative_to(configs).with_suffix("").as_posix(), path, describe(path))
+        for path in sorted(configs.glob("**/*.yaml"))
+    ]
 
 
 def find_recipe(name: str) -> ShippedRecipe:
@@ -79,6 +83,7 @@ def with_embedded_data_paths(text: str, root: Path) -> str:
     the same recipe with only those paths changed: a root whose path YAML would read otherwise unquoted
     (", " in a list, ": ", " #") is refused rather than written into a recipe that means something else.
     """
+
     def absolute(match: re.Match) -> str:
         path = root / match.group()
         return path.as_posix() if path.exists() else match.group()
@@ -90,8 +95,10 @@ def with_embedded_data_paths(text: str, root: Path) -> str:
     except yaml.YAMLError:
         same = False
     if not same:
-        raise InputError(f"{root / 'data'}: YAML cannot hold this path unquoted, so the copied recipe would not name "
-                         "the embedded data; install spanlm where its path has no ', ', ': ' or ' #'")
+        raise InputError(
+            f"{root / 'data'}: YAML cannot hold this path unquoted, so the copied recipe would not name "
+            "the embedded data; install spanlm where its path has no ', ', ': ' or ' #'"
+        )
     return rewritten
 
 

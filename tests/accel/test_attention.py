@@ -10,10 +10,10 @@ import torch
 from torch.nn import functional as F
 
 import spanlm.accel.attention as attention
+from spanlm import accel
 from spanlm.accel.attention import FUSED, _SelfAttention, _VarlenSelfAttention, use_fused_self_attention
 from spanlm.accel.dropout import apply_dropout, dropout_stream
 from spanlm.models.packed import segment_groups
-from spanlm import accel
 
 STOCK = {fused: stock for stock, fused in FUSED.items()}
 
@@ -21,9 +21,17 @@ STOCK = {fused: stock for stock, fused in FUSED.items()}
 def _model(family: str, attention_dropout: float = 0.3):
     from transformers import AutoConfig, AutoModel
 
-    config = AutoConfig.for_model(family, vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                  intermediate_size=64, max_position_embeddings=40, hidden_dropout_prob=0.1,
-                                  attention_probs_dropout_prob=attention_dropout)
+    config = AutoConfig.for_model(
+        family,
+        vocab_size=60,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=40,
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=attention_dropout,
+    )
     torch.manual_seed(0)
     model = AutoModel.from_config(config, attn_implementation="sdpa")
     accel.apply(model, torch.device("cpu"))
@@ -97,7 +105,11 @@ def _reference(hidden, allowed, heads, scale, keep, keep_scale, wq, bq, wk, bk, 
     def split(x):  # (B, L, H) → (B, heads, L, d)
         return x.view(batch, length, heads, width // heads).transpose(1, 2)
 
-    query, key, value = split(F.linear(hidden, wq, bq)), split(F.linear(hidden, wk, bk)), split(F.linear(hidden, wv, bv))
+    query, key, value = (
+        split(F.linear(hidden, wq, bq)),
+        split(F.linear(hidden, wk, bk)),
+        split(F.linear(hidden, wv, bv)),
+    )
     scores = query @ key.transpose(-1, -2) * scale
     if allowed is not None:
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
@@ -110,34 +122,45 @@ def test_forward_and_gradients_equal_the_formula_in_float64(monkeypatch):
     batch, length, width, heads = 2, 5, 8, 2
     keep = (torch.rand(batch, heads, length, length, generator=generator) > 0.3).double()
     monkeypatch.setattr(attention, "dropout_stream", lambda p: (0, 0, 1 / 0.7))
-    monkeypatch.setattr(attention, "apply_dropout",  # the decisions of `keep` (the kernels are float32 only)
-                        lambda x, out, key, threshold, kept: torch.mul(x, keep.to(x.dtype) * kept, out=out))
+    monkeypatch.setattr(
+        attention,
+        "apply_dropout",  # the decisions of `keep` (the kernels are float32 only)
+        lambda x, out, key, threshold, kept: torch.mul(x, keep.to(x.dtype) * kept, out=out),
+    )
     allowed = torch.ones(batch, 1, length, length, dtype=torch.bool)
     allowed[1, :, :, 3:] = False
     inputs = [torch.randn(batch, length, width, dtype=torch.float64, generator=generator, requires_grad=True)]
     for _ in range(3):
-        inputs += [torch.randn(width, width, dtype=torch.float64, generator=generator, requires_grad=True),
-                   torch.randn(width, dtype=torch.float64, generator=generator, requires_grad=True)]
+        inputs += [
+            torch.randn(width, width, dtype=torch.float64, generator=generator, requires_grad=True),
+            torch.randn(width, dtype=torch.float64, generator=generator, requires_grad=True),
+        ]
     hidden, *parameters = inputs
 
     def fused(hidden, *parameters):
         return _SelfAttention.apply(hidden, allowed, heads, 0.5, 0.3, *parameters)
 
-    torch.testing.assert_close(fused(hidden, *parameters),
-                               _reference(hidden, allowed, heads, 0.5, keep, 1 / 0.7, *parameters))
+    torch.testing.assert_close(
+        fused(hidden, *parameters), _reference(hidden, allowed, heads, 0.5, keep, 1 / 0.7, *parameters)
+    )
     assert torch.autograd.gradcheck(fused, tuple(inputs))
 
 
 def _per_block_reference(hidden, bounds, heads, scale, keep_of, keep_scale, *parameters):
     """Each segment of the flattened stream through :func:`_reference` alone, with its dropout keep decisions."""
     rows = hidden.reshape(-1, hidden.shape[-1])
-    contexts = [_reference(rows[start:end].unsqueeze(0), None, heads, scale, keep_of(number, end - start), keep_scale,
-                           *parameters)[0] for number, (start, end) in enumerate(zip(bounds[:-1], bounds[1:]))]
+    contexts = [
+        _reference(
+            rows[start:end].unsqueeze(0), None, heads, scale, keep_of(number, end - start), keep_scale, *parameters
+        )[0]
+        for number, (start, end) in enumerate(zip(bounds[:-1], bounds[1:]))
+    ]
     return torch.cat(contexts).view(hidden.shape)
 
 
 def _position_keep(shape) -> torch.Tensor:
-    """Keep decisions that depend only on (query, key) within a segment, so any grouping of segments draws them alike."""
+    """Keep decisions that depend only on (query, key) within a segment, so any grouping of segments draws them
+    alike."""
     query, key = torch.arange(shape[-2]).unsqueeze(1), torch.arange(shape[-1])
     return ((query * 7 + key * 3) % 5 != 0).expand(shape)
 
@@ -148,19 +171,25 @@ def test_varlen_forward_and_gradients_equal_the_per_block_formula_in_float64(mon
     generator = torch.Generator().manual_seed(0)
     bounds, width, heads = [0, 4, 5, 9, 11, 17], 8, 2  # segments of 4, 1, 4, 2 and 6 tokens in a (1, 17) stream
     monkeypatch.setattr(attention, "dropout_stream", lambda p: (0, 0, 1 / 0.7))
-    monkeypatch.setattr(attention, "apply_dropout",  # position decisions (the kernels are float32 only)
-                        lambda x, out, key, threshold, kept: torch.mul(x, _position_keep(x.shape).to(x.dtype) * kept, out=out))
+    monkeypatch.setattr(
+        attention,
+        "apply_dropout",  # position decisions (the kernels are float32 only)
+        lambda x, out, key, threshold, kept: torch.mul(x, _position_keep(x.shape).to(x.dtype) * kept, out=out),
+    )
     inputs = [torch.randn(1, 17, width, dtype=torch.float64, generator=generator, requires_grad=True)]
     for _ in range(3):
-        inputs += [torch.randn(width, width, dtype=torch.float64, generator=generator, requires_grad=True),
-                   torch.randn(width, dtype=torch.float64, generator=generator, requires_grad=True)]
+        inputs += [
+            torch.randn(width, width, dtype=torch.float64, generator=generator, requires_grad=True),
+            torch.randn(width, dtype=torch.float64, generator=generator, requires_grad=True),
+        ]
     hidden, *parameters = inputs
 
     def fused(hidden, *parameters):
         return _VarlenSelfAttention.apply(hidden, bounds, heads, 0.5, 0.3, *parameters)
 
-    expected = _per_block_reference(hidden, bounds, heads, 0.5, lambda number, n: _position_keep((1, heads, n, n)).double(),
-                                    1 / 0.7, *parameters)
+    expected = _per_block_reference(
+        hidden, bounds, heads, 0.5, lambda number, n: _position_keep((1, heads, n, n)).double(), 1 / 0.7, *parameters
+    )
     torch.testing.assert_close(fused(hidden, *parameters), expected)
     assert torch.autograd.gradcheck(fused, tuple(inputs))
 
@@ -177,12 +206,14 @@ def test_the_fused_varlen_layer_equals_a_per_block_reference_with_its_dropout_dr
     layer, hidden, bounds = _stream_layer()
     weights = torch.linspace(-1, 1, hidden.numel()).view_as(hidden)
     torch.manual_seed(3)
-    output = layer(hidden, attention_mask=None, cu_seq_lens_q=bounds, cu_seq_lens_k=bounds, max_length_q=9,
-                   max_length_k=9)[0]
+    output = layer(
+        hidden, attention_mask=None, cu_seq_lens_q=bounds, cu_seq_lens_k=bounds, max_length_q=9, max_length_k=9
+    )[0]
     assert calls["n"] == 0  # the varlen function, not the padded one
     (grad,) = torch.autograd.grad((output * weights).sum(), hidden)
     torch.manual_seed(3)
-    keeps = {}  # segment → its (1, heads, n, n) keep decisions: one stream per group, in (head, segment, query, key) order
+    # segment → its (1, heads, n, n) keep decisions: one stream per group, in (head, segment, query, key) order
+    keeps = {}
     for group in segment_groups(bounds.tolist()):
         key, threshold, keep_scale = dropout_stream(layer.dropout.p)  # the draw the layer made for the group
         shape = (4, group.count, group.length, group.length)
@@ -190,9 +221,17 @@ def test_the_fused_varlen_layer_equals_a_per_block_reference_with_its_dropout_dr
         for row, start in enumerate(group.slots.view(group.count, group.length)[:, 0].tolist()):
             n = int(group.real[row].sum())
             keeps[bounds.tolist().index(start)] = keep[:, row, :n, :n].unsqueeze(0)
-    parameters = (layer.query.weight, layer.query.bias, layer.key.weight, layer.key.bias, layer.value.weight, layer.value.bias)
-    expected = _per_block_reference(hidden, bounds.tolist(), 4, layer.scaling, lambda number, n: keeps[number], keep_scale,
-                                    *parameters)
+    parameters = (
+        layer.query.weight,
+        layer.query.bias,
+        layer.key.weight,
+        layer.key.bias,
+        layer.value.weight,
+        layer.value.bias,
+    )
+    expected = _per_block_reference(
+        hidden, bounds.tolist(), 4, layer.scaling, lambda number, n: keeps[number], keep_scale, *parameters
+    )
     (expected_grad,) = torch.autograd.grad((expected * weights).sum(), hidden)
     torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(grad, expected_grad, rtol=1e-4, atol=1e-5)
@@ -207,10 +246,13 @@ def test_changing_block_2_leaves_block_1_of_the_fused_varlen_layer_unchanged_for
         changed.requires_grad_(True)
         layer.zero_grad(set_to_none=True)
         torch.manual_seed(4)
-        output = layer(changed, attention_mask=None, cu_seq_lens_q=bounds, cu_seq_lens_k=bounds, max_length_q=9,
-                       max_length_k=9)[0]
+        output = layer(
+            changed, attention_mask=None, cu_seq_lens_q=bounds, cu_seq_lens_k=bounds, max_length_q=9, max_length_k=9
+        )[0]
         output[0, :9].sum().backward()  # block 1's outputs only
-        results.append((output[0, :9].detach(), changed.grad.clone(), {n: p.grad.clone() for n, p in layer.named_parameters()}))
+        results.append(
+            (output[0, :9].detach(), changed.grad.clone(), {n: p.grad.clone() for n, p in layer.named_parameters()})
+        )
     torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=0)
     torch.testing.assert_close(results[0][1], results[1][1], rtol=0, atol=0)
     assert results[0][1][0, 9:].abs().sum() == 0  # nothing flows back to the pad or the other blocks
@@ -258,8 +300,16 @@ def test_heads_narrower_than_the_hidden_size_run_the_module_forward(calls):
     from transformers import AutoConfig, AutoModel
 
     # ELECTRA allows hidden 30 with 4 heads (of 7) when it has an embedding_size: the projections are 28 wide.
-    config = AutoConfig.for_model("electra", vocab_size=60, embedding_size=16, hidden_size=30, num_hidden_layers=1,
-                                  num_attention_heads=4, intermediate_size=64, max_position_embeddings=40)
+    config = AutoConfig.for_model(
+        "electra",
+        vocab_size=60,
+        embedding_size=16,
+        hidden_size=30,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=40,
+    )
     model = AutoModel.from_config(config, attn_implementation="sdpa")
     accel.apply(model, torch.device("cpu"))
     model.train()

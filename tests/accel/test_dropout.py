@@ -6,7 +6,13 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from spanlm.accel.dropout import ATTENTION_NAME, FastDropout, fast_dropout, fast_dropout_sdpa_attention, use_fast_dropout
+from spanlm.accel.dropout import (
+    ATTENTION_NAME,
+    FastDropout,
+    fast_dropout,
+    fast_dropout_sdpa_attention,
+    use_fast_dropout,
+)
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
@@ -94,8 +100,15 @@ def test_attention_drops_probabilities_in_training():
 def _tiny_bert():
     from transformers import AutoConfig, AutoModel
 
-    config = AutoConfig.for_model("bert", vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                                  intermediate_size=32, max_position_embeddings=32)
+    config = AutoConfig.for_model(
+        "bert",
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=32,
+    )
     torch.manual_seed(0)
     return AutoModel.from_config(config, attn_implementation="sdpa", add_pooling_layer=False)
 

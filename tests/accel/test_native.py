@@ -118,10 +118,14 @@ def test_cross_entropy_rows_keep_a_nan_visible_and_refuse_bad_labels(kernels):
     logits[1, 17] = float("nan")
     valid = torch.ones(3, dtype=torch.bool)
     losses, hits = torch.empty(3), torch.empty(3, dtype=torch.bool)
-    kernels.softmax_cross_entropy_rows(logits, bias, torch.tensor([0, 1, 2]), valid, losses, hits, torch.zeros(40), 0, 3)
+    kernels.softmax_cross_entropy_rows(
+        logits, bias, torch.tensor([0, 1, 2]), valid, losses, hits, torch.zeros(40), 0, 3
+    )
     assert torch.isnan(losses[1]) and torch.isfinite(losses[[0, 2]]).all()
     with pytest.raises(RuntimeError, match="label 40 out of range"):
-        kernels.softmax_cross_entropy_rows(torch.randn(3, 40), bias, torch.tensor([0, 40, 2]), valid, losses, hits, None, 0, 3)
+        kernels.softmax_cross_entropy_rows(
+            torch.randn(3, 40), bias, torch.tensor([0, 40, 2]), valid, losses, hits, None, 0, 3
+        )
 
 
 def test_unbuildable_kernels_mean_no_cpu_backend(monkeypatch):
@@ -156,9 +160,18 @@ def test_a_live_build_s_lock_is_waited_for_saying_whose_and_never_taken(tmp_path
     import sys
     import time
 
-    holder = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; from spanlm.accel import native\n"
-                               "with native.build_lock(Path(sys.argv[1])):\n    print('held', flush=True); sys.stdin.read()",
-                               str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from spanlm.accel import native\n"
+            "with native.build_lock(Path(sys.argv[1])):\n    print('held', flush=True); sys.stdin.read()",
+            str(tmp_path),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         lock = tmp_path / native.LOCK_NAME
@@ -186,7 +199,10 @@ def test_the_lock_of_a_build_killed_outright_is_taken_over(tmp_path, capsys):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # its pid names no process now
     lock = tmp_path / native.LOCK_NAME
-    for owner in (f"{dead.pid} {socket.gethostname()} {native._boot_id()}", f"{os.getpid()} {socket.gethostname()} an-earlier-boot"):
+    for owner in (
+        f"{dead.pid} {socket.gethostname()} {native._boot_id()}",
+        f"{os.getpid()} {socket.gethostname()} an-earlier-boot",
+    ):
         lock.write_text(owner + "\n")
         (tmp_path / "lock").touch()  # PyTorch's own lock, left by the killed build
         with native.build_lock(tmp_path):

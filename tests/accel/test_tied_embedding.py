@@ -63,7 +63,9 @@ def _reference(upstream: float, extra=None):
 def hand_overs(monkeypatch):
     """The data pointers of the gradients decoders hand over to a lookup."""
     handed, original = [], TiedGradient.hand_over
-    monkeypatch.setattr(TiedGradient, "hand_over", lambda self, gradient: handed.append(gradient.data_ptr()) or original(self, gradient))
+    monkeypatch.setattr(
+        TiedGradient, "hand_over", lambda self, gradient: handed.append(gradient.data_ptr()) or original(self, gradient)
+    )
     return handed
 
 
@@ -156,7 +158,10 @@ class _TiedModel(torch.nn.Module):
         return 0.2 * _forward(self.embedding, self.mix, self.decoder, ids, labels, fused)
 
     def gradients(self):
-        return [g.full_tensor() if hasattr(g, "full_tensor") else g for g in _gradients(self.embedding, self.mix, self.decoder)]
+        return [
+            g.full_tensor() if hasattr(g, "full_tensor") else g
+            for g in _gradients(self.embedding, self.mix, self.decoder)
+        ]
 
 
 def _distributed_worker(rank: int, init_file: str, strategy: str, results: str) -> None:
@@ -182,7 +187,10 @@ def _distributed_worker(rank: int, init_file: str, strategy: str, results: str) 
         loss = wrapped(*batches[rank], fused=True)
         loss.backward()
         TiedGradient.hand_over = original
-        torch.save({"got": model.gradients(), "expected": reference.gradients(), "handed": bool(handed)}, f"{results}-{rank}.pt")
+        torch.save(
+            {"got": model.gradients(), "expected": reference.gradients(), "handed": bool(handed)},
+            f"{results}-{rank}.pt",
+        )
     finally:
         dist.destroy_process_group()
 

@@ -73,7 +73,7 @@ def test_collate_pads_and_marks_specials(embedded_prepared):
     n = len(blocks[1].ids)
     assert (batch.input_ids[1, n:] == corpus.special_ids["pad"]).all() and not batch.attention_mask[1, n:].any()
     assert batch.special_mask[1, [0, n - 1]].all() and batch.special_mask[1, n:].all()
-    assert not batch.special_mask[1, 1:n - 1].any()
+    assert not batch.special_mask[1, 1 : n - 1].any()
 
 
 def test_same_seed_same_order_and_seed_zero_shuffles():
@@ -136,13 +136,17 @@ def test_vectorised_index_equals_the_greedy_walk_on_edge_cases(seed):
     # ones (several capacities) and empty sentences
     sentences_per_document = rng.choice([0, 1, 1, 2, 5, 40], size=60)
     sentences_per_document[0] = max(sentences_per_document[0], 1)
-    lengths = rng.choice([0, 1, 2, capacity - 1, capacity, capacity + 1, 3 * capacity + 2, int(rng.integers(1, capacity))],
-                         size=int(sentences_per_document.sum()))
+    lengths = rng.choice(
+        [0, 1, 2, capacity - 1, capacity, capacity + 1, 3 * capacity + 2, int(rng.integers(1, capacity))],
+        size=int(sentences_per_document.sum()),
+    )
     lengths[0] = max(lengths[0], 1)
     sentence_offsets = np.concatenate([[0], np.cumsum(lengths)])
     document_offsets = np.concatenate([[0], np.cumsum(sentences_per_document)])
     expected = greedy_walk(sentence_offsets, document_offsets, capacity)
-    assert [tuple(block) for block in build_block_index(sentence_offsets, document_offsets, capacity).tolist()] == expected
+    assert [
+        tuple(block) for block in build_block_index(sentence_offsets, document_offsets, capacity).tolist()
+    ] == expected
 
 
 def test_one_long_document_of_small_sentences():
@@ -166,7 +170,9 @@ def test_the_index_is_written_at_prepare_time_and_memory_mapped(embedded_prepare
     monkeypatch.setattr(blocks_module, "INDEX_CHUNK_SENTENCES", 7)
     in_memory = load_block_index(corpus, 40)
     assert not isinstance(in_memory, np.memmap)
-    assert np.array_equal(in_memory, build_block_index(np.asarray(corpus.sentence_offsets), np.asarray(corpus.document_offsets), 38))
+    assert np.array_equal(
+        in_memory, build_block_index(np.asarray(corpus.sentence_offsets), np.asarray(corpus.document_offsets), 38)
+    )
     copy = tmp_path / "copy"
     copy.mkdir()
     for name in embedded_prepared.iterdir():

@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 
 from helpers import make_recipe
-from spanlm.data.chars import PAD_CHAR, CharFeaturizer, CharVocab, Spelling, build_char_vocab, char_stream, token_surfaces
+from spanlm.data.chars import (
+    PAD_CHAR,
+    CharFeaturizer,
+    CharVocab,
+    Spelling,
+    build_char_vocab,
+    char_stream,
+    token_surfaces,
+)
 from spanlm.data.prepare import prepare
 from spanlm.data.shards import PreparedCorpus
 
@@ -24,8 +32,14 @@ def wordpiece(embedded_prepared):
 @pytest.fixture(scope="module")
 def bpe(tmp_path_factory):
     """A byte-level BPE tokenizer (cased) trained on a little text with accents and CJK characters."""
-    text = "\n".join([BPE_TEXT, "The backhand was unbelievable.", "Café owners in 東京 are naïve.", "compliment " * 3] * 20)
-    recipe = make_recipe(tmp_path_factory.mktemp("bpe"), {"a.txt": text}, tokenizer={"kind": "bpe", "vocab_size": 300, "lowercase": False})
+    text = "\n".join(
+        [BPE_TEXT, "The backhand was unbelievable.", "Café owners in 東京 are naïve.", "compliment " * 3] * 20
+    )
+    recipe = make_recipe(
+        tmp_path_factory.mktemp("bpe"),
+        {"a.txt": text},
+        tokenizer={"kind": "bpe", "vocab_size": 300, "lowercase": False},
+    )
     return PreparedCorpus(prepare(recipe, log=lambda *_: None))
 
 
@@ -51,7 +65,10 @@ def surfaces_match_offsets(tokenizer, text, normalize):
     for token_id, (start, end) in zip(encoding["input_ids"], encoding["offset_mapping"]):
         if surfaces[token_id] is None:  # a byte-level fragment of a multi-byte character
             continue
-        assert surfaces[token_id] == normalize(text[start:end]).strip(), (tokenizer.convert_ids_to_tokens(token_id), text[start:end])
+        assert surfaces[token_id] == normalize(text[start:end]).strip(), (
+            tokenizer.convert_ids_to_tokens(token_id),
+            text[start:end],
+        )
         checked += 1
     return checked, len(encoding["input_ids"])
 
@@ -79,7 +96,7 @@ def test_byte_level_bpe_spellings_are_the_surface_at_the_offsets(bpe):
 
 def spelled(stream, row, column):
     """The char ids of token (row, column) as the stream lays them out."""
-    return stream["char_ids"][row, stream["char_first"][row, column]:stream["char_last"][row, column] + 1].tolist()
+    return stream["char_ids"][row, stream["char_first"][row, column] : stream["char_last"][row, column] + 1].tolist()
 
 
 def test_stream_layout_blank_and_padding(wordpiece):
@@ -107,15 +124,20 @@ def test_stream_layout_blank_and_padding(wordpiece):
                 assert stream["char_first"][row, column + 1] == separator + 1
         # Padding takes no characters: the row ends right after its last real token's separator.
         assert stream["char_lengths"][row] == stream["char_last"][row, len(tokens) - 1] + 2
-        assert (stream["char_first"][row, len(tokens):] == 0).all()
+        assert (stream["char_first"][row, len(tokens) :] == 0).all()
     assert stream["char_ids"].shape[1] == stream["char_lengths"].max()
 
 
 def test_featurizer_spells_unknown_tokens_from_the_text_and_pickles(wordpiece):
     tokenizer = wordpiece.tokenizer
     vocab = build_char_vocab(wordpiece, 200)
-    featurizer = CharFeaturizer(vocab, Spelling.from_tokenizer(tokenizer, vocab), tokenizer.pad_token_id,
-                                tokenizer.unk_token_id, tokenizer.backend_tokenizer.normalizer)
+    featurizer = CharFeaturizer(
+        vocab,
+        Spelling.from_tokenizer(tokenizer, vocab),
+        tokenizer.pad_token_id,
+        tokenizer.unk_token_id,
+        tokenizer.backend_tokenizer.normalizer,
+    )
     text = "Alice saw ☃ today"  # the snowman is not in the WordPiece vocabulary: [UNK]
     encoding = tokenizer(text, return_offsets_mapping=True)
     ids = np.array([encoding["input_ids"]])

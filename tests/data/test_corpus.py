@@ -5,10 +5,9 @@ import json
 
 import pytest
 
+from helpers import make_recipe
 from spanlm.data.corpus import CorpusReader, DataConfig, resolve_inputs, split_long_line
 from spanlm.errors import InputError
-
-from helpers import make_recipe
 
 
 def read(tmp_path, files, **data):
@@ -66,12 +65,15 @@ def test_broken_json_and_missing_field(tmp_path):
         read(tmp_path, {"d.jsonl": '{"body": "a"}\n'})
 
 
-@pytest.mark.parametrize("files, fragment", [
-    ({"empty.txt": ""}, "empty.txt: file is empty"),
-    ({"bin.txt": b"abc\x00\x01\x02"}, "bin.txt: looks like a binary file"),
-    ({"x.csv": "a,b\n"}, "x.csv: unsupported file type"),
-    ({"empty.txt.gz": gzip.compress(b"")}, "empty.txt.gz: file is empty"),
-])
+@pytest.mark.parametrize(
+    "files, fragment",
+    [
+        ({"empty.txt": ""}, "empty.txt: file is empty"),
+        ({"bin.txt": b"abc\x00\x01\x02"}, "bin.txt: looks like a binary file"),
+        ({"x.csv": "a,b\n"}, "x.csv: unsupported file type"),
+        ({"empty.txt.gz": gzip.compress(b"")}, "empty.txt.gz: file is empty"),
+    ],
+)
 def test_bad_files(tmp_path, files, fragment):
     with pytest.raises(InputError) as error:
         read(tmp_path, files)

@@ -61,8 +61,12 @@ def test_prepare_from_a_saved_dataset_equals_prepare_from_jsonl(tmp_path):
 
 
 def test_a_dataset_dict_reads_the_split_named_by_data_split(tmp_path):
-    splits = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["train text"]}),
-                                   "validation": datasets.Dataset.from_dict({"text": ["validation text"]})})
+    splits = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict({"text": ["train text"]}),
+            "validation": datasets.Dataset.from_dict({"text": ["validation text"]}),
+        }
+    )
     splits.save_to_disk(str(tmp_path / "dict"))
     assert units(recipe_for(tmp_path, [tmp_path / "dict"])) == [(0, "train text")]
     assert units(recipe_for(tmp_path, [tmp_path / "dict"], split="validation")) == [(0, "validation text")]
@@ -113,8 +117,10 @@ def test_a_saved_dataset_is_reused_until_its_rows_change(tmp_path):
 def cached_wikitext(offline_datasets_cache, tmp_path):
     """A small `Salesforce/wikitext` (configuration wikitext-2-raw-v1) in the datasets cache, as an online load
     leaves it."""
-    rows = {"train": [" = Holmes = ", " He examined the mechanism . ", "", " Watson wrote it down . "],
-            "validation": [" The café owners did not care . "]}
+    rows = {
+        "train": [" = Holmes = ", " He examined the mechanism . ", "", " Watson wrote it down . "],
+        "validation": [" The café owners did not care . "],
+    }
     splits = {split: datasets.Dataset.from_dict({"text": texts}) for split, texts in rows.items()}
     return cache_like_the_hub(tmp_path / "hub", "Salesforce/wikitext", splits, config="wikitext-2-raw-v1"), rows
 
@@ -128,7 +134,9 @@ def test_a_dataset_name_loads_offline_from_the_datasets_cache(cached_wikitext, t
     by_setting = units(recipe_for(tmp_path, ["hf:Salesforce/wikitext:wikitext-2-raw-v1"], split="validation"))
     assert [t for _, t in by_setting] == validation
     assert [t for _, t in units(recipe_for(tmp_path, ["hf:Salesforce/wikitext::validation"]))] == validation
-    assert [t for _, t in units(recipe_for(tmp_path, ["hf:Salesforce/wikitext:wikitext-2-raw-v1:train[:2]"]))] == train[:2]
+    assert [t for _, t in units(recipe_for(tmp_path, ["hf:Salesforce/wikitext:wikitext-2-raw-v1:train[:2]"]))] == train[
+        :2
+    ]
     assert [t for _, t in units(recipe_for(tmp_path, ["hf:Salesforce/wikitext@main:wikitext-2-raw-v1"]))] == train
     assert [t for _, t in units(recipe_for(tmp_path, [f"hf:{repo}:wikitext-2-raw-v1"]))] == train  # a local repository
 
@@ -145,24 +153,43 @@ def test_a_dataset_name_is_reused_until_its_split_changes(cached_wikitext, tmp_p
     assert "reusing" not in messages[-1] and part["n_sentences"] == 2 < whole["n_sentences"]
 
 
-OFFLINE = ("offline mode is on (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) and 'someone/absent' is not in the local datasets "
-           "cache ({cache}); load it once online, or give a save_to_disk directory")
+OFFLINE = (
+    "offline mode is on (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) and 'someone/absent' is not in the local datasets "
+    "cache ({cache}); load it once online, or give a save_to_disk directory"
+)
 CHOICES = "(the configuration comes from hf:NAME:CONFIG, the split from hf:NAME:CONFIG:SPLIT or data.split)"
 
 
-@pytest.mark.parametrize("entry, message", [
-    ("hf:someone/absent", OFFLINE),
-    ("hf:Salesforce/wikitext:wikitext-2-raw-v1:test", f"Unknown split \"test\". Should be one of ['train', 'validation']. {CHOICES}"),
-    ("hf:Salesforce/wikitext:wikitext-103-raw-v1", "Couldn't find cache for Salesforce/wikitext for config 'wikitext-103-raw-v1'; "
-                                                   f"Available configs in the cache: ['wikitext-2-raw-v1'] {CHOICES}"),
-    ("hf:", "no dataset name (hf:NAME[@REVISION][:CONFIG][:SPLIT])"),
-    ("hf:{tmp}/no/such/dir", "cannot load '{tmp}/no/such/dir' with datasets.load_dataset: Couldn't find any data file at "
-                             "{tmp}/no/such/dir."),
-    ("hf:{tmp}/legacy", "cannot load '{tmp}/legacy' with datasets.load_dataset: Dataset scripts are no longer supported, "
-                        "but found legacy.py (a Hub dataset with a loading script may load from its Parquet export: "
-                        "hf:NAME@refs/convert/parquet)"),
-])
-def test_a_dataset_name_that_cannot_be_loaded_is_one_line(cached_wikitext, offline_datasets_cache, tmp_path, entry, message):
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ("hf:someone/absent", OFFLINE),
+        (
+            "hf:Salesforce/wikitext:wikitext-2-raw-v1:test",
+            f"Unknown split \"test\". Should be one of ['train', 'validation']. {CHOICES}",
+        ),
+        (
+            "hf:Salesforce/wikitext:wikitext-103-raw-v1",
+            "Couldn't find cache for Salesforce/wikitext for config 'wikitext-103-raw-v1'; "
+            f"Available configs in the cache: ['wikitext-2-raw-v1'] {CHOICES}",
+        ),
+        ("hf:", "no dataset name (hf:NAME[@REVISION][:CONFIG][:SPLIT])"),
+        (
+            "hf:{tmp}/no/such/dir",
+            "cannot load '{tmp}/no/such/dir' with datasets.load_dataset: Couldn't find any data file at "
+            "{tmp}/no/such/dir.",
+        ),
+        (
+            "hf:{tmp}/legacy",
+            "cannot load '{tmp}/legacy' with datasets.load_dataset: Dataset scripts are no longer supported, "
+            "but found legacy.py (a Hub dataset with a loading script may load from its Parquet export: "
+            "hf:NAME@refs/convert/parquet)",
+        ),
+    ],
+)
+def test_a_dataset_name_that_cannot_be_loaded_is_one_line(
+    cached_wikitext, offline_datasets_cache, tmp_path, entry, message
+):
     (tmp_path / "legacy").mkdir()
     (tmp_path / "legacy" / "legacy.py").write_text("# a dataset loading script\n")
     entry = entry.format(tmp=tmp_path)
@@ -176,8 +203,11 @@ def test_the_cli_reads_the_offline_variables(cached_wikitext, offline_datasets_c
     not there is one line on stderr, exit code 2, and the prepared directory is left as it was."""
     environment = {**os.environ, "HF_DATASETS_OFFLINE": "1"}
     environment.pop("HF_HUB_OFFLINE")
-    (tmp_path / "recipe.yaml").write_text(f"data: {{prepared_dir: {tmp_path / 'prepared'}}}\n"
-                                          "tokenizer: {kind: bpe, vocab_size: 300, min_frequency: 1}\n", encoding="utf-8")
+    (tmp_path / "recipe.yaml").write_text(
+        f"data: {{prepared_dir: {tmp_path / 'prepared'}}}\n"
+        "tokenizer: {kind: bpe, vocab_size: 300, min_frequency: 1}\n",
+        encoding="utf-8",
+    )
 
     def spanlm_prepare(entry):
         command = [sys.executable, "-m", "spanlm", "prepare", str(tmp_path / "recipe.yaml"), f"data.inputs=[{entry}]"]

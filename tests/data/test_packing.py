@@ -19,7 +19,7 @@ def test_blocks_lie_one_after_another_in_one_stream(gap):
     layout = stream_layout(lengths, gap)
     occupied = np.zeros(layout.width, dtype=np.int64)
     for offset, length in zip(layout.offset, lengths):
-        occupied[offset:offset + length] += 1
+        occupied[offset : offset + length] += 1
     assert occupied.max() == 1 and occupied.sum() == lengths.sum()
     assert (np.diff(layout.offset) == lengths[:-1] + gap).all()  # batch order, ``gap`` pads apart
     assert layout.width == lengths.sum() + gap * (len(lengths) - 1)

@@ -8,9 +8,8 @@ import pytest
 
 from helpers import EMBEDDED_CORPUS, ENGLISH, make_recipe
 from spanlm.cli import main
-from spanlm.data.corpus import CorpusReader, resolve_inputs
+from spanlm.data.corpus import CorpusReader, DataConfig, resolve_inputs
 from spanlm.data.prepare import prepare
-from spanlm.data.corpus import DataConfig
 from spanlm.data.shards import ARRAYS, PreparedCorpus, ids_dtype, read_meta
 from spanlm.errors import InputError
 
@@ -28,8 +27,11 @@ def sentences_of(recipe):
 
 @pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
 def test_shards_decode_back_to_the_normalised_input(tmp_path, kind):
-    recipe = make_recipe(tmp_path, {"a.txt": ENGLISH, "b.jsonl": json.dumps({"text": "Second file here."}) + "\n"},
-                         tokenizer={"kind": kind})
+    recipe = make_recipe(
+        tmp_path,
+        {"a.txt": ENGLISH, "b.jsonl": json.dumps({"text": "Second file here."}) + "\n"},
+        tokenizer={"kind": kind},
+    )
     corpus = PreparedCorpus(prepare(recipe, **QUIET))
     tokenizer = corpus.tokenizer
     units = sentences_of(recipe)
@@ -72,7 +74,10 @@ def test_reuse_and_invalidation(tmp_path):
     prepare(recipe, log=messages.append)
     assert "same bytes, reusing it" in messages[-1]
     touched = read_meta(out)
-    assert touched["fingerprint"] != first["fingerprint"] and {**touched, "fingerprint": None} == {**first, "fingerprint": None}
+    assert touched["fingerprint"] != first["fingerprint"] and {**touched, "fingerprint": None} == {
+        **first,
+        "fingerprint": None,
+    }
     prepare(recipe, log=messages.append)
     assert "up to date" in messages[-1]  # the new times were recorded: the cheap check suffices again
 
@@ -113,7 +118,9 @@ def test_a_failed_rebuild_keeps_the_old_output_and_leaves_nothing_half_written(t
 
 
 def test_skipped_lines_are_counted(tmp_path):
-    recipe = make_recipe(tmp_path, {"a.txt": b"good line\nbad \xff line\nanother good line\n"}, data={"on_bad_line": "skip"})
+    recipe = make_recipe(
+        tmp_path, {"a.txt": b"good line\nbad \xff line\nanother good line\n"}, data={"on_bad_line": "skip"}
+    )
     meta = read_meta(prepare(recipe, **QUIET))
     assert meta["stats"]["bad_lines_skipped"] == 1 and meta["n_sentences"] == 2
 
@@ -167,11 +174,14 @@ def test_cli_prepare_prints_statistics_and_writes_the_config(tmp_path, capsys):
     assert "max_len: 64" in (tmp_path / "out" / "config.yaml").read_text()
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["data.inputs=[{tmp}/missing.txt]"], "missing.txt: no such file"),
-    (["data.max_lenn=3"], "unknown config key 'data.max_lenn'"),
-    (["data.inputs=[{tmp}/bad.txt]"], "bad.txt:2: invalid UTF-8"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["data.inputs=[{tmp}/missing.txt]"], "missing.txt: no such file"),
+        (["data.max_lenn=3"], "unknown config key 'data.max_lenn'"),
+        (["data.inputs=[{tmp}/bad.txt]"], "bad.txt:2: invalid UTF-8"),
+    ],
+)
 def test_cli_errors_are_one_line_with_exit_code_2(tmp_path, capsys, args, fragment):
     (tmp_path / "bad.txt").write_bytes(b"fine\n\xc3\x28\n")
     (tmp_path / "r.yaml").write_text(f"data:\n  prepared_dir: {tmp_path / 'out'}\n")
@@ -228,18 +238,25 @@ def prepared_arrays(directory) -> dict:
 def test_worker_processes_write_the_same_arrays(tmp_path, monkeypatch, words):
     import spanlm.data.prepare as prepare_module
 
-    text = (EMBEDDED_CORPUS / ("hongloumeng_ch1-5.txt" if words == "jieba" else "alice_in_wonderland.txt")).read_text(encoding="utf-8")
+    text = (EMBEDDED_CORPUS / ("hongloumeng_ch1-5.txt" if words == "jieba" else "alice_in_wonderland.txt")).read_text(
+        encoding="utf-8"
+    )
     monkeypatch.setattr(prepare_module, "ENCODE_BATCH_SENTENCES", 20)  # many small batches: the workers take turns
     tokenizer = fixed_tokenizer(tmp_path)
-    one, two = (make_recipe(tmp_path / str(n), {"a.txt": text}, data={"num_proc": n, "words": words}, tokenizer={"path": tokenizer})
-                for n in (1, 2))
+    one, two = (
+        make_recipe(
+            tmp_path / str(n), {"a.txt": text}, data={"num_proc": n, "words": words}, tokenizer={"path": tokenizer}
+        )
+        for n in (1, 2)
+    )
     first, second = prepare(one, **QUIET), prepare(two, **QUIET)
     first_arrays, second_arrays = prepared_arrays(first), prepared_arrays(second)
     assert len(first_arrays["sentence_offsets"]) > (prepare_module.PARALLEL_AFTER_BATCHES + 1) * 20
     for name in ARRAYS:
         assert np.array_equal(first_arrays[name], second_arrays[name]), name
-    assert {k: v for k, v in read_meta(first).items() if "fingerprint" not in k and k != "inputs"} == \
-        {k: v for k, v in read_meta(second).items() if "fingerprint" not in k and k != "inputs"}
+    assert {k: v for k, v in read_meta(first).items() if "fingerprint" not in k and k != "inputs"} == {
+        k: v for k, v in read_meta(second).items() if "fingerprint" not in k and k != "inputs"
+    }
 
 
 def test_worker_processes_are_used(tmp_path, monkeypatch):

@@ -9,11 +9,15 @@ import pytest
 from helpers import REPO, external_data
 
 
-
 @pytest.mark.skipif(not external_data("english_text").is_dir(), reason="needs external/english_text (data/README.md)")
 def test_the_scale_benchmark_small_mode(tmp_path):
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "prepare_scale.py"), "--small", "--work", str(tmp_path)],
-                          capture_output=True, text=True, cwd=REPO, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "prepare_scale.py"), "--small", "--work", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["sizes_mb"] == [0.3, 1.0]
@@ -25,4 +29,6 @@ def test_the_scale_benchmark_small_mode(tmp_path):
         assert row["startup"]["blocks"] > 0 and row["startup"]["startup_s"] >= 0
     assert result["heap_growth"] > 0 and set(result["heap_extrapolated_gb"]) == {"20GB", "200GB"}
     assert result["chinese_jieba"]["0.2"]["tokens"] > 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["corpus-zh", "tokenizer", "tokenizer-sample", "zh-tokenizer"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["corpus-zh", "tokenizer", "tokenizer-sample", "zh-tokenizer"]
+    )

@@ -8,11 +8,11 @@ import pytest
 from helpers import EMBEDDED_CORPUS
 from spanlm.cli import main
 from spanlm.config import from_dict
-from spanlm.pretrain.recipe import Recipe
 from spanlm.data.blocks import BlockDataset
 from spanlm.data.prepare import prepare
 from spanlm.data.shards import PreparedCorpus, ShardedCorpus, resolve_shards, shard_directory
 from spanlm.errors import InputError
+from spanlm.pretrain.recipe import Recipe
 
 QUIET = {"log": lambda *_: None}
 BOOKS = [str(p) for p in sorted(EMBEDDED_CORPUS.glob("*.txt")) if "hongloumeng" not in p.name]
@@ -22,11 +22,25 @@ BOOKS = [str(p) for p in sorted(EMBEDDED_CORPUS.glob("*.txt")) if "hongloumeng" 
 def sharded(tmp_path_factory):
     """The English books prepared whole, and in two shards through the CLI with the whole one's tokenizer."""
     root = tmp_path_factory.mktemp("sharded")
-    whole = prepare(from_dict(Recipe, {"data": {"inputs": BOOKS, "prepared_dir": str(root / "whole"), "max_len": 64},
-                                       "tokenizer": {"vocab_size": 600}}), **QUIET)
+    whole = prepare(
+        from_dict(
+            Recipe,
+            {
+                "data": {"inputs": BOOKS, "prepared_dir": str(root / "whole"), "max_len": 64},
+                "tokenizer": {"vocab_size": 600},
+            },
+        ),
+        **QUIET,
+    )
     recipe = root / "recipe.yaml"
-    recipe.write_text(json.dumps({"data": {"inputs": BOOKS, "prepared_dir": str(root / "shards"), "max_len": 64},
-                                  "tokenizer": {"path": str(whole / "tokenizer")}}))
+    recipe.write_text(
+        json.dumps(
+            {
+                "data": {"inputs": BOOKS, "prepared_dir": str(root / "shards"), "max_len": 64},
+                "tokenizer": {"path": str(whole / "tokenizer")},
+            }
+        )
+    )
     for index in range(2):
         assert main(["prepare", str(recipe), "--shard", f"{index}/2"]) == 0
     return root, whole
@@ -60,23 +74,39 @@ def test_a_missing_shard_is_named(sharded):
 
 def test_a_shard_prepared_with_another_tokenizer_is_refused(sharded, tmp_path):
     root, _ = sharded
-    other = prepare(from_dict(Recipe, {"data": {"inputs": BOOKS[:1], "prepared_dir": str(tmp_path / "other")},
-                                       "tokenizer": {"vocab_size": 400}}), **QUIET)
-    with pytest.raises(InputError, match=rf"{other}: prepared with tokenizer \w+, but .*shard-00000-of-00002 with tokenizer"):
+    other = prepare(
+        from_dict(
+            Recipe,
+            {"data": {"inputs": BOOKS[:1], "prepared_dir": str(tmp_path / "other")}, "tokenizer": {"vocab_size": 400}},
+        ),
+        **QUIET,
+    )
+    with pytest.raises(
+        InputError, match=rf"{other}: prepared with tokenizer \w+, but .*shard-00000-of-00002 with tokenizer"
+    ):
         ShardedCorpus([shard_directory(root / "shards", 0, 2), other])
 
 
-@pytest.mark.parametrize("shard, tokenizer, fragment", [
-    ("1/2", False, "--shard 1/2: the shards of one corpus must share one tokenizer: set tokenizer.path"),
-    ("2/2", True, "--shard 2/2: expected I/N with 0 <= I < N"),
-    ("a/b", True, "--shard a/b: expected I/N"),
-    ("0/4", True, "--shard 0/4: 3 input(s) leave shard 0 without any"),
-])
+@pytest.mark.parametrize(
+    "shard, tokenizer, fragment",
+    [
+        ("1/2", False, "--shard 1/2: the shards of one corpus must share one tokenizer: set tokenizer.path"),
+        ("2/2", True, "--shard 2/2: expected I/N with 0 <= I < N"),
+        ("a/b", True, "--shard a/b: expected I/N"),
+        ("0/4", True, "--shard 0/4: 3 input(s) leave shard 0 without any"),
+    ],
+)
 def test_bad_shard_arguments_are_one_line_errors(sharded, tmp_path, capsys, shard, tokenizer, fragment):
     root, whole = sharded
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(json.dumps({"data": {"inputs": BOOKS, "prepared_dir": str(tmp_path / "out")},
-                                  "tokenizer": {"path": str(whole / "tokenizer")} if tokenizer else {}}))
+    recipe.write_text(
+        json.dumps(
+            {
+                "data": {"inputs": BOOKS, "prepared_dir": str(tmp_path / "out")},
+                "tokenizer": {"path": str(whole / "tokenizer")} if tokenizer else {},
+            }
+        )
+    )
     assert main(["prepare", str(recipe), "--shard", shard]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("spanlm prepare: error:") and fragment in err[0]
@@ -104,7 +134,7 @@ def test_the_readme_job_array_commands(tmp_path, monkeypatch):
     shard = job.index("--shard")
     assert job[shard + 1] == "$SLURM_ARRAY_TASK_ID/64"
     for task in range(3):  # the array, with 3 shards here: one per file
-        assert main(job[1:shard + 1] + [f"{task}/3"] + job[shard + 2:]) == 0
+        assert main(job[1 : shard + 1] + [f"{task}/3"] + job[shard + 2 :]) == 0
     recipe = load_recipe(run[2], run[3:])
     corpus = ShardedCorpus(resolve_shards(recipe.data.prepared_shards))
     assert [len(PreparedCorpus(d).meta["inputs"]) for d in corpus.meta["shards"]] == [1, 1, 1]
@@ -115,7 +145,9 @@ def test_a_damaged_shard_is_named(sharded, tmp_path):
     import shutil
 
     root, _ = sharded
-    copies = [shutil.copytree(shard_directory(root / "shards", i, 2), shard_directory(tmp_path, i, 2)) for i in range(2)]
+    copies = [
+        shutil.copytree(shard_directory(root / "shards", i, 2), shard_directory(tmp_path, i, 2)) for i in range(2)
+    ]
     with open(copies[1] / "ids.npy", "r+b") as handle:  # cut short, as by a full disk or a failed copy
         handle.truncate(handle.seek(0, 2) // 2)
     with pytest.raises(InputError, match=r"shard-00001-of-00002/ids\.npy: unreadable"):

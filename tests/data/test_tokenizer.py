@@ -14,12 +14,17 @@ from helpers import EMBEDDED_CORPUS
 from spanlm.data.tokenizer import TokenizerConfig, save_tokenizer, tokenizer_fingerprint, train_tokenizer
 
 KINDS = {"wordpiece": "BertTokenizer", "bpe": "PreTrainedTokenizerFast", "unigram": "PreTrainedTokenizerFast"}
-SAMPLES = [["Alice was beginning to get VERY tired", "naïve café, 北京 and <ent> [MASK] <s>"], ["The Queen!", "Off with her head."]]
+SAMPLES = [
+    ["Alice was beginning to get VERY tired", "naïve café, 北京 and <ent> [MASK] <s>"],
+    ["The Queen!", "Off with her head."],
+]
 
 
 def trained(kind: str, lowercase: bool = True):
     lines = (EMBEDDED_CORPUS / "alice_in_wonderland.txt").read_text(encoding="utf-8").splitlines()
-    return train_tokenizer(lines, TokenizerConfig(kind=kind, vocab_size=400, lowercase=lowercase, extra_special_tokens=["<ent>"]))
+    return train_tokenizer(
+        lines, TokenizerConfig(kind=kind, vocab_size=400, lowercase=lowercase, extra_special_tokens=["<ent>"])
+    )
 
 
 def encodings(tokenizer) -> list[dict]:
@@ -27,8 +32,12 @@ def encodings(tokenizer) -> list[dict]:
     out = []
     for first, second in SAMPLES:
         encoded = tokenizer(first, second, return_offsets_mapping=True)
-        out.append({key: [list(v) if isinstance(v, tuple) else v for v in encoded[key]]
-                    for key in ("input_ids", "offset_mapping")})
+        out.append(
+            {
+                key: [list(v) if isinstance(v, tuple) else v for v in encoded[key]]
+                for key in ("input_ids", "offset_mapping")
+            }
+        )
     return out
 
 
@@ -54,11 +63,20 @@ def transformers4(tmp_path_factory) -> Path:
     venv = tmp_path_factory.mktemp("transformers4") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
     python = venv / "bin" / "python"
-    install = subprocess.run([str(python), "-m", "pip", "install", "-q", "transformers>=4.40,<5"], capture_output=True, text=True, timeout=300)
+    install = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "transformers>=4.40,<5"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if install.returncode != 0:  # no package index reachable: nothing to check against
         pytest.skip(f"cannot install transformers 4.x: {install.stderr.strip().splitlines()[-1:]}")
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     # After the venv's own packages on sys.path, so transformers 4 and its tokenizers win over ours.
     (Path(site) / "borrowed_torch.pth").write_text(sysconfig.get_paths()["purelib"] + "\n", encoding="utf-8")
     return python
@@ -72,8 +90,9 @@ samples, directories, model_dir = json.loads(sys.argv[1]), json.loads(sys.argv[2
 out = {"tokenizers": {}}
 for name, directory in directories.items():
     tokenizer = AutoTokenizer.from_pretrained(directory)
-    out["tokenizers"][name] = [{key: [list(v) if isinstance(v, tuple) else v for v in tokenizer(a, b, return_offsets_mapping=True)[key]]
-                                for key in ("input_ids", "offset_mapping")} for a, b in samples]
+    encodings = [tokenizer(a, b, return_offsets_mapping=True) for a, b in samples]
+    out["tokenizers"][name] = [{key: [list(v) if isinstance(v, tuple) else v for v in encoding[key]]
+                                for key in ("input_ids", "offset_mapping")} for encoding in encodings]
 model = AutoModelForMaskedLM.from_pretrained(model_dir).eval()
 tokenizer = AutoTokenizer.from_pretrained(model_dir)
 with torch.no_grad():
@@ -100,11 +119,25 @@ def test_transformers_4_loads_the_tokenizers_and_a_masked_lm_export(transformers
 
     # A spanlm MLM export (BertForMaskedLM) over the WordPiece tokenizer.
     model_dir = tmp_path / "export"
-    objective = _tiny_mlm(tmp_path / "wordpiece", BackboneConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64))
+    objective = _tiny_mlm(
+        tmp_path / "wordpiece", BackboneConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    )
     export_with_heads(objective, model_dir)
     save_tokenizer(trained("wordpiece"), model_dir)
-    theirs = subprocess.run([str(transformers4), "-c", READ_WITH_TRANSFORMERS_4, json.dumps(SAMPLES), json.dumps(directories), str(model_dir)],
-                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    theirs = subprocess.run(
+        [
+            str(transformers4),
+            "-c",
+            READ_WITH_TRANSFORMERS_4,
+            json.dumps(SAMPLES),
+            json.dumps(directories),
+            str(model_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert theirs.returncode == 0, theirs.stderr[-2000:]
     got = json.loads(theirs.stdout.strip().splitlines()[-1])
     assert got["tokenizers"] == expected
@@ -125,10 +158,10 @@ def _tiny_mlm(tokenizer_dir: Path, model):
     """spanlm's MLM objective (backbone + MLM head) over the tokenizer in ``tokenizer_dir``, weights moved off
     their init."""
     import torch
+    from transformers import AutoModel
 
     from spanlm.models.backbone import _transformers_config
     from spanlm.objectives.masked_lm import MaskedLM
-    from transformers import AutoModel
 
     class Corpus:  # the two things the config builder reads from a prepared corpus
         tokenizer = ours_tokenizer(tokenizer_dir)

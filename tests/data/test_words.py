@@ -18,7 +18,7 @@ TRAINING = ["the cat sat on the mat", "a dog and a cat", "hello there, general k
 def word_groups(text, word_starts, offsets):
     """The text covered by each run of tokens that starts with a word-start flag."""
     starts = list(np.flatnonzero(word_starts)) + [len(word_starts)]
-    return [text[offsets[a][0]:offsets[b - 1][1]].strip() for a, b in zip(starts[:-1], starts[1:])]
+    return [text[offsets[a][0] : offsets[b - 1][1]].strip() for a, b in zip(starts[:-1], starts[1:])]
 
 
 @pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
@@ -31,8 +31,8 @@ def test_word_starts_match_the_pre_tokenizer_words(kind):
     position = 0
     for text, length in zip(SENTENCES, lengths):
         encoding = backend.encode(text, add_special_tokens=False)
-        assert list(ids[position:position + length]) == encoding.ids
-        flags = word_starts[position:position + length]
+        assert list(ids[position : position + length]) == encoding.ids
+        flags = word_starts[position : position + length]
         position += length
         normalized = backend.normalizer.normalize_str(text)
         expected = [normalized[a:b].strip() for _, (a, b) in backend.pre_tokenizer.pre_tokenize_str(normalized)]
@@ -44,13 +44,18 @@ def test_the_text_of_a_special_token_is_ordinary_text(kind):
     # A literal "[MASK]" or "<s>" (an HTML tag in web text) must not become a special id inside a block:
     # the maskers know specials by position and would take it as a target, and the model would see a
     # mask or separator that is not one.
-    tokenizer = train_tokenizer(TRAINING + ["[ ] < > / mask sep pad cls s"] * 5, TokenizerConfig(kind=kind, vocab_size=100, min_frequency=1))
+    tokenizer = train_tokenizer(
+        TRAINING + ["[ ] < > / mask sep pad cls s"] * 5, TokenizerConfig(kind=kind, vocab_size=100, min_frequency=1)
+    )
     text = "the cat [MASK] sat <s> on [SEP] the </s> mat [PAD] <mask> [CLS] <pad>"
     ids, word_starts, lengths = encode_sentences(tokenizer, [text], "none")
     assert not set(ids.tolist()) & set(tokenizer.all_special_ids)
     assert lengths.sum() == len(ids) > 13
     assert not tokenizer.backend_tokenizer.encode_special_tokens  # the tokenizer is left as it was
-    assert tokenizer.mask_token_id in tokenizer.backend_tokenizer.encode(f"a {tokenizer.mask_token}", add_special_tokens=False).ids
+    assert (
+        tokenizer.mask_token_id
+        in tokenizer.backend_tokenizer.encode(f"a {tokenizer.mask_token}", add_special_tokens=False).ids
+    )
 
 
 def test_added_tokens_are_words_of_their_own():
@@ -70,7 +75,9 @@ def test_jieba_words_are_whole_units():
     assert all(len(t) == 1 for t in tokens)  # BERT-style: one token per Chinese character
     boundaries = np.cumsum(lengths)[:-1]
     groups = []
-    for sentence_tokens, sentence_starts in zip(np.split(np.array(tokens), boundaries), np.split(word_starts, boundaries)):
+    for sentence_tokens, sentence_starts in zip(
+        np.split(np.array(tokens), boundaries), np.split(word_starts, boundaries)
+    ):
         cuts = np.flatnonzero(sentence_starts)[1:]
         groups += ["".join(g) for g in np.split(sentence_tokens, cuts)]
     expected = [w for text in texts for w in jieba.lcut(text)]
@@ -102,13 +109,26 @@ def reference_jieba_word_starts(tokenizer, texts):
 # Blocks jieba cuts by its own rules, beside the ideographs: ASCII mixed in, numbers, a URL, a run of
 # single characters that jieba-rs's HMM would cut otherwise (a near-tie), one whose HMM path opens in M
 # (characters jieba's tables know only inside words), spaces and full-width text.
-MIXED_SENTENCES = ["苹果发布了iPhone12和C++编译器，售价3.5%上涨", "请访问www.horou.com或者 example_site 了解", "常在较陡峭的礁岸可发现它们成群的洄游",
-                   "Ｂｅｒｔ模型  在２０２０年……“北京”", "12345", "纯English sentence with 数字 42.", "…", "a", "鿕鿖㐀𠀀中文",
-                   "说：嬿懨！"]
+MIXED_SENTENCES = [
+    "苹果发布了iPhone12和C++编译器，售价3.5%上涨",
+    "请访问www.horou.com或者 example_site 了解",
+    "常在较陡峭的礁岸可发现它们成群的洄游",
+    "Ｂｅｒｔ模型  在２０２０年……“北京”",
+    "12345",
+    "纯English sentence with 数字 42.",
+    "…",
+    "a",
+    "鿕鿖㐀𠀀中文",
+    "说：嬿懨！",
+]
 
 
 def test_jieba_word_starts_are_those_of_jieba_sentence_by_sentence():
-    texts = [line.strip() for line in (EMBEDDED_CORPUS / "hongloumeng_ch1-5.txt").read_text(encoding="utf-8").splitlines() if line.strip()]
+    texts = [
+        line.strip()
+        for line in (EMBEDDED_CORPUS / "hongloumeng_ch1-5.txt").read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
     texts += MIXED_SENTENCES
     tokenizer = train_tokenizer(texts, TokenizerConfig(vocab_size=3000, min_frequency=1))
     ids, word_starts, lengths = encode_sentences(tokenizer, texts, "jieba")

@@ -20,15 +20,17 @@ from safetensors.torch import load_file
 
 from helpers import EMBEDDED_CORPUS, REPO, write_wnut_recipe
 from spanlm.config import load_config
-from spanlm.pretrain.recipe import load_recipe
-from spanlm.train import checkpoint as ckpt
 from spanlm.pretrain.export import export_checkpoint
+from spanlm.pretrain.recipe import load_recipe
 from spanlm.pretrain.run import pretrain
+from spanlm.train import checkpoint as ckpt
 from spanlm.train.metrics import read_metrics
 
 DEVICE = os.environ.get("SPANLM_GPU_TESTS_DEVICE", "cuda")
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
 
 INPUTS = [str(p) for p in sorted(EMBEDDED_CORPUS.glob("*.txt")) if "hongloumeng" not in p.name]  # as embedded_prepared
 MAX_LEN = 32
@@ -48,16 +50,36 @@ CASES = {
 
 def recipe(name: str, prepared: Path, output_dir: Path, overrides: list[str], **train):
     """A shipped pretraining recipe shrunk to a tiny model, on ``DEVICE`` in bf16."""
-    return load_recipe(REPO / "configs" / "pretrain" / f"{name}.yaml", [
-        f"data.inputs={json.dumps(INPUTS)}", f"data.prepared_dir={prepared}", f"data.max_len={MAX_LEN}",
-        "tokenizer.vocab_size=2000", "model.hidden_size=64", "model.num_heads=2", "model.intermediate_size=128",
-        "model.num_layers=2", f"model.max_position_embeddings={MAX_LEN}",
-        f"train.output_dir={output_dir}", "train.max_steps=2", "train.save_every=1", "train.keep_last=2",
-        "train.batch_size=4", "train.num_workers=0", "train.eval_blocks=4", "train.eval_every=0",
-        "train.log_every=1", "train.warmup_steps=1", f"train.device={DEVICE}", "train.precision=bf16",
-        "logging.report_to=[]", "logging.progress=false", *overrides,
-        *(f"train.{key}={value}" for key, value in train.items()),
-    ])
+    return load_recipe(
+        REPO / "configs" / "pretrain" / f"{name}.yaml",
+        [
+            f"data.inputs={json.dumps(INPUTS)}",
+            f"data.prepared_dir={prepared}",
+            f"data.max_len={MAX_LEN}",
+            "tokenizer.vocab_size=2000",
+            "model.hidden_size=64",
+            "model.num_heads=2",
+            "model.intermediate_size=128",
+            "model.num_layers=2",
+            f"model.max_position_embeddings={MAX_LEN}",
+            f"train.output_dir={output_dir}",
+            "train.max_steps=2",
+            "train.save_every=1",
+            "train.keep_last=2",
+            "train.batch_size=4",
+            "train.num_workers=0",
+            "train.eval_blocks=4",
+            "train.eval_every=0",
+            "train.log_every=1",
+            "train.warmup_steps=1",
+            f"train.device={DEVICE}",
+            "train.precision=bf16",
+            "logging.report_to=[]",
+            "logging.progress=false",
+            *overrides,
+            *(f"train.{key}={value}" for key, value in train.items()),
+        ],
+    )
 
 
 def train_losses(run: Path) -> dict[int, float]:
@@ -67,9 +89,15 @@ def train_losses(run: Path) -> dict[int, float]:
 @pytest.mark.parametrize("case", list(CASES))
 def test_one_bf16_step_a_matching_resume_and_export(case, embedded_prepared, tmp_path):
     name, overrides = CASES[case]
-    prepared = tmp_path / "prepared" if name == "macbert" else embedded_prepared  # macbert keeps its similar words there
+    prepared = (
+        tmp_path / "prepared" if name == "macbert" else embedded_prepared
+    )  # macbert keeps its similar words there
     pretrain(recipe(name, prepared, tmp_path / "full", overrides), **QUIET)
-    pretrain(recipe(name, prepared, tmp_path / "resumed", overrides), resume=str(ckpt.step_dir(tmp_path / "full", 1)), **QUIET)
+    pretrain(
+        recipe(name, prepared, tmp_path / "resumed", overrides),
+        resume=str(ckpt.step_dir(tmp_path / "full", 1)),
+        **QUIET,
+    )
     full, resumed = train_losses(tmp_path / "full"), train_losses(tmp_path / "resumed")
     assert sorted(full) == [1, 2] and sorted(resumed) == [2] and all(math.isfinite(v) for v in full.values())
     assert resumed[2] == pytest.approx(full[2], rel=1e-3)
@@ -87,7 +115,10 @@ def test_ner_one_step(tiny_encoder_dir, tmp_path):
     from spanlm.ner.task import train_ner
 
     path = write_wnut_recipe(tiny_encoder_dir, tmp_path / "run", steps=1)
-    run, _ = train_ner(load_config(path, [f"train.device={DEVICE}", "train.precision=bf16", "train.eval_every=0"], cls=NerRecipe), **QUIET)
+    run, _ = train_ner(
+        load_config(path, [f"train.device={DEVICE}", "train.precision=bf16", "train.eval_every=0"], cls=NerRecipe),
+        **QUIET,
+    )
     assert [r["step"] for r in read_metrics(run) if r["kind"] == "train"] == [1]
     assert all(math.isfinite(r["loss"]) for r in read_metrics(run) if r["kind"] == "train")
 
@@ -98,14 +129,27 @@ def test_qa_one_step(tiny_encoder_dir, tmp_path):
     from spanlm.qa.task import train_qa
 
     data = REPO / "tests" / "fixtures" / "qa" / "squad_v2_sample.json"
-    recipe = from_dict(QARecipe, {
-        "seed": 0,
-        "model": {"path": str(tiny_encoder_dir)},
-        "data": {"train": str(data), "dev": str(data), "max_length": 128, "doc_stride": 64, "max_query_length": 32},
-        "train": {"output_dir": str(tmp_path / "run"), "max_steps": 1, "batch_size": 4, "warmup_steps": 0, "eval_every": 0,
-                  "save_every": 1000, "log_every": 1, "num_workers": 0, "device": DEVICE, "precision": "bf16"},
-        "logging": {"report_to": [], "progress": False},
-    })
+    recipe = from_dict(
+        QARecipe,
+        {
+            "seed": 0,
+            "model": {"path": str(tiny_encoder_dir)},
+            "data": {"train": str(data), "dev": str(data), "max_length": 128, "doc_stride": 64, "max_query_length": 32},
+            "train": {
+                "output_dir": str(tmp_path / "run"),
+                "max_steps": 1,
+                "batch_size": 4,
+                "warmup_steps": 0,
+                "eval_every": 0,
+                "save_every": 1000,
+                "log_every": 1,
+                "num_workers": 0,
+                "device": DEVICE,
+                "precision": "bf16",
+            },
+            "logging": {"report_to": [], "progress": False},
+        },
+    )
     run, _ = train_qa(recipe, **QUIET)
     records = [r for r in read_metrics(run) if r["kind"] == "train"]
     assert [r["step"] for r in records] == [1] and math.isfinite(records[0]["loss"])

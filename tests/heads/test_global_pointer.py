@@ -37,7 +37,7 @@ def rope_reference(x):
         for i in range(size // 2):
             angle = m * 10000 ** (-2 * i / size)
             c, s = math.cos(angle), math.sin(angle)
-            rotation[2 * i:2 * i + 2, 2 * i:2 * i + 2] = torch.tensor([[c, -s], [s, c]])
+            rotation[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor([[c, -s], [s, c]])
         out[:, m] = x[:, m] @ rotation.T
     return out
 
@@ -62,8 +62,8 @@ def test_standard_matches_paper_formula(rope):
         projected = hidden @ head.dense.weight.T + head.dense.bias  # (B, L, T·2d)
         scores = []
         for alpha in range(TYPES):  # type α's block: [q_α; k_α]
-            q = projected[..., alpha * 2 * SIZE:alpha * 2 * SIZE + SIZE]
-            k = projected[..., alpha * 2 * SIZE + SIZE:(alpha + 1) * 2 * SIZE]
+            q = projected[..., alpha * 2 * SIZE : alpha * 2 * SIZE + SIZE]
+            k = projected[..., alpha * 2 * SIZE + SIZE : (alpha + 1) * 2 * SIZE]
             if rope:
                 q, k = rope_reference(q), rope_reference(k)
             scores.append(q @ k.transpose(1, 2) / math.sqrt(SIZE))
@@ -82,7 +82,9 @@ def test_efficient_matches_paper_formula(rope):
             q, k = rope_reference(q), rope_reference(k)
         shared = q @ k.transpose(1, 2) / math.sqrt(SIZE)  # (B, L, L)
         bias = (p @ head.bias_dense.weight.T + head.bias_dense.bias) / 2  # (B, L, 2T): (end_α, start_α) pairs
-        expected = torch.stack([shared + bias[:, :, None, 2 * a + 1] + bias[:, None, :, 2 * a] for a in range(TYPES)], 1)
+        expected = torch.stack(
+            [shared + bias[:, :, None, 2 * a + 1] + bias[:, None, :, 2 * a] for a in range(TYPES)], 1
+        )
         torch.testing.assert_close(head(hidden, mask), masked_reference(expected, mask), rtol=1e-5, atol=1e-5)
 
 

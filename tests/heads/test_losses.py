@@ -6,8 +6,15 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from spanlm.heads import (IGNORE_INDEX, TiedDecoder, VocabTarget, masked_lm_loss, span_bert_loss, token_cross_entropy,
-                          vocab_cross_entropies)
+from spanlm.heads import (
+    IGNORE_INDEX,
+    TiedDecoder,
+    VocabTarget,
+    masked_lm_loss,
+    span_bert_loss,
+    token_cross_entropy,
+    vocab_cross_entropies,
+)
 
 LN2 = math.log(2.0)
 # Two logit rows over a 3-token vocabulary with simple softmaxes:
@@ -26,7 +33,9 @@ def hand_batch():
 
 
 def loss_of(mlm_logits, mlm_labels, sbo_logits, sbo_labels, w_sbo=1.0):
-    return span_bert_loss(token_cross_entropy(mlm_logits, mlm_labels), token_cross_entropy(sbo_logits, sbo_labels), w_sbo)
+    return span_bert_loss(
+        token_cross_entropy(mlm_logits, mlm_labels), token_cross_entropy(sbo_logits, sbo_labels), w_sbo
+    )
 
 
 def test_span_bert_loss_on_a_hand_built_batch():
@@ -88,8 +97,10 @@ def test_cross_entropy_is_float32_under_bf16_autocast():
         assert logits.dtype == torch.bfloat16
         out = loss_of(logits, labels, logits[:10], labels[:10])
     assert out["loss"].dtype == torch.float32
-    reference = F.cross_entropy(logits.float(), labels, reduction="sum") / 64 \
+    reference = (
+        F.cross_entropy(logits.float(), labels, reduction="sum") / 64
         + F.cross_entropy(logits[:10].float(), labels[:10], reduction="sum") / 11
+    )
     assert out["loss"].item() == pytest.approx(reference.item(), rel=1e-6)
     out["loss"].backward()
     assert torch.isfinite(weight.grad).all()
@@ -111,7 +122,9 @@ def decoder_case(n_rows: int, ignored: int = 0, seed: int = 0):
 def test_vocab_cross_entropies_are_the_decoders_logits_then_cross_entropy():
     embedding, decoder, features, labels = decoder_case(12, ignored=3)
     (loss,) = vocab_cross_entropies([VocabTarget(features, decoder, labels)])
-    reference = F.cross_entropy(features @ embedding.weight.T + decoder.bias, labels, reduction="sum", ignore_index=IGNORE_INDEX)
+    reference = F.cross_entropy(
+        features @ embedding.weight.T + decoder.bias, labels, reduction="sum", ignore_index=IGNORE_INDEX
+    )
     assert loss.total.item() == pytest.approx(reference.item(), rel=1e-6)
     assert loss.count.item() == 9 and loss.samples is None
 

@@ -23,7 +23,9 @@ class TinyObjective(nn.Module):
     def forward(self, ids, targets, labels):
         hidden = self.backbone(input_ids=ids).last_hidden_state  # (B, L, H)
         flat = hidden.reshape(-1, hidden.shape[-1])  # (B·L, H)
-        return masked_lm_loss(vocab_cross_entropies([VocabTarget(self.head.features(flat[targets]), self.head.decoder, labels)])[0])
+        return masked_lm_loss(
+            vocab_cross_entropies([VocabTarget(self.head.features(flat[targets]), self.head.decoder, labels)])[0]
+        )
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +35,16 @@ def corpus(embedded_prepared) -> PreparedCorpus:
 
 def tiny_objective(corpus, family="bert"):
     torch.manual_seed(0)
-    config = BackboneConfig(family=family, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-                            max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0)
+    config = BackboneConfig(
+        family=family,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
     return TinyObjective(build_backbone(config, corpus))
 
 
@@ -69,7 +79,13 @@ def test_mlm_head_init_and_own_state():
     assert torch.equal(head.decoder.bias, torch.zeros(30)) and torch.equal(head.dense.bias, torch.zeros(16))
     assert torch.equal(head.layer_norm.weight, torch.ones(16)) and torch.equal(head.layer_norm.bias, torch.zeros(16))
     assert abs(head.dense.weight.std().item() - 0.02) < 0.004
-    assert set(head.state_dict()) == {"dense.weight", "dense.bias", "layer_norm.weight", "layer_norm.bias", "decoder.bias"}
+    assert set(head.state_dict()) == {
+        "dense.weight",
+        "dense.bias",
+        "layer_norm.weight",
+        "layer_norm.bias",
+        "decoder.bias",
+    }
     assert all(p is not embedding.weight for p in head.parameters())
 
 

@@ -74,8 +74,9 @@ def test_deberta_v3_head_adds_each_rows_cls_state_before_the_layer_norm():
     hidden = torch.randn(3, 4, 8)
     # The authors' LMMaskPredictionHead, written out on the full (B, L, H) tensor.
     states = F.layer_norm(hidden[:, :1] + hidden, (8,), head.layer_norm.weight, head.layer_norm.bias, 1e-7)
-    expected = F.linear(F.gelu(F.linear(states, head.dense.weight, head.dense.bias)), head.classifier.weight,
-                        head.classifier.bias).squeeze(-1)  # (B, L)
+    expected = F.linear(
+        F.gelu(F.linear(states, head.dense.weight, head.dense.bias)), head.classifier.weight, head.classifier.bias
+    ).squeeze(-1)  # (B, L)
     positions = torch.tensor([0, 2, 5, 7, 8, 11])
     assert torch.allclose(head(hidden, positions), expected.flatten()[positions], atol=1e-6)
 
@@ -116,8 +117,8 @@ def test_an_empty_batch_is_zero_not_nan():
 
 
 def test_uniforms_are_splitmix64_words_of_the_seed():
-    from spanlm.heads.rtd import uniforms
     from helpers import splitmix64_words
+    from spanlm.heads.rtd import uniforms
 
     seed = 2**62 + 12345  # large enough that the int64 arithmetic wraps
     words = splitmix64_words(seed, 12)

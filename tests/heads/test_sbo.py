@@ -36,12 +36,16 @@ def reference_padded_sbo(head: SBOHead, hidden, pairs, pair_targets):
     right = torch.gather(hidden, 1, pairs[:, :, 1:2].expand(bs, n_pairs, dim))  # (bs, n_pairs, H)
     left = left.reshape(bs * n_pairs, 1, dim).expand(-1, slots, -1)  # (bs·n_pairs, max_targets, H)
     right = right.reshape(bs * n_pairs, 1, dim).expand(-1, slots, -1)
-    positions = head.position_embeddings.weight.unsqueeze(0).expand(bs * n_pairs, -1, -1)  # (bs·n_pairs, max_targets, 200)
+    positions = head.position_embeddings.weight.unsqueeze(0).expand(
+        bs * n_pairs, -1, -1
+    )  # (bs·n_pairs, max_targets, 200)
     h0 = torch.cat([left, right, positions], dim=-1)
     h1 = layer_norm(gelu(h0 @ head.dense1.weight.T + head.dense1.bias), head.layer_norm1)
     y = layer_norm(gelu(h1 @ head.dense2.weight.T + head.dense2.bias), head.layer_norm2)
     scores = y @ head.decoder_weight.T + head.decoder.bias  # (bs·n_pairs, max_targets, V)
-    loss = F.cross_entropy(scores.reshape(-1, scores.shape[-1]), pair_targets.reshape(-1), reduction="sum", ignore_index=PAD)
+    loss = F.cross_entropy(
+        scores.reshape(-1, scores.shape[-1]), pair_targets.reshape(-1), reduction="sum", ignore_index=PAD
+    )
     return scores.reshape(bs, n_pairs, slots, -1), loss
 
 
@@ -72,7 +76,7 @@ def to_padded_layout(spans, labels, batch, max_targets):
         count[b] += 1
         pairs[b, k] = torch.tensor([s - 1, e + 1])
         n = min(e - s + 1, max_targets)
-        targets[b, k, :n] = labels[b, s:s + n]
+        targets[b, k, :n] = labels[b, s : s + n]
     return pairs, targets
 
 
@@ -139,12 +143,16 @@ def test_relative_position_row_is_i_minus_s(setup):
 
 def test_span_targets_indices():
     # block 0: span [2, 4]; block 1: span [1, 7] (7 tokens, capped at 5); length 10
-    left, right, relative, target = span_targets(torch.tensor([0, 1]), torch.tensor([2, 1]), torch.tensor([4, 7]), 10, max_targets=5)
+    left, right, relative, target = span_targets(
+        torch.tensor([0, 1]), torch.tensor([2, 1]), torch.tensor([4, 7]), 10, max_targets=5
+    )
     assert left.tolist() == [1] * 3 + [10] * 5
     assert right.tolist() == [5] * 3 + [18] * 5
     assert relative.tolist() == [0, 1, 2, 0, 1, 2, 3, 4]
     assert target.tolist() == [2, 3, 4, 11, 12, 13, 14, 15]
-    empty = span_targets(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), 10)
+    empty = span_targets(
+        torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), 10
+    )
     assert all(len(index) == 0 for index in empty)
     with pytest.raises(ValueError, match="both boundary tokens"):
         span_targets(torch.tensor([0]), torch.tensor([0]), torch.tensor([2]), 10)  # no left boundary
@@ -159,8 +167,16 @@ def test_sbo_head_shapes_init_and_own_state():
     assert head.dense1.weight.shape == (32, 2 * 32 + 200) and head.dense2.weight.shape == (24, 32)
     assert head.decoder_weight is embedding.weight
     assert set(head.state_dict()) == {
-        "position_embeddings.weight", "dense1.weight", "dense1.bias", "layer_norm1.weight", "layer_norm1.bias",
-        "dense2.weight", "dense2.bias", "layer_norm2.weight", "layer_norm2.bias", "decoder.bias",
+        "position_embeddings.weight",
+        "dense1.weight",
+        "dense1.bias",
+        "layer_norm1.weight",
+        "layer_norm1.bias",
+        "dense2.weight",
+        "dense2.bias",
+        "layer_norm2.weight",
+        "layer_norm2.bias",
+        "decoder.bias",
     }  # the tied weight belongs to the backbone and is saved there, once
     assert torch.equal(head.decoder.bias, torch.zeros(40)) and torch.equal(head.layer_norm1.weight, torch.ones(32))
     assert abs(head.dense1.weight.std().item() - 0.02) < 0.003

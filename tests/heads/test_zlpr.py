@@ -32,14 +32,16 @@ def reference_loss(logits, labels):
     return sum(losses) / len(losses)
 
 
-SPANS = torch.tensor([
-    # row 0: nested spans, two types on one span, a duplicate, padding rows
-    [[0, 1, 4], [0, 2, 3], [1, 2, 3], [0, 1, 4], [3, 0, 9], [-1, -1, -1], [-1, -1, -1]],
-    # row 1: no entities at all
-    [[-1, -1, -1]] * 7,
-    # row 2: many entities, every type
-    [[0, 0, 0], [1, 0, 7], [2, 3, 5], [3, 4, 4], [2, 6, 7], [1, 1, 1], [0, 5, 7]],
-])
+SPANS = torch.tensor(
+    [
+        # row 0: nested spans, two types on one span, a duplicate, padding rows
+        [[0, 1, 4], [0, 2, 3], [1, 2, 3], [0, 1, 4], [3, 0, 9], [-1, -1, -1], [-1, -1, -1]],
+        # row 1: no entities at all
+        [[-1, -1, -1]] * 7,
+        # row 2: many entities, every type
+        [[0, 0, 0], [1, 0, 7], [2, 3, 5], [3, 4, 4], [2, 6, 7], [1, 1, 1], [0, 5, 7]],
+    ]
+)
 
 
 def test_dense_equals_the_reference_formula():
@@ -91,7 +93,9 @@ def test_sparse_accepts_non_contiguous_logits():
     base = masked_logits(4).permute(0, 2, 3, 1).contiguous()  # (B, L, L, T)
     logits = base.permute(0, 3, 1, 2)  # a (B, T, L, L) view with other strides
     assert not logits.is_contiguous()
-    torch.testing.assert_close(zlpr_sparse(logits, SPANS), zlpr_dense(logits.contiguous(), span_labels(SPANS, logits.shape)))
+    torch.testing.assert_close(
+        zlpr_sparse(logits, SPANS), zlpr_dense(logits.contiguous(), span_labels(SPANS, logits.shape))
+    )
 
 
 def test_duplicates_count_once_and_padding_rows_are_ignored():
@@ -106,7 +110,9 @@ def test_duplicates_count_once_and_padding_rows_are_ignored():
 def test_no_entities_anywhere():
     logits = masked_logits(6)
     empty = torch.full((3, 2, 3), -1)
-    torch.testing.assert_close(zlpr_sparse(logits, empty), zlpr_dense(logits, torch.zeros_like(logits, dtype=torch.bool)))
+    torch.testing.assert_close(
+        zlpr_sparse(logits, empty), zlpr_dense(logits, torch.zeros_like(logits, dtype=torch.bool))
+    )
     none = torch.zeros(3, 0, 3, dtype=torch.long)
     torch.testing.assert_close(zlpr_sparse(logits, none), zlpr_sparse(logits, empty))
 

@@ -9,9 +9,9 @@ import pytest
 
 from helpers import EMBEDDED_CORPUS
 from spanlm.config import from_dict
-from spanlm.pretrain.recipe import Recipe
 from spanlm.data.blocks import BlockBatch, BlockDataset, collate_blocks
 from spanlm.masking.base import Vocabulary
+from spanlm.pretrain.recipe import Recipe
 
 SPECIAL = (0, 1, 2, 3, 4)  # pad, unk, cls, sep, mask of the hand-built vocabulary
 PAD, CLS, SEP, MASK_ID = 0, 2, 3, 4
@@ -24,7 +24,11 @@ ENGLISH_DATA = {"similar_words": "word2vec", "similar_words_k": 5, "similar_word
 
 def english_recipe_dict(prepared_dir: Path) -> dict:
     return {
-        "data": {"inputs": [str(EMBEDDED_CORPUS / "alice_in_wonderland.txt")], "prepared_dir": str(prepared_dir), **ENGLISH_DATA},
+        "data": {
+            "inputs": [str(EMBEDDED_CORPUS / "alice_in_wonderland.txt")],
+            "prepared_dir": str(prepared_dir),
+            **ENGLISH_DATA,
+        },
         "tokenizer": {"vocab_size": 1500},
     }
 
@@ -54,23 +58,39 @@ def chinese(tmp_path_factory):
     root = tmp_path_factory.mktemp("chinese")
     synonyms = root / "synonyms.tsv"
     synonyms.write_text(CHINESE_SYNONYMS, encoding="utf-8")
-    recipe = from_dict(Recipe, {
-        "data": {"inputs": [str(EMBEDDED_CORPUS / "hongloumeng_ch1-5.txt")], "prepared_dir": str(root / "prepared"),
-                 "words": "jieba", "similar_words": "synonyms", "similar_words_file": str(synonyms), "similar_words_min_count": 1},
-        "tokenizer": {"vocab_size": 3000, "min_frequency": 1},
-    })
+    recipe = from_dict(
+        Recipe,
+        {
+            "data": {
+                "inputs": [str(EMBEDDED_CORPUS / "hongloumeng_ch1-5.txt")],
+                "prepared_dir": str(root / "prepared"),
+                "words": "jieba",
+                "similar_words": "synonyms",
+                "similar_words_file": str(synonyms),
+                "similar_words_min_count": 1,
+            },
+            "tokenizer": {"vocab_size": 3000, "min_frequency": 1},
+        },
+    )
     return PreparedCorpus(prepare(recipe, log=lambda *_: None))
 
 
-def corpus_batches(corpus, max_len: int = 128, batch_size: int = 32, n_batches: int = 1, seed: int = 0) -> list[BlockBatch]:
+def corpus_batches(
+    corpus, max_len: int = 128, batch_size: int = 32, n_batches: int = 1, seed: int = 0
+) -> list[BlockBatch]:
     """Batches of the corpus's blocks in a seeded order."""
     dataset = BlockDataset(corpus, max_len)
     order = np.random.default_rng(seed).permutation(len(dataset))
     pad = corpus.special_ids["pad"]
-    return [collate_blocks([dataset[int(i)] for i in order[b * batch_size:(b + 1) * batch_size]], pad) for b in range(n_batches)]
+    return [
+        collate_blocks([dataset[int(i)] for i in order[b * batch_size : (b + 1) * batch_size]], pad)
+        for b in range(n_batches)
+    ]
 
 
-def single_piece_batch(rng: np.random.Generator, batch_size: int = 32, width: int = 512, vocab_size: int = 1000, lengths=None) -> BlockBatch:
+def single_piece_batch(
+    rng: np.random.Generator, batch_size: int = 32, width: int = 512, vocab_size: int = 1000, lengths=None
+) -> BlockBatch:
     """[CLS] w w … w [SEP] pad…: every token a word of its own; row lengths ``lengths`` (default full)."""
     lengths = np.full(batch_size, width) if lengths is None else np.asarray(lengths)
     attention = np.arange(width)[None, :] < lengths[:, None]

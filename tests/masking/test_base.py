@@ -7,39 +7,77 @@ import pytest
 import torch
 
 from spanlm.config import from_dict
-from spanlm.pretrain.recipe import Recipe, load_recipe
 from spanlm.errors import ConfigError, InputError
-from spanlm.masking.base import KEPT, MASK, RANDOM, SIMILAR, MaskedBatch, MaskingConfig, Proportions, build_masker, make_rng
+from spanlm.masking.base import (
+    KEPT,
+    MASK,
+    RANDOM,
+    SIMILAR,
+    MaskedBatch,
+    MaskingConfig,
+    Proportions,
+    build_masker,
+    make_rng,
+)
 from spanlm.masking.ops import TokenSampler, Words, ceil_budget, ragged_arange, round_budget
+from spanlm.pretrain.recipe import Recipe, load_recipe
 
 
 def test_config_defaults_are_the_papers():
     config = MaskingConfig()
-    assert (config.mlm.rate, config.mlm.proportions.mask, config.mlm.proportions.random, config.mlm.proportions.keep) == (0.15, 0.8, 0.1, 0.1)
-    assert (config.span.p, config.span.max_span, config.span.replacement, config.span.endpoints, config.span.max_targets) == (0.2, 10, "span", "external", 15)
+    assert (
+        config.mlm.rate,
+        config.mlm.proportions.mask,
+        config.mlm.proportions.random,
+        config.mlm.proportions.keep,
+    ) == (0.15, 0.8, 0.1, 0.1)
+    assert (
+        config.span.p,
+        config.span.max_span,
+        config.span.replacement,
+        config.span.endpoints,
+        config.span.max_targets,
+    ) == (0.2, 10, "span", "external", 15)
     assert config.span.random_source == "unigram" and config.mlm.random_source == "uniform"
     assert config.ngram.ngram_probs == [0.4, 0.3, 0.2, 0.1]
     assert (config.ngram.proportions.similar, config.ngram.proportions.mask) == (0.8, 0.0)
-    assert (config.noise.word_prob, config.noise.short_word, config.noise.delete_prob, config.noise.mlm.rate) == (0.10, 4, 0.5, 0.10)
+    assert (config.noise.word_prob, config.noise.short_word, config.noise.delete_prob, config.noise.mlm.rate) == (
+        0.10,
+        4,
+        0.5,
+        0.10,
+    )
 
 
 def test_recipe_masking_section_and_overrides(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text("masking:\n  scheme: span\n  span:\n    p: 0.3\n", encoding="utf-8")
-    recipe = load_recipe(path, ["masking.span.max_targets=20", "masking.span.proportions.mask=0.5", "masking.span.proportions.keep=0.4"])
+    recipe = load_recipe(
+        path, ["masking.span.max_targets=20", "masking.span.proportions.mask=0.5", "masking.span.proportions.keep=0.4"]
+    )
     assert recipe.masking.scheme == "span"
-    assert (recipe.masking.span.p, recipe.masking.span.max_targets, recipe.masking.span.proportions.keep) == (0.3, 20, 0.4)
+    assert (recipe.masking.span.p, recipe.masking.span.max_targets, recipe.masking.span.proportions.keep) == (
+        0.3,
+        20,
+        0.4,
+    )
 
 
-@pytest.mark.parametrize("masking, message", [
-    ({"scheme": "bert"}, "must be one of"),
-    ({"span": {"geometric_p": 0.2}}, "unknown config key 'masking.span.geometric_p'"),
-    ({"mlm": {"proportions": {"mask": 0.8, "random": 0.3, "keep": 0.1}}}, "sum to 1"),
-    ({"mlm": {"rate": 1.5}}, "rate must be in"),
-    ({"wwm": {"proportions": {"mask": 0.7, "similar": 0.1, "random": 0.1, "keep": 0.1}}}, "similar-word replacement"),
-    ({"ngram": {"ngram_probs": [0.5, 0.6]}}, "ngram_probs"),
-    ({"span": {"p": 0.0}}, "p must be"),
-])
+@pytest.mark.parametrize(
+    "masking, message",
+    [
+        ({"scheme": "bert"}, "must be one of"),
+        ({"span": {"geometric_p": 0.2}}, "unknown config key 'masking.span.geometric_p'"),
+        ({"mlm": {"proportions": {"mask": 0.8, "random": 0.3, "keep": 0.1}}}, "sum to 1"),
+        ({"mlm": {"rate": 1.5}}, "rate must be in"),
+        (
+            {"wwm": {"proportions": {"mask": 0.7, "similar": 0.1, "random": 0.1, "keep": 0.1}}},
+            "similar-word replacement",
+        ),
+        ({"ngram": {"ngram_probs": [0.5, 0.6]}}, "ngram_probs"),
+        ({"span": {"p": 0.0}}, "p must be"),
+    ],
+)
 def test_config_errors(masking, message):
     with pytest.raises(ConfigError, match=message):
         from_dict(Recipe, {"masking": masking})
@@ -97,8 +135,8 @@ def test_make_rng_streams():
 
 
 def test_masked_batch_to_torch_and_json(vocab, make_batch):
-    from spanlm.masking.mlm import MlmMasker
     from spanlm.masking.base import MlmConfig
+    from spanlm.masking.mlm import MlmMasker
 
     masked = MlmMasker(MlmConfig(), vocab)(make_batch(np.random.default_rng(0), 4, 32), np.random.default_rng(1))
     tensors = masked.to_torch()
@@ -122,8 +160,9 @@ def test_build_masker_registry(english):
 
 
 def test_ngram_without_a_table_is_a_clear_error(tmp_path, english):
-    from spanlm.data.shards import PreparedCorpus
     import shutil
+
+    from spanlm.data.shards import PreparedCorpus
 
     copy = tmp_path / "no_table"
     shutil.copytree(english.directory, copy)

@@ -24,7 +24,10 @@ def english_batches(english):
 
     dataset = BlockDataset(english, 128)
     order = np.random.default_rng(0).permutation(len(dataset))
-    return [collate_blocks([dataset[int(i)] for i in order[b * 32:(b + 1) * 32]], english.special_ids["pad"]) for b in range(4)]
+    return [
+        collate_blocks([dataset[int(i)] for i in order[b * 32 : (b + 1) * 32]], english.special_ids["pad"])
+        for b in range(4)
+    ]
 
 
 def assert_same(a: MaskedBatch, b: MaskedBatch) -> None:
@@ -98,7 +101,9 @@ def test_blocks_without_content_give_empty_targets(scheme, maskers, english):
     cls, sep, pad = (english.special_ids[k] for k in ("cls", "sep", "pad"))
     ids = np.array([[cls, sep, pad], [cls, sep, pad]])
     attention = ids != pad
-    batch = BlockBatch(input_ids=ids, word_starts=attention.copy(), attention_mask=attention, special_mask=np.ones_like(attention))
+    batch = BlockBatch(
+        input_ids=ids, word_starts=attention.copy(), attention_mask=attention, special_mask=np.ones_like(attention)
+    )
     masked = maskers[scheme](batch, np.random.default_rng(0))
     assert len(masked.target_index) == len(masked.sbo_index) == len(masked.nlm_index) == 0
     assert masked.to_torch()["target_labels"].shape == (0,)
@@ -109,4 +114,7 @@ def test_maskers_pickle_for_dataloader_workers(scheme, maskers, english_batches)
     import pickle
 
     copy = pickle.loads(pickle.dumps(maskers[scheme]))
-    assert_same(copy(english_batches[0], np.random.default_rng(5)), maskers[scheme](english_batches[0], np.random.default_rng(5)))
+    assert_same(
+        copy(english_batches[0], np.random.default_rng(5)),
+        maskers[scheme](english_batches[0], np.random.default_rng(5)),
+    )

@@ -92,7 +92,9 @@ def test_english_replacements_come_from_the_word2vec_table(english, blocks):
     for s in range(len(table)):
         for e in range(table.offsets[s], table.offsets[s + 1]):
             start = table.token_offsets[e]
-            neighbours_of.setdefault(int(table.hashes[s]), []).append(table.tokens[start:start + table.lengths[s]].tolist())
+            neighbours_of.setdefault(int(table.hashes[s]), []).append(
+                table.tokens[start : start + table.lengths[s]].tolist()
+            )
     replaced = multi = 0
     for batch in blocks(english, 128, 32, 3):
         masked = masker(batch, np.random.default_rng(0))
@@ -108,7 +110,9 @@ def test_english_replacements_come_from_the_word2vec_table(english, blocks):
 
 def test_chinese_synonym_file(chinese, blocks):
     table = SimilarWords.load(chinese.directory)
-    listed = {str(w): table.neighbours[table.offsets[i]:table.offsets[i + 1]].tolist() for i, w in enumerate(table.words)}
+    listed = {
+        str(w): table.neighbours[table.offsets[i] : table.offsets[i + 1]].tolist() for i, w in enumerate(table.words)
+    }
     # Only same-length synonyms are kept: 小姐们 (three characters) never replaces 姑娘.
     assert listed["宝玉"] == ["黛玉", "凤姐"] and listed["姑娘"] == ["丫头"] and listed["说道"] == ["笑道", "问道"]
     masker = NgramMasker.from_corpus(NgramConfig(), chinese)

@@ -18,7 +18,12 @@ def masker(english):
 
 def test_variant_enumeration():
     assert noise_variants("cat", "xy", 4) == ["xcat", "ycat", "cxat", "cyat", "caxt", "cayt"]  # before index 0..len-1
-    assert noise_variants("word", "xy", 4) == ["wrd", "wod", "wrod", "wodr"]  # delete i / swap (i, i+1), i in [1, len-2]
+    assert noise_variants("word", "xy", 4) == [
+        "wrd",
+        "wod",
+        "wrod",
+        "wodr",
+    ]  # delete i / swap (i, i+1), i in [1, len-2]
     assert noise_variants("hello", "x", 4)[3:] == ["hlelo", "hello", "helol"]  # swapping equal letters changes nothing
 
 
@@ -48,11 +53,13 @@ def classify(noised: str, original: str) -> str:
     """Which edit turns ``original`` into ``noised`` (within the paper's index ranges), or 'invalid'."""
     n = len(original)
     if n < 4:
-        ok = len(noised) == n + 1 and any(noised[:p] + noised[p + 1:] == original for p in range(n))
+        ok = len(noised) == n + 1 and any(noised[:p] + noised[p + 1 :] == original for p in range(n))
         return "insert" if ok else "invalid"
-    if len(noised) == n - 1 and any(original[:i] + original[i + 1:] == noised for i in range(1, n - 1)):
+    if len(noised) == n - 1 and any(original[:i] + original[i + 1 :] == noised for i in range(1, n - 1)):
         return "delete"
-    if len(noised) == n and any(original[:i] + original[i + 1] + original[i] + original[i + 2:] == noised for i in range(1, n - 1)):
+    if len(noised) == n and any(
+        original[:i] + original[i + 1] + original[i] + original[i + 2 :] == noised for i in range(1, n - 1)
+    ):
         return "swap"
     return "invalid"
 
@@ -71,7 +78,18 @@ def test_noised_words_are_the_papers_edits_of_their_nlm_target(masker, english, 
 
 
 def test_operation_mix_and_noise_rate(masker, english, blocks):
-    totals = dict.fromkeys(["words", "noised_words", "noise_insert", "noise_delete", "noise_swap", "noise_unusable", "noise_out_of_vocabulary"], 0)
+    totals = dict.fromkeys(
+        [
+            "words",
+            "noised_words",
+            "noise_insert",
+            "noise_delete",
+            "noise_swap",
+            "noise_unusable",
+            "noise_out_of_vocabulary",
+        ],
+        0,
+    )
     batches = blocks(english, 128, 32, 8)
     for epoch in range(6):  # the noise is dynamic: the same blocks get new noise every pass
         for number, batch in enumerate(batches):

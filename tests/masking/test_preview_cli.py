@@ -19,16 +19,31 @@ def recipe_file(tmp_path, english_recipe):
     return path
 
 
-@pytest.mark.parametrize("scheme, marks, keys", [
-    ("mlm", ["[M:", "[R:", "[K:"], []),
-    ("wwm", ["[M:"], ["mean_span_words"]),
-    ("span", ["[M:"], ["mean_span_words", "mean_span_tokens", "span_words_histogram"]),
-    ("ngram", ["[S:"], ["ngram_mix", "similar_fallback_rate", "word_mask_ratio"]),
-    ("noise", ["~"], ["noised_word_ratio", "noise_operations", "nlm_targets_per_block"]),
-])
+@pytest.mark.parametrize(
+    "scheme, marks, keys",
+    [
+        ("mlm", ["[M:", "[R:", "[K:"], []),
+        ("wwm", ["[M:"], ["mean_span_words"]),
+        ("span", ["[M:"], ["mean_span_words", "mean_span_tokens", "span_words_histogram"]),
+        ("ngram", ["[S:"], ["ngram_mix", "similar_fallback_rate", "word_mask_ratio"]),
+        ("noise", ["~"], ["noised_word_ratio", "noise_operations", "nlm_targets_per_block"]),
+    ],
+)
 def test_preview_prints_blocks_and_statistics(scheme, marks, keys, recipe_file, tmp_path, capsys):
     jsonl = tmp_path / "batches.jsonl"
-    code = main(["preview", str(recipe_file), f"masking.scheme={scheme}", "--n", "3", "--stats-blocks", "64", "--jsonl", str(jsonl)])
+    code = main(
+        [
+            "preview",
+            str(recipe_file),
+            f"masking.scheme={scheme}",
+            "--n",
+            "3",
+            "--stats-blocks",
+            "64",
+            "--jsonl",
+            str(jsonl),
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out[0].startswith("legend:")
@@ -47,7 +62,9 @@ def test_preview_prints_blocks_and_statistics(scheme, marks, keys, recipe_file, 
     batches = [json.loads(line) for line in jsonl.read_text(encoding="utf-8").splitlines()]
     assert len(batches) == 2  # 64 blocks in batches of 32
     assert sum(len(b["input_ids"]) for b in batches) == 64
-    assert {"input_ids", "target_index", "target_labels", "target_kind", "sbo_left", "nlm_labels", "counters"} <= set(batches[0])
+    assert {"input_ids", "target_index", "target_labels", "target_kind", "sbo_left", "nlm_labels", "counters"} <= set(
+        batches[0]
+    )
 
 
 def test_preview_is_reproducible(recipe_file, capsys):

@@ -10,8 +10,15 @@ from spanlm.masking.ops import Words, ceil_budget
 from spanlm.masking.span import SpanMasker, resolve_spans, span_length_distribution
 
 
-def authors_loop(word_of: list[int], word_start: dict, word_end: dict, n_content: int, first: int,
-                 stream: list[tuple[int, int]], budget: int) -> tuple[set, list]:
+def authors_loop(
+    word_of: list[int],
+    word_start: dict,
+    word_end: dict,
+    n_content: int,
+    first: int,
+    stream: list[tuple[int, int]],
+    budget: int,
+) -> tuple[set, list]:
     """SpanBERT's PairWithSpanMaskingScheme.mask for one block, over a given (length, anchor) stream.
 
     ``word_of[t]`` is the word of content token t (block positions first..first+n_content-1).
@@ -58,16 +65,22 @@ def test_vectorised_spans_equal_the_authors_loop(english, blocks):
         selection = resolve_spans(words, length, token_word[anchor_token], budget)
         assert selection.done.all()
         for row in range(batch_size):
-            word_start = {w: int(words.start[w]) for w in range(words.row_first[row], words.row_first[row] + words.row_count[row])}
+            word_start = {
+                w: int(words.start[w]) for w in range(words.row_first[row], words.row_first[row] + words.row_count[row])
+            }
             word_end = {w: int(words.end(np.array([w]))[0]) for w in word_start}
             first = row * width + 1
             word_of = {t: int(token_word[t]) for t in range(first, first + n_content[row])}
             stream = list(zip(length[row].tolist(), anchor_token[row].tolist()))
-            mask, spans = authors_loop(word_of, word_start, word_end, int(n_content[row]), first, stream, int(budget[row]))
+            mask, spans = authors_loop(
+                word_of, word_start, word_end, int(n_content[row]), first, stream, int(budget[row])
+            )
             mine = selection.positions[(selection.positions >= row * width) & (selection.positions < (row + 1) * width)]
             assert set(mine.tolist()) == mask
             in_row = selection.span_row == row
-            assert [[s, e - 1] for s, e in zip(selection.span_start[in_row].tolist(), selection.span_end[in_row].tolist())] == spans
+            assert [
+                [s, e - 1] for s, e in zip(selection.span_start[in_row].tolist(), selection.span_end[in_row].tolist())
+            ] == spans
 
 
 def test_length_distribution():

@@ -56,7 +56,9 @@ def test_every_family_builds_from_a_tiny_config_and_runs_forward(corpus, family)
     assert model.config.model_type == family
     assert model.config.vocab_size == corpus.vocab_size == input_embeddings(model).num_embeddings
     assert model.config.pad_token_id == corpus.special_ids["pad"]
-    assert model.config._attn_implementation == ATTENTION[family]  # the stock model: spanlm.accel is applied by the trainer
+    assert (
+        model.config._attn_implementation == ATTENTION[family]
+    )  # the stock model: spanlm.accel is applied by the trainer
     assert any(type(m) is torch.nn.Dropout for m in model.modules())
     assert getattr(model, "pooler", None) is None  # a pooler no loss reaches would be unused under DDP
     assert hidden_size(model) == 32 and input_embeddings(model).embedding_dim == 32
@@ -89,7 +91,9 @@ def test_deberta_v2_family_defaults_to_deberta_v3_relative_attention(corpus):
 
 
 def test_extra_overrides_the_family_defaults_and_rejects_unknown_keys(corpus):
-    model = build_backbone(tiny("deberta-v2", extra={"relative_attention": False, "position_biased_input": True}), corpus)
+    model = build_backbone(
+        tiny("deberta-v2", extra={"relative_attention": False, "position_biased_input": True}), corpus
+    )
     assert model.config.relative_attention is False
     assert model.embeddings.position_embeddings.num_embeddings == 64
     with pytest.raises(ConfigError, match=r"model\.extra\.relative_atention"):
@@ -99,7 +103,9 @@ def test_extra_overrides_the_family_defaults_and_rejects_unknown_keys(corpus):
 
 
 def test_config_is_validated_by_the_strict_loader():
-    config = from_dict(BackboneConfig, {"family": "electra", "hidden_size": 64, "embedding_size": 16, "extra": {"hidden_act": "gelu"}})
+    config = from_dict(
+        BackboneConfig, {"family": "electra", "hidden_size": 64, "embedding_size": 16, "extra": {"hidden_act": "gelu"}}
+    )
     assert config.embedding_size == 16 and config.path is None
     with pytest.raises(ConfigError, match="not a multiple of num_heads"):
         from_dict(BackboneConfig, {"hidden_size": 30, "num_heads": 4})
@@ -152,19 +158,33 @@ def test_continued_pretraining_loads_the_saved_weights(corpus, tmp_path, family)
     ids, mask = random_batch(corpus)
     saved.eval(), loaded.eval()
     with torch.no_grad():
-        torch.testing.assert_close(loaded(input_ids=ids, attention_mask=mask).last_hidden_state,
-                                   saved(input_ids=ids, attention_mask=mask).last_hidden_state, rtol=0, atol=0)
+        torch.testing.assert_close(
+            loaded(input_ids=ids, attention_mask=mask).last_hidden_state,
+            saved(input_ids=ids, attention_mask=mask).last_hidden_state,
+            rtol=0,
+            atol=0,
+        )
 
 
 def test_a_checkpoint_with_fewer_embedding_rows_than_the_tokenizer_is_rejected(corpus, tmp_path):
     from transformers import AutoConfig, AutoModel
 
-    small = AutoModel.from_config(AutoConfig.for_model(
-        "bert", vocab_size=corpus.vocab_size - 10, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-        intermediate_size=64, pad_token_id=corpus.special_ids["pad"]))
+    small = AutoModel.from_config(
+        AutoConfig.for_model(
+            "bert",
+            vocab_size=corpus.vocab_size - 10,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            pad_token_id=corpus.special_ids["pad"],
+        )
+    )
     path = save_checkpoint(small, tmp_path / "small")  # no tokenizer files: only the size can be checked
-    message = f"checkpoint {path} has {corpus.vocab_size - 10} embedding rows but corpus {corpus.directory} " \
-              f"was prepared with a tokenizer of {corpus.vocab_size} tokens"
+    message = (
+        f"checkpoint {path} has {corpus.vocab_size - 10} embedding rows but corpus {corpus.directory} "
+        f"was prepared with a tokenizer of {corpus.vocab_size} tokens"
+    )
     with pytest.raises(InputError, match=re.escape(message)):
         build_backbone(BackboneConfig(family="bert", path=str(path)), corpus)
 
@@ -192,7 +212,9 @@ def test_check_vocabulary_accepts_a_padded_embedding_and_rejects_another_pad_id(
 
 def test_wrong_family_and_missing_checkpoint_give_clear_errors(corpus, tmp_path):
     path = save_checkpoint(build_backbone(tiny("electra"), corpus), tmp_path / "electra")
-    with pytest.raises(InputError, match="holds a 'electra' model but model.family is 'bert'; set model.family: electra"):
+    with pytest.raises(
+        InputError, match="holds a 'electra' model but model.family is 'bert'; set model.family: electra"
+    ):
         build_backbone(BackboneConfig(family="bert", path=str(path)), corpus)
     with pytest.raises(InputError, match="not a Hugging Face checkpoint directory"):
         build_backbone(BackboneConfig(path=str(tmp_path / "nowhere")), corpus)

@@ -9,9 +9,9 @@ from spanlm.data.chars import CharFeaturizer, Spelling, build_char_vocab
 from spanlm.data.shards import PreparedCorpus
 from spanlm.models import BackboneConfig, build_backbone
 from spanlm.models.charbert import CharBertEncoder, CharChannelConfig, DualChannel
-from spanlm.models.modeling_charbert import CharEncoder, Fusion, char_inputs_to_torch
 from spanlm.models.encoder import load_encoder
 from spanlm.models.hf_model import EncoderConfig
+from spanlm.models.modeling_charbert import CharEncoder, Fusion, char_inputs_to_torch
 
 TEXTS = ["Alice was beginning to get very tired of sitting by her sister.", "Holmes examined the mechanism."]
 
@@ -28,31 +28,52 @@ def char_vocab(corpus):
 
 def tiny_backbone(corpus, family="bert", **extra):
     torch.manual_seed(0)
-    return build_backbone(BackboneConfig(family=family, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-                                         max_position_embeddings=64, **extra), corpus)
+    return build_backbone(
+        BackboneConfig(
+            family=family,
+            hidden_size=32,
+            num_layers=2,
+            num_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            **extra,
+        ),
+        corpus,
+    )
 
 
 def dual(corpus, char_vocab, family="bert", fusion="shared", **extra):
     backbone = tiny_backbone(corpus, family, **extra)
-    config = CharChannelConfig(char_vocab_size=char_vocab.size, hidden_size=32, char_embedding_size=16, fusion=fusion,
-                               num_layers=2)
+    config = CharChannelConfig(
+        char_vocab_size=char_vocab.size, hidden_size=32, char_embedding_size=16, fusion=fusion, num_layers=2
+    )
     return DualChannel(backbone, config).eval()
 
 
 def featurize(tokenizer, char_vocab, texts=TEXTS):
     encoding = tokenizer(texts, padding=True, return_offsets_mapping=True, return_tensors="np")
-    featurizer = CharFeaturizer(char_vocab, Spelling.from_tokenizer(tokenizer, char_vocab), tokenizer.pad_token_id,
-                                tokenizer.unk_token_id, tokenizer.backend_tokenizer.normalizer)
+    featurizer = CharFeaturizer(
+        char_vocab,
+        Spelling.from_tokenizer(tokenizer, char_vocab),
+        tokenizer.pad_token_id,
+        tokenizer.unk_token_id,
+        tokenizer.backend_tokenizer.normalizer,
+    )
     chars = featurizer(encoding["input_ids"], encoding["offset_mapping"], texts)
-    return {"input_ids": torch.from_numpy(encoding["input_ids"]).long(),
-            "attention_mask": torch.from_numpy(encoding["attention_mask"]).long(), **char_inputs_to_torch(chars)}
+    return {
+        "input_ids": torch.from_numpy(encoding["input_ids"]).long(),
+        "attention_mask": torch.from_numpy(encoding["attention_mask"]).long(),
+        **char_inputs_to_torch(chars),
+    }
 
 
 def test_the_same_layer_object_serves_both_channels(corpus, char_vocab):
     model = dual(corpus, char_vocab)
     calls = []
-    hooks = [layer.register_forward_hook(lambda module, args, output, i=i: calls.append((i, id(module))))
-             for i, layer in enumerate(model.layers)]
+    hooks = [
+        layer.register_forward_hook(lambda module, args, output, i=i: calls.append((i, id(module))))
+        for i, layer in enumerate(model.layers)
+    ]
     token, char = model(featurize(corpus.tokenizer, char_vocab))
     for hook in hooks:
         hook.remove()
@@ -71,7 +92,12 @@ def test_shared_and_per_layer_fusion(corpus, char_vocab):
     assert len(per_layer.fusions) == 2 and per_layer.fusion(0) is not per_layer.fusion(1)
     fusion = shared.fusion(0)
     assert fusion.token_linear.bias is None and fusion.char_linear.bias is None
-    assert (fusion.conv.in_channels, fusion.conv.out_channels, fusion.conv.kernel_size, fusion.conv.padding) == (64, 32, (3,), (1,))
+    assert (fusion.conv.in_channels, fusion.conv.out_channels, fusion.conv.kernel_size, fusion.conv.padding) == (
+        64,
+        32,
+        (3,),
+        (1,),
+    )
 
 
 def test_fusion_residual_paths_and_kernel_width():
@@ -112,7 +138,7 @@ def test_char_encoder_reads_first_and_last_char_and_ignores_padding():
     assert vectors.shape == (2, 2, 16)
     # Reference: each row alone, without padding, read forwards and backwards.
     for row in range(2):
-        embedded = encoder.embedding(ids[row:row + 1, :lengths[row]])  # (1, C, 6)
+        embedded = encoder.embedding(ids[row : row + 1, : lengths[row]])  # (1, C, 6)
         backward = encoder.backward_gru(embedded.flip(1))[0].flip(1)
         output = torch.cat([encoder.forward_gru(embedded)[0], backward], dim=-1)  # (1, C, 8)
         for token in range(2):
@@ -177,7 +203,16 @@ def test_forward_without_char_inputs_is_a_clear_error(corpus, char_vocab):
 def test_rejects_a_backbone_it_cannot_pair(corpus, char_vocab):
     from spanlm.errors import InputError
 
-    backbone = build_backbone(BackboneConfig(family="deberta-v2", hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
-                                             max_position_embeddings=64), corpus)
+    backbone = build_backbone(
+        BackboneConfig(
+            family="deberta-v2",
+            hidden_size=32,
+            num_layers=1,
+            num_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+        ),
+        corpus,
+    )
     with pytest.raises(InputError, match="deberta-v2"):
         DualChannel(backbone, CharChannelConfig(char_vocab_size=10, hidden_size=32))

@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from helpers import EMBEDDED_CORPUS, REPO, readme_section
-from spanlm.pretrain.recipe import load_recipe
 from spanlm.data.chars import build_char_vocab
 from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import InputError
@@ -25,6 +24,7 @@ from spanlm.models.charbert import CharBertEncoder, CharChannelConfig, DualChann
 from spanlm.models.encoder import load_encoder
 from spanlm.models.hf_model import EncoderConfig
 from spanlm.models.modeling_charbert import char_inputs_to_torch
+from spanlm.pretrain.recipe import load_recipe
 
 INPUTS = [str(p) for p in sorted(EMBEDDED_CORPUS.glob("*.txt")) if "hongloumeng" not in p.name]  # as embedded_prepared
 UNK_TEXTS = ["Holmes smiled \u2603 at Watson."]  # the snowman is no piece of the tiny vocabulary: [UNK]
@@ -56,7 +56,9 @@ def run_without_spanlm(code: str, cwd: Path) -> str:
     script = "import sys\nsys.modules['spanlm'] = None  # any import of spanlm now raises ImportError\n" + code
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     env.update(HF_MODULES_CACHE=str(cwd / "hf_modules"), HF_HUB_OFFLINE="1")
-    result = subprocess.run([sys.executable, "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     return result.stdout
 
@@ -67,9 +69,11 @@ def spanlm_hidden(directory: Path, texts: list[str]) -> torch.Tensor:
     encoder = load_encoder(EncoderConfig(path=str(directory))).eval()
     assert isinstance(encoder, CharBertEncoder)
     encoding = encoder.tokenizer(texts, padding=True, return_offsets_mapping=True, return_tensors="np")
-    batch = {"input_ids": torch.from_numpy(encoding["input_ids"]).long(),
-             "attention_mask": torch.from_numpy(encoding["attention_mask"]).long(),
-             **char_inputs_to_torch(encoder.featurizer()(encoding["input_ids"], encoding["offset_mapping"], texts))}
+    batch = {
+        "input_ids": torch.from_numpy(encoding["input_ids"]).long(),
+        "attention_mask": torch.from_numpy(encoding["attention_mask"]).long(),
+        **char_inputs_to_torch(encoder.featurizer()(encoding["input_ids"], encoding["offset_mapping"], texts)),
+    }
     with torch.no_grad():
         return encoder(batch)
 
@@ -101,14 +105,31 @@ def workdir(embedded_prepared, tmp_path_factory) -> Path:
     from spanlm.pretrain.run import pretrain
 
     root = tmp_path_factory.mktemp("charbert_hf")
-    recipe = load_recipe(REPO / "configs" / "pretrain" / "charbert.yaml", [
-        f"data.inputs={INPUTS}", f"data.prepared_dir={embedded_prepared}", "data.max_len=24", "tokenizer.vocab_size=2000",
-        "model.hidden_size=32", "model.num_layers=2", "model.intermediate_size=64", "model.max_position_embeddings=32",
-        "masking.noise.max_len=32", "masking.noise.term_vocab_size=100", "objective.charbert.char_embedding_size=16",
-        f"train.output_dir={root / 'runs/pretrain/charbert'}", "train.max_steps=2", "train.batch_size=4",
-        "train.eval_every=0", "train.save_every=2", "train.num_workers=0", "train.device=cpu",
-        "logging.report_to=[]", "logging.progress=false",
-    ])
+    recipe = load_recipe(
+        REPO / "configs" / "pretrain" / "charbert.yaml",
+        [
+            f"data.inputs={INPUTS}",
+            f"data.prepared_dir={embedded_prepared}",
+            "data.max_len=24",
+            "tokenizer.vocab_size=2000",
+            "model.hidden_size=32",
+            "model.num_layers=2",
+            "model.intermediate_size=64",
+            "model.max_position_embeddings=32",
+            "masking.noise.max_len=32",
+            "masking.noise.term_vocab_size=100",
+            "objective.charbert.char_embedding_size=16",
+            f"train.output_dir={root / 'runs/pretrain/charbert'}",
+            "train.max_steps=2",
+            "train.batch_size=4",
+            "train.eval_every=0",
+            "train.save_every=2",
+            "train.num_workers=0",
+            "train.device=cpu",
+            "logging.report_to=[]",
+            "logging.progress=false",
+        ],
+    )
     torch.manual_seed(0)
     export_checkpoint(pretrain(recipe, log=lambda *_: None), root / "runs/export/charbert")
     return root
@@ -138,13 +159,28 @@ def test_every_backbone_and_fusion_mode_loads_in_transformers(embedded_prepared,
     char_vocab = build_char_vocab(corpus, 60)
     torch.manual_seed(0)
     extra = {"embedding_size": 16} if family == "electra" else {}  # ELECTRA with embeddings_project
-    backbone = build_backbone(BackboneConfig(family=family, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-                                             max_position_embeddings=64, **extra), corpus)
-    model = DualChannel(backbone, CharChannelConfig(char_vocab_size=char_vocab.size, hidden_size=32, char_embedding_size=16,
-                                                    fusion=fusion, num_layers=2))
+    backbone = build_backbone(
+        BackboneConfig(
+            family=family,
+            hidden_size=32,
+            num_layers=2,
+            num_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            **extra,
+        ),
+        corpus,
+    )
+    model = DualChannel(
+        backbone,
+        CharChannelConfig(
+            char_vocab_size=char_vocab.size, hidden_size=32, char_embedding_size=16, fusion=fusion, num_layers=2
+        ),
+    )
     CharBertEncoder(model, corpus.tokenizer, char_vocab).save(tmp_path / "export")
     texts = ["Alice was beginning to get very tierd.", "Holmes smiled \u2603."]
-    run_without_spanlm(f"""
+    run_without_spanlm(
+        f"""
 import torch
 from transformers import AutoModel, AutoTokenizer
 
@@ -155,8 +191,12 @@ texts = {texts!r}
 encoding = tokenizer(texts, padding=True, return_offsets_mapping=True, return_tensors="pt")
 with torch.no_grad():
     torch.save(model(**model.char_featurizer(tokenizer).model_inputs(encoding, texts)).last_hidden_state, "last.pt")
-""", tmp_path)
-    torch.testing.assert_close(torch.load(tmp_path / "last.pt"), spanlm_hidden(tmp_path / "export", texts), atol=1e-5, rtol=0)
+""",
+        tmp_path,
+    )
+    torch.testing.assert_close(
+        torch.load(tmp_path / "last.pt"), spanlm_hidden(tmp_path / "export", texts), atol=1e-5, rtol=0
+    )
 
 
 def test_loaded_without_remote_code_the_report_names_the_char_channel(workdir):

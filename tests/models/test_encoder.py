@@ -48,8 +48,9 @@ def test_a_frozen_encoder_leaves_only_the_head_to_train(tiny_encoder_dir):
     assert not any(p.requires_grad for p in objective.encoder.parameters())
     ids = torch.tensor([objective.encoder.tokenizer("Alice was beginning to get very tired")["input_ids"]])
     mask = torch.ones_like(ids, dtype=torch.bool)
-    loss = objective({"input_ids": ids, "attention_mask": mask, "token_mask": mask,
-                      "entity_spans": torch.tensor([[[0, 1, 1]]])})["loss"]
+    loss = objective(
+        {"input_ids": ids, "attention_mask": mask, "token_mask": mask, "entity_spans": torch.tensor([[[0, 1, 1]]])}
+    )["loss"]
     loss.backward()
     assert all(p.grad is None for p in objective.encoder.parameters())
     assert all(p.grad is not None for p in objective.head.parameters())
@@ -74,5 +75,7 @@ def test_errors_name_the_directory(tiny_encoder_dir, tmp_path):
     from transformers import AutoConfig, AutoModel
 
     AutoModel.from_config(AutoConfig.from_pretrained(str(broken))).save_pretrained(str(broken))
-    with pytest.raises(InputError, match=r"mismatch: the tokenizer has \d+ tokens but the model's embedding has 100 rows"):
+    with pytest.raises(
+        InputError, match=r"mismatch: the tokenizer has \d+ tokens but the model's embedding has 100 rows"
+    ):
         load_encoder(EncoderConfig(path=str(broken)))

@@ -9,12 +9,34 @@ import torch
 from transformers import AutoConfig, AutoModel, DataCollatorWithFlattening
 
 from spanlm.errors import ConfigError
-from spanlm.models.packed import (GROUP_PADDING, VARLEN_ATTENTION, check_packable, encoder_states, resolve_packing,
-                                  segment_bounds, segment_groups, segments_padded_attention, varlen_attention)
+from spanlm.models.packed import (
+    GROUP_PADDING,
+    VARLEN_ATTENTION,
+    check_packable,
+    encoder_states,
+    resolve_packing,
+    segment_bounds,
+    segment_groups,
+    segments_padded_attention,
+    varlen_attention,
+)
 
-SIZES = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
-         "max_position_embeddings": 64, "vocab_size": 100, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
-DEBERTA = {"relative_attention": True, "position_buckets": 8, "pos_att_type": ["p2c", "c2p"], "position_biased_input": False}
+SIZES = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "max_position_embeddings": 64,
+    "vocab_size": 100,
+    "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0,
+}
+DEBERTA = {
+    "relative_attention": True,
+    "position_buckets": 8,
+    "pos_att_type": ["p2c", "c2p"],
+    "position_biased_input": False,
+}
 
 
 def test_segments_start_at_each_block_and_at_padding_after_one():
@@ -27,12 +49,17 @@ def model_of(family: str, attention: str, **settings):
     extra = {"pad_token_id": 1} if family == "roberta" else {}
     extra.update(DEBERTA if family == "deberta-v2" else {})
     torch.manual_seed(0)
-    return AutoModel.from_config(AutoConfig.for_model(family, **SIZES, **extra, **settings), attn_implementation=attention)
+    return AutoModel.from_config(
+        AutoConfig.for_model(family, **SIZES, **extra, **settings), attn_implementation=attention
+    )
 
 
 # DeBERTa-V2 has only the eager attention (and runs packed batches padded).
-@pytest.mark.parametrize("family, attention", [(family, attention) for family in ("bert", "roberta", "electra")
-                                               for attention in ("sdpa", "eager")] + [("deberta-v2", "eager")])
+@pytest.mark.parametrize(
+    "family, attention",
+    [(family, attention) for family in ("bert", "roberta", "electra") for attention in ("sdpa", "eager")]
+    + [("deberta-v2", "eager")],
+)
 def test_a_flattened_batch_gives_each_sequence_its_own_states(family, attention):
     """DataCollatorWithFlattening's one-row batch (positions restarting per sequence) through encoder_states."""
     model = model_of(family, attention).eval()
@@ -40,7 +67,9 @@ def test_a_flattened_batch_gives_each_sequence_its_own_states(family, attention)
     flat = DataCollatorWithFlattening(return_tensors="pt")([{"input_ids": s} for s in sequences])
     with torch.no_grad():
         packed = encoder_states(model, flat["input_ids"], torch.ones_like(flat["input_ids"]), flat["position_ids"])[0]
-        alone = [encoder_states(model, torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long))[0] for s in sequences]
+        alone = [
+            encoder_states(model, torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long))[0] for s in sequences
+        ]
     torch.testing.assert_close(packed, torch.cat(alone), rtol=1e-5, atol=1e-5)
     if family != "deberta-v2":  # switched to the varlen attention, which still runs padded batches as SDPA
         assert model.config._attn_implementation == VARLEN_ATTENTION
@@ -71,7 +100,9 @@ def test_changing_block_2_changes_nothing_of_block_1_forward_or_backward(family)
 
 
 def test_an_unknown_family_is_refused_and_auto_pads_deberta():
-    model = AutoModel.from_config(AutoConfig.for_model("distilbert", vocab_size=100, dim=32, n_layers=1, n_heads=2, hidden_dim=64))
+    model = AutoModel.from_config(
+        AutoConfig.for_model("distilbert", vocab_size=100, dim=32, n_layers=1, n_heads=2, hidden_dim=64)
+    )
     with pytest.raises(ConfigError, match="not 'distilbert'"):
         check_packable(model)
     deberta = model_of("deberta-v2", "eager")
@@ -85,14 +116,26 @@ def test_the_accelerator_path_pads_segments_again_and_equals_the_per_block_loop(
     generator = torch.Generator().manual_seed(0)
     bounds = torch.tensor([0, 5, 6, 13, 16], dtype=torch.int32)
     query, key, value = (torch.randn(1, 2, 16, 8, generator=generator, requires_grad=True) for _ in range(3))
-    padded, _ = varlen_attention(None, query, key, value, None, scaling=0.3, cu_seq_lens_q=bounds, cu_seq_lens_k=bounds,
-                                 max_length_q=7, max_length_k=7)
+    padded, _ = varlen_attention(
+        None,
+        query,
+        key,
+        value,
+        None,
+        scaling=0.3,
+        cu_seq_lens_q=bounds,
+        cu_seq_lens_k=bounds,
+        max_length_q=7,
+        max_length_k=7,
+    )
     tokens = [x.transpose(1, 2).reshape(16, 2, 8) for x in (query, key, value)]
     again = segments_padded_attention(*tokens, bounds, 7, 0.0, 0.3).view(1, 16, 2, 8)
     torch.testing.assert_close(again, padded)
     weights = torch.linspace(-1, 1, padded.numel()).view_as(padded)
-    torch.testing.assert_close(torch.autograd.grad((again * weights).sum(), (query, key, value)),
-                               torch.autograd.grad((padded * weights).sum(), (query, key, value)))
+    torch.testing.assert_close(
+        torch.autograd.grad((again * weights).sum(), (query, key, value)),
+        torch.autograd.grad((padded * weights).sum(), (query, key, value)),
+    )
 
 
 def test_segment_groups_cover_every_token_once_with_little_padding():
@@ -104,6 +147,8 @@ def test_segment_groups_cover_every_token_once_with_little_padding():
     for group in groups:
         real = group.real.sum(1)
         assert group.length == int(real.max()) and (real > 0).all()
-        assert group.count * group.length ** 2 - int((real ** 2).sum()) <= GROUP_PADDING
+        assert group.count * group.length**2 - int((real**2).sum()) <= GROUP_PADDING
         slots = group.slots.view(group.count, group.length)
-        assert (slots == torch.where(group.real, slots, slots[:, :1])).all()  # padding slots read their segment's first token
+        assert (
+            slots == torch.where(group.real, slots, slots[:, :1])
+        ).all()  # padding slots read their segment's first token

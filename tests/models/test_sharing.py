@@ -9,8 +9,14 @@ from spanlm.data.shards import PreparedCorpus
 from spanlm.models import BackboneConfig, build_backbone
 from spanlm.models.sharing import SharedEmbedding, materialised_state_dict, share_embeddings, shared_tables
 
-TINY = {"num_layers": 1, "num_heads": 2, "intermediate_size": 32, "max_position_embeddings": 32,
-        "hidden_dropout": 0.0, "attention_dropout": 0.0}
+TINY = {
+    "num_layers": 1,
+    "num_heads": 2,
+    "intermediate_size": 32,
+    "max_position_embeddings": 32,
+    "hidden_dropout": 0.0,
+    "attention_dropout": 0.0,
+}
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +27,9 @@ def corpus(embedded_prepared) -> PreparedCorpus:
 def pair(corpus, mode: str, family: str = "electra", generator_hidden: int = 16):
     """A generator narrower than its discriminator (hidden 16 vs 32), both with 32-wide embeddings."""
     torch.manual_seed(0)
-    generator = build_backbone(BackboneConfig(family=family, hidden_size=generator_hidden, embedding_size=32, **TINY), corpus)
+    generator = build_backbone(
+        BackboneConfig(family=family, hidden_size=generator_hidden, embedding_size=32, **TINY), corpus
+    )
     discriminator = build_backbone(BackboneConfig(family=family, hidden_size=32, embedding_size=32, **TINY), corpus)
     share_embeddings(generator, discriminator, mode)
     return generator, discriminator
@@ -40,8 +48,9 @@ def mlm_only(generator) -> torch.Tensor:
     return generator(input_ids=ids()).last_hidden_state.square().mean()
 
 
-@pytest.mark.parametrize("family, tables", [("electra", {"word_embeddings", "position_embeddings"}),
-                                            ("deberta-v2", {"word_embeddings"})])  # DeBERTa-V3: relative positions only
+@pytest.mark.parametrize(
+    "family, tables", [("electra", {"word_embeddings", "position_embeddings"}), ("deberta-v2", {"word_embeddings"})]
+)  # DeBERTa-V3: relative positions only
 def test_gdes_starts_as_exactly_the_generator_embedding(corpus, family, tables):
     generator, discriminator = pair(corpus, "gdes", family)
     shared = shared_tables(discriminator)
@@ -126,11 +135,15 @@ def test_materialised_state_dict_loads_into_a_plain_model(corpus):
     state = materialised_state_dict(discriminator)
     assert not any(k.endswith(".delta") for k in state)
     word = discriminator.embeddings.word_embeddings
-    assert torch.equal(state["embeddings.word_embeddings.weight"], generator.embeddings.word_embeddings.weight + word.delta)
+    assert torch.equal(
+        state["embeddings.word_embeddings.weight"], generator.embeddings.word_embeddings.weight + word.delta
+    )
     plain = AutoModel.from_config(discriminator.config)
     plain.load_state_dict(state)  # strict: exactly a plain model's keys
     with torch.no_grad():
-        assert torch.equal(plain.eval()(input_ids=ids()).last_hidden_state, discriminator.eval()(input_ids=ids()).last_hidden_state)
+        assert torch.equal(
+            plain.eval()(input_ids=ids()).last_hidden_state, discriminator.eval()(input_ids=ids()).last_hidden_state
+        )
 
 
 def test_continuing_keeps_the_discriminators_own_embedding(corpus):

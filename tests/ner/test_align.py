@@ -35,7 +35,9 @@ def documents(draw):
         text += unit
     n = len(units)
     pairs = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=6))
-    spans = {(0, draw(st.integers(0, n - 1))), (draw(st.integers(0, n - 1)), n - 1)} | {(min(a, b), max(a, b)) for a, b in pairs}
+    spans = {(0, draw(st.integers(0, n - 1))), (draw(st.integers(0, n - 1)), n - 1)} | {
+        (min(a, b), max(a, b)) for a, b in pairs
+    }
     # A repeated entity string: the same units again, labelled again.
     entities = [Entity(bounds[a][0], bounds[b][1], "X") for a, b in sorted(spans) if a <= b]
     return text, entities
@@ -92,7 +94,9 @@ def test_spans_off_token_boundaries_are_snapped_and_counted(zh_en_tokenizer, doc
     start = data.draw(st.integers(0, len(text) - 1))
     end = data.draw(st.integers(start + 1, len(text)))
     tokens = tokenize_documents(zh_en_tokenizer, [text])
-    first, last, exact, aligned = char_to_token(tokens, np.array([0]), np.array([start]), np.array([end]), np.array([len(text)]))
+    first, last, exact, aligned = char_to_token(
+        tokens, np.array([0]), np.array([start]), np.array([end]), np.array([len(text)])
+    )
     if not aligned[0]:
         assert text[start:end].strip() == ""  # only whitespace: no token to snap to
         return
@@ -110,7 +114,9 @@ def test_spans_off_token_boundaries_are_snapped_and_counted(zh_en_tokenizer, doc
 
 def test_snapping_report_names_examples(zh_en_tokenizer):
     text = "ＡＢＣ ESB"  # ＡＢＣ is one [UNK] token: "ＡＢ" cannot be cut out of it
-    windows, report = make_windows(zh_en_tokenizer, [NerDocument("doc7", text, [Entity(0, 2, "X"), Entity(4, 7, "X")])], ["X"], 32, 4)
+    windows, report = make_windows(
+        zh_en_tokenizer, [NerDocument("doc7", text, [Entity(0, 2, "X"), Entity(4, 7, "X")])], ["X"], 32, 4
+    )
     assert report.alignment.summary() == {"entities": 2, "exact": 1, "snapped": 1, "unaligned": 0}
     assert report.alignment.examples == [("doc7", "ＡＢ", "ＡＢＣ")]
     assert "snapped" in report.lines("train.jsonl")[0]
@@ -125,7 +131,9 @@ def test_whitespace_span_is_unaligned(zh_en_tokenizer):
 def test_the_text_of_a_special_token_in_a_document_is_text(zh_en_tokenizer):
     text = "Par is [SEP] Lon don [MASK] caf e [PAD]"
     tokens = tokenize_documents(zh_en_tokenizer, [text])
-    structural = set(zh_en_tokenizer.all_special_ids) - {zh_en_tokenizer.unk_token_id}  # unknown characters may well be [UNK]
+    structural = set(zh_en_tokenizer.all_special_ids) - {
+        zh_en_tokenizer.unk_token_id
+    }  # unknown characters may well be [UNK]
     assert not set(tokens.input_ids.tolist()) & structural
     assert "[SEP]" not in zh_en_tokenizer.convert_ids_to_tokens(tokens.input_ids.tolist())
     # Every character of the literal specials is covered by some token's offsets.

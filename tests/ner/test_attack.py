@@ -12,7 +12,18 @@ from hypothesis import strategies as st
 
 from helpers import one_torch_thread, write_wnut_recipe
 from spanlm.cli import main
-from spanlm.ner.attack import ADD, DROP, KEYBOARD, KINDS, NEIGHBOURS, SWAP, attack, attack_documents, attack_text, attack_with_counts
+from spanlm.ner.attack import (
+    ADD,
+    DROP,
+    KEYBOARD,
+    KINDS,
+    NEIGHBOURS,
+    SWAP,
+    attack,
+    attack_documents,
+    attack_text,
+    attack_with_counts,
+)
 from spanlm.ner.data import Entity, NerDocument
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ner"
@@ -21,10 +32,10 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ner"
 def classify(old: str, new: str) -> int:
     """Which single edit turns ``old`` into ``new`` (independent of the implementation)."""
     if len(new) == len(old) - 1:
-        assert any(old[:i] + old[i + 1:] == new for i in range(len(old)))
+        assert any(old[:i] + old[i + 1 :] == new for i in range(len(old)))
         return DROP
     if len(new) == len(old) + 1:
-        assert any(new[:i] + new[i + 1:] == old for i in range(len(new)))
+        assert any(new[:i] + new[i + 1 :] == old for i in range(len(new)))
         return ADD
     diff = [i for i in range(len(old)) if old[i] != new[i]]
     if len(diff) == 2 and diff[1] == diff[0] + 1 and old[diff[0]] == new[diff[1]] and old[diff[1]] == new[diff[0]]:
@@ -46,26 +57,39 @@ def check(document: NerDocument, attacked: NerDocument) -> None:
             assert old.isascii() and old.isalpha() and len(old) >= 2
             classify(old, new)
     for old, new in zip(document.entities, attacked.entities):
-        surface = attacked.text[new.start:new.end]
+        surface = attacked.text[new.start : new.end]
         # The entity's words, attacked or not, are the words at the same places in the new text.
-        assert surface.split() == new_tokens[len(document.text[:old.start].split()):][:len(surface.split())]
-        assert len(surface.split()) == len(document.text[old.start:old.end].split())
+        assert surface.split() == new_tokens[len(document.text[: old.start].split()) :][: len(surface.split())]
+        assert len(surface.split()) == len(document.text[old.start : old.end].split())
         assert 0 <= new.start <= new.end <= len(attacked.text)
 
 
 def test_hand_cases():
     text = "Holmes met Watson , Lestrade and Mycroft at Baker Street in London"
-    entities = [Entity(0, 6, "person"), Entity(11, 17, "person"), Entity(20, 28, "person"), Entity(33, 40, "person"),
-                Entity(44, 56, "location"), Entity(60, 66, "location")]
+    entities = [
+        Entity(0, 6, "person"),
+        Entity(11, 17, "person"),
+        Entity(20, 28, "person"),
+        Entity(33, 40, "person"),
+        Entity(44, 56, "location"),
+        Entity(60, 66, "location"),
+    ]
     document = NerDocument("d", text, entities)
-    assert [text[e.start:e.end] for e in entities] == ["Holmes", "Watson", "Lestrade", "Mycroft", "Baker Street", "London"]
+    assert [text[e.start : e.end] for e in entities] == [
+        "Holmes",
+        "Watson",
+        "Lestrade",
+        "Mycroft",
+        "Baker Street",
+        "London",
+    ]
     attacked = attack(document, 1.0, np.random.default_rng(0))
     check(document, attacked)
     assert all(a != b for a, b in zip(text.split(), attacked.text.split()) if a != ",")  # rate 1: every word changed
     # Entity at 0 and at the very end moved exactly.
     first, last = attacked.entities[0], attacked.entities[-1]
-    assert first.start == 0 and attacked.text[first.start:first.end] == attacked.text.split()[0]
-    assert last.end == len(attacked.text) and attacked.text[last.start:last.end] == attacked.text.split()[-1]
+    assert first.start == 0 and attacked.text[first.start : first.end] == attacked.text.split()[0]
+    assert last.end == len(attacked.text) and attacked.text[last.start : last.end] == attacked.text.split()[-1]
 
 
 def test_adjacent_entities_and_punctuation():
@@ -75,8 +99,12 @@ def test_adjacent_entities_and_punctuation():
     document = NerDocument("d", text, [Entity(0, 3, "a"), Entity(3, 7, "b"), Entity(8, 13, "c"), Entity(18, 24, "d")])
     attacked = attack(document, 1.0, np.random.default_rng(1))
     # "NewYork,Paris" and "Berlin." are not all-letter words; only "and" is attacked.
-    assert attacked.text.split()[0] == "NewYork,Paris" and attacked.text.split()[2] == "Berlin." and attacked.text.split()[1] != "and"
-    assert [attacked.text[e.start:e.end] for e in attacked.entities] == ["New", "York", "Paris", "Berlin"]
+    assert (
+        attacked.text.split()[0] == "NewYork,Paris"
+        and attacked.text.split()[2] == "Berlin."
+        and attacked.text.split()[1] != "and"
+    )
+    assert [attacked.text[e.start : e.end] for e in attacked.entities] == ["New", "York", "Paris", "Berlin"]
 
     text = "ab Alpha Beta cd"
     document = NerDocument("d", text, [Entity(3, 8, "x"), Entity(9, 13, "y"), Entity(3, 13, "z")])  # nested, adjacent
@@ -84,27 +112,41 @@ def test_adjacent_entities_and_punctuation():
         attacked = attack(document, 1.0, np.random.default_rng(seed))
         check(document, attacked)
         words = attacked.text.split()
-        assert [attacked.text[e.start:e.end] for e in attacked.entities] == [words[1], words[2], f"{words[1]} {words[2]}"]
+        assert [attacked.text[e.start : e.end] for e in attacked.entities] == [
+            words[1],
+            words[2],
+            f"{words[1]} {words[2]}",
+        ]
 
     # A boundary inside a word protects that word: "Londoners" with the entity "London".
     document = NerDocument("d", "Londoners love London", [Entity(0, 6, "loc"), Entity(15, 21, "loc")])
     attacked = attack(document, 1.0, np.random.default_rng(0))
     assert attacked.text.startswith("Londoners ") and attacked.text[:6] == "London"
-    assert attacked.text.split()[1] != "love" and attacked.text[attacked.entities[1].start:attacked.entities[1].end] == attacked.text.split()[2]
+    assert (
+        attacked.text.split()[1] != "love"
+        and attacked.text[attacked.entities[1].start : attacked.entities[1].end] == attacked.text.split()[2]
+    )
 
 
-words = st.one_of(st.text("abcdefghijklmnopqrstuvwxyzABCXYZ", min_size=1, max_size=9),
-                  st.sampled_from([",", ".", "@user", "2017", "ok!", "é", "北京", "#tag", "x"]))
+words = st.one_of(
+    st.text("abcdefghijklmnopqrstuvwxyzABCXYZ", min_size=1, max_size=9),
+    st.sampled_from([",", ".", "@user", "2017", "ok!", "é", "北京", "#tag", "x"]),
+)
 
 
 @st.composite
 def documents(draw):
     tokens = draw(st.lists(words, min_size=1, max_size=14))
-    seps = draw(st.lists(st.sampled_from([" ", "  ", "\t", " \n "]), min_size=len(tokens) - 1, max_size=len(tokens) - 1))
+    seps = draw(
+        st.lists(st.sampled_from([" ", "  ", "\t", " \n "]), min_size=len(tokens) - 1, max_size=len(tokens) - 1)
+    )
     text = tokens[0] + "".join(s + t for s, t in zip(seps, tokens[1:]))
     starts = np.cumsum([0] + [len(t) + len(s) for t, s in zip(tokens[:-1], seps)]).tolist()
     spans = draw(st.lists(st.tuples(st.integers(0, len(tokens) - 1), st.integers(1, 3)), max_size=5))
-    entities = [Entity(starts[i], starts[min(i + k, len(tokens)) - 1] + len(tokens[min(i + k, len(tokens)) - 1]), f"t{k}") for i, k in spans]
+    entities = [
+        Entity(starts[i], starts[min(i + k, len(tokens)) - 1] + len(tokens[min(i + k, len(tokens)) - 1]), f"t{k}")
+        for i, k in spans
+    ]
     return NerDocument("h", text, entities)
 
 
@@ -143,13 +185,18 @@ def test_share_of_attacked_words_and_every_kind():
 
 
 def test_deterministic_given_the_seed():
-    docs = [NerDocument(str(i), f"Holmes met Watson in London number {i} today", [Entity(0, 6, "person")]) for i in range(30)]
+    docs = [
+        NerDocument(str(i), f"Holmes met Watson in London number {i} today", [Entity(0, 6, "person")])
+        for i in range(30)
+    ]
     a, counts_a = attack_documents(docs, 0.5, seed=11)
     b, counts_b = attack_documents(docs, 0.5, seed=11)
     c, _ = attack_documents(docs, 0.5, seed=12)
     assert a == b and counts_a == counts_b and a != c
     summary = counts_a.summary()
-    assert summary["attacked_words"] == sum(summary[k] for k in KINDS) and summary["candidate_words"] == 30 * 7  # all 7 words
+    assert (
+        summary["attacked_words"] == sum(summary[k] for k in KINDS) and summary["candidate_words"] == 30 * 7
+    )  # all 7 words
 
 
 def test_rate_out_of_range():
@@ -174,7 +221,24 @@ def test_cli_eval_noise(tiny_model, capsys, tmp_path):
     metrics = tmp_path / "m.json"
     data = str(FIXTURES / "wnut_dev_mini.conll")
     capsys.readouterr()
-    assert main(["ner", "eval", str(tiny_model), "--data", data, "--output", str(metrics), "--noise", "0.3", "--noise-seed", "5"]) == 0
+    assert (
+        main(
+            [
+                "ner",
+                "eval",
+                str(tiny_model),
+                "--data",
+                data,
+                "--output",
+                str(metrics),
+                "--noise",
+                "0.3",
+                "--noise-seed",
+                "5",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     scores = json.loads(metrics.read_text())
     clean, attacked = scores["micro"], scores["attacked"]["micro"]

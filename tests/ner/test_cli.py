@@ -35,33 +35,59 @@ def test_train_eval_predict(trained, capsys, tmp_path):
     code, stdout, _ = run_cli(capsys, "ner", "train", str(recipe), "train.eval_every=3")
     assert code == 0
     summary = json.loads(stdout.strip().splitlines()[-1])
-    assert summary["model_dir"] == str(out / "model") and all(math.isfinite(summary[k]) for k in ("precision", "recall", "f1"))
+    assert summary["model_dir"] == str(out / "model") and all(
+        math.isfinite(summary[k]) for k in ("precision", "recall", "f1")
+    )
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if r["kind"] == "eval"]
-    assert [r["step"] for r in evals] == [3, 6] and all(math.isfinite(r["f1"]) and math.isfinite(r["loss"]) for r in evals)
+    assert [r["step"] for r in evals] == [3, 6] and all(
+        math.isfinite(r["f1"]) and math.isfinite(r["loss"]) for r in evals
+    )
     labels = json.loads((out / "model" / "labels.json").read_text())
     assert labels == ["corporation", "creative-work", "group", "location", "person", "product"]
 
     metrics = tmp_path / "metrics.json"
-    code, stdout, _ = run_cli(capsys, "ner", "eval", str(out / "model"), "--data", str(FIXTURES / "wnut_dev_mini.conll"),
-                              "--output", str(metrics), "--predictions", str(tmp_path / "pred.jsonl"))
+    code, stdout, _ = run_cli(
+        capsys,
+        "ner",
+        "eval",
+        str(out / "model"),
+        "--data",
+        str(FIXTURES / "wnut_dev_mini.conll"),
+        "--output",
+        str(metrics),
+        "--predictions",
+        str(tmp_path / "pred.jsonl"),
+    )
     assert code == 0 and "micro" in stdout
     scores = json.loads(metrics.read_text())
     assert scores["micro"]["n_gold"] == 39 and math.isfinite(scores["micro"]["f1"]) and scores["records"] == 40
     assert len((tmp_path / "pred.jsonl").read_text().splitlines()) == 40
 
-    code, stdout, _ = run_cli(capsys, "ner", "predict", str(out / "model"), "--text", "Holmes met Watson in London .", "--threshold=-1e9")
+    code, stdout, _ = run_cli(
+        capsys, "ner", "predict", str(out / "model"), "--text", "Holmes met Watson in London .", "--threshold=-1e9"
+    )
     assert code == 0
     (line,) = [json.loads(x) for x in stdout.splitlines()]
     assert line["text"] == "Holmes met Watson in London ." and line["entities"]  # every cell above -1e9 is an entity
     for entity in line["entities"]:
-        assert line["text"][entity["start"]:entity["end"]] == entity["text"] and entity["label"] in labels
+        assert line["text"][entity["start"] : entity["end"]] == entity["text"] and entity["label"] in labels
         assert set(entity) == {"start", "end", "label", "text", "score"}
 
     texts = tmp_path / "texts.txt"
     texts.write_text("Holmes met Watson .\n\nParis is big .\n", encoding="utf-8")
-    code, _, _ = run_cli(capsys, "ner", "predict", str(out / "model"), "--input", str(texts), "--output", str(tmp_path / "o.jsonl"),
-                         "--flat", "--threshold=-1e9")
+    code, _, _ = run_cli(
+        capsys,
+        "ner",
+        "predict",
+        str(out / "model"),
+        "--input",
+        str(texts),
+        "--output",
+        str(tmp_path / "o.jsonl"),
+        "--flat",
+        "--threshold=-1e9",
+    )
     lines = [json.loads(x) for x in (tmp_path / "o.jsonl").read_text().splitlines()]
     assert code == 0 and [x["text"] for x in lines] == ["Holmes met Watson .", "Paris is big ."]
     for x in lines:  # flat: no two entities overlap
@@ -69,7 +95,16 @@ def test_train_eval_predict(trained, capsys, tmp_path):
         assert spans and all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
 
     # The prediction output is the JSONL span format: it reads back as input.
-    code, _, _ = run_cli(capsys, "ner", "predict", str(out / "model"), "--input", str(tmp_path / "o.jsonl"), "--output", str(tmp_path / "p.jsonl"))
+    code, _, _ = run_cli(
+        capsys,
+        "ner",
+        "predict",
+        str(out / "model"),
+        "--input",
+        str(tmp_path / "o.jsonl"),
+        "--output",
+        str(tmp_path / "p.jsonl"),
+    )
     assert code == 0 and len((tmp_path / "p.jsonl").read_text().splitlines()) == 2
 
 
@@ -77,14 +112,24 @@ def test_user_errors_are_one_line(tiny_encoder_dir, capsys, tmp_path):
     code, _, err = run_cli(capsys, "ner", "predict", str(tmp_path), "--text", "x")
     assert code == 2 and "not a spanlm NER model" in err and len(err.strip().splitlines()) == 1
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(f"model: {{path: {tiny_encoder_dir}}}\ndata: {{train: {tmp_path / 'missing.json'}, format: cluener}}\n")
+    recipe.write_text(
+        f"model: {{path: {tiny_encoder_dir}}}\ndata: {{train: {tmp_path / 'missing.json'}, format: cluener}}\n"
+    )
     code, _, err = run_cli(capsys, "ner", "train", str(recipe), f"train.output_dir={tmp_path / 'run'}")
     assert code == 2 and "missing.json: no such file" in err
     code, _, err = run_cli(capsys, "ner", "train", str(recipe), "data.format=xml")
     assert code == 2 and "data.format" in err
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "a", "entities": [{"start": 0, "end": 9, "label": "X"}]}\n')
-    code, _, err = run_cli(capsys, "ner", "train", str(recipe), f"data.train={bad}", "data.format=jsonl", f"train.output_dir={tmp_path / 'r2'}")
+    code, _, err = run_cli(
+        capsys,
+        "ner",
+        "train",
+        str(recipe),
+        f"data.train={bad}",
+        "data.format=jsonl",
+        f"train.output_dir={tmp_path / 'r2'}",
+    )
     assert code == 2 and f"{bad}:1: " in err and "out of range" in err
 
 

@@ -42,7 +42,9 @@ def test_head_output_decodes_only_allowed_cells():
 
 
 def test_nested_and_multi_type_spans_are_all_returned_sorted():
-    logits = logits_with({(0, 0, 1, 5): 2.0, (0, 1, 2, 3): 1.5, (0, 2, 1, 5): 0.5, (0, 0, 4, 4): 3.0, (1, 1, 0, 7): 0.125})
+    logits = logits_with(
+        {(0, 0, 1, 5): 2.0, (0, 1, 2, 3): 1.5, (0, 2, 1, 5): 0.5, (0, 0, 4, 4): 3.0, (1, 1, 0, 7): 0.125}
+    )
     rows = decode_spans(logits)
     assert rows[0] == [(0, 1, 5, 2.0), (2, 1, 5, 0.5), (1, 2, 3, 1.5), (0, 4, 4, 3.0)]  # by (start, end, type)
     assert rows[1] == [(1, 0, 7, 0.125)]
@@ -56,17 +58,18 @@ def test_threshold_is_strict_and_adjustable():
 
 
 def test_flat_keeps_the_highest_scores_without_overlaps():
-    logits = logits_with({
-        (0, 0, 1, 4): 2.0,  # overlaps the best span (2, 3): dropped
-        (0, 1, 2, 3): 3.0,  # best
-        (0, 2, 2, 3): 1.0,  # same span, another type, lower score: dropped
-        (0, 1, 4, 5): 2.5,  # touches (2, 3) without sharing a token: kept
-        (0, 0, 5, 6): 1.0,  # overlaps (4, 5): dropped
-        (0, 2, 7, 7): 0.25,  # alone: kept
-        (1, 0, 0, 0): 0.375,
-    })
-    assert decode_spans(logits, flat=True) == [[(1, 2, 3, 3.0), (1, 4, 5, 2.5), (2, 7, 7, 0.25)],
-                                              [(0, 0, 0, 0.375)]]
+    logits = logits_with(
+        {
+            (0, 0, 1, 4): 2.0,  # overlaps the best span (2, 3): dropped
+            (0, 1, 2, 3): 3.0,  # best
+            (0, 2, 2, 3): 1.0,  # same span, another type, lower score: dropped
+            (0, 1, 4, 5): 2.5,  # touches (2, 3) without sharing a token: kept
+            (0, 0, 5, 6): 1.0,  # overlaps (4, 5): dropped
+            (0, 2, 7, 7): 0.25,  # alone: kept
+            (1, 0, 0, 0): 0.375,
+        }
+    )
+    assert decode_spans(logits, flat=True) == [[(1, 2, 3, 3.0), (1, 4, 5, 2.5), (2, 7, 7, 0.25)], [(0, 0, 0, 0.375)]]
     assert len(decode_spans(logits)[0]) == 6  # nested decoding keeps them all
 
 

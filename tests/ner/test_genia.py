@@ -53,20 +53,59 @@ XML = """<?xml version="1.0" encoding="UTF-8"?>
 """
 
 EXPECTED = [
-    {"tokens": ["The", "later", "copy", "of", "p50", "subunits", "wins", "."], "doc_id": "MEDLINE:2", "sent_id": "MEDLINE:2-0",
-     "entity_mentions": [{"start": 4, "end": 6, "entity_type": "protein", "text": "p50 subunits"}]},
-    {"tokens": ["IL-2", "gene", "expression", "in", "PHA", "-activated", "T", "cells", "."], "doc_id": "MEDLINE:1",
-     "sent_id": "MEDLINE:1-0",
-     "entity_mentions": [{"start": 0, "end": 2, "entity_type": "DNA", "text": "IL-2 gene"},  # inner before outer
-                         {"start": 4, "end": 5, "entity_type": "protein", "text": "PHA"},
-                         {"start": 4, "end": 8, "entity_type": "cell_type", "text": "PHA -activated T cells"}]},
-    {"tokens": ["Both", "c-fos", "and", "c-jun", "genes", "need", "NF-kappa", "B", "(", "calcium", ")", ",", "in", "B", "and",
-                "T", "cells", "."], "doc_id": "MEDLINE:1", "sent_id": "MEDLINE:1-1",
-     "entity_mentions": [{"start": 6, "end": 8, "entity_type": "protein", "text": "NF-kappa B"},
-                         {"start": 15, "end": 17, "entity_type": "cell_type", "text": "T cells"}]},
-    {"tokens": ["IL-2", "mRNA", "was", "not", "found", "in", "Jurkat", "cells", "."], "doc_id": "MEDLINE:1", "sent_id": "MEDLINE:1-2",
-     "entity_mentions": [{"start": 0, "end": 2, "entity_type": "RNA", "text": "IL-2 mRNA"},
-                         {"start": 6, "end": 8, "entity_type": "cell_line", "text": "Jurkat cells"}]},
+    {
+        "tokens": ["The", "later", "copy", "of", "p50", "subunits", "wins", "."],
+        "doc_id": "MEDLINE:2",
+        "sent_id": "MEDLINE:2-0",
+        "entity_mentions": [{"start": 4, "end": 6, "entity_type": "protein", "text": "p50 subunits"}],
+    },
+    {
+        "tokens": ["IL-2", "gene", "expression", "in", "PHA", "-activated", "T", "cells", "."],
+        "doc_id": "MEDLINE:1",
+        "sent_id": "MEDLINE:1-0",
+        "entity_mentions": [
+            {"start": 0, "end": 2, "entity_type": "DNA", "text": "IL-2 gene"},  # inner before outer
+            {"start": 4, "end": 5, "entity_type": "protein", "text": "PHA"},
+            {"start": 4, "end": 8, "entity_type": "cell_type", "text": "PHA -activated T cells"},
+        ],
+    },
+    {
+        "tokens": [
+            "Both",
+            "c-fos",
+            "and",
+            "c-jun",
+            "genes",
+            "need",
+            "NF-kappa",
+            "B",
+            "(",
+            "calcium",
+            ")",
+            ",",
+            "in",
+            "B",
+            "and",
+            "T",
+            "cells",
+            ".",
+        ],
+        "doc_id": "MEDLINE:1",
+        "sent_id": "MEDLINE:1-1",
+        "entity_mentions": [
+            {"start": 6, "end": 8, "entity_type": "protein", "text": "NF-kappa B"},
+            {"start": 15, "end": 17, "entity_type": "cell_type", "text": "T cells"},
+        ],
+    },
+    {
+        "tokens": ["IL-2", "mRNA", "was", "not", "found", "in", "Jurkat", "cells", "."],
+        "doc_id": "MEDLINE:1",
+        "sent_id": "MEDLINE:1-2",
+        "entity_mentions": [
+            {"start": 0, "end": 2, "entity_type": "RNA", "text": "IL-2 mRNA"},
+            {"start": 6, "end": 8, "entity_type": "cell_line", "text": "Jurkat cells"},
+        ],
+    },
 ]
 
 
@@ -100,25 +139,91 @@ def test_converts_the_archive(genia, tmp_path):
     documents, report = read_documents(out, ReadOptions(format="nested_jsonl", on_bad_record="error"))
     assert report.records == 4 and not report.skipped
     assert [d.id for d in documents] == [r["sent_id"] for r in EXPECTED]
-    assert sorted((e.label, documents[1].text[e.start:e.end]) for e in documents[1].entities) == [
-        ("DNA", "IL-2 gene"), ("cell_type", "PHA -activated T cells"), ("protein", "PHA")]
+    assert sorted((e.label, documents[1].text[e.start : e.end]) for e in documents[1].entities) == [
+        ("DNA", "IL-2 gene"),
+        ("cell_type", "PHA -activated T cells"),
+        ("protein", "PHA"),
+    ]
 
 
-@pytest.mark.parametrize("text, terms, tokens", [
-    ("PHA-activated cells.", [(0, 3)], ["PHA", "-activated", "cells", "."]),  # cut at a term boundary
-    ("post-dexamethasone levels", [(5, 18)], ["post-", "dexamethasone", "levels"]),
-    ("(PHA), (PHA)-induced (PIH, protein(s) and 10(-9)", [],
-     ["(", "PHA", ")", ",", "(", "PHA", ")", "-induced", "(", "PIH", ",", "protein", "(", "s", ")", "and", "10", "(", "-9", ")"]),
-    ("PDGF(B) mRNA", [(0, 7)], ["PDGF(B)", "mRNA"]),  # a whole term keeps its brackets
-    ("dexamethasone(dex)-resistant Ca(2+)-dependent 1,25(OH)2D3", [],
-     ["dexamethasone", "(", "dex", ")", "-resistant", "Ca(2+)-dependent", "1,25(OH)2D3"]),
-    ("Marek's disease cannot 5% \"pure\" 5' end", [], ["Marek", "'s", "disease", "can", "not", "5", "%", '"', "pure", '"', "5'", "end"]),
-    ("[3H]thymidine (3H)-E2 [3H] at 23:00; cells--did", [],
-     ["[3H]thymidine", "(3H)-E2", "[3H]", "at", "23", ":", "00", ";", "cells", "--", "did"]),
-    ("IL-2 -and PRL-induced, and -independent", [], ["IL-2", "-", "and", "PRL-induced", ",", "and", "-independent"]),
-    ("et al. (1990) and i.e., in activation. Next (P < 0.01).", [],
-     ["et", "al.", "(", "1990", ")", "and", "i.e.", ",", "in", "activation", ".", "Next", "(", "P", "<", "0.01", ")", "."]),
-])
+@pytest.mark.parametrize(
+    "text, terms, tokens",
+    [
+        ("PHA-activated cells.", [(0, 3)], ["PHA", "-activated", "cells", "."]),  # cut at a term boundary
+        ("post-dexamethasone levels", [(5, 18)], ["post-", "dexamethasone", "levels"]),
+        (
+            "(PHA), (PHA)-induced (PIH, protein(s) and 10(-9)",
+            [],
+            [
+                "(",
+                "PHA",
+                ")",
+                ",",
+                "(",
+                "PHA",
+                ")",
+                "-induced",
+                "(",
+                "PIH",
+                ",",
+                "protein",
+                "(",
+                "s",
+                ")",
+                "and",
+                "10",
+                "(",
+                "-9",
+                ")",
+            ],
+        ),
+        ("PDGF(B) mRNA", [(0, 7)], ["PDGF(B)", "mRNA"]),  # a whole term keeps its brackets
+        (
+            "dexamethasone(dex)-resistant Ca(2+)-dependent 1,25(OH)2D3",
+            [],
+            ["dexamethasone", "(", "dex", ")", "-resistant", "Ca(2+)-dependent", "1,25(OH)2D3"],
+        ),
+        (
+            "Marek's disease cannot 5% \"pure\" 5' end",
+            [],
+            ["Marek", "'s", "disease", "can", "not", "5", "%", '"', "pure", '"', "5'", "end"],
+        ),
+        (
+            "[3H]thymidine (3H)-E2 [3H] at 23:00; cells--did",
+            [],
+            ["[3H]thymidine", "(3H)-E2", "[3H]", "at", "23", ":", "00", ";", "cells", "--", "did"],
+        ),
+        (
+            "IL-2 -and PRL-induced, and -independent",
+            [],
+            ["IL-2", "-", "and", "PRL-induced", ",", "and", "-independent"],
+        ),
+        (
+            "et al. (1990) and i.e., in activation. Next (P < 0.01).",
+            [],
+            [
+                "et",
+                "al.",
+                "(",
+                "1990",
+                ")",
+                "and",
+                "i.e.",
+                ",",
+                "in",
+                "activation",
+                ".",
+                "Next",
+                "(",
+                "P",
+                "<",
+                "0.01",
+                ")",
+                ".",
+            ],
+        ),
+    ],
+)
 def test_tokenize(text, terms, tokens):
     assert [text[a:b] for a, b in tokenize(text, terms)] == tokens
 
@@ -139,7 +244,9 @@ def test_bad_inputs_name_the_file(genia, tmp_path):
         read_genia(tmp_path / "missing.tgz")
     unknown = splits / "test.txt"
     unknown.write_text("MEDLINE:1\nMEDLINE:99\n")
-    with pytest.raises(InputError, match=r"test\.txt: 1 document id\(s\) not in .*GENIAcorpus3\.02\.tgz, e\.g\. MEDLINE:99"):
+    with pytest.raises(
+        InputError, match=r"test\.txt: 1 document id\(s\) not in .*GENIAcorpus3\.02\.tgz, e\.g\. MEDLINE:99"
+    ):
         convert_genia(archive, unknown)
     twice = splits / "twice.txt"
     twice.write_text("MEDLINE:1\nMEDLINE:1\n")
@@ -169,7 +276,10 @@ def test_cli(genia, tmp_path, capsys):
 # What the converter achieves on the real data (measured; see src/spanlm/ner/genia.py): the same
 # sentences and ids in the same order, and in every sentence the same mentions (type and surface); the
 # tokens, hence the mention indices, differ in a few sentences, each of which is byte-identical otherwise.
-AGREEMENT = {"dev": (1765, 1745, 1751), "test": (1732, 1694, 1703)}  # sentences, identical lines, identical mention sets
+AGREEMENT = {
+    "dev": (1765, 1745, 1751),
+    "test": (1732, 1694, 1703),
+}  # sentences, identical lines, identical mention sets
 
 
 @pytest.mark.skipif(not (GENIA / "GENIAcorpus3.02.tgz").is_file(), reason="needs external/genia (data/README.md)")
@@ -188,12 +298,15 @@ def test_reproduces_yhcc_dev_and_test(tmp_path):
             assert "".join(a["tokens"]).replace(" ", "") == "".join(b["tokens"]).replace(" ", "")  # same characters
 
             def surfaces(record):
-                return collections.Counter((m["entity_type"], m["text"].replace(" ", "")) for m in record["entity_mentions"])
+                return collections.Counter(
+                    (m["entity_type"], m["text"].replace(" ", "")) for m in record["entity_mentions"]
+                )
 
             assert surfaces(a) == surfaces(b), a["sent_id"]
             same_lines += line == reference
-            same_sets += {(m["start"], m["end"], m["entity_type"]) for m in a["entity_mentions"]} == \
-                {(m["start"], m["end"], m["entity_type"]) for m in b["entity_mentions"]}
+            same_sets += {(m["start"], m["end"], m["entity_type"]) for m in a["entity_mentions"]} == {
+                (m["start"], m["end"], m["entity_type"]) for m in b["entity_mentions"]
+            }
             assert (line == reference) == (a["tokens"] == b["tokens"])  # the tokens are the only difference
         assert same_lines >= identical_lines and same_sets >= identical_sets, (split, same_lines, same_sets)
     # train: yhcc's published statistics (preprocess/readme.md: 15,038 sentences, 46,203 entities)

@@ -15,7 +15,14 @@ def test_micro_and_per_type():
     assert micro["precision"] == micro["recall"] == micro["f1"] == 50.0
     per = scores["per_type"]
     assert list(per) == ["LOC", "ORG", "PER"]
-    assert per["PER"] == {"precision": pytest.approx(200 / 3), "recall": 100.0, "f1": pytest.approx(80.0), "tp": 2, "n_pred": 3, "n_gold": 2}
+    assert per["PER"] == {
+        "precision": pytest.approx(200 / 3),
+        "recall": 100.0,
+        "f1": pytest.approx(80.0),
+        "tp": 2,
+        "n_pred": 3,
+        "n_gold": 2,
+    }
     assert per["LOC"]["f1"] == 0.0 and per["LOC"]["n_pred"] == 1  # off-by-one end is a miss
     assert per["ORG"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "tp": 0, "n_pred": 0, "n_gold": 1}
 
@@ -27,17 +34,21 @@ def test_no_predictions_no_gold_both_empty():
     assert spurious["micro"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "tp": 0, "n_pred": 4, "n_gold": 0}
     assert spurious["per_type"]["PER"]["n_pred"] == 3
     empty = span_prf([], [])
-    assert empty == {"micro": {"precision": 0.0, "recall": 0.0, "f1": 0.0, "tp": 0, "n_pred": 0, "n_gold": 0},
-                     "per_type": {}}
+    assert empty == {
+        "micro": {"precision": 0.0, "recall": 0.0, "f1": 0.0, "tp": 0, "n_pred": 0, "n_gold": 0},
+        "per_type": {},
+    }
     assert cluener_macro_f1([], []) == {"f1": 0.0, "per_type": {}}
 
 
 def test_cluener_macro_hand_computed():
     gold = [(0, "name", "张三"), (0, "name", "李四"), (0, "address", "北京"), (1, "name", "张三"), (1, "game", "魔兽")]
     pred = [
-        (0, "name", "张三"), (0, "name", "张三"),  # the same string twice in a document counts once
+        (0, "name", "张三"),
+        (0, "name", "张三"),  # the same string twice in a document counts once
         (0, "address", "北京市"),  # wrong string
-        (1, "name", "张三"), (1, "name", "王五"),
+        (1, "name", "张三"),
+        (1, "name", "王五"),
         (1, "game", "魔兽"),
     ]
     # name: tp 2 (doc 0 张三, doc 1 张三), pred 3, gold 3 → P = R = F1 = 66.7%
@@ -48,7 +59,9 @@ def test_cluener_macro_hand_computed():
     assert result["per_type"]["game"]["f1"] == 100.0
     assert result["f1"] == pytest.approx((200 / 3 + 0 + 100) / 3)
     # a fixed label list (the official script's) averages labels absent from both as 0
-    assert cluener_macro_f1(gold, pred, labels=["name", "address", "game", "book"])["f1"] == pytest.approx((200 / 3 + 100) / 4)
+    assert cluener_macro_f1(gold, pred, labels=["name", "address", "game", "book"])["f1"] == pytest.approx(
+        (200 / 3 + 100) / 4
+    )
 
 
 def test_cluener_matches_strings_not_offsets():

@@ -17,9 +17,9 @@ from spanlm.models.encoder import load_encoder
 from spanlm.models.hf_model import EncoderConfig
 from spanlm.ner.config import NerConfig, NerRecipe
 from spanlm.ner.data import NerDocument, read_documents
+from spanlm.ner.model import NerObjective
 from spanlm.ner.predict import window_spans
 from spanlm.ner.task import train_ner
-from spanlm.ner.model import NerObjective
 from spanlm.ner.windows import make_windows
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ner"
@@ -87,11 +87,26 @@ def test_packed_windows_train_and_predict_as_padded_ones(tiny_encoder_dir, charb
 
 def test_a_packed_run_with_a_token_budget_trains_and_records_its_choice(tiny_encoder_dir, tmp_path):
     train = FIXTURES / "wnut_train_mini.conll"
-    recipe = load_config(None, [f"model.path={tiny_encoder_dir}", f"data.train={train}", f"data.dev={FIXTURES / 'wnut_dev_mini.conll'}",
-                                "data.format=conll", f"data.max_len={MAX_LEN}", "data.stride=8", f"data.tokens_per_batch={4 * MAX_LEN}",
-                                f"train.output_dir={tmp_path / 'run'}", "train.max_steps=3", "train.eval_every=0",
-                                "train.num_workers=0", "train.device=cpu", "logging.report_to=[]", "logging.progress=false"],
-                         cls=NerRecipe)
+    recipe = load_config(
+        None,
+        [
+            f"model.path={tiny_encoder_dir}",
+            f"data.train={train}",
+            f"data.dev={FIXTURES / 'wnut_dev_mini.conll'}",
+            "data.format=conll",
+            f"data.max_len={MAX_LEN}",
+            "data.stride=8",
+            f"data.tokens_per_batch={4 * MAX_LEN}",
+            f"train.output_dir={tmp_path / 'run'}",
+            "train.max_steps=3",
+            "train.eval_every=0",
+            "train.num_workers=0",
+            "train.device=cpu",
+            "logging.report_to=[]",
+            "logging.progress=false",
+        ],
+        cls=NerRecipe,
+    )
     run_dir, result = train_ner(recipe, log=lambda *_: None)
     saved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))["data"]
     assert saved["packing"] is True and saved["tokens_per_batch"] == 4 * MAX_LEN

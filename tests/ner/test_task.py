@@ -20,7 +20,10 @@ from spanlm.train.checkpoint import latest_checkpoint, step_dir
 SENTENCES = [
     ("Holmes met Watson in London .", [("Holmes", "PER"), ("Watson", "PER"), ("London", "LOC")]),
     ("Paris is far from Berlin .", [("Paris", "LOC"), ("Berlin", "LOC")]),
-    ("The Bank of England is in London .", [("Bank of England", "ORG"), ("England", "LOC"), ("London", "LOC")]),  # nested
+    (
+        "The Bank of England is in London .",
+        [("Bank of England", "ORG"), ("England", "LOC"), ("London", "LOC")],
+    ),  # nested
     ("Watson works for Scotland Yard .", [("Watson", "PER"), ("Scotland Yard", "ORG")]),
     ("Nothing happened today .", []),
     ("Moriarty fled to Paris with Irene Adler .", [("Moriarty", "PER"), ("Paris", "LOC"), ("Irene Adler", "PER")]),
@@ -41,18 +44,44 @@ def sentences_file(tmp_path_factory):
 
 
 def recipe(encoder_dir, data, out, *overrides):
-    return load_config(None, [f"model.path={encoder_dir}", f"data.train={data}", f"data.dev={data}", "data.format=jsonl",
-                              "data.max_len=16", "data.stride=4", f"train.output_dir={out}", "train.batch_size=4", "train.lr=0.003",
-                              "train.warmup_steps=0", "train.eval_every=0", "train.num_workers=0", "train.device=cpu",
-                              "logging.report_to=[]", "logging.progress=false", "ner.head.head_size=16", *overrides], cls=NerRecipe)
+    return load_config(
+        None,
+        [
+            f"model.path={encoder_dir}",
+            f"data.train={data}",
+            f"data.dev={data}",
+            "data.format=jsonl",
+            "data.max_len=16",
+            "data.stride=4",
+            f"train.output_dir={out}",
+            "train.batch_size=4",
+            "train.lr=0.003",
+            "train.warmup_steps=0",
+            "train.eval_every=0",
+            "train.num_workers=0",
+            "train.device=cpu",
+            "logging.report_to=[]",
+            "logging.progress=false",
+            "ner.head.head_size=16",
+            *overrides,
+        ],
+        cls=NerRecipe,
+    )
 
 
 @pytest.mark.parametrize("kind", ["efficient", "standard"])
 def test_tiny_model_learns_the_sentences(tiny_encoder_dir, sentences_file, tmp_path, kind):
     """The real learning test: windows of ≤ 14 content tokens, so sentences span windows; nested gold."""
     steps = 120
-    run = recipe(tiny_encoder_dir, sentences_file, tmp_path / "run", "model.dropout=0.0", f"train.max_steps={steps}",
-                 f"train.save_every={steps}", f"ner.head.kind={kind}")
+    run = recipe(
+        tiny_encoder_dir,
+        sentences_file,
+        tmp_path / "run",
+        "model.dropout=0.0",
+        f"train.max_steps={steps}",
+        f"train.save_every={steps}",
+        f"ner.head.kind={kind}",
+    )
     run_dir, scores = train_ner(run, log=lambda *_: None)
     assert scores["micro"]["f1"] == 100.0, scores["micro"]  # percent
     assert scores["micro"]["n_gold"] == 13 and set(scores["per_type"]) == {"LOC", "ORG", "PER"}
@@ -62,10 +91,10 @@ def test_tiny_model_learns_the_sentences(tiny_encoder_dir, sentences_file, tmp_p
 
     model = NerModel(run_dir / "model", device="cpu")
     assert model.labels == ["LOC", "ORG", "PER"]
-    (document, scores_), = model.predict_texts(["The Bank of England is in London ."])
-    found = [(document.text[e.start:e.end], e.label) for e in document.entities]
+    ((document, scores_),) = model.predict_texts(["The Bank of England is in London ."])
+    found = [(document.text[e.start : e.end], e.label) for e in document.entities]
     assert found == [("Bank of England", "ORG"), ("England", "LOC"), ("London", "LOC")] and min(scores_) > 0
-    (flat, _), = model.predict_texts(["The Bank of England is in London ."], flat=True)
+    ((flat, _),) = model.predict_texts(["The Bank of England is in London ."], flat=True)
     assert len(flat.entities) == 2  # the nested LOC inside the ORG gives way to the higher-scored one
 
     from transformers import AutoModel
@@ -76,12 +105,40 @@ def test_tiny_model_learns_the_sentences(tiny_encoder_dir, sentences_file, tmp_p
 
 def test_resume_is_exact(tiny_encoder_dir, sentences_file, tmp_path):
     # A constant schedule: the first leg's max_steps=3 must not change the learning rates.
-    straight, _ = train_ner(recipe(tiny_encoder_dir, sentences_file, tmp_path / "a", "train.max_steps=6", "train.save_every=3",
-                                   "train.schedule=constant"), log=lambda *_: None)
-    train_ner(recipe(tiny_encoder_dir, sentences_file, tmp_path / "b", "train.max_steps=3", "train.save_every=3",
-                     "train.schedule=constant"), log=lambda *_: None)
-    resumed, _ = train_ner(recipe(tiny_encoder_dir, sentences_file, tmp_path / "b", "train.max_steps=6", "train.save_every=3",
-                                  "train.schedule=constant"), resume="auto", log=lambda *_: None)
+    straight, _ = train_ner(
+        recipe(
+            tiny_encoder_dir,
+            sentences_file,
+            tmp_path / "a",
+            "train.max_steps=6",
+            "train.save_every=3",
+            "train.schedule=constant",
+        ),
+        log=lambda *_: None,
+    )
+    train_ner(
+        recipe(
+            tiny_encoder_dir,
+            sentences_file,
+            tmp_path / "b",
+            "train.max_steps=3",
+            "train.save_every=3",
+            "train.schedule=constant",
+        ),
+        log=lambda *_: None,
+    )
+    resumed, _ = train_ner(
+        recipe(
+            tiny_encoder_dir,
+            sentences_file,
+            tmp_path / "b",
+            "train.max_steps=6",
+            "train.save_every=3",
+            "train.schedule=constant",
+        ),
+        resume="auto",
+        log=lambda *_: None,
+    )
     a = load_file(str(latest_checkpoint(straight) / "model.safetensors"))
     b = load_file(str(latest_checkpoint(resumed) / "model.safetensors"))
     assert latest_checkpoint(resumed).name == latest_checkpoint(straight).name == step_dir(Path(), 6).name
@@ -99,4 +156,6 @@ def test_setup_errors(tiny_encoder_dir, sentences_file, tmp_path):
     with pytest.raises(ConfigError, match="data.train is required"):
         train_ner(recipe(tiny_encoder_dir, "", tmp_path / "r3"), log=lambda *_: None)
     with pytest.raises(InputError, match="unknown label 'PER'"):
-        train_ner(recipe(tiny_encoder_dir, sentences_file, tmp_path / "r4", "data.labels=[LOC, ORG]"), log=lambda *_: None)
+        train_ner(
+            recipe(tiny_encoder_dir, sentences_file, tmp_path / "r4", "data.labels=[LOC, ORG]"), log=lambda *_: None
+        )

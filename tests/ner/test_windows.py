@@ -28,13 +28,13 @@ def test_nothing_beyond_max_len_is_lost(zh_en_tokenizer, max_len, stride):
     capacity, step = max_len - 2, max_len - 2 - stride
     assert windows.input_ids.shape[1] <= max_len
     for d in range(3):
-        ids = tokens.input_ids[tokens.token_starts[d]:tokens.token_starts[d + 1]]
+        ids = tokens.input_ids[tokens.token_starts[d] : tokens.token_starts[d + 1]]
         rows = np.flatnonzero(windows.document == d)
         covered = np.zeros(len(ids), dtype=bool)
         for k, w in enumerate(rows):
             content = windows.input_ids[w][windows.token_mask[w]]
-            np.testing.assert_array_equal(content, ids[k * step:k * step + capacity])  # the slice at k·step
-            covered[k * step:k * step + len(content)] = True
+            np.testing.assert_array_equal(content, ids[k * step : k * step + capacity])  # the slice at k·step
+            covered[k * step : k * step + len(content)] = True
             # [CLS] content [SEP] then padding; specials and padding never start or end an entity
             assert windows.input_ids[w, 0] == zh_en_tokenizer.cls_token_id
             assert windows.input_ids[w, windows.attention_mask[w].sum() - 1] == zh_en_tokenizer.sep_token_id
@@ -47,7 +47,11 @@ def test_nothing_beyond_max_len_is_lost(zh_en_tokenizer, max_len, stride):
 def test_entity_in_every_window_holding_it_whole(zh_en_tokenizer):
     text = LONG
     start = text.index("Paris", 200)
-    documents = [NerDocument("a", text, [Entity(start, start + 5, "LOC"), Entity(0, 2, "LOC"), Entity(len(text) - 6, len(text), "PER")])]
+    documents = [
+        NerDocument(
+            "a", text, [Entity(start, start + 5, "LOC"), Entity(0, 2, "LOC"), Entity(len(text) - 6, len(text), "PER")]
+        )
+    ]
     windows, report = make_windows(zh_en_tokenizer, documents, ["LOC", "PER"], 12, 6)
     assert report.alignment.exact == 3 and report.too_long == 0
     homes = {}
@@ -57,8 +61,12 @@ def test_entity_in_every_window_holding_it_whole(zh_en_tokenizer):
     assert set(homes) == {(start, start + 5, 0), (0, 2, 0), (len(text) - 6, len(text), 1)}
     # Every window whose character range holds the entity has it; no other window does.
     for (s, e, _), found in homes.items():
-        holding = [w for w in range(len(windows)) if windows.offsets[w][windows.token_mask[w]][:, 0].min() <= s
-                   and e <= windows.offsets[w][windows.token_mask[w]][:, 1].max()]
+        holding = [
+            w
+            for w in range(len(windows))
+            if windows.offsets[w][windows.token_mask[w]][:, 0].min() <= s
+            and e <= windows.offsets[w][windows.token_mask[w]][:, 1].max()
+        ]
         assert found == holding
     assert len(homes[(start, start + 5, 0)]) >= 2  # stride 6 over ≤ 10 content tokens: overlapping windows share it
 
@@ -98,11 +106,23 @@ def test_batch_cuts_to_the_longest_window_and_calls_the_featurizer(zh_en_tokeniz
 
 
 def test_merge_keeps_the_best_score_per_span_and_flat_picks_non_overlapping():
-    spans = Spans(document=np.array([0, 0, 0, 0, 1, 0]), type=np.array([0, 0, 1, 0, 0, 0]), start=np.array([0, 0, 0, 3, 0, 2]),
-                  end=np.array([5, 5, 5, 9, 5, 4]), score=np.array([1.0, 3.0, 2.0, 0.5, 0.1, 2.5]))
+    spans = Spans(
+        document=np.array([0, 0, 0, 0, 1, 0]),
+        type=np.array([0, 0, 1, 0, 0, 0]),
+        start=np.array([0, 0, 0, 3, 0, 2]),
+        end=np.array([5, 5, 5, 9, 5, 4]),
+        score=np.array([1.0, 3.0, 2.0, 0.5, 0.1, 2.5]),
+    )
     merged = merge(spans)
-    assert sorted(zip(merged.document.tolist(), merged.type.tolist(), merged.start.tolist(), merged.end.tolist(), merged.score.tolist())) == [
-        (0, 0, 0, 5, 3.0), (0, 0, 2, 4, 2.5), (0, 0, 3, 9, 0.5), (0, 1, 0, 5, 2.0), (1, 0, 0, 5, 0.1)]
+    assert sorted(
+        zip(
+            merged.document.tolist(),
+            merged.type.tolist(),
+            merged.start.tolist(),
+            merged.end.tolist(),
+            merged.score.tolist(),
+        )
+    ) == [(0, 0, 0, 5, 3.0), (0, 0, 2, 4, 2.5), (0, 0, 3, 9, 0.5), (0, 1, 0, 5, 2.0), (1, 0, 0, 5, 0.1)]
     flat = flat_select(merged)
     kept = sorted(zip(flat.document.tolist(), flat.start.tolist(), flat.end.tolist(), flat.type.tolist()))
     assert kept == [(0, 0, 5, 0), (1, 0, 5, 0)]  # (0,5) best; (2,4), (0,5,type 1) and (3,9) overlap it

@@ -10,7 +10,6 @@ import torch
 
 from helpers import EMBEDDED_CORPUS, REPO, one_torch_thread
 from spanlm.config import from_dict
-from spanlm.pretrain.recipe import Recipe, load_recipe
 from spanlm.data.blocks import BlockDataset, collate_blocks
 from spanlm.data.chars import PAD_CHAR, token_surfaces
 from spanlm.data.shards import PreparedCorpus
@@ -18,6 +17,7 @@ from spanlm.errors import ConfigError
 from spanlm.masking.base import KEPT, MASK, RANDOM
 from spanlm.objectives import build_objective
 from spanlm.objectives.charbert import CharBERT
+from spanlm.pretrain.recipe import Recipe, load_recipe
 
 INPUTS = [str(p) for p in sorted(EMBEDDED_CORPUS.glob("*.txt")) if "hongloumeng" not in p.name]  # as embedded_prepared
 MAX_LEN = 24
@@ -27,8 +27,14 @@ def recipe_dict(prepared, **changes) -> dict:
     data = {
         "data": {"inputs": INPUTS, "prepared_dir": str(prepared), "max_len": MAX_LEN},
         "tokenizer": {"vocab_size": 2000},
-        "model": {"family": "bert", "hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64,
-                  "max_position_embeddings": 32},
+        "model": {
+            "family": "bert",
+            "hidden_size": 32,
+            "num_layers": 1,
+            "num_heads": 2,
+            "intermediate_size": 64,
+            "max_position_embeddings": 32,
+        },
         "masking": {"scheme": "noise", "noise": {"term_vocab_size": 100, "max_len": 32}},
         "objective": {"name": "charbert", "charbert": {"char_embedding_size": 32}},
     }
@@ -54,7 +60,10 @@ def batches(corpus, masker, count, batch_size=16, offset=0):
     pad = corpus.special_ids["pad"]
     for number in range(count):
         start = offset + number * batch_size
-        yield masker(collate_blocks([blocks[int(i)] for i in order[start:start + batch_size]], pad), np.random.default_rng(number))
+        yield masker(
+            collate_blocks([blocks[int(i)] for i in order[start : start + batch_size]], pad),
+            np.random.default_rng(number),
+        )
 
 
 def test_masked_tokens_show_only_the_pad_char(objective, corpus):
@@ -69,7 +78,7 @@ def test_masked_tokens_show_only_the_pad_char(objective, corpus):
         targets[masked.target_index] = True
         kinds.update(masked.target_kind.tolist())
         for position in np.flatnonzero(masked.attention_mask.reshape(-1)):
-            chars = masked.char_ids[row[position], first[position]:last[position] + 1].tolist()
+            chars = masked.char_ids[row[position], first[position] : last[position] + 1].tolist()
             token = int(masked.input_ids.reshape(-1)[position])
             if targets[position]:
                 assert chars == [PAD_CHAR], "an MLM target's characters leak into the char channel"
@@ -138,8 +147,14 @@ def test_nlm_accuracy_rises_well_above_the_most_frequent_word(corpus):
 def _short_nlm_run(corpus) -> tuple[float, float, float]:
     """Held-out NLM accuracy before and after 100 steps, and the most-frequent-word baseline."""
     torch.manual_seed(0)
-    recipe = from_dict(Recipe, recipe_dict(corpus.directory, model={"hidden_dropout": 0.0, "attention_dropout": 0.0},
-                                           masking={"scheme": "noise", "noise": {"term_vocab_size": 100, "max_len": 32, "word_prob": 0.3}}))
+    recipe = from_dict(
+        Recipe,
+        recipe_dict(
+            corpus.directory,
+            model={"hidden_dropout": 0.0, "attention_dropout": 0.0},
+            masking={"scheme": "noise", "noise": {"term_vocab_size": 100, "max_len": 32, "word_prob": 0.3}},
+        ),
+    )
     objective = build_objective(recipe, corpus)
     held_out = [m.to_torch() for m in batches(corpus, objective.masker, 4, batch_size=32)]
     labels = torch.cat([b["nlm_labels"] for b in held_out])
@@ -165,22 +180,40 @@ def _short_nlm_run(corpus) -> tuple[float, float, float]:
 @pytest.mark.slow
 def test_pretrain_export_and_load_as_a_fine_tuning_encoder(corpus, tmp_path):
     from spanlm.models.charbert import CharBertEncoder
-    from spanlm.models.modeling_charbert import char_inputs_to_torch
     from spanlm.models.encoder import load_encoder
     from spanlm.models.hf_model import EncoderConfig
-    from spanlm.train.checkpoint import load_objective_weights
+    from spanlm.models.modeling_charbert import char_inputs_to_torch
     from spanlm.pretrain.export import export_checkpoint
-    from spanlm.train.checkpoint import latest_checkpoint
     from spanlm.pretrain.run import pretrain
+    from spanlm.train.checkpoint import latest_checkpoint, load_objective_weights
 
-    recipe = load_recipe(REPO / "configs" / "pretrain" / "charbert.yaml", [
-        f"data.inputs={INPUTS}", f"data.prepared_dir={corpus.directory}", "data.max_len=24", "tokenizer.vocab_size=2000",
-        "model.hidden_size=32", "model.num_layers=1", "model.intermediate_size=64", "model.max_position_embeddings=32",
-        "masking.noise.max_len=32", "masking.noise.term_vocab_size=100", "objective.charbert.char_embedding_size=16",
-        f"train.output_dir={tmp_path / 'run'}", "train.max_steps=4", "train.batch_size=4", "train.eval_every=4",
-        "train.eval_blocks=8", "train.save_every=4", "train.log_every=2", "train.num_workers=0", "train.device=cpu",
-        "logging.report_to=[]", "logging.progress=false",
-    ])
+    recipe = load_recipe(
+        REPO / "configs" / "pretrain" / "charbert.yaml",
+        [
+            f"data.inputs={INPUTS}",
+            f"data.prepared_dir={corpus.directory}",
+            "data.max_len=24",
+            "tokenizer.vocab_size=2000",
+            "model.hidden_size=32",
+            "model.num_layers=1",
+            "model.intermediate_size=64",
+            "model.max_position_embeddings=32",
+            "masking.noise.max_len=32",
+            "masking.noise.term_vocab_size=100",
+            "objective.charbert.char_embedding_size=16",
+            f"train.output_dir={tmp_path / 'run'}",
+            "train.max_steps=4",
+            "train.batch_size=4",
+            "train.eval_every=4",
+            "train.eval_blocks=8",
+            "train.save_every=4",
+            "train.log_every=2",
+            "train.num_workers=0",
+            "train.device=cpu",
+            "logging.report_to=[]",
+            "logging.progress=false",
+        ],
+    )
     run = pretrain(recipe, log=lambda *_: None)
     lines = (run / "metrics.jsonl").read_text().splitlines()
     assert any('"nlm_loss"' in line for line in lines) and any('"kind": "eval"' in line for line in lines)
@@ -197,18 +230,31 @@ def test_pretrain_export_and_load_as_a_fine_tuning_encoder(corpus, tmp_path):
     trained.eval()
     texts = ["Alice was beginning to get very tired.", "Holmes smiled ☃ at Watson."]
     encoding = encoder.tokenizer(texts, padding=True, return_offsets_mapping=True, return_tensors="np")
-    batch = {"input_ids": torch.from_numpy(encoding["input_ids"]).long(),
-             "attention_mask": torch.from_numpy(encoding["attention_mask"]).long(),
-             **char_inputs_to_torch(encoder.featurizer()(encoding["input_ids"], encoding["offset_mapping"], texts))}
+    batch = {
+        "input_ids": torch.from_numpy(encoding["input_ids"]).long(),
+        "attention_mask": torch.from_numpy(encoding["attention_mask"]).long(),
+        **char_inputs_to_torch(encoder.featurizer()(encoding["input_ids"], encoding["offset_mapping"], texts)),
+    }
     with torch.no_grad():
         token, char = trained.model(batch)
         torch.testing.assert_close(encoder(batch), torch.cat([token, char], dim=-1), atol=0, rtol=0)
 
     # Continued pretraining from the export restores the char channel and the heads.
-    again = load_recipe(None, [f"{k}={v}" for k, v in {"data.prepared_dir": corpus.directory, "data.max_len": 24,
-                                                          "model.path": out, "masking.scheme": "noise",
-                                                          "masking.noise.term_vocab_size": 100, "masking.noise.max_len": 32,
-                                                          "objective.name": "charbert"}.items()])
+    again = load_recipe(
+        None,
+        [
+            f"{k}={v}"
+            for k, v in {
+                "data.prepared_dir": corpus.directory,
+                "data.max_len": 24,
+                "model.path": out,
+                "masking.scheme": "noise",
+                "masking.noise.term_vocab_size": 100,
+                "masking.noise.max_len": 32,
+                "objective.name": "charbert",
+            }.items()
+        ],
+    )
     continued = build_objective(again, corpus)
     for name, tensor in trained.state_dict().items():
         torch.testing.assert_close(continued.state_dict()[name], tensor, atol=0, rtol=0, msg=name)

@@ -10,29 +10,51 @@ import pytest
 import torch
 
 from helpers import EMBEDDED_CORPUS, REPO
-from spanlm.pretrain.recipe import load_recipe
 from spanlm.data.blocks import BlockDataset, collate_blocks
 from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import ConfigError, InputError
 from spanlm.objectives import build_objective
 from spanlm.objectives.electra import GENERATOR_DIR, Electra, generator_config
+from spanlm.pretrain.recipe import load_recipe
 
 INPUTS = [str(p) for p in sorted(EMBEDDED_CORPUS.glob("*.txt")) if "hongloumeng" not in p.name]  # as embedded_prepared
 MAX_LEN = 32
-TINY = ["model.hidden_size=32", "model.num_heads=2", "model.intermediate_size=64", "model.num_layers=2",
-        f"model.max_position_embeddings={MAX_LEN}", "model.hidden_dropout=0.0", "model.attention_dropout=0.0"]
+TINY = [
+    "model.hidden_size=32",
+    "model.num_heads=2",
+    "model.intermediate_size=64",
+    "model.num_layers=2",
+    f"model.max_position_embeddings={MAX_LEN}",
+    "model.hidden_dropout=0.0",
+    "model.attention_dropout=0.0",
+]
 RECIPES = ["electra", "deberta_v3_gdes"]
 
 
 def recipe(name: str, prepared, output_dir, *overrides: str, tiny: bool = True):
     """A recipe of configs/pretrain/ on the session's embedded corpus (same inputs and tokenizer: no re-prepare)."""
-    return load_recipe(REPO / "configs" / "pretrain" / f"{name}.yaml", [
-        f"data.inputs={json.dumps(INPUTS)}", f"data.prepared_dir={prepared}", f"data.max_len={MAX_LEN}",
-        "tokenizer.vocab_size=2000", *(TINY if tiny else []),
-        f"train.output_dir={output_dir}", "train.max_steps=4", "train.batch_size=4", "train.num_workers=0",
-        "train.eval_blocks=4", "train.eval_every=2", "train.save_every=2", "train.log_every=1", "train.warmup_steps=1",
-        "logging.report_to=[]", "logging.progress=false", *overrides,
-    ])
+    return load_recipe(
+        REPO / "configs" / "pretrain" / f"{name}.yaml",
+        [
+            f"data.inputs={json.dumps(INPUTS)}",
+            f"data.prepared_dir={prepared}",
+            f"data.max_len={MAX_LEN}",
+            "tokenizer.vocab_size=2000",
+            *(TINY if tiny else []),
+            f"train.output_dir={output_dir}",
+            "train.max_steps=4",
+            "train.batch_size=4",
+            "train.num_workers=0",
+            "train.eval_blocks=4",
+            "train.eval_every=2",
+            "train.save_every=2",
+            "train.log_every=1",
+            "train.warmup_steps=1",
+            "logging.report_to=[]",
+            "logging.progress=false",
+            *overrides,
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +82,7 @@ def embedding_weight(module) -> torch.Tensor:
 
 # --- sizes and configuration -------------------------------------------------------------------------
 
+
 def test_generator_sizes_follow_the_recipes(embedded_prepared, tmp_path):
     electra = recipe("electra", embedded_prepared, tmp_path, tiny=False)
     g = generator_config(electra.model, electra.objective.electra)
@@ -78,14 +101,17 @@ def test_built_models_have_those_sizes_and_shard_both_backbones(corpus, tmp_path
     assert objective.generator.config.embedding_size == objective.discriminator.config.embedding_size == 32
     units = objective.shard_units()
     assert len(units) == 4
-    assert {id(u) for u in units} == {id(layer) for model in (objective.generator, objective.discriminator)
-                                      for layer in model.encoder.layer}
+    assert {id(u) for u in units} == {
+        id(layer) for model in (objective.generator, objective.discriminator) for layer in model.encoder.layer
+    }
 
 
 def test_configuration_mistakes_are_clear_errors(corpus, tmp_path):
     with pytest.raises(ConfigError, match="no embedding projection"):
         build(corpus, tmp_path, "electra", "model.family=bert")
-    with pytest.raises(ConfigError, match=r"electra. needs masking.scheme span \(for its objective.electra.generator_head\)"):
+    with pytest.raises(
+        ConfigError, match=r"electra. needs masking.scheme span \(for its objective.electra.generator_head\)"
+    ):
         build(corpus, tmp_path, "electra", "objective.electra.generator_head=sbo")
     with pytest.raises(ConfigError, match="generator_width"):
         build(corpus, tmp_path, "electra", "objective.electra.generator_width=0")
@@ -99,11 +125,17 @@ def test_the_masker_only_adds_a_sampling_seed(corpus, tmp_path):
     batch = collate_blocks([blocks[i] for i in range(4)], corpus.special_ids["pad"])
     plain = objective.masker.masker(batch, np.random.default_rng(5))
     sampled = objective.masker(batch, np.random.default_rng(5))
-    assert np.array_equal(plain.input_ids, sampled.input_ids) and np.array_equal(plain.target_index, sampled.target_index)
-    assert sampled.sample_seed.shape == (1,) and sampled.sample_seed[0] != objective.masker(batch, np.random.default_rng(6)).sample_seed[0]
+    assert np.array_equal(plain.input_ids, sampled.input_ids) and np.array_equal(
+        plain.target_index, sampled.target_index
+    )
+    assert (
+        sampled.sample_seed.shape == (1,)
+        and sampled.sample_seed[0] != objective.masker(batch, np.random.default_rng(6)).sample_seed[0]
+    )
 
 
 # --- gradients -----------------------------------------------------------------------------------
+
 
 def gradients(objective, batch, rtd_weight: float) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(E_G grad, E_Δ grad) of the objective's loss with λ = rtd_weight."""
@@ -111,7 +143,9 @@ def gradients(objective, batch, rtd_weight: float) -> tuple[torch.Tensor, torch.
     objective.zero_grad(set_to_none=True)
     objective(batch)["loss"].backward()
     delta = getattr(objective.discriminator.embeddings.word_embeddings, "delta", None)
-    return embedding_weight(objective.generator).grad.clone(), None if delta is None or delta.grad is None else delta.grad.clone()
+    return embedding_weight(
+        objective.generator
+    ).grad.clone(), None if delta is None or delta.grad is None else delta.grad.clone()
 
 
 def test_gdes_at_init_and_where_each_loss_goes(corpus, tmp_path):
@@ -145,6 +179,7 @@ def test_no_sharing_keeps_the_tables_apart(corpus, tmp_path):
 
 
 # --- labels, pads, sampling ----------------------------------------------------------------------
+
 
 def test_pad_tokens_never_count(corpus, tmp_path):
     objective = build(corpus, tmp_path).eval()
@@ -200,15 +235,15 @@ def test_an_sbo_generator_trains_both_heads(corpus, tmp_path):
 
 # --- the engine, export, continued pretraining --------------------------------------------------
 
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", RECIPES)
 def test_pretrain_export_and_autoload(corpus, tmp_path, name):
     from transformers import AutoModel, AutoTokenizer
 
-    from spanlm.train.checkpoint import latest_checkpoint
-    from spanlm.train.checkpoint import load_objective_weights
     from spanlm.pretrain.export import export_checkpoint
     from spanlm.pretrain.run import pretrain
+    from spanlm.train.checkpoint import latest_checkpoint, load_objective_weights
     from spanlm.train.metrics import read_metrics
 
     run = pretrain(recipe(name, corpus.directory, tmp_path / "run", "model.hidden_dropout=0.1"), log=lambda *_: None)
@@ -225,8 +260,12 @@ def test_pretrain_export_and_autoload(corpus, tmp_path, name):
     discriminator = AutoModel.from_pretrained(str(out)).eval()
     generator = AutoModel.from_pretrained(str(out / GENERATOR_DIR)).eval()
     with torch.no_grad():
-        assert torch.allclose(discriminator(**encoded).last_hidden_state, trained.discriminator(**encoded).last_hidden_state, atol=1e-5)
-        assert torch.allclose(generator(**encoded).last_hidden_state, trained.generator(**encoded).last_hidden_state, atol=1e-5)
+        assert torch.allclose(
+            discriminator(**encoded).last_hidden_state, trained.discriminator(**encoded).last_hidden_state, atol=1e-5
+        )
+        assert torch.allclose(
+            generator(**encoded).last_hidden_state, trained.generator(**encoded).last_hidden_state, atol=1e-5
+        )
     # The export holds the materialised E_D: E_G + E_Δ under GDES, E_G under ES.
     shared = trained.discriminator.embeddings.word_embeddings
     expected = embedding_weight(trained.generator) + (shared.delta if name == "deberta_v3_gdes" else 0)
@@ -245,13 +284,21 @@ def test_continued_pretraining_starts_from_the_export(corpus, tmp_path, sharing)
         for parameter in objective.parameters():
             parameter.add_(0.01 * torch.randn_like(parameter))
     objective.export(tmp_path / "export", corpus.tokenizer)
-    reloaded = build(corpus, tmp_path, "electra", f"objective.electra.sharing={sharing}",
-                     f"model.path={tmp_path / 'export'}", seed=123).eval()
+    reloaded = build(
+        corpus,
+        tmp_path,
+        "electra",
+        f"objective.electra.sharing={sharing}",
+        f"model.path={tmp_path / 'export'}",
+        seed=123,
+    ).eval()
     batch = masked_batch(objective, corpus)
     with torch.no_grad():
         expected, got = objective(batch), reloaded(batch)
     assert torch.allclose(expected["loss"], got["loss"], atol=1e-4), (float(expected["loss"]), float(got["loss"]))
-    assert torch.allclose(embedding_weight(reloaded.discriminator), embedding_weight(objective.discriminator), atol=1e-6)
+    assert torch.allclose(
+        embedding_weight(reloaded.discriminator), embedding_weight(objective.discriminator), atol=1e-6
+    )
 
 
 @pytest.mark.slow
@@ -259,13 +306,18 @@ def test_resume_is_bit_exact(corpus, tmp_path):
     """2N steps == N + resume + N under GDES with dropout: sampling seeds and E_Δ survive the checkpoint."""
     from safetensors.torch import load_file
 
-    from spanlm.train import checkpoint as ckpt
     from spanlm.pretrain.run import pretrain
+    from spanlm.train import checkpoint as ckpt
     from toy_objective import losses
 
     def run(name, **kwargs):
-        return pretrain(recipe("deberta_v3_gdes", corpus.directory, tmp_path / name, "model.hidden_dropout=0.1",
-                               "train.eval_every=0"), log=lambda *_: None, **kwargs)
+        return pretrain(
+            recipe(
+                "deberta_v3_gdes", corpus.directory, tmp_path / name, "model.hidden_dropout=0.1", "train.eval_every=0"
+            ),
+            log=lambda *_: None,
+            **kwargs,
+        )
 
     full = run("full")
     resumed = run("resumed", resume=str(ckpt.step_dir(full, 2)))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from objectives.test_objectives import fixed_batch, prepared, tiny_recipe  # noqa: F401  (prepared: fixture)
 from safetensors.torch import load_file, save_file
 
 from spanlm.data.shards import PreparedCorpus
@@ -21,10 +22,12 @@ from spanlm.errors import InputError
 from spanlm.objectives import build_objective
 from spanlm.objectives.masked_lm import encode, gather_rows
 
-from objectives.test_objectives import fixed_batch, prepared, tiny_recipe  # noqa: F401  (prepared: fixture)
-
-FAMILIES = {"bert": "BertForMaskedLM", "roberta": "RobertaForMaskedLM", "deberta-v2": "DebertaV2ForMaskedLM",
-            "electra": "ElectraForMaskedLM"}
+FAMILIES = {
+    "bert": "BertForMaskedLM",
+    "roberta": "RobertaForMaskedLM",
+    "deberta-v2": "DebertaV2ForMaskedLM",
+    "electra": "ElectraForMaskedLM",
+}
 
 
 def perturbed(objective):
@@ -66,7 +69,9 @@ def test_export_loads_as_the_families_masked_lm_with_spanlms_logits(prepared, tm
     batch = fixed_batch(objective, prepared)
     assert torch.allclose(hf_logits_at_targets(model.eval(), batch), spanlm_mlm_logits(objective, batch), atol=1e-5)
     # SBO has no transformers class: it stays beside the weights under spanlm's names.
-    assert set(load_file(str(tmp_path / "export" / "heads.safetensors"))) == {k for k in objective.state_dict() if k.startswith("sbo_head.")}
+    assert set(load_file(str(tmp_path / "export" / "heads.safetensors"))) == {
+        k for k in objective.state_dict() if k.startswith("sbo_head.")
+    }
     # AutoModel loads the encoder with nothing freshly initialised (BERT / RoBERTa: the stored untrained pooler).
     _, info = AutoModel.from_pretrained(str(tmp_path / "export"), output_loading_info=True)
     assert not info["missing_keys"]
@@ -106,10 +111,14 @@ def test_electra_export_is_electra_for_pretraining_with_the_rtd_head(prepared, t
     batch = fixed_batch(objective, prepared)
     discriminator = ElectraForPreTraining.from_pretrained(str(tmp_path / "export")).eval()
     with torch.no_grad():
-        hidden = objective.discriminator(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"].long()).last_hidden_state
+        hidden = objective.discriminator(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"].long()
+        ).last_hidden_state
         positions = batch["attention_mask"].flatten().nonzero().squeeze(1)
         expected = objective.rtd_head(hidden, positions)  # (T,)
-        got = discriminator(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"].long()).logits.flatten()[positions]
+        got = discriminator(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"].long()
+        ).logits.flatten()[positions]
     assert torch.allclose(got, expected, atol=1e-5)
 
     generator = AutoModelForMaskedLM.from_pretrained(str(tmp_path / "export" / "generator")).eval()
@@ -124,10 +133,21 @@ def save_stock_masked_lm(family: str, corpus: PreparedCorpus, directory: Path) -
     from transformers import AutoConfig, AutoModelForMaskedLM
 
     special = corpus.special_ids
-    extra = {"max_position_embeddings": 64 + special["pad"] + 1} if family == "roberta" else {"max_position_embeddings": 64}
-    config = AutoConfig.for_model(family, vocab_size=corpus.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                  intermediate_size=64, pad_token_id=special["pad"], hidden_dropout_prob=0.0,
-                                  attention_probs_dropout_prob=0.0, **extra)
+    extra = (
+        {"max_position_embeddings": 64 + special["pad"] + 1} if family == "roberta" else {"max_position_embeddings": 64}
+    )
+    config = AutoConfig.for_model(
+        family,
+        vocab_size=corpus.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        pad_token_id=special["pad"],
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        **extra,
+    )
     torch.manual_seed(7)
     model = AutoModelForMaskedLM.from_config(config)
     with torch.no_grad():  # a trained-looking head: not its zero-bias, unit-LayerNorm initialisation
@@ -143,22 +163,29 @@ def test_continuing_a_stock_masked_lm_gives_transformers_own_loss(prepared, tmp_
     """Step-1 loss of spanlm's MLM objective from a stock *ForMaskedLM = that model's own MLM loss on the batch."""
     corpus = PreparedCorpus(prepared)
     stock = save_stock_masked_lm(family, corpus, tmp_path / "stock")
-    objective = build_objective(tiny_recipe(prepared, "mlm", tmp_path, family=family, path=str(tmp_path / "stock")), corpus).eval()
+    objective = build_objective(
+        tiny_recipe(prepared, "mlm", tmp_path, family=family, path=str(tmp_path / "stock")), corpus
+    ).eval()
     assert objective.head_report == {"mlm_head": f"loaded ({FAMILIES[family]} weights in stock)"}
 
     batch = fixed_batch(objective, prepared)
-    labels = torch.full(batch["input_ids"].shape, -100).flatten().index_put((batch["target_index"],), batch["target_labels"])
+    labels = (
+        torch.full(batch["input_ids"].shape, -100).flatten().index_put((batch["target_index"],), batch["target_labels"])
+    )
     with torch.no_grad():
-        expected = stock(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"].long(),
-                         labels=labels.view_as(batch["input_ids"])).loss
+        expected = stock(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"].long(),
+            labels=labels.view_as(batch["input_ids"]),
+        ).loss
         got = objective(batch)["loss"]
     assert torch.allclose(got, expected, atol=1e-5), (float(got), float(expected))
 
 
 def test_continued_pretraining_reports_its_heads(prepared, tmp_path, capsys):
     """`spanlm pretrain` with model.path says which heads it loaded and which start fresh, and why."""
-    from spanlm.config import save_config
     from spanlm.cli import main
+    from spanlm.config import save_config
 
     corpus = PreparedCorpus(prepared)
     objective = build_objective(tiny_recipe(prepared, "mlm", tmp_path), corpus)
@@ -169,8 +196,15 @@ def test_continued_pretraining_reports_its_heads(prepared, tmp_path, capsys):
     save_config(recipe, tmp_path / "recipe.yaml")
     assert main(["pretrain", str(tmp_path / "recipe.yaml")]) == 0
     err = capsys.readouterr().err
-    assert "LOAD REPORT" not in err and "not sharded" not in err  # transformers' report of the unused MLM keys is spanlm's line
-    assert "heads from " + str(tmp_path / "mlm-export") + ": mlm_head loaded (BertForMaskedLM weights in mlm-export); sbo_head fresh (not in the checkpoint)" in err
+    assert (
+        "LOAD REPORT" not in err and "not sharded" not in err
+    )  # transformers' report of the unused MLM keys is spanlm's line
+    assert (
+        "heads from "
+        + str(tmp_path / "mlm-export")
+        + ": mlm_head loaded (BertForMaskedLM weights in mlm-export); sbo_head fresh (not in the checkpoint)"
+        in err
+    )
 
 
 def test_a_bare_encoder_checkpoint_starts_the_head_fresh(prepared, tmp_path):

@@ -11,16 +11,23 @@ import torch
 
 from helpers import EMBEDDED_CORPUS
 from spanlm.config import from_dict
-from spanlm.pretrain.recipe import Recipe
 from spanlm.data.blocks import BlockDataset, collate_blocks
 from spanlm.data.prepare import prepare
 from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import ConfigError, InputError
 from spanlm.objectives import build_objective
+from spanlm.pretrain.recipe import Recipe
 
 OBJECTIVES = {"mlm": "mlm", "wwm": "wwm", "spanbert": "span", "macbert": "ngram"}
-TINY_MODEL = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128, "max_position_embeddings": 64,
-              "hidden_dropout": 0.0, "attention_dropout": 0.0}
+TINY_MODEL = {
+    "hidden_size": 64,
+    "num_layers": 2,
+    "num_heads": 2,
+    "intermediate_size": 128,
+    "max_position_embeddings": 64,
+    "hidden_dropout": 0.0,
+    "attention_dropout": 0.0,
+}
 
 
 @pytest.fixture(scope="module")
@@ -31,17 +38,33 @@ def prepared(tmp_path_factory) -> Path:
 
 
 def tiny_recipe(prepared: Path, objective: str, output_dir: Path, **model) -> Recipe:
-    return from_dict(Recipe, {
-        "data": {"inputs": [str(EMBEDDED_CORPUS / "alice_in_wonderland.txt")], "prepared_dir": str(prepared), "max_len": 48,
-                 "similar_words": "word2vec", "similar_words_min_count": 2},
-        "tokenizer": {"vocab_size": 600},
-        "model": {**TINY_MODEL, **model},
-        "masking": {"scheme": OBJECTIVES.get(objective, "mlm")},
-        "objective": {"name": objective},
-        "train": {"output_dir": str(output_dir), "max_steps": 6, "batch_size": 4, "num_workers": 0, "eval_every": 0,
-                  "eval_blocks": 4, "log_every": 2, "warmup_steps": 1},
-        "logging": {"report_to": [], "progress": False},
-    })
+    return from_dict(
+        Recipe,
+        {
+            "data": {
+                "inputs": [str(EMBEDDED_CORPUS / "alice_in_wonderland.txt")],
+                "prepared_dir": str(prepared),
+                "max_len": 48,
+                "similar_words": "word2vec",
+                "similar_words_min_count": 2,
+            },
+            "tokenizer": {"vocab_size": 600},
+            "model": {**TINY_MODEL, **model},
+            "masking": {"scheme": OBJECTIVES.get(objective, "mlm")},
+            "objective": {"name": objective},
+            "train": {
+                "output_dir": str(output_dir),
+                "max_steps": 6,
+                "batch_size": 4,
+                "num_workers": 0,
+                "eval_every": 0,
+                "eval_blocks": 4,
+                "log_every": 2,
+                "warmup_steps": 1,
+            },
+            "logging": {"report_to": [], "progress": False},
+        },
+    )
 
 
 def fixed_batch(objective, prepared: Path, n_blocks: int = 4, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -90,7 +113,9 @@ def test_an_objective_added_as_one_module_is_built_and_checked_by_the_registry(p
     recipe = toy_recipe(prepared, tmp_path / "toy")
     assert isinstance(build_objective(recipe, PreparedCorpus(prepared)), Toy)
     recipe.masking.scheme = "span"
-    with pytest.raises(ConfigError, match=r"objective 'toy' needs masking.scheme mlm \(its own token masker\), not 'span'"):
+    with pytest.raises(
+        ConfigError, match=r"objective 'toy' needs masking.scheme mlm \(its own token masker\), not 'span'"
+    ):
         build_objective(recipe, PreparedCorpus(prepared))
 
 
@@ -114,11 +139,20 @@ def test_continued_pretraining_starts_from_the_exported_weights(prepared, tmp_pa
 
 def test_vocabulary_mismatch_is_a_clear_error(prepared, tmp_path):
     small = tmp_path / "small"
-    small_prepared = prepare(from_dict(Recipe, {"data": {"inputs": [str(EMBEDDED_CORPUS / "alice_in_wonderland.txt")],
-                                                         "prepared_dir": str(small)}, "tokenizer": {"vocab_size": 200}}),
-                             log=lambda *_: None)
+    small_prepared = prepare(
+        from_dict(
+            Recipe,
+            {
+                "data": {"inputs": [str(EMBEDDED_CORPUS / "alice_in_wonderland.txt")], "prepared_dir": str(small)},
+                "tokenizer": {"vocab_size": 200},
+            },
+        ),
+        log=lambda *_: None,
+    )
     corpus = PreparedCorpus(small_prepared)
-    build_objective(tiny_recipe(small_prepared, "mlm", tmp_path), corpus).backbone.save_pretrained(str(tmp_path / "ckpt"))
+    build_objective(tiny_recipe(small_prepared, "mlm", tmp_path), corpus).backbone.save_pretrained(
+        str(tmp_path / "ckpt")
+    )
     with pytest.raises(InputError, match="vocab"):
         build_objective(tiny_recipe(prepared, "mlm", tmp_path, path=str(tmp_path / "ckpt")), PreparedCorpus(prepared))
 
@@ -131,8 +165,7 @@ def test_export_loads_in_transformers_with_the_same_hidden_states(prepared, tmp_
 
     from spanlm.cli import main
     from spanlm.config import save_config
-    from spanlm.train.checkpoint import load_objective_weights
-    from spanlm.train.checkpoint import latest_checkpoint
+    from spanlm.train.checkpoint import latest_checkpoint, load_objective_weights
 
     recipe = tiny_recipe(prepared, "spanbert", tmp_path / "run")
     save_config(recipe, tmp_path / "recipe.yaml")

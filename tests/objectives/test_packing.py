@@ -10,18 +10,25 @@ import pytest
 import torch
 
 from helpers import EMBEDDED_CORPUS, REPO
-from spanlm.pretrain.recipe import load_recipe
 from spanlm.data.blocks import BlockDataset, collate_blocks
 from spanlm.data.packing import pack_masked, stream_layout
 from spanlm.data.shards import PreparedCorpus
 from spanlm.masking.base import MASK, MaskedBatch
 from spanlm.models.packed import encoder_states
 from spanlm.objectives import build_objective
+from spanlm.pretrain.recipe import load_recipe
 
 INPUTS = [str(p) for p in sorted(EMBEDDED_CORPUS.glob("*.txt")) if "hongloumeng" not in p.name]  # as embedded_prepared
 MAX_LEN = 32
-TINY = ["model.hidden_size=32", "model.num_heads=2", "model.intermediate_size=64", "model.num_layers=2",
-        "model.max_position_embeddings=64", "model.hidden_dropout=0.0", "model.attention_dropout=0.0"]
+TINY = [
+    "model.hidden_size=32",
+    "model.num_heads=2",
+    "model.intermediate_size=64",
+    "model.num_layers=2",
+    "model.max_position_embeddings=64",
+    "model.hidden_dropout=0.0",
+    "model.attention_dropout=0.0",
+]
 # recipe of configs/pretrain/, overrides: every objective, ELECTRA with each sharing mode, other families.
 CASES = {
     "mlm": ("mlm", []),
@@ -31,24 +38,43 @@ CASES = {
     "macbert": ("macbert", ["masking.ngram.proportions.mask=0.8", "masking.ngram.proportions.similar=0.0"]),
     "mlm-roberta": ("mlm", ["model.family=roberta"]),
     "electra-es": ("electra", []),
-    "electra-gdes-sbo": ("electra", ["objective.electra.sharing=gdes", "objective.electra.generator_head=sbo",
-                                     "masking.scheme=span"]),
+    "electra-gdes-sbo": (
+        "electra",
+        ["objective.electra.sharing=gdes", "objective.electra.generator_head=sbo", "masking.scheme=span"],
+    ),
     "electra-none-electra-family": ("electra", ["objective.electra.sharing=none", "model.family=electra"]),
     "deberta-v3-gdes": ("deberta_v3_gdes", []),
-    "charbert": ("charbert", ["model.hidden_size=32", "objective.charbert.char_embedding_size=16",
-                              "masking.noise.term_vocab_size=100", "masking.noise.max_len=40"]),
+    "charbert": (
+        "charbert",
+        [
+            "model.hidden_size=32",
+            "objective.charbert.char_embedding_size=16",
+            "masking.noise.term_vocab_size=100",
+            "masking.noise.max_len=40",
+        ],
+    ),
 }
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: see helpers.one_torch_thread
 
 
 def recipe(name: str, prepared, output_dir, *overrides: str):
-    return load_recipe(REPO / "configs" / "pretrain" / f"{name}.yaml", [
-        f"data.inputs={json.dumps(INPUTS)}", f"data.prepared_dir={prepared}", f"data.max_len={MAX_LEN}",
-        "tokenizer.vocab_size=2000", *TINY, "data.similar_words=none",
-        f"train.output_dir={output_dir}", "train.num_workers=0", "logging.report_to=[]", "logging.progress=false",
-        *overrides,
-    ])
+    return load_recipe(
+        REPO / "configs" / "pretrain" / f"{name}.yaml",
+        [
+            f"data.inputs={json.dumps(INPUTS)}",
+            f"data.prepared_dir={prepared}",
+            f"data.max_len={MAX_LEN}",
+            "tokenizer.vocab_size=2000",
+            *TINY,
+            "data.similar_words=none",
+            f"train.output_dir={output_dir}",
+            "train.num_workers=0",
+            "logging.report_to=[]",
+            "logging.progress=false",
+            *overrides,
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -88,19 +114,27 @@ def test_packed_batch_gives_the_padded_losses_and_gradients(corpus, tmp_path, ca
     packed = pack_masked(masked, corpus.special_ids["pad"], gap)
     assert packed.input_ids.shape[0] == 1  # one stream
     assert packed.attention_mask.sum() == masked.attention_mask.sum()
-    assert packed.input_ids.shape[1] == masked.attention_mask.sum() + gap * (len(masked.input_ids) - 1)  # no padding but gaps
+    assert packed.input_ids.shape[1] == masked.attention_mask.sum() + gap * (
+        len(masked.input_ids) - 1
+    )  # no padding but gaps
     padded_out, padded_grads = parameters_gradients(objective, masked.to_torch())
     packed_out, packed_grads = parameters_gradients(objective, packed.to_torch())
     assert padded_out.keys() == packed_out.keys()
     for key in padded_out:
-        torch.testing.assert_close(packed_out[key].float(), padded_out[key].float(), rtol=1e-4, atol=1e-5,
-                                   msg=lambda m, key=key: f"{key}: {m}")
+        torch.testing.assert_close(
+            packed_out[key].float(), padded_out[key].float(), rtol=1e-4, atol=1e-5, msg=lambda m, key=key: f"{key}: {m}"
+        )
     assert padded_grads.keys() == packed_grads.keys() and padded_grads
     for name in padded_grads:
         # Sums over tokens run in another order: a tolerance on the scale of the whole gradient, not of an element.
         scale = float(padded_grads[name].abs().max())
-        torch.testing.assert_close(packed_grads[name], padded_grads[name], rtol=1e-3, atol=max(1e-3 * scale, 1e-6),
-                                   msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(
+            packed_grads[name],
+            padded_grads[name],
+            rtol=1e-3,
+            atol=max(1e-3 * scale, 1e-6),
+            msg=lambda m, name=name: f"{name}: {m}",
+        )
 
 
 def first_block_batch(masked_ids: np.ndarray, lengths: np.ndarray, mask_id: int) -> MaskedBatch:
@@ -110,15 +144,22 @@ def first_block_batch(masked_ids: np.ndarray, lengths: np.ndarray, mask_id: int)
     ids = masked_ids.copy()
     labels = ids[0, targets].copy()
     ids[0, targets] = mask_id
-    return MaskedBatch(input_ids=ids, attention_mask=attention, target_index=targets, target_labels=labels,
-                       target_kind=np.full(len(targets), MASK, dtype=np.int8))
+    return MaskedBatch(
+        input_ids=ids,
+        attention_mask=attention,
+        target_index=targets,
+        target_labels=labels,
+        target_kind=np.full(len(targets), MASK, dtype=np.int8),
+    )
 
 
 @pytest.mark.parametrize("family", ["bert", "roberta", "electra", "deberta-v2"])
 def test_no_information_crosses_blocks(corpus, tmp_path, family):
     """Changing block 2 of a packed stream leaves block 1's hidden states and its MLM loss unchanged."""
     torch.manual_seed(0)
-    objective = build_objective(recipe("mlm", corpus.directory, tmp_path / "run", f"model.family={family}"), corpus).eval()
+    objective = build_objective(
+        recipe("mlm", corpus.directory, tmp_path / "run", f"model.family={family}"), corpus
+    ).eval()
     blocks = BlockDataset(corpus, MAX_LEN)
     lengths = blocks.index[:, 1] - blocks.index[:, 0] + 2
     short = np.flatnonzero(lengths <= MAX_LEN // 2)[:3]  # block 1, block 2 and a replacement for block 2
@@ -129,9 +170,13 @@ def test_no_information_crosses_blocks(corpus, tmp_path, family):
         masked = first_block_batch(padded.input_ids, padded.attention_mask.sum(axis=1), corpus.special_ids["mask"])
         packed = pack_masked(masked, pad)
         batch = packed.to_torch()
-        first = torch.from_numpy(stream_layout(masked.attention_mask.sum(axis=1)).token_positions()[2][: lengths[short[0]]])
+        first = torch.from_numpy(
+            stream_layout(masked.attention_mask.sum(axis=1)).token_positions()[2][: lengths[short[0]]]
+        )
         with torch.no_grad():
-            hidden = encoder_states(objective.backbone, batch["input_ids"], batch["attention_mask"], batch["position_ids"])
+            hidden = encoder_states(
+                objective.backbone, batch["input_ids"], batch["attention_mask"], batch["position_ids"]
+            )
             outputs.append((hidden.flatten(0, 1)[first], objective(batch)["loss"]))
     assert not np.array_equal(blocks[int(short[1])].ids, blocks[int(short[2])].ids)  # block 2 did change
     torch.testing.assert_close(outputs[0][0], outputs[1][0], rtol=1e-5, atol=1e-6)

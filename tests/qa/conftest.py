@@ -36,8 +36,15 @@ def qa_encoder_dir(tmp_path_factory) -> Path:
 
     tokenizer = train_tokenizer(fixture_texts(), TokenizerConfig(vocab_size=600, min_frequency=1))
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=128, max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=128,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     out = tmp_path_factory.mktemp("qa_encoder")
     BertModel(config, add_pooling_layer=False).save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))

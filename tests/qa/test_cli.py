@@ -20,14 +20,28 @@ def run(capsys, *argv) -> tuple[int, str, str]:
 def test_train_eval_predict(qa_encoder_dir, qa_fixtures, tmp_path, capsys):
     data = str(qa_fixtures / "squad_v2_sample.json")
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump({
-        "model": {"path": str(qa_encoder_dir)},
-        "data": {"train": data, "dev": data, "max_length": 48, "doc_stride": 16, "max_query_length": 16},
-        "qa": {"metric": "squad", "no_answer": True},
-        "train": {"output_dir": str(tmp_path / "run"), "max_steps": 4, "batch_size": 4, "lr": 1e-3, "warmup_steps": 0,
-                  "eval_every": 2, "save_every": 2, "log_every": 2, "num_workers": 0, "device": "cpu"},
-        "logging": {"report_to": [], "progress": False},
-    }))
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"path": str(qa_encoder_dir)},
+                "data": {"train": data, "dev": data, "max_length": 48, "doc_stride": 16, "max_query_length": 16},
+                "qa": {"metric": "squad", "no_answer": True},
+                "train": {
+                    "output_dir": str(tmp_path / "run"),
+                    "max_steps": 4,
+                    "batch_size": 4,
+                    "lr": 1e-3,
+                    "warmup_steps": 0,
+                    "eval_every": 2,
+                    "save_every": 2,
+                    "log_every": 2,
+                    "num_workers": 0,
+                    "device": "cpu",
+                },
+                "logging": {"report_to": [], "progress": False},
+            }
+        )
+    )
     code, out, err = run(capsys, "qa", "train", str(recipe), "train.max_steps=3")
     assert code == 0, err
     trained = json.loads(out)
@@ -36,10 +50,16 @@ def test_train_eval_predict(qa_encoder_dir, qa_fixtures, tmp_path, capsys):
     for key in ("em", "f1", "has_answer_f1", "no_answer_f1", "best_f1", "best_f1_threshold"):
         assert math.isfinite(trained[key]), key
     # The F1-best threshold on the dev set is kept with the model, and reported.
-    assert json.loads((model_dir / "qa.json").read_text())["no_answer_threshold"] == trained["best_f1_threshold"] == trained["threshold"]
+    assert (
+        json.loads((model_dir / "qa.json").read_text())["no_answer_threshold"]
+        == trained["best_f1_threshold"]
+        == trained["threshold"]
+    )
     assert trained["f1"] == pytest.approx(trained["best_f1"])
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if r["kind"] == "eval"] == [2, 3] and all(math.isfinite(r["f1"]) for r in records if r["kind"] == "eval")
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [2, 3] and all(
+        math.isfinite(r["f1"]) for r in records if r["kind"] == "eval"
+    )
 
     # Resume continues the run from its last checkpoint.
     code, out, err = run(capsys, "qa", "train", str(recipe), "train.max_steps=4", "--resume", "auto")
@@ -47,7 +67,9 @@ def test_train_eval_predict(qa_encoder_dir, qa_fixtures, tmp_path, capsys):
     resumed = json.loads(out)
 
     predictions = tmp_path / "predictions.json"
-    code, out, err = run(capsys, "qa", "eval", str(model_dir), "--data", data, "--predictions", str(predictions), "--device", "cpu")
+    code, out, err = run(
+        capsys, "qa", "eval", str(model_dir), "--data", data, "--predictions", str(predictions), "--device", "cpu"
+    )
     assert code == 0, err
     evaluated = json.loads(out)
     assert evaluated["questions"] == 6 and math.isfinite(evaluated["f1"]) and evaluated["read"]["repaired_answers"] == 0
@@ -56,22 +78,37 @@ def test_train_eval_predict(qa_encoder_dir, qa_fixtures, tmp_path, capsys):
     assert set(json.loads(predictions.read_text())) == {"q1", "q2", "q3", "q4", "q5", "q6"}
 
     output = tmp_path / "answers.jsonl"
-    code, out, err = run(capsys, "qa", "predict", str(model_dir), "--input", str(qa_fixtures / "questions.jsonl"), "--output", str(output))
+    code, out, err = run(
+        capsys,
+        "qa",
+        "predict",
+        str(model_dir),
+        "--input",
+        str(qa_fixtures / "questions.jsonl"),
+        "--output",
+        str(output),
+    )
     assert code == 0, err
     answers = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
     inputs = [json.loads(line) for line in (qa_fixtures / "questions.jsonl").read_text(encoding="utf-8").splitlines()]
     assert [a["id"] for a in answers] == ["a", "2"]
     for answer, question in zip(answers, inputs):
         assert math.isfinite(answer["score"]) and math.isfinite(answer["null_margin"])
-        assert question["context"][answer["start"]:answer["end"]] == answer["answer"] if answer["answer"] else answer["start"] == -1
+        assert (
+            question["context"][answer["start"] : answer["end"]] == answer["answer"]
+            if answer["answer"]
+            else answer["start"] == -1
+        )
         assert answer["span"] and answer["span"] in question["context"]
 
     # An empty context has no span to score: null, not -Infinity (which is not JSON).
     empty = tmp_path / "empty.jsonl"
     empty.write_text('{"question": "Who?", "context": ""}\n', encoding="utf-8")
     code, out, err = run(capsys, "qa", "predict", str(model_dir), "--input", str(empty))
+
     def no_infinity(constant):
         raise ValueError(constant)
+
     (answer,) = [json.loads(line, parse_constant=no_infinity) for line in out.splitlines()]
     assert code == 0 and answer["answer"] == "" and answer["score"] is None
 

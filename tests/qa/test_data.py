@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 
 import pytest
@@ -12,13 +11,20 @@ from spanlm.errors import InputError
 from spanlm.qa.data import locate_answer, read_questions_jsonl, read_squad
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "qa"
-CMRC_OFFSETS, SQUAD_V2_SAMPLE, QUESTIONS = FIXTURES / "cmrc2018_offsets.json", FIXTURES / "squad_v2_sample.json", FIXTURES / "questions.jsonl"
+CMRC_OFFSETS, SQUAD_V2_SAMPLE, QUESTIONS = (
+    FIXTURES / "cmrc2018_offsets.json",
+    FIXTURES / "squad_v2_sample.json",
+    FIXTURES / "questions.jsonl",
+)
 CONTEXT = "Paris is the capital of France. Paris has the Louvre."
 
 
 def write(tmp_path, qas, context=CONTEXT, name="data.json"):
     path = tmp_path / name
-    path.write_text(json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": context, "qas": qas}]}]}), encoding="utf-8")
+    path.write_text(
+        json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": context, "qas": qas}]}]}),
+        encoding="utf-8",
+    )
     return path
 
 
@@ -32,37 +38,63 @@ def test_valid_offsets_kept_and_v2_no_answer(tmp_path):
     assert [e.id for e in examples] == ["a", "b", "c"]
     assert examples[0].answers[0].start == 24 and examples[0].gold == ["France"]
     assert examples[1].is_impossible and examples[2].is_impossible  # is_impossible, or no answers at all
-    assert report.summary() == {"file": str(path), "questions": 3, "repaired_answers": 0, "unlocated_answers": 0, "skipped_questions": 0}
+    assert report.summary() == {
+        "file": str(path),
+        "questions": 3,
+        "repaired_answers": 0,
+        "unlocated_answers": 0,
+        "skipped_questions": 0,
+    }
     # SQuAD v1.1 training: questions without an answer are skipped and reported.
     examples, report = read_squad(path, allow_impossible=False)
     assert [e.id for e in examples] == ["a"]
-    assert [where for where, _ in report.skipped] == ["data[0].paragraphs[0].qas[1] (id b)", "data[0].paragraphs[0].qas[2] (id c)"]
+    assert [where for where, _ in report.skipped] == [
+        "data[0].paragraphs[0].qas[1] (id b)",
+        "data[0].paragraphs[0].qas[2] (id c)",
+    ]
 
 
 def test_wrong_start_repaired_to_nearest_occurrence_within_window(tmp_path):
     # "Paris" occurs at 0 and 32: a start of 30 is repaired to 32 (nearest), 3 to 0.
-    path = write(tmp_path, [qa("near", answers=[("Paris", 30)]), qa("near0", answers=[("Paris", 3)]),
-                            qa("minus", answers=[("Louvre", -1)])])
+    path = write(
+        tmp_path,
+        [
+            qa("near", answers=[("Paris", 30)]),
+            qa("near0", answers=[("Paris", 3)]),
+            qa("minus", answers=[("Louvre", -1)]),
+        ],
+    )
     examples, report = read_squad(path, repair_window=5)
     assert [e.answers[0].start for e in examples] == [32, 0, 46]  # -1: the first occurrence anywhere
-    assert all(CONTEXT[a.start:a.start + len(a.text)] == a.text for e in examples for a in e.answers)
+    assert all(CONTEXT[a.start : a.start + len(a.text)] == a.text for e in examples for a in e.answers)
     assert report.repaired == [("near", 30, 32), ("near0", 3, 0), ("minus", -1, 46)]
     assert "repaired 3 answer_start value(s): near (30→32)" in report.lines()[0] and str(path) in report.lines()[0]
 
 
 def test_unrepairable_answers_dropped_or_question_skipped(tmp_path):
-    path = write(tmp_path, [qa("far", answers=[("Louvre", 5)]),  # 41 characters away: beyond the window
-                            qa("absent", answers=[("Berlin", 0)]),
-                            qa("mixed", answers=[("France", 24), ("Germany", -1)])])
+    path = write(
+        tmp_path,
+        [
+            qa("far", answers=[("Louvre", 5)]),  # 41 characters away: beyond the window
+            qa("absent", answers=[("Berlin", 0)]),
+            qa("mixed", answers=[("France", 24), ("Germany", -1)]),
+        ],
+    )
     examples, report = read_squad(path, repair_window=20)
     assert [e.id for e in examples] == ["mixed"]
     assert examples[0].gold == ["France", "Germany"]  # still scored against, as the official scripts do
     assert [a.text for a in examples[0].answers] == ["France"]  # but only located answers are trained on
     # What is off is said: the text occurs, but too far from answer_start; or it does not occur at all.
     assert [(qid, why.split(":")[0]) for qid, why in report.unlocated] == [
-        ("far", "answer_start 5 is off"), ("absent", "answer 'Berlin' does not occur in the context"), ("mixed", "answer 'Germany' does not occur in the context")]
+        ("far", "answer_start 5 is off"),
+        ("absent", "answer 'Berlin' does not occur in the context"),
+        ("mixed", "answer 'Germany' does not occur in the context"),
+    ]
     assert "'Louvre' occurs at 46" in report.unlocated[0][1] and "repair_window=20" in report.unlocated[0][1]
-    assert [where for where, _ in report.skipped] == ["data[0].paragraphs[0].qas[0] (id far)", "data[0].paragraphs[0].qas[1] (id absent)"]
+    assert [where for where, _ in report.skipped] == [
+        "data[0].paragraphs[0].qas[0] (id far)",
+        "data[0].paragraphs[0].qas[1] (id absent)",
+    ]
     assert all(why.startswith("no answer has a span to train on") for _, why in report.skipped)
     assert "id far: answer_start 5 is off" in report.lines()[0]
     # Read for scoring, every question is kept (scored on its texts, as the official scripts do): the
@@ -75,22 +107,39 @@ def test_unrepairable_answers_dropped_or_question_skipped(tmp_path):
 
 def test_malformed_records_reported_with_location(tmp_path):
     path = tmp_path / "bad.json"
-    path.write_text(json.dumps({"data": [
-        {"title": "no paragraphs"},
-        {"paragraphs": [{"qas": [qa("x", answers=[("a", 0)]), qa("y")]},  # no context: both questions lost
-                        {"context": CONTEXT, "qas": [
-                            {"id": "q1", "answers": []},
-                            qa("q2", answers=[("France", "24")]),
-                            {"id": "q3", "question": "Where?", "answers": [{"answer_start": 0}]},
-                            qa("q4", answers=[("France", 24)], is_impossible="no"),
-                            qa("ok", answers=[("France", 24)]),
-                            qa("ok", answers=[("Paris", 0)])]}]}]}), encoding="utf-8")
+    path.write_text(
+        json.dumps(
+            {
+                "data": [
+                    {"title": "no paragraphs"},
+                    {
+                        "paragraphs": [
+                            {"qas": [qa("x", answers=[("a", 0)]), qa("y")]},  # no context: both questions lost
+                            {
+                                "context": CONTEXT,
+                                "qas": [
+                                    {"id": "q1", "answers": []},
+                                    qa("q2", answers=[("France", "24")]),
+                                    {"id": "q3", "question": "Where?", "answers": [{"answer_start": 0}]},
+                                    qa("q4", answers=[("France", 24)], is_impossible="no"),
+                                    qa("ok", answers=[("France", 24)]),
+                                    qa("ok", answers=[("Paris", 0)]),
+                                ],
+                            },
+                        ]
+                    },
+                ]
+            }
+        ),
+        encoding="utf-8",
+    )
     examples, report = read_squad(path)
     assert [e.id for e in examples] == ["ok"] and examples[0].gold == ["France"]
     assert report.questions == 8
     assert report.skipped == [
         ("data[0]", "missing 'paragraphs'"),
-        ("data[1].paragraphs[0]", "missing 'context'"), ("data[1].paragraphs[0]", "missing 'context'"),
+        ("data[1].paragraphs[0]", "missing 'context'"),
+        ("data[1].paragraphs[0]", "missing 'context'"),
         ("data[1].paragraphs[1].qas[0] (id q1)", "missing 'question'"),
         ("data[1].paragraphs[1].qas[1] (id q2).answers[0]", "'answer_start' must be int, got str"),
         ("data[1].paragraphs[1].qas[2] (id q3).answers[0]", "missing 'text'"),
@@ -105,7 +154,7 @@ def test_bad_json_and_bad_layout_name_the_file(tmp_path):
     path.write_text('{"data": [\n  {"paragraphs": [}\n]}', encoding="utf-8")
     with pytest.raises(InputError, match=r"broken.json:2:19: not valid JSON"):
         read_squad(path)
-    path.write_text('[1, 2]', encoding="utf-8")
+    path.write_text("[1, 2]", encoding="utf-8")
     with pytest.raises(InputError, match=r"broken.json: not a SQuAD-format file"):
         read_squad(path)
     with pytest.raises(InputError, match="missing.json: no such file"):
@@ -116,7 +165,7 @@ def test_real_cmrc_off_by_one_starts_repaired():
     examples, report = read_squad(CMRC_OFFSETS)
     assert len(examples) == 5 and len(report.repaired) == 5 and not report.skipped
     assert all(new == old - 1 for _, old, new in report.repaired)
-    assert all(e.context[a.start:a.start + len(a.text)] == a.text for e in examples for a in e.answers)
+    assert all(e.context[a.start : a.start + len(a.text)] == a.text for e in examples for a in e.answers)
 
 
 def test_squad_v2_fixture():
@@ -142,9 +191,13 @@ def test_predict_input_errors_name_file_and_line(tmp_path):
     with pytest.raises(InputError, match=r"questions.jsonl:2: invalid UTF-8 at byte 14 of the line"):
         read_questions_jsonl(path)
     path.write_text('{"question": "a?", "context": "b"}\n\n["a?", "b"]\n', encoding="utf-8")
-    with pytest.raises(InputError, match=r"questions.jsonl:3: expected a JSON object with question and context, got list"):
+    with pytest.raises(
+        InputError, match=r"questions.jsonl:3: expected a JSON object with question and context, got list"
+    ):
         read_questions_jsonl(path)
-    path.write_text('\ufeff{"question": "a?", "context": "b\u2028c"}\n', encoding="utf-8")  # BOM dropped; U+2028 is text
+    path.write_text(
+        '\ufeff{"question": "a?", "context": "b\u2028c"}\n', encoding="utf-8"
+    )  # BOM dropped; U+2028 is text
     (example,) = read_questions_jsonl(path)
     assert example.question == "a?" and example.context == "b\u2028c" and example.id == "1"
 

@@ -40,7 +40,9 @@ def test_best_span_respects_order_length_and_context():
     # Unconstrained the question/[SEP] tokens or the pair (6, 2) with j < i would win.
     score, i, j, null = best_spans(start, end, context, max_answer_length=30)
     assert (i.item(), j.item(), score.item(), null.item()) == (6, 6, 10.0, 9.0)
-    score, i, j, _ = best_spans(start.clone().index_fill_(1, torch.tensor([6]), 0.0), end, context, max_answer_length=30)
+    score, i, j, _ = best_spans(
+        start.clone().index_fill_(1, torch.tensor([6]), 0.0), end, context, max_answer_length=30
+    )
     assert (i.item(), j.item(), score.item()) == (2, 2, 9.0)
     # With the best pair longer than the limit: start 2 (1.0) + end 4 (3.0) = 4 is three tokens long.
     end2 = torch.tensor([[0.0, 0.0, 0.0, 0.0, 3.0, 0.0, 0.0, 0.0]])
@@ -58,8 +60,16 @@ def test_collect_takes_the_best_window_and_the_smallest_null():
     offsets[1, 1:] = [[4, 6], [6, 8], [8, 10]]
     offsets[2, 1:] = [[0, 2], [2, 4], [4, 6]]
     mask = np.array([[False, True, True, True]] * 3)
-    windows = Windows(np.zeros((3, 4), dtype=np.int64), np.zeros((3, 4), dtype=np.int64), np.ones((3, 4), dtype=bool), mask,
-                      offsets, np.array([0, 0, 1]), np.zeros(3, dtype=np.int64), np.zeros(3, dtype=np.int64))
+    windows = Windows(
+        np.zeros((3, 4), dtype=np.int64),
+        np.zeros((3, 4), dtype=np.int64),
+        np.ones((3, 4), dtype=bool),
+        mask,
+        offsets,
+        np.array([0, 0, 1]),
+        np.zeros(3, dtype=np.int64),
+        np.zeros(3, dtype=np.int64),
+    )
     examples = [QAExample("e0", "q", context, [], []), QAExample("e1", "q", context, [], [])]
     score, start, end = np.array([1.0, 3.0, 2.0]), np.array([1, 2, 3]), np.array([2, 3, 3])
     null = np.array([0.5, 4.0, 1.0])

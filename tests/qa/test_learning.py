@@ -15,8 +15,18 @@ def tiny_recipe(encoder_dir, data, output_dir, **sections) -> QARecipe:
         "model": {"path": str(encoder_dir), "dropout": 0.0},
         "data": {"train": str(data), "dev": str(data), "max_length": 128, "doc_stride": 64, "max_query_length": 32},
         "qa": {"metric": "cmrc2018", "max_answer_length": 30},
-        "train": {"output_dir": str(output_dir), "max_steps": 200, "batch_size": 8, "lr": 2e-3, "warmup_steps": 10,
-                  "eval_every": 0, "save_every": 1000, "log_every": 50, "num_workers": 0, "device": "cpu"},
+        "train": {
+            "output_dir": str(output_dir),
+            "max_steps": 200,
+            "batch_size": 8,
+            "lr": 2e-3,
+            "warmup_steps": 10,
+            "eval_every": 0,
+            "save_every": 1000,
+            "log_every": 50,
+            "num_workers": 0,
+            "device": "cpu",
+        },
         "logging": {"report_to": [], "progress": False},
     }
     for name, values in sections.items():

@@ -8,7 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spanlm.qa.metrics import (
-    best_threshold, cmrc_em, cmrc_f1, cmrc_segments, evaluate, normalize_squad, question_scores, squad_em, squad_f1,
+    best_threshold,
+    cmrc_em,
+    cmrc_f1,
+    cmrc_segments,
+    evaluate,
+    normalize_squad,
+    question_scores,
+    squad_em,
+    squad_f1,
 )
 
 
@@ -95,13 +103,17 @@ def test_no_answer_threshold_hand_computed():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(-5, 5), st.sampled_from([0.0, 0.5, 1.0]), st.booleans()), min_size=1, max_size=12))
+@given(
+    st.lists(st.tuples(st.integers(-5, 5), st.sampled_from([0.0, 0.5, 1.0]), st.booleans()), min_size=1, max_size=12)
+)
 def test_best_threshold_matches_brute_force(rows):
     margin = np.array([r[0] for r in rows], dtype=float)
     span = np.array([r[1] for r in rows])
     has = np.array([r[2] for r in rows])
 
-    def score_at(threshold):  # answered (its span's score) when margin <= threshold, else "" (right exactly without an answer)
+    def score_at(
+        threshold,
+    ):  # answered (its span's score) when margin <= threshold, else "" (right exactly without an answer)
         return 100 * np.mean(np.where(margin <= threshold, span, (~has).astype(float)))
 
     best, threshold = best_threshold(margin, span, has)

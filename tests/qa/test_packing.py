@@ -10,8 +10,8 @@ import torch
 from spanlm.models.encoder import load_encoder
 from spanlm.models.hf_model import EncoderConfig
 from spanlm.qa.data import read_squad
-from spanlm.qa.predict import window_spans
 from spanlm.qa.model import QAObjective
+from spanlm.qa.predict import window_spans
 from spanlm.qa.windows import make_windows
 
 MAX_LENGTH = 64
@@ -35,7 +35,9 @@ def test_packed_windows_train_and_predict_as_padded_ones(qa_encoder_dir, qa_fixt
     windows.packed = True
     packed = windows.batch(indices)
     assert packed["input_ids"].shape == (1, padded["attention_mask"].sum())  # one stream, no padding
-    assert packed["token_type_ids"].sum() == padded["token_type_ids"].sum() > 0  # context segments moved with their tokens
+    assert (
+        packed["token_type_ids"].sum() == padded["token_type_ids"].sum() > 0
+    )  # context segments moved with their tokens
     padded_loss, padded_grads = loss_and_gradients(objective, padded)
     packed_loss, packed_grads = loss_and_gradients(objective, packed)
     torch.testing.assert_close(packed_loss, padded_loss, rtol=1e-5, atol=1e-6)

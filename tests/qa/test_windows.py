@@ -8,8 +8,10 @@ import pytest
 from spanlm.qa.data import Answer, QAExample
 from spanlm.qa.windows import make_windows
 
-CONTEXT = ("The lighthouse on Gull Island was built in 1858 by the harbour board. Its lamp was first lit on a "
-           "stormy night in October, and the keeper, Martha Lane, kept it burning for forty years.")
+CONTEXT = (
+    "The lighthouse on Gull Island was built in 1858 by the harbour board. Its lamp was first lit on a "
+    "stormy night in October, and the keeper, Martha Lane, kept it burning for forty years."
+)
 QUESTION = "When was the lighthouse built?"
 
 
@@ -22,7 +24,7 @@ def example(answer: str | None, start: int | None = None, question: str = QUESTI
 
 def span_text(windows, w: int) -> str:
     s, e = windows.start_positions[w], windows.end_positions[w]
-    return CONTEXT[windows.offsets[w, s, 0]:windows.offsets[w, e, 1]]
+    return CONTEXT[windows.offsets[w, s, 0] : windows.offsets[w, e, 1]]
 
 
 @pytest.mark.parametrize("answer", ["The lighthouse", "forty years.", "Martha Lane"])  # start, end, middle
@@ -64,7 +66,9 @@ def test_windows_step_by_doc_stride_and_cover_the_context(qa_tokenizer):
 
 def test_long_questions_are_cut_to_max_query_length(qa_tokenizer):
     question = "When was the lighthouse on Gull Island built by the harbour board and first lit?"
-    windows = make_windows(qa_tokenizer, [example("1858", question=question)], max_length=48, doc_stride=16, max_query_length=5)
+    windows = make_windows(
+        qa_tokenizer, [example("1858", question=question)], max_length=48, doc_stride=16, max_query_length=5
+    )
     first_context = int(np.argmax(windows.context_mask[0]))
     assert first_context == 1 + 5 + 1  # [CLS] five question tokens [SEP]
 
@@ -88,22 +92,42 @@ def test_featurizer_gets_each_windows_ids_offsets_and_context(qa_tokenizer):
         return {"char_count": (offsets[..., 1] - offsets[..., 0]).sum(1)}
 
     examples = [example("1858"), QAExample("y", "Who?", "Martha Lane kept it.", [], [])]
-    windows = make_windows(qa_tokenizer, examples, max_length=32, doc_stride=8, max_query_length=16, featurizer=featurizer)
+    windows = make_windows(
+        qa_tokenizer, examples, max_length=32, doc_stride=8, max_query_length=16, featurizer=featurizer
+    )
     last = len(windows) - 1
     batch = windows.batch([0, last])
-    (ids_shape, offsets_shape, texts), = seen
-    assert ids_shape == offsets_shape[:2] == tuple(batch["input_ids"].shape) and texts == [CONTEXT, "Martha Lane kept it."]
+    ((ids_shape, offsets_shape, texts),) = seen
+    assert ids_shape == offsets_shape[:2] == tuple(batch["input_ids"].shape) and texts == [
+        CONTEXT,
+        "Martha Lane kept it.",
+    ]
     # The features cover the context characters of each window: all 20 of the short context.
     assert batch["char_count"][1].item() == len("MarthaLanekeptit.")
 
 
 def test_the_text_of_a_special_token_is_text_in_questions_and_contexts(qa_tokenizer):
     context = "Its lamp [SEP] was first lit [MASK] on a stormy night."
-    windows = make_windows(qa_tokenizer, [QAExample("x", "When [SEP] was it lit?", context, [Answer("a stormy night", context.index("a stormy"))], ["a stormy night"])],
-                           max_length=64, doc_stride=16, max_query_length=16)
+    windows = make_windows(
+        qa_tokenizer,
+        [
+            QAExample(
+                "x",
+                "When [SEP] was it lit?",
+                context,
+                [Answer("a stormy night", context.index("a stormy"))],
+                ["a stormy night"],
+            )
+        ],
+        max_length=64,
+        doc_stride=16,
+        max_query_length=16,
+    )
     ids = windows.input_ids[0][windows.attention_mask[0].astype(bool)]
-    specials = np.isin(ids, list(set(qa_tokenizer.all_special_ids) - {qa_tokenizer.unk_token_id}))  # [UNK] may come from text
+    specials = np.isin(
+        ids, list(set(qa_tokenizer.all_special_ids) - {qa_tokenizer.unk_token_id})
+    )  # [UNK] may come from text
     assert specials.sum() == qa_tokenizer.num_special_tokens_to_add(pair=True)  # only the template's
     assert (ids[specials] != qa_tokenizer.mask_token_id).all()
     s, e = windows.start_positions[0], windows.end_positions[0]
-    assert context[windows.offsets[0, s, 0]:windows.offsets[0, e, 1]] == "a stormy night"
+    assert context[windows.offsets[0, s, 0] : windows.offsets[0, e, 1]] == "a stormy night"

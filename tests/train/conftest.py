@@ -6,13 +6,18 @@ import pytest
 
 from helpers import EMBEDDED_CORPUS
 from spanlm.config import from_dict
-from spanlm.pretrain.recipe import Recipe
 from spanlm.data.prepare import prepare
+from spanlm.pretrain.recipe import Recipe
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("toy") / "prepared"
-    recipe = from_dict(Recipe, {"data": {"inputs": [str(EMBEDDED_CORPUS / "alice_in_wonderland.txt")], "prepared_dir": str(out)},
-                                "tokenizer": {"vocab_size": 500}})
+    recipe = from_dict(
+        Recipe,
+        {
+            "data": {"inputs": [str(EMBEDDED_CORPUS / "alice_in_wonderland.txt")], "prepared_dir": str(out)},
+            "tokenizer": {"vocab_size": 500},
+        },
+    )
     return prepare(recipe, log=lambda *_: None)

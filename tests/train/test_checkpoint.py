@@ -11,10 +11,9 @@ from safetensors.torch import load_file, save_file
 
 from spanlm.cli import main
 from spanlm.errors import ConfigError, InputError
-from spanlm.train import checkpoint as ckpt
 from spanlm.pretrain.run import pretrain
+from spanlm.train import checkpoint as ckpt
 from spanlm.train.metrics import read_metrics
-
 from toy_objective import losses, toy_recipe
 
 QUIET = {"log": lambda *_: None}
@@ -24,8 +23,11 @@ def test_a_cut_checkpoint_is_passed_over_by_auto_and_named_when_given(prepared, 
     run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=4, save_every=2), **QUIET)
     weights = ckpt.step_dir(run, 4) / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])  # cut off: its manifest says how long it was
-    with pytest.raises(InputError, match=r"step-0000004: damaged checkpoint \(model.safetensors has 1000 of its \d+ bytes\); "
-                                         r"an earlier checkpoint is whole: --resume .*step-0000002"):
+    with pytest.raises(
+        InputError,
+        match=r"step-0000004: damaged checkpoint \(model.safetensors has 1000 of its \d+ bytes\); "
+        r"an earlier checkpoint is whole: --resume .*step-0000002",
+    ):
         pretrain(toy_recipe(prepared, run, max_steps=6, save_every=2), resume=str(ckpt.step_dir(run, 4)), **QUIET)
     messages = []
     pretrain(toy_recipe(prepared, run, max_steps=6, save_every=2), resume="auto", log=messages.append)
@@ -38,7 +40,9 @@ def test_a_file_damaged_within_its_size_is_named_with_an_earlier_checkpoint(prep
     run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=4, save_every=2), **QUIET)
     weights = ckpt.step_dir(run, 4) / "model.safetensors"
     weights.write_bytes(b"\0" * weights.stat().st_size)  # the right size, unreadable content
-    with pytest.raises(InputError, match=r"step-0000004/model.safetensors: unreadable checkpoint file.*--resume .*step-0000002"):
+    with pytest.raises(
+        InputError, match=r"step-0000004/model.safetensors: unreadable checkpoint file.*--resume .*step-0000002"
+    ):
         pretrain(toy_recipe(prepared, run, max_steps=6, save_every=2), resume="auto", **QUIET)
 
 
@@ -48,13 +52,19 @@ def test_weights_of_another_shape_are_a_clear_error(prepared, tmp_path):
     tensors = load_file(str(path))
     tensors["norm.weight"] = torch.ones(32)  # as if trained with hidden 32
     save_file(tensors, str(path))
-    with pytest.raises(InputError, match=r"step-0000002: damaged checkpoint \(model.safetensors has \d+ of its \d+ bytes\), "
-                                         "and no earlier one"):
+    with pytest.raises(
+        InputError,
+        match=r"step-0000002: damaged checkpoint \(model.safetensors has \d+ of its \d+ bytes\), "
+        "and no earlier one",
+    ):
         pretrain(toy_recipe(prepared, run, max_steps=4), resume="auto", **QUIET)
     manifest = json.loads((path.parent / ckpt.MANIFEST).read_text())
     manifest["model.safetensors"] = path.stat().st_size  # as another recipe's checkpoint would say
     (path.parent / ckpt.MANIFEST).write_text(json.dumps(manifest))
-    with pytest.raises(InputError, match=r"do not fit the model the recipe builds: 1 of another shape \(norm.weight \(32,\) here vs \(16,\)"):
+    with pytest.raises(
+        InputError,
+        match=r"do not fit the model the recipe builds: 1 of another shape \(norm.weight \(32,\) here vs \(16,\)",
+    ):
         pretrain(toy_recipe(prepared, run, max_steps=4), resume="auto", **QUIET)
 
 
@@ -65,7 +75,9 @@ def test_resuming_against_another_tokenizer_is_refused(prepared, tmp_path):
     assert state["tokenizer_fingerprint"] and len(state["tokenizer_fingerprint"]) == 16
     state["tokenizer_fingerprint"] = "0123456789abcdef"  # as if the corpus had been prepared again
     torch.save(state, state_path)
-    with pytest.raises(InputError, match=r"trained on the ids of tokenizer 0123456789abcdef, but .* now holds tokenizer"):
+    with pytest.raises(
+        InputError, match=r"trained on the ids of tokenizer 0123456789abcdef, but .* now holds tokenizer"
+    ):
         pretrain(toy_recipe(prepared, run, max_steps=4), resume="auto", **QUIET)
 
 
@@ -115,11 +127,14 @@ def test_resuming_at_or_past_max_steps_trains_and_writes_nothing(prepared, tmp_p
     assert ckpt.latest_checkpoint(run) == latest and (latest / ckpt.MARKER).stat().st_mtime_ns == written
 
 
-@pytest.mark.parametrize("override, message", [
-    ({"save_every": 0}, "save_every must be at least 1"),
-    ({"num_workers": -1}, "num_workers must not be negative"),
-    ({"eval_every": -1}, "eval_every must not be negative"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"save_every": 0}, "save_every must be at least 1"),
+        ({"num_workers": -1}, "num_workers must not be negative"),
+        ({"eval_every": -1}, "eval_every must not be negative"),
+    ],
+)
 def test_train_settings_are_checked_before_training(prepared, tmp_path, override, message):
     with pytest.raises(ConfigError, match=message):
         toy_recipe(prepared, tmp_path / "run", **override)
@@ -207,7 +222,9 @@ def test_a_changed_corpus_is_not_prepared_again_under_a_resume(prepared, tmp_pat
     before = read_meta(own)
     with open(corpus, "a", encoding="utf-8") as handle:
         handle.write("A line added after the run started.\n")
-    with pytest.raises(InputError, match=r"preparing it again would train a new tokenizer.*set tokenizer.path=.*prepared/tokenizer"):
+    with pytest.raises(
+        InputError, match=r"preparing it again would train a new tokenizer.*set tokenizer.path=.*prepared/tokenizer"
+    ):
         pretrain(recipe(max_steps=4), resume="auto", **QUIET)
     assert read_meta(own) == before  # untouched: the checkpoint can still resume once the inputs are restored
     # With the checkpoint's tokenizer kept, the changed inputs are prepared with it and the run resumes.
@@ -226,7 +243,13 @@ def test_resuming_with_changed_settings_is_refused_listing_each(prepared, tmp_pa
     with pytest.raises(InputError) as error:
         pretrain(changed, resume="auto", **QUIET)
     message = str(error.value)
-    for change in ("seed: 0 → 7", "data.max_len: 32 → 64", "train.batch_size: 4 → 8", "train.grad_accum: 1 → 2", "train.lr: 0.01 → 0.5"):
+    for change in (
+        "seed: 0 → 7",
+        "data.max_len: 32 → 64",
+        "train.batch_size: 4 → 8",
+        "train.grad_accum: 1 → 2",
+        "train.lr: 0.01 → 0.5",
+    ):
         assert change in message, change
     assert "--resume-weights-only" in message and "\n" not in message and "max_steps" not in message
     assert sorted(losses(run)) == [1, 2]  # nothing trained, nothing lost
@@ -234,8 +257,11 @@ def test_resuming_with_changed_settings_is_refused_listing_each(prepared, tmp_pa
 
 def test_harmless_settings_may_change_on_resume(prepared, tmp_path):
     run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), **QUIET)
-    pretrain(toy_recipe(prepared, run, max_steps=3, log_every=2, save_every=5, eval_every=1, num_workers=1, keep_last=3),
-             resume="auto", **QUIET)
+    pretrain(
+        toy_recipe(prepared, run, max_steps=3, log_every=2, save_every=5, eval_every=1, num_workers=1, keep_last=3),
+        resume="auto",
+        **QUIET,
+    )
     assert ckpt.latest_checkpoint(run) == ckpt.step_dir(run, 3)
 
 
@@ -248,7 +274,10 @@ def test_a_changed_process_count_is_refused(prepared, tmp_path):
     manifest = json.loads((state_path.parent / ckpt.MANIFEST).read_text())
     manifest["trainer_state.pt"] = state_path.stat().st_size
     (state_path.parent / ckpt.MANIFEST).write_text(json.dumps(manifest))
-    with pytest.raises(InputError, match=r"changed settings would not continue the same run \(processes: 2 → 1\).*--resume-weights-only"):
+    with pytest.raises(
+        InputError,
+        match=r"changed settings would not continue the same run \(processes: 2 → 1\).*--resume-weights-only",
+    ):
         pretrain(toy_recipe(prepared, run, max_steps=4), resume="auto", **QUIET)
 
 
@@ -256,8 +285,11 @@ def test_resume_weights_only_starts_a_new_run_from_the_weights(prepared, tmp_pat
     run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), **QUIET)
     weights = load_file(str(ckpt.step_dir(run, 2) / "model.safetensors"))
     # Changed settings are fine; the new run starts at step 0 with the checkpoint's weights.
-    new = pretrain(toy_recipe(prepared, tmp_path / "new", max_steps=1, batch_size=8, lr=1e-30, warmup_steps=0),
-                   weights_from=str(run), **QUIET)
+    new = pretrain(
+        toy_recipe(prepared, tmp_path / "new", max_steps=1, batch_size=8, lr=1e-30, warmup_steps=0),
+        weights_from=str(run),
+        **QUIET,
+    )
     assert sorted(losses(new)) == [1]
     after = load_file(str(ckpt.step_dir(new, 1) / "model.safetensors"))
     assert all(torch.equal(weights[k], after[k]) for k in weights)  # lr 1e-30: exactly the weights it started from
@@ -265,8 +297,9 @@ def test_resume_weights_only_starts_a_new_run_from_the_weights(prepared, tmp_pat
         pretrain(toy_recipe(prepared, run, max_steps=4, batch_size=8), weights_from=str(run), **QUIET)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text((run / "config.yaml").read_text())
-    code = main(["pretrain", str(recipe), f"train.output_dir={tmp_path / 'cli'}", "seed=3",
-                 "--resume-weights-only", str(run)])
+    code = main(
+        ["pretrain", str(recipe), f"train.output_dir={tmp_path / 'cli'}", "seed=3", "--resume-weights-only", str(run)]
+    )
     assert code == 0 and ckpt.latest_checkpoint(tmp_path / "cli") is not None
     assert main(["pretrain", str(recipe), "seed=3", "--resume", "auto"]) == 2
     assert "resuming with changed settings would not continue the same run (seed: 0 → 3)" in capsys.readouterr().err

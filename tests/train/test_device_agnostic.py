@@ -12,20 +12,27 @@ import pytest
 import torch
 
 from helpers import EMBEDDED_CORPUS, REPO
-from spanlm.pretrain.recipe import load_recipe
-from spanlm.data.blocks import BlockDataset, collate_blocks
-from spanlm.data.shards import PreparedCorpus
 from spanlm import accel
 from spanlm.accel import cross_entropy, native
+from spanlm.data.blocks import BlockDataset, collate_blocks
+from spanlm.data.shards import PreparedCorpus
 from spanlm.objectives import build_objective
+from spanlm.pretrain.recipe import load_recipe
+from spanlm.pretrain.run import pretraining_setup
 from spanlm.train.dist import init_distributed
 from spanlm.train.loop import Trainer, _Window, compile_recurrent_layers
-from spanlm.pretrain.run import pretraining_setup
 
 INPUTS = [str(p) for p in sorted(EMBEDDED_CORPUS.glob("*.txt")) if "hongloumeng" not in p.name]  # as embedded_prepared
 MAX_LEN = 32
-TINY = ["model.hidden_size=32", "model.num_heads=2", "model.intermediate_size=64", "model.num_layers=2",
-        f"model.max_position_embeddings={MAX_LEN}", "model.hidden_dropout=0.0", "model.attention_dropout=0.0"]
+TINY = [
+    "model.hidden_size=32",
+    "model.num_heads=2",
+    "model.intermediate_size=64",
+    "model.num_layers=2",
+    f"model.max_position_embeddings={MAX_LEN}",
+    "model.hidden_dropout=0.0",
+    "model.attention_dropout=0.0",
+]
 # (recipe in configs/pretrain, overrides): every objective, ELECTRA with each sharing mode and the SBO generator
 OBJECTIVES = {
     "mlm": ("mlm", []),
@@ -43,12 +50,26 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: see hel
 
 
 def recipe(name: str, prepared, output_dir, *overrides: str):
-    return load_recipe(REPO / "configs" / "pretrain" / f"{name}.yaml", [
-        f"data.inputs={json.dumps(INPUTS)}", f"data.prepared_dir={prepared}", f"data.max_len={MAX_LEN}",
-        "tokenizer.vocab_size=2000", *TINY, f"train.output_dir={output_dir}", "train.max_steps=4", "train.batch_size=4",
-        "train.num_workers=0", "train.eval_blocks=4", "train.log_every=100", "train.warmup_steps=1",
-        "logging.report_to=[]", "logging.progress=false", *overrides,
-    ])
+    return load_recipe(
+        REPO / "configs" / "pretrain" / f"{name}.yaml",
+        [
+            f"data.inputs={json.dumps(INPUTS)}",
+            f"data.prepared_dir={prepared}",
+            f"data.max_len={MAX_LEN}",
+            "tokenizer.vocab_size=2000",
+            *TINY,
+            f"train.output_dir={output_dir}",
+            "train.max_steps=4",
+            "train.batch_size=4",
+            "train.num_workers=0",
+            "train.eval_blocks=4",
+            "train.log_every=100",
+            "train.warmup_steps=1",
+            "logging.report_to=[]",
+            "logging.progress=false",
+            *overrides,
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +109,11 @@ def test_same_losses_and_gradients_as_the_cpu_backend(corpus, tmp_path, monkeypa
     assert fused, "the CPU backend's cross-entropy did not run"
     assert parts.keys() == cpu_parts.keys() and gradients.keys() == cpu_gradients.keys()
     for key, value in parts.items():
-        assert torch.allclose(value.double(), cpu_parts[key].double(), rtol=1e-5, atol=1e-6), (key, value, cpu_parts[key])
+        assert torch.allclose(value.double(), cpu_parts[key].double(), rtol=1e-5, atol=1e-6), (
+            key,
+            value,
+            cpu_parts[key],
+        )
     for name, gradient in gradients.items():
         assert torch.allclose(gradient, cpu_gradients[name], rtol=1e-4, atol=1e-6), name
 
@@ -131,9 +156,15 @@ PACKED_CPU_LOOP = "packed.py"  # spanlm.models.packed.varlen_attention on the CP
 
 
 @pytest.mark.parametrize("packing", ["true", "false"])
-@pytest.mark.parametrize("settings", [[], ["train.nonfinite=skip"], ["train.grad_accum=2"]], ids=["stop", "skip", "grad-accum"])
-def test_a_non_logging_step_reads_the_host_only_in_the_encoders_batch_layout_check(corpus, tmp_path, monkeypatch, settings, packing):
-    config = recipe("spanbert", corpus.directory, tmp_path / "run", "train.accel=off", *settings, f"data.packing={packing}")
+@pytest.mark.parametrize(
+    "settings", [[], ["train.nonfinite=skip"], ["train.grad_accum=2"]], ids=["stop", "skip", "grad-accum"]
+)
+def test_a_non_logging_step_reads_the_host_only_in_the_encoders_batch_layout_check(
+    corpus, tmp_path, monkeypatch, settings, packing
+):
+    config = recipe(
+        "spanbert", corpus.directory, tmp_path / "run", "train.accel=off", *settings, f"data.packing={packing}"
+    )
     trainer = Trainer(config, init_distributed("cpu"), pretraining_setup, log=lambda *_: None)
     loader = iter(trainer.loader)
     batches = iter([next(loader) for _ in range(4)])  # masked before counting: the data loader is not the step

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from spanlm.train import checkpoint as ckpt
 from spanlm.pretrain.run import pretrain
-
+from spanlm.train import checkpoint as ckpt
 from toy_objective import toy_recipe
 
 TESTS = Path(__file__).parents[1]
@@ -25,14 +24,24 @@ LIMIT = 30_000  # bytes per file: below the toy's weights, the corpus's token id
 
 def limited(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """``spanlm ARGS`` (the toy objective registered) in a process that may write no file past LIMIT bytes."""
+
     def limit():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing
         resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, LIMIT))
 
-    script = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import toy_objective; from spanlm.cli import main; sys.exit(main(sys.argv[1:]))"
+    script = (
+        f"import sys; sys.path.insert(0, {str(TESTS)!r}); import toy_objective; "
+        "from spanlm.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
     # Without the native kernels: a rebuild of them (a new source) would itself hit the limit, and warn.
-    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, preexec_fn=limit, cwd=cwd,
-                          env={**os.environ, "SPANLM_NATIVE": "0"})
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        preexec_fn=limit,
+        cwd=cwd,
+        env={**os.environ, "SPANLM_NATIVE": "0"},
+    )
 
 
 def tree_digest(directory: Path) -> str:
@@ -58,8 +67,11 @@ def test_a_checkpoint_on_a_full_disk(prepared, tmp_path):
     run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), log=lambda *_: None)
     before = tree_digest(ckpt.step_dir(run, 2))
     result = limited("pretrain", str(run / "config.yaml"), "train.max_steps=3", "--resume", "auto", cwd=tmp_path)
-    one_line_error(result, "step-0000003: could not write the checkpoint (File too large)",
-                   f"the latest checkpoint {ckpt.step_dir(run, 2)} is intact")
+    one_line_error(
+        result,
+        "step-0000003: could not write the checkpoint (File too large)",
+        f"the latest checkpoint {ckpt.step_dir(run, 2)} is intact",
+    )
     assert tree_digest(ckpt.step_dir(run, 2)) == before and ckpt.latest_checkpoint(run) == ckpt.step_dir(run, 2)
     assert leftovers(run) == []
 
@@ -94,15 +106,19 @@ def test_predictions_on_a_full_disk(tmp_path, existing):
     output = tmp_path / "predictions.jsonl"
     if existing:
         output.write_text('{"earlier": true}\n')
-    script = ("import sys; from spanlm.cli_support import write_lines_or_stdout; from spanlm.errors import InputError\n"
-              "try:\n    write_lines_or_stdout(['{\"id\": %d}\\n' % i for i in range(10000)], sys.argv[1], 'documents')\n"
-              "except InputError as error:\n    print(error); sys.exit(2)")
+    script = (
+        "import sys; from spanlm.cli_support import write_lines_or_stdout; from spanlm.errors import InputError\n"
+        "try:\n    write_lines_or_stdout(['{\"id\": %d}\\n' % i for i in range(10000)], sys.argv[1], 'documents')\n"
+        "except InputError as error:\n    print(error); sys.exit(2)"
+    )
 
     def limit():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, LIMIT))
 
-    result = subprocess.run([sys.executable, "-c", script, str(output)], capture_output=True, text=True, preexec_fn=limit)
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(output)], capture_output=True, text=True, preexec_fn=limit
+    )
     assert result.returncode == 2, result.stderr
     kept = f"the previous {output} is intact" if existing else "nothing was written"
     assert result.stdout.strip() == f"{output}: could not be written (File too large); {kept}"

@@ -15,15 +15,30 @@ from helpers import REPO
 from spanlm.config import save_config
 from spanlm.train import checkpoint as ckpt
 from spanlm.train.metrics import read_metrics
-
 from toy_objective import losses, toy_recipe
 
 
-def torchrun(recipe_path: Path, *extra: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", **(env or {})}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               str(REPO / "tests" / "launch_toy.py"), "pretrain", str(recipe_path), *extra]
+def torchrun(
+    recipe_path: Path, *extra: str, env: dict[str, str] | None = None, check: bool = True
+) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        **(env or {}),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(REPO / "tests" / "launch_toy.py"),
+        "pretrain",
+        str(recipe_path),
+        *extra,
+    ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
@@ -31,19 +46,34 @@ def torchrun(recipe_path: Path, *extra: str, env: dict[str, str] | None = None, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy, settings", [
-    ("ddp", {}),
-    ("fsdp", {}),
-    # DDP's bucket views and static graph across micro-batches (no_sync) and recomputed layers
-    ("ddp", {"grad_accum": 2, "activation_checkpointing": True}),
-    # FSDP2's bf16 all-gathers with fp32 reductions, and recomputed layers under it
-    ("fsdp", {"precision": "bf16", "activation_checkpointing": True}),
-], ids=["ddp", "fsdp", "ddp-accum-checkpointed", "fsdp-bf16-checkpointed"])
+@pytest.mark.parametrize(
+    "strategy, settings",
+    [
+        ("ddp", {}),
+        ("fsdp", {}),
+        # DDP's bucket views and static graph across micro-batches (no_sync) and recomputed layers
+        ("ddp", {"grad_accum": 2, "activation_checkpointing": True}),
+        # FSDP2's bf16 all-gathers with fp32 reductions, and recomputed layers under it
+        ("fsdp", {"precision": "bf16", "activation_checkpointing": True}),
+    ],
+    ids=["ddp", "fsdp", "ddp-accum-checkpointed", "fsdp-bf16-checkpointed"],
+)
 def test_two_processes_resume_exactly(prepared, tmp_path, strategy, settings):
     def recipe(name: str) -> Path:
         path = tmp_path / f"{name}.yaml"
-        save_config(toy_recipe(prepared, tmp_path / name, max_steps=6, save_every=3, batch_size=8, distributed=strategy,
-                               eval_every=3, **settings), path)
+        save_config(
+            toy_recipe(
+                prepared,
+                tmp_path / name,
+                max_steps=6,
+                save_every=3,
+                batch_size=8,
+                distributed=strategy,
+                eval_every=3,
+                **settings,
+            ),
+            path,
+        )
         return path
 
     torchrun(recipe("full"))
@@ -81,7 +111,9 @@ def test_only_rank_zero_reports_and_a_tracker_that_cannot_start_stops_every_rank
     config = toy_recipe(prepared, tmp_path / "run", max_steps=3, batch_size=8, eval_every=3)
     config.logging.report_to = ["mlflow"]
     save_config(config, recipe)
-    refused = torchrun(recipe, env={"MLFLOW_TRACKING_URI": "nowhere://tracking"}, check=False)  # no rank waits for rank 0
+    refused = torchrun(
+        recipe, env={"MLFLOW_TRACKING_URI": "nowhere://tracking"}, check=False
+    )  # no rank waits for rank 0
     assert refused.returncode != 0 and "error: logging.report_to: mlflow could not start" in refused.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 

@@ -11,14 +11,13 @@ import sys
 import time
 from pathlib import Path
 
+import kill_saver
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from spanlm.train import checkpoint as ckpt
 from spanlm.pretrain.run import pretrain
-
-import kill_saver
+from spanlm.train import checkpoint as ckpt
 from toy_objective import losses, toy_recipe
 
 SAVER = Path(kill_saver.__file__)
@@ -48,7 +47,10 @@ def check_restart(run: Path, trial: int, latest_before: int) -> int:
     """Checks the run as a restart finds it; returns the step of its latest checkpoint (0: none yet)."""
     ckpt.remove_leftovers(run)  # what the restart does first
     left = sorted(p.name for p in (run / "checkpoints").iterdir())
-    assert all(ckpt.STEP_DIR.match(name) and (run / "checkpoints" / name / ckpt.MARKER).is_file() for name in left), (trial, left)
+    assert all(ckpt.STEP_DIR.match(name) and (run / "checkpoints" / name / ckpt.MARKER).is_file() for name in left), (
+        trial,
+        left,
+    )
     complete = ckpt.complete_checkpoints(run)
     if not complete:  # killed before its first save completed: allowed only while none ever did
         assert latest_before == 0, trial
@@ -56,7 +58,10 @@ def check_restart(run: Path, trial: int, latest_before: int) -> int:
     latest = complete[-1]
     assert ckpt.step_of(latest) >= latest_before, trial  # no complete checkpoint is ever lost to a later kill
     # Every checkpoint marked complete is whole, the older ones a rotation was deleting included.
-    assert all(ckpt.missing_parts(p) is None for p in complete), (trial, [(p.name, ckpt.missing_parts(p)) for p in complete])
+    assert all(ckpt.missing_parts(p) is None for p in complete), (
+        trial,
+        [(p.name, ckpt.missing_parts(p)) for p in complete],
+    )
     assert ckpt.latest_checkpoint(run) == latest
     saved = load_file(str(latest / "model.safetensors"))
     assert all(torch.equal(saved[k], v) for k, v in kill_saver.expected(ckpt.step_of(latest)).items()), trial
@@ -81,7 +86,7 @@ def test_a_rotation_killed_midway_leaves_no_checkpoint_marked_complete_but_half_
     oldest = ckpt.step_dir(run, 1)
     (oldest / ckpt.MARKER).unlink()
     (oldest / "model.safetensors").unlink()
-    (run / "checkpoints" / f".step-0000003.tmp-{2 ** 22 + 1}").mkdir()  # a save killed midway (no such process)
+    (run / "checkpoints" / f".step-0000003.tmp-{2**22 + 1}").mkdir()  # a save killed midway (no such process)
     assert ckpt.complete_checkpoints(run) == [ckpt.step_dir(run, 2)]
     messages = []
     ckpt.remove_leftovers(run, messages.append)
@@ -106,14 +111,22 @@ def test_a_live_process_s_temporary_directory_is_kept(tmp_path):
 
 def test_a_training_run_killed_mid_run_resumes_bit_exact(prepared, tmp_path):
     # A constant schedule (after warm-up): the killed run's open-ended max_steps gives the reference's learning rates.
-    reference = pretrain(toy_recipe(prepared, tmp_path / "reference", max_steps=20, save_every=1, keep_last=2, schedule="constant"),
-                         log=lambda *_: None)
+    reference = pretrain(
+        toy_recipe(prepared, tmp_path / "reference", max_steps=20, save_every=1, keep_last=2, schedule="constant"),
+        log=lambda *_: None,
+    )
     run = tmp_path / "run"
-    script = ("import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; from toy_objective import toy_recipe; "
-              "from spanlm.pretrain.run import pretrain; "
-              "pretrain(toy_recipe(Path(sys.argv[2]), Path(sys.argv[3]), max_steps=10**6, save_every=1, keep_last=2, schedule='constant'), log=print)")
-    child = subprocess.Popen([sys.executable, "-c", script, str(SAVER.parent), str(prepared), str(run)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # the kernels the reference built: the same arithmetic
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; from toy_objective import toy_recipe; "
+        "from spanlm.pretrain.run import pretrain; "
+        "pretrain(toy_recipe(Path(sys.argv[2]), Path(sys.argv[3]), max_steps=10**6, save_every=1, keep_last=2, "
+        "schedule='constant'), log=print)"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(SAVER.parent), str(prepared), str(run)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # the kernels the reference built: the same arithmetic
     try:
         deadline = time.monotonic() + 120
         while ckpt.step_of(ckpt.latest_checkpoint(run) or Path("none")) < 3 and time.monotonic() < deadline:
@@ -123,11 +136,16 @@ def test_a_training_run_killed_mid_run_resumes_bit_exact(prepared, tmp_path):
         child.wait()
     latest = ckpt.latest_checkpoint(run)
     assert latest is not None and ckpt.step_of(latest) < 20
-    resumed = pretrain(toy_recipe(prepared, run, max_steps=20, save_every=1, keep_last=2, schedule="constant"), resume="auto",
-                       log=lambda *_: None)
+    resumed = pretrain(
+        toy_recipe(prepared, run, max_steps=20, save_every=1, keep_last=2, schedule="constant"),
+        resume="auto",
+        log=lambda *_: None,
+    )
     assert not [p for p in (run / "checkpoints").iterdir() if not ckpt.STEP_DIR.match(p.name)]
     ours = load_file(str(ckpt.step_dir(resumed, 20) / "model.safetensors"))
     theirs = load_file(str(ckpt.step_dir(reference, 20) / "model.safetensors"))
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     after = losses(run)
-    assert {s: after[s] for s in range(ckpt.step_of(latest) + 1, 21)} == {s: losses(reference)[s] for s in range(ckpt.step_of(latest) + 1, 21)}
+    assert {s: after[s] for s in range(ckpt.step_of(latest) + 1, 21)} == {
+        s: losses(reference)[s] for s in range(ckpt.step_of(latest) + 1, 21)
+    }

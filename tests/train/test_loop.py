@@ -19,12 +19,11 @@ import toy_objective
 from helpers import REPO
 from spanlm.data.blocks import BlockDataset
 from spanlm.data.shards import PreparedCorpus
+from spanlm.pretrain.run import pretrain
 from spanlm.train import checkpoint as ckpt
 from spanlm.train.data import build_train_loader, split_blocks
 from spanlm.train.loop import TrainingHalted
-from spanlm.pretrain.run import pretrain
 from spanlm.train.metrics import read_metrics
-
 from toy_objective import losses, toy_recipe
 
 QUIET = {"log": lambda *_: None}
@@ -41,7 +40,9 @@ def toy_loader(prepared: Path, config):
     corpus = PreparedCorpus(prepared)
     blocks = BlockDataset(corpus, 32)
     train, _ = split_blocks(len(blocks), 8, 0)
-    return build_train_loader(blocks, train, toy_objective.ToyMasker(corpus.special_ids["mask"]), config, seed=0, rank=0, world_size=1)
+    return build_train_loader(
+        blocks, train, toy_objective.ToyMasker(corpus.special_ids["mask"]), config, seed=0, rank=0, world_size=1
+    )
 
 
 def test_eval_blocks_are_held_out_and_fixed():
@@ -58,12 +59,17 @@ def test_resume_is_bit_exact(prepared, tmp_path, where):
     per_epoch = batches_per_epoch(prepared, batch_size)
     n = 2 if where == "mid_epoch" else per_epoch
     assert where == "epoch_edge" or n < per_epoch
-    full = pretrain(toy_recipe(prepared, tmp_path / "full", max_steps=2 * n, batch_size=batch_size, save_every=n), **QUIET)
+    full = pretrain(
+        toy_recipe(prepared, tmp_path / "full", max_steps=2 * n, batch_size=batch_size, save_every=n), **QUIET
+    )
     half = ckpt.step_dir(full, n)
     assert (half / ckpt.MARKER).is_file()
     # Resumed with DataLoader workers (the first run had none): the data position does not depend on them.
-    resumed = pretrain(toy_recipe(prepared, tmp_path / "resumed", max_steps=2 * n, batch_size=batch_size, save_every=n,
-                                  num_workers=1), resume=str(half), **QUIET)
+    resumed = pretrain(
+        toy_recipe(prepared, tmp_path / "resumed", max_steps=2 * n, batch_size=batch_size, save_every=n, num_workers=1),
+        resume=str(half),
+        **QUIET,
+    )
     assert {s: v for s, v in losses(full).items() if s > n} == losses(resumed)
     final_full = load_file(str(ckpt.step_dir(full, 2 * n) / "model.safetensors"))
     final_resumed = load_file(str(ckpt.step_dir(resumed, 2 * n) / "model.safetensors"))
@@ -152,8 +158,13 @@ def test_sigterm_saves_and_exits_zero(prepared, tmp_path):
 
     save_config(config, recipe)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
-    process = subprocess.Popen([sys.executable, str(REPO / "tests" / "launch_toy.py"), "pretrain", str(recipe)], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "launch_toy.py"), "pretrain", str(recipe)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 3):
@@ -176,8 +187,20 @@ def test_a_new_run_never_overwrites_an_existing_one(prepared, tmp_path):
 
 
 def test_options_bf16_lamb_cosine_accumulation(prepared, tmp_path):
-    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=4, precision="bf16", optimizer="lamb",
-                              schedule="cosine", grad_accum=2, max_grad_norm=0.0, eval_every=2), **QUIET)
+    run = pretrain(
+        toy_recipe(
+            prepared,
+            tmp_path / "run",
+            max_steps=4,
+            precision="bf16",
+            optimizer="lamb",
+            schedule="cosine",
+            grad_accum=2,
+            max_grad_norm=0.0,
+            eval_every=2,
+        ),
+        **QUIET,
+    )
     records = read_metrics(run)
     train = [r for r in records if r["kind"] == "train"]
     assert all(r["loss"] is not None and r["loss"] > 0 for r in train)
@@ -204,7 +227,9 @@ def test_report_writes_plots_and_html(prepared, tmp_path):
 
     other = pretrain(toy_recipe(prepared, tmp_path / "other", max_steps=4, eval_every=2, lr=3e-3), **QUIET)
     plot = tmp_path / "compare.png"
-    assert main(["compare", str(run), str(other), "--metric", "loss", "--metric", "mlm_accuracy", "--out", str(plot)]) == 0
+    assert (
+        main(["compare", str(run), str(other), "--metric", "loss", "--metric", "mlm_accuracy", "--out", str(plot)]) == 0
+    )
     assert plot.stat().st_size > 1000
     assert main(["compare", str(run), "--metric", "no_such_metric", "--out", str(plot)]) == 2
 
@@ -214,7 +239,9 @@ def test_eval_at_start_logs_the_initial_weights_once(prepared, tmp_path):
     run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2, eval_every=2, eval_at_start=True), **QUIET)
     evals = [r for r in read_metrics(run) if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [0, 2] and evals[0]["loss"] != evals[1]["loss"]
-    pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=4, eval_every=2, eval_at_start=True), resume="auto", **QUIET)
+    pretrain(
+        toy_recipe(prepared, tmp_path / "run", max_steps=4, eval_every=2, eval_at_start=True), resume="auto", **QUIET
+    )
     assert [r["step"] for r in read_metrics(run) if r["kind"] == "eval"] == [0, 2, 4]
 
 

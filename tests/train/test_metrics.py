@@ -17,13 +17,12 @@ import torch
 from helpers import REPO, readme_section
 from spanlm.cli import main
 from spanlm.config import load_config, save_config
-from spanlm.pretrain.recipe import load_recipe
 from spanlm.errors import ConfigError, SpanlmError
-from spanlm.train import checkpoint as ckpt
+from spanlm.pretrain.recipe import load_recipe
 from spanlm.pretrain.run import pretrain
+from spanlm.train import checkpoint as ckpt
 from spanlm.train.metrics import MetricsLogger, read_metrics
 from spanlm.train.report import PLOTS, compare_runs, write_report
-
 from toy_objective import toy_recipe
 
 QUIET = {"log": lambda *_: None}
@@ -45,18 +44,31 @@ def test_every_record_has_its_time_and_elapsed_seconds_which_a_resume_continues(
     before = datetime.now(timezone.utc)
     run = pretrain(tracked_recipe(prepared, tmp_path / "run", [], max_steps=4), **QUIET)
     records = read_metrics(run)
-    assert [(r["kind"], r["step"]) for r in records] == [("train", 1), ("train", 2), ("eval", 2), ("train", 3), ("train", 4), ("eval", 4)]
+    assert [(r["kind"], r["step"]) for r in records] == [
+        ("train", 1),
+        ("train", 2),
+        ("eval", 2),
+        ("train", 3),
+        ("train", 4),
+        ("eval", 4),
+    ]
     times = [datetime.fromisoformat(r["time"]) for r in records]
     assert all(t.utcoffset().total_seconds() == 0 and before <= t <= datetime.now(timezone.utc) for t in times)
     elapsed = [r["elapsed"] for r in records]
-    assert elapsed == sorted(elapsed) and 0 < elapsed[0] and elapsed[-1] < (datetime.now(timezone.utc) - before).total_seconds()
+    assert (
+        elapsed == sorted(elapsed)
+        and 0 < elapsed[0]
+        and elapsed[-1] < (datetime.now(timezone.utc) - before).total_seconds()
+    )
     state_path = ckpt.step_dir(run, 2) / "trainer_state.pt"
     state = torch.load(state_path, weights_only=True)
     assert state["elapsed"] >= by_kind(run, "eval", "elapsed")[2]
 
     # A resume counts on from its checkpoint's seconds (here made large, so a restart from 0 would show).
     torch.save({**state, "elapsed": 1000.0}, state_path)
-    resumed = pretrain(tracked_recipe(prepared, tmp_path / "resumed", [], max_steps=4), resume=str(ckpt.step_dir(run, 2)), **QUIET)
+    resumed = pretrain(
+        tracked_recipe(prepared, tmp_path / "resumed", [], max_steps=4), resume=str(ckpt.step_dir(run, 2)), **QUIET
+    )
     assert all(1000.0 < r["elapsed"] < 1000.0 + 300 for r in read_metrics(resumed))
 
     # report and compare read the new fields: shown in the final table, never plotted as a metric
@@ -70,10 +82,16 @@ def test_every_record_has_its_time_and_elapsed_seconds_which_a_resume_continues(
 def test_report_to_is_a_list_of_known_trackers_each_named_once():
     from spanlm.pretrain.recipe import Recipe
 
-    assert load_recipe(None, ["logging.report_to=[tensorboard,wandb,mlflow]"]).logging.report_to == ["tensorboard", "wandb", "mlflow"]
+    assert load_recipe(None, ["logging.report_to=[tensorboard,wandb,mlflow]"]).logging.report_to == [
+        "tensorboard",
+        "wandb",
+        "mlflow",
+    ]
     assert load_recipe(None, ["logging.report_to=[]"]).logging.report_to == []
     assert Recipe().logging.report_to is None
-    with pytest.raises(ConfigError, match=r"logging.report_to\[0\]' must be one of 'tensorboard' \| 'wandb' \| 'mlflow', got 'neptune'"):
+    with pytest.raises(
+        ConfigError, match=r"logging.report_to\[0\]' must be one of 'tensorboard' \| 'wandb' \| 'mlflow', got 'neptune'"
+    ):
         load_recipe(None, ["logging.report_to=[neptune]"])
     with pytest.raises(ConfigError, match="report_to names wandb twice"):
         load_recipe(None, ["logging.report_to=[wandb,wandb]"])
@@ -96,7 +114,10 @@ def test_tensorboard_by_default_is_skipped_when_not_installed_but_named_it_is_re
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # what an install without the extra sees
     run = pretrain(tracked_recipe(prepared, tmp_path / "default", None, max_steps=2), **QUIET)
     assert len(by_kind(run, "train")) == 2 and not (run / "tensorboard").exists()
-    with pytest.raises(ConfigError, match=r"^logging.report_to names tensorboard, which is not installed: pip install 'spanlm\[tensorboard\]'$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^logging.report_to names tensorboard, which is not installed: pip install 'spanlm\[tensorboard\]'$",
+    ):
         pretrain(tracked_recipe(prepared, tmp_path / "named", ["tensorboard"], max_steps=2), **QUIET)
     assert not (tmp_path / "named").exists()
 
@@ -108,9 +129,14 @@ def test_a_named_tracker_not_installed_is_one_line_exit_2_and_the_run_is_kept(pr
     kept = {name: (tmp_path / "run" / name).read_bytes() for name in ("metrics.jsonl", "config.yaml")}
     capsys.readouterr()
     monkeypatch.setitem(sys.modules, "wandb", None)
-    assert main(["pretrain", str(recipe_path), "train.max_steps=4", "logging.report_to=[wandb]", "--resume", "auto"]) == 2
+    assert (
+        main(["pretrain", str(recipe_path), "train.max_steps=4", "logging.report_to=[wandb]", "--resume", "auto"]) == 2
+    )
     err = capsys.readouterr().err
-    assert err == "spanlm pretrain: error: logging.report_to names wandb, which is not installed: pip install 'spanlm[wandb]'\n"
+    assert (
+        err == "spanlm pretrain: error: logging.report_to names wandb, which is not installed: "
+        "pip install 'spanlm[wandb]'\n"
+    )
     assert {name: (tmp_path / "run" / name).read_bytes() for name in kept} == kept
     assert ckpt.latest_checkpoint(tmp_path / "run") == ckpt.step_dir(tmp_path / "run", 2)
 
@@ -130,7 +156,9 @@ def test_tensorboard_gets_the_scalars_and_the_recipe_as_hparams_and_text(prepare
     assert logged == pytest.approx(by_kind(run, "train"))
     assert {e.step for e in events.Scalars("eval/loss")} == {2, 4}
 
-    start = HParamsPluginData.FromString(events.PluginTagToContent("hparams")["_hparams_/session_start_info"]).session_start_info
+    start = HParamsPluginData.FromString(
+        events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    ).session_start_info
     assert start.hparams["train.lr"].number_value == pytest.approx(0.01)
     assert start.hparams["train.max_steps"].number_value == 4
     assert start.hparams["objective.name"].string_value == "toy"
@@ -142,8 +170,13 @@ def test_tensorboard_gets_the_scalars_and_the_recipe_as_hparams_and_text(prepare
 # -- Weights & Biases (offline) -----------------------------------------------------------------------
 def wandb_records(run_dir: Path) -> list[dict]:
     """The records of an offline W&B run directory, read by wandb's own reader of its .wandb log."""
-    result = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_dir)],
-                            capture_output=True, text=True, timeout=120, check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
 
 
@@ -152,7 +185,11 @@ def test_wandb_offline_run_holds_the_metrics_and_config_and_a_resume_continues_i
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-files"))
     monkeypatch.setenv("WANDB_PROJECT", "overridden-by-the-recipe")
     run = pretrain(tracked_recipe(prepared, tmp_path / "run", ["wandb"], project="spanlm-tests", max_steps=4), **QUIET)
-    pretrain(tracked_recipe(prepared, tmp_path / "run", ["wandb"], project="spanlm-tests", max_steps=6), resume="auto", **QUIET)
+    pretrain(
+        tracked_recipe(prepared, tmp_path / "run", ["wandb"], project="spanlm-tests", max_steps=6),
+        resume="auto",
+        **QUIET,
+    )
 
     run_id = json.loads((run / "trackers.json").read_text())["wandb"]
     parts = sorted((tmp_path / "wandb-files" / "wandb").glob(f"offline-run-*-{run_id}"))
@@ -169,7 +206,9 @@ def test_wandb_offline_run_holds_the_metrics_and_config_and_a_resume_continues_i
     assert [c["train"]["max_steps"] for c in configs] == [4, 6]
     for kind in ("train", "eval"):
         logged = {item["step"]: item[f"{kind}/loss"] for item in history if f"{kind}/loss" in item}
-        assert logged == pytest.approx(by_kind(run, kind)) and sorted(logged) == ([1, 2, 3, 4, 5, 6] if kind == "train" else [2, 4, 6])
+        assert logged == pytest.approx(by_kind(run, kind)) and sorted(logged) == (
+            [1, 2, 3, 4, 5, 6] if kind == "train" else [2, 4, 6]
+        )
     assert not any("train/elapsed" in item for item in history)
 
 
@@ -181,7 +220,9 @@ def mlflow_store(tmp_path, monkeypatch) -> str:
     return uri
 
 
-def test_mlflow_run_holds_metrics_with_steps_and_params_and_a_resume_continues_it(prepared, tmp_path, monkeypatch, mlflow_store):
+def test_mlflow_run_holds_metrics_with_steps_and_params_and_a_resume_continues_it(
+    prepared, tmp_path, monkeypatch, mlflow_store
+):
     from mlflow import MlflowClient
 
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "spanlm-tests")
@@ -241,9 +282,17 @@ def test_a_tracker_failing_mid_run_is_switched_off_and_metrics_jsonl_goes_on(pre
 
 
 # -- README --------------------------------------------------------------------------------------------
-TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64",
-        "tokenizer.vocab_size=2000", "train.max_steps=2", "train.eval_every=2", "train.num_workers=0",
-        "logging.progress=false"]
+TINY = [
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.intermediate_size=64",
+    "tokenizer.vocab_size=2000",
+    "train.max_steps=2",
+    "train.eval_every=2",
+    "train.num_workers=0",
+    "logging.progress=false",
+]
 
 
 def test_readme_loggers_commands_run(tmp_path, monkeypatch):
@@ -269,4 +318,6 @@ def test_readme_loggers_commands_run(tmp_path, monkeypatch):
     assert (run / "tensorboard").is_dir() and list((run / "wandb").glob("offline-run-*"))
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (found,) = client.search_runs([client.get_experiment_by_name("spanbert-tiny").experiment_id])
-    assert [m.step for m in client.get_metric_history(found.info.run_id, "eval/loss")] == [2]  # train.log_every is 10: step 2 is the last
+    assert [m.step for m in client.get_metric_history(found.info.run_id, "eval/loss")] == [
+        2
+    ]  # train.log_every is 10: step 2 is the last

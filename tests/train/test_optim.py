@@ -31,7 +31,9 @@ def test_clip_gradients_equals_clip_grad_norm_then_step(optimizer, scale, max_no
             else:
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else float("inf"))
             opt.step()
-        results.append((norm, [p.detach().clone() for p in model.parameters()], [p.grad.clone() for p in model.parameters()]))
+        results.append(
+            (norm, [p.detach().clone() for p in model.parameters()], [p.grad.clone() for p in model.parameters()])
+        )
     (norm_ref, params_ref, grads_ref), (norm, params, grads) = results
     torch.testing.assert_close(norm, norm_ref)
     for got, expected in zip(params + grads, params_ref + grads_ref):
@@ -47,7 +49,9 @@ def test_fused_adamw_takes_the_clip_factor_instead_of_a_pass_over_the_gradients(
     assert opt.grad_scale.item() == pytest.approx(norm.item() + 1e-6)
     opt.step()
     clipped = torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters()))
-    assert clipped.item() == pytest.approx(1.0, rel=1e-5)  # the step leaves the clipped gradients, as clip_grad_norm_ does
+    assert clipped.item() == pytest.approx(
+        1.0, rel=1e-5
+    )  # the step leaves the clipped gradients, as clip_grad_norm_ does
 
 
 @pytest.mark.parametrize("path", ["cpu backend", "plain"])
@@ -85,7 +89,9 @@ def test_a_lamb_step_reads_no_value_on_the_host(monkeypatch):
     reads = []
     for name in ("item", "__bool__", "__float__", "__int__", "tolist"):
         original = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda t, *a, _o=original, _n=name, **k: reads.append(_n) or _o(t, *a, **k))
+        monkeypatch.setattr(
+            torch.Tensor, name, lambda t, *a, _o=original, _n=name, **k: reads.append(_n) or _o(t, *a, **k)
+        )
     optimizer.step()
     monkeypatch.undo()
     assert reads == []

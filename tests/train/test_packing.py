@@ -13,14 +13,13 @@ from safetensors.torch import load_file
 
 from helpers import EMBEDDED_CORPUS
 from spanlm.config import from_dict
-from spanlm.pretrain.recipe import Recipe
 from spanlm.data.blocks import BlockDataset
 from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import ConfigError
+from spanlm.pretrain.recipe import Recipe
+from spanlm.pretrain.run import pretrain
 from spanlm.train import checkpoint as ckpt
 from spanlm.train.data import BatchKeySampler, BlockLengths, split_blocks
-from spanlm.pretrain.run import pretrain
-
 from toy_objective import losses, toy_recipe
 
 QUIET = {"log": lambda *_: None}
@@ -28,18 +27,42 @@ QUIET = {"log": lambda *_: None}
 
 def mlm_recipe(prepared: Path, output_dir: Path, data: dict | None = None, **train) -> Recipe:
     """A tiny BERT MLM (with dropout, so the RNG state matters) on the training tests' corpus."""
-    return from_dict(Recipe, {
-        "seed": 0,
-        "data": {"inputs": [str(EMBEDDED_CORPUS / "alice_in_wonderland.txt")], "prepared_dir": str(prepared), "max_len": 32,
-                 **(data or {})},
-        "tokenizer": {"vocab_size": 500},
-        "model": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64, "max_position_embeddings": 32},
-        "objective": {"name": "mlm"},
-        "train": {"output_dir": str(output_dir), "max_steps": 4, "batch_size": 8, "lr": 1e-3, "warmup_steps": 1,
-                  "log_every": 1, "eval_every": 0, "save_every": 1000, "keep_last": 5, "num_workers": 0, "eval_blocks": 8,
-                  **train},
-        "logging": {"report_to": [], "progress": False},
-    })
+    return from_dict(
+        Recipe,
+        {
+            "seed": 0,
+            "data": {
+                "inputs": [str(EMBEDDED_CORPUS / "alice_in_wonderland.txt")],
+                "prepared_dir": str(prepared),
+                "max_len": 32,
+                **(data or {}),
+            },
+            "tokenizer": {"vocab_size": 500},
+            "model": {
+                "hidden_size": 32,
+                "num_layers": 2,
+                "num_heads": 2,
+                "intermediate_size": 64,
+                "max_position_embeddings": 32,
+            },
+            "objective": {"name": "mlm"},
+            "train": {
+                "output_dir": str(output_dir),
+                "max_steps": 4,
+                "batch_size": 8,
+                "lr": 1e-3,
+                "warmup_steps": 1,
+                "log_every": 1,
+                "eval_every": 0,
+                "save_every": 1000,
+                "keep_last": 5,
+                "num_workers": 0,
+                "eval_blocks": 8,
+                **train,
+            },
+            "logging": {"report_to": [], "progress": False},
+        },
+    )
 
 
 def saved_data_settings(run: Path) -> dict:
@@ -50,8 +73,11 @@ def saved_data_settings(run: Path) -> dict:
 def test_packed_resume_is_bit_exact_with_a_token_budget(prepared, tmp_path, accel):
     data = {"packing": True, "tokens_per_batch": 200}
     full = pretrain(mlm_recipe(prepared, tmp_path / "full", data, max_steps=6, save_every=3, accel=accel), **QUIET)
-    resumed = pretrain(mlm_recipe(prepared, tmp_path / "resumed", data, max_steps=6, save_every=3, num_workers=1, accel=accel),
-                       resume=str(ckpt.step_dir(full, 3)), **QUIET)
+    resumed = pretrain(
+        mlm_recipe(prepared, tmp_path / "resumed", data, max_steps=6, save_every=3, num_workers=1, accel=accel),
+        resume=str(ckpt.step_dir(full, 3)),
+        **QUIET,
+    )
     assert {s: v for s, v in losses(full).items() if s > 3} == losses(resumed)
     final_full = load_file(str(ckpt.step_dir(full, 6) / "model.safetensors"))
     final_resumed = load_file(str(ckpt.step_dir(resumed, 6) / "model.safetensors"))
@@ -82,8 +108,10 @@ def test_token_batches_stay_within_budget_and_every_rank_takes_as_many(prepared,
     blocks = BlockDataset(PreparedCorpus(prepared), 32)
     train, _ = split_blocks(len(blocks), 8, 0)
     lengths = BlockLengths(blocks)
-    samplers = [BatchKeySampler(train, 8, seed=0, rank=rank, world_size=world_size, lengths=lengths, tokens_per_batch=100)
-                for rank in range(world_size)]
+    samplers = [
+        BatchKeySampler(train, 8, seed=0, rank=rank, world_size=world_size, lengths=lengths, tokens_per_batch=100)
+        for rank in range(world_size)
+    ]
     for epoch in range(2):
         counts = {s.batches_per_epoch(epoch) for s in samplers}
         assert len(counts) == 1 and counts.pop() > 5
@@ -111,8 +139,10 @@ def test_a_budget_below_the_longest_block_is_refused(prepared):
         BatchKeySampler(np.arange(len(blocks)), 8, seed=0, rank=0, world_size=1, lengths=lengths, tokens_per_batch=20)
 
 
-@pytest.mark.parametrize("value, message", [(20, "tokens_per_batch must be 0 \\(off\\) or at least max_len \\(32\\), got 20"),
-                                            ("yes", "data.packing")])
+@pytest.mark.parametrize(
+    "value, message",
+    [(20, "tokens_per_batch must be 0 \\(off\\) or at least max_len \\(32\\), got 20"), ("yes", "data.packing")],
+)
 def test_bad_packing_settings_are_one_line_config_errors(prepared, tmp_path, value, message):
     key = "tokens_per_batch" if isinstance(value, int) else "packing"
     with pytest.raises(ConfigError, match=message):

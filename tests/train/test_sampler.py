@@ -26,7 +26,9 @@ def test_training_blocks_are_the_complement_of_the_held_out(n_blocks, eval_block
         train[np.array([0, len(train)])]
 
 
-def greedy_batches(train, lengths: np.ndarray, tokens: int, seed: int, world_size: int, epoch: int) -> list[list[np.ndarray]]:
+def greedy_batches(
+    train, lengths: np.ndarray, tokens: int, seed: int, world_size: int, epoch: int
+) -> list[list[np.ndarray]]:
     """Each rank's token batches of ``epoch``, cut from its whole order at once (the rule the sampler keeps)."""
     cut_orders = []
     for rank in range(world_size):
@@ -40,7 +42,7 @@ def greedy_batches(train, lengths: np.ndarray, tokens: int, seed: int, world_siz
             cuts.append(end)
         cut_orders.append((order, cuts))
     fewest = min(len(cuts) for _, cuts in cut_orders) - 1
-    return [[order[cuts[k]:cuts[k + 1]] for k in range(fewest)] for order, cuts in cut_orders]
+    return [[order[cuts[k] : cuts[k + 1]] for k in range(fewest)] for order, cuts in cut_orders]
 
 
 @pytest.mark.parametrize("world_size, tokens", [(1, 100), (3, 100), (2, 3000)])
@@ -50,7 +52,9 @@ def test_token_batches_are_the_greedy_cuts_of_each_ranks_whole_order(world_size,
     train, _ = split_blocks(3000, 8, seed=0)
     lengths = np.random.default_rng(0).integers(3, 33, size=3000)
     for rank in range(world_size):
-        sampler = BatchKeySampler(train, 8, seed=5, rank=rank, world_size=world_size, lengths=lengths, tokens_per_batch=tokens)
+        sampler = BatchKeySampler(
+            train, 8, seed=5, rank=rank, world_size=world_size, lengths=lengths, tokens_per_batch=tokens
+        )
         epochs = [greedy_batches(train, lengths, tokens, 5, world_size, epoch)[rank] for epoch in range(2)]
         assert [sampler.batches_per_epoch(epoch) for epoch in range(2)] == [len(batches) for batches in epochs]
         expected = epochs[0] + epochs[1]
@@ -73,8 +77,8 @@ def test_a_restored_sampler_continues_exactly_from_any_position(tokens):
         for state in (position, {"epoch": epoch, "batch": batch}):
             restored = make()
             restored.load_state_dict(state)
-            got = [key for _, key in zip(range(len(keys[step:step + 3])), iter(restored))]
-            assert [(e, b, i.tolist()) for e, b, i in got] == [(e, b, i.tolist()) for e, b, i in keys[step:step + 3]]
+            got = [key for _, key in zip(range(len(keys[step : step + 3])), iter(restored))]
+            assert [(e, b, i.tolist()) for e, b, i in got] == [(e, b, i.tolist()) for e, b, i in keys[step : step + 3]]
         position = sampler.following(position)
     with pytest.raises(InputError, match="past the end of that epoch"):
         make().load_state_dict({"epoch": 0, "batch": 10**6})
@@ -116,7 +120,9 @@ def start_up(n_blocks: int, tokens: int) -> tuple[int, float]:
     tracemalloc.start()
     began = time.perf_counter()
     train, _ = split_blocks(n_blocks, 64, seed=0)
-    sampler = BatchKeySampler(train, 256, seed=0, rank=1, world_size=4, lengths=ComputedLengths(), tokens_per_batch=tokens)
+    sampler = BatchKeySampler(
+        train, 256, seed=0, rank=1, world_size=4, lengths=ComputedLengths(), tokens_per_batch=tokens
+    )
     next(iter(sampler))
     seconds = time.perf_counter() - began
     peak = tracemalloc.get_traced_memory()[1]

@@ -11,9 +11,8 @@ from helpers import EMBEDDED_CORPUS
 from spanlm.cli import main
 from spanlm.config import save_config
 from spanlm.data.prepare import prepare
-from spanlm.train import checkpoint as ckpt
 from spanlm.pretrain.run import pretrain
-
+from spanlm.train import checkpoint as ckpt
 from toy_objective import losses, toy_recipe
 
 QUIET = {"log": lambda *_: None}

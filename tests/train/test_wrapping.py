@@ -11,19 +11,22 @@ from safetensors.torch import load_file
 
 import toy_objective
 from spanlm.errors import ConfigError
-from spanlm.train.objective import Objective
+from spanlm.pretrain.run import pretrain
 from spanlm.train import checkpoint as ckpt
 from spanlm.train.loop import checkpoint_layers, fsdp_precision
-from spanlm.pretrain.run import pretrain
-
+from spanlm.train.objective import Objective
 from toy_objective import losses, toy_recipe
 
 
 def _toy_batch(generator: torch.Generator) -> dict[str, torch.Tensor]:
     input_ids = torch.randint(5, 100, (4, 16), generator=generator)
     target_index = torch.arange(0, 64, 3)
-    return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "target_index": target_index,
-            "target_labels": input_ids.flatten()[target_index]}
+    return {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        "target_index": target_index,
+        "target_labels": input_ids.flatten()[target_index],
+    }
 
 
 def test_checkpointed_layers_run_twice_and_give_the_same_gradients():

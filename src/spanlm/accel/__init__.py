@@ -62,7 +62,9 @@ def apply(model: nn.Module, device: torch.device, mode: Accel = "auto") -> str:
     return name
 
 
-def gradient_norm(name: str, total_norm: Callable[[list[torch.Tensor]], torch.Tensor]) -> Callable[[list[torch.Tensor]], torch.Tensor]:
+def gradient_norm(
+    name: str, total_norm: Callable[[list[torch.Tensor]], torch.Tensor]
+) -> Callable[[list[torch.Tensor]], torch.Tensor]:
     """The total-norm function gradient clipping uses under backend ``name``: the engine's ``total_norm``
     unless the backend has a faster one (which falls back to ``total_norm`` for gradients it does not take)."""
     if name != "cpu":
@@ -73,8 +75,9 @@ def gradient_norm(name: str, total_norm: Callable[[list[torch.Tensor]], torch.Te
         # Plain float32 CPU gradients: every square added in float32 over 1,024 elements and those sums in
         # float64, in one kernel call (spanlm.accel.native's sum_of_squares); anything else: total_norm.
         if all(type(g) is torch.Tensor and g.device.type == "cpu" and g.dtype == torch.float32 for g in gradients):
-            return torch.tensor(native.kernels().sum_of_squares([g.contiguous() for g in gradients]) ** 0.5,
-                                dtype=torch.float32)
+            return torch.tensor(
+                native.kernels().sum_of_squares([g.contiguous() for g in gradients]) ** 0.5, dtype=torch.float32
+            )
         return total_norm(gradients)
 
     return norm

@@ -37,12 +37,21 @@ from transformers.models.bert.modeling_bert import BertSelfAttention
 from transformers.models.electra.modeling_electra import ElectraSelfAttention
 from transformers.models.roberta.modeling_roberta import RobertaSelfAttention
 
-from spanlm.accel.dropout import kernels_for, apply_dropout, dropout_stream, fast_dropout_applies
+from spanlm.accel.dropout import apply_dropout, dropout_stream, fast_dropout_applies, kernels_for
 from spanlm.models.packed import segment_groups
 
 
-def _project(rows: Tensor, heads: int, scale: float, query_weight: Tensor, query_bias: Tensor, key_weight: Tensor,
-             key_bias: Tensor, value_weight: Tensor, value_bias: Tensor) -> tuple[Tensor, Tensor]:
+def _project(
+    rows: Tensor,
+    heads: int,
+    scale: float,
+    query_weight: Tensor,
+    query_bias: Tensor,
+    key_weight: Tensor,
+    key_bias: Tensor,
+    value_weight: Tensor,
+    value_bias: Tensor,
+) -> tuple[Tensor, Tensor]:
     """The stacked (3H, H) weight and the head-major (3·heads, N, d) projections of ``rows`` (N, H)."""
     width = rows.shape[1]
     head_dim = width // heads
@@ -65,8 +74,19 @@ def _project_backward(ctx, grad_projected: Tensor, rows: Tensor, weight: Tensor)
     grad_weight[:width] *= ctx.scale  # back through the query's scaled weight and bias
     grad_bias[:width] *= ctx.scale
     grad_weights, grad_biases = grad_weight.split(width), grad_bias.split(width)  # row blocks: contiguous
-    return (grad_hidden, None, None, None, None,
-            grad_weights[0], grad_biases[0], grad_weights[1], grad_biases[1], grad_weights[2], grad_biases[2])
+    return (
+        grad_hidden,
+        None,
+        None,
+        None,
+        None,
+        grad_weights[0],
+        grad_biases[0],
+        grad_weights[1],
+        grad_biases[1],
+        grad_weights[2],
+        grad_biases[2],
+    )
 
 
 class _SelfAttention(torch.autograd.Function):
@@ -74,17 +94,32 @@ class _SelfAttention(torch.autograd.Function):
     probabilities; ``allowed`` None or a boolean mask broadcastable to (B, heads, L, L), True = attend."""
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, allowed: Tensor | None, heads: int, scale: float, p: float,
-                query_weight: Tensor, query_bias: Tensor, key_weight: Tensor, key_bias: Tensor,
-                value_weight: Tensor, value_bias: Tensor) -> Tensor:
+    def forward(
+        ctx,
+        hidden: Tensor,
+        allowed: Tensor | None,
+        heads: int,
+        scale: float,
+        p: float,
+        query_weight: Tensor,
+        query_bias: Tensor,
+        key_weight: Tensor,
+        key_bias: Tensor,
+        value_weight: Tensor,
+        value_bias: Tensor,
+    ) -> Tensor:
         batch, length, width = hidden.shape
         head_dim = width // heads
         rows = hidden.reshape(batch * length, width)
-        weight, qkv = _project(rows, heads, scale, query_weight, query_bias, key_weight, key_bias, value_weight, value_bias)
+        weight, qkv = _project(
+            rows, heads, scale, query_weight, query_bias, key_weight, key_bias, value_weight, value_bias
+        )
         query, key, value = qkv.view(3, heads * batch, length, head_dim)  # batches ordered (head, sequence)
         scores = torch.bmm(query, key.transpose(1, 2))  # (heads·B, L, L)
         if allowed is not None:  # (B, 1 or heads, L, L) → (1 or heads, B, L, L)
-            scores.view(heads, batch, length, length).masked_fill_(~allowed.transpose(0, 1), torch.finfo(scores.dtype).min)
+            scores.view(heads, batch, length, length).masked_fill_(
+                ~allowed.transpose(0, 1), torch.finfo(scores.dtype).min
+            )
         probabilities = torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # in place
         # Drawn in (B, heads) order, as transformers' layout would be, so that a seed drops the same
         # probabilities either way; read in (heads, B) order. The 1 / (1 − p) goes into the next product.
@@ -92,8 +127,13 @@ class _SelfAttention(torch.autograd.Function):
         key, threshold, keep_scale = dropout_stream(p)
         dropped = torch.empty_like(probabilities)
         by_sequence = (heads, batch, length, length)  # .transpose(0, 1): (B, heads, L, L), the draws' order
-        apply_dropout(probabilities.view(by_sequence).transpose(0, 1), dropped.view(by_sequence).transpose(0, 1),
-                      key, threshold, 1.0)
+        apply_dropout(
+            probabilities.view(by_sequence).transpose(0, 1),
+            dropped.view(by_sequence).transpose(0, 1),
+            key,
+            threshold,
+            1.0,
+        )
         zero = hidden.new_zeros(())  # baddbmm's input, ignored at beta = 0
         context = torch.baddbmm(zero, dropped, value, beta=0.0, alpha=keep_scale)  # (heads·B, L, d)
         ctx.save_for_backward(rows, weight, qkv, probabilities, dropped)
@@ -107,8 +147,11 @@ class _SelfAttention(torch.autograd.Function):
         rows, weight, qkv, probabilities, dropped = ctx.saved_tensors
         batch, length, width, heads, head_dim = ctx.sizes
         query, key, value = qkv.view(3, heads * batch, length, head_dim)
-        grad_context = (grad_output.reshape(batch, length, heads, head_dim).permute(2, 0, 1, 3)
-                        .reshape(heads * batch, length, head_dim))  # (heads·B, L, d)
+        grad_context = (
+            grad_output.reshape(batch, length, heads, head_dim)
+            .permute(2, 0, 1, 3)
+            .reshape(heads * batch, length, head_dim)
+        )  # (heads·B, L, d)
         grad_qkv = torch.empty(3, heads * batch, length, head_dim, dtype=grad_output.dtype)
         zero = grad_output.new_zeros(())  # baddbmm's input, ignored at beta = 0
         torch.baddbmm(zero, dropped.transpose(1, 2), grad_context, beta=0.0, alpha=ctx.keep_scale, out=grad_qkv[2])
@@ -130,7 +173,7 @@ def _group_rows(qkv: Tensor, group, heads: int) -> Tensor:
     (3·heads, T, d) projections: a slice for a lone segment, else its slots gathered."""
     head_dim = qkv.shape[-1]
     if group.count == 1:
-        return qkv.view(3, heads, -1, head_dim)[:, :, group.start:group.start + group.length]
+        return qkv.view(3, heads, -1, head_dim)[:, :, group.start : group.start + group.length]
     return qkv.index_select(1, group.slots).view(3, heads * group.count, group.length, head_dim)
 
 
@@ -146,13 +189,26 @@ class _VarlenSelfAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, bounds: list[int], heads: int, scale: float, p: float,
-                query_weight: Tensor, query_bias: Tensor, key_weight: Tensor, key_bias: Tensor,
-                value_weight: Tensor, value_bias: Tensor) -> Tensor:
+    def forward(
+        ctx,
+        hidden: Tensor,
+        bounds: list[int],
+        heads: int,
+        scale: float,
+        p: float,
+        query_weight: Tensor,
+        query_bias: Tensor,
+        key_weight: Tensor,
+        key_bias: Tensor,
+        value_weight: Tensor,
+        value_bias: Tensor,
+    ) -> Tensor:
         width = hidden.shape[-1]
         tokens, head_dim = hidden.numel() // width, width // heads
         rows = hidden.reshape(tokens, width)
-        weight, qkv = _project(rows, heads, scale, query_weight, query_bias, key_weight, key_bias, value_weight, value_bias)
+        weight, qkv = _project(
+            rows, heads, scale, query_weight, query_bias, key_weight, key_bias, value_weight, value_bias
+        )
         groups = segment_groups(bounds)
         saved, streams, parts = [], [], []
         for group in groups:
@@ -160,7 +216,9 @@ class _VarlenSelfAttention(torch.autograd.Function):
             query, key, value = _group_rows(qkv, group, heads)  # (heads·count, length, d) each, (head, segment) order
             scores = torch.bmm(query, key.transpose(1, 2))  # (heads·count, length, length)
             if batch > 1:  # padding slots are no keys
-                scores.view(heads, batch, length, length).masked_fill_(~group.real[:, None, :], torch.finfo(scores.dtype).min)
+                scores.view(heads, batch, length, length).masked_fill_(
+                    ~group.real[:, None, :], torch.finfo(scores.dtype).min
+                )
             probabilities = torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # in place
             stream, threshold, keep_scale = dropout_stream(p)
             dropped = apply_dropout(probabilities, torch.empty_like(probabilities), stream, threshold, keep_scale)
@@ -193,7 +251,7 @@ class _VarlenSelfAttention(torch.autograd.Function):
                 grad_rows = grad_context.index_select(0, group.slots).masked_fill_(~group.real.view(-1, 1, 1), 0.0)
                 grad_rows = grad_rows.permute(1, 0, 2).reshape(heads * batch, length, head_dim)
             else:
-                grad_rows = grad_context[group.start:group.start + length].transpose(0, 1)  # (heads, n, d)
+                grad_rows = grad_context[group.start : group.start + length].transpose(0, 1)  # (heads, n, d)
             grad_value = torch.bmm(dropped.transpose(1, 2), grad_rows)  # dropped holds the 1 / (1 − p)
             grad_weights = torch.bmm(grad_rows, value.transpose(1, 2))
             apply_dropout(grad_weights, grad_weights, stream, threshold, keep_scale)  # in place
@@ -201,7 +259,9 @@ class _VarlenSelfAttention(torch.autograd.Function):
             grad_query = torch.bmm(grad_scores, key)
             grad_key = torch.bmm(grad_scores.transpose(1, 2), query)
             grad_slots = torch.stack([grad_query, grad_key, grad_value]).view(3, heads, batch * length, head_dim)
-            parts.append((grad_slots.index_select(2, group.real_slots) if batch > 1 else grad_slots).permute(2, 0, 1, 3))
+            parts.append(
+                (grad_slots.index_select(2, group.real_slots) if batch > 1 else grad_slots).permute(2, 0, 1, 3)
+            )
         grad_projected = torch.empty(tokens, 3, heads, head_dim, dtype=grad_output.dtype)
         grad_projected.index_copy_(0, ctx.order, torch.cat(parts))
         grads = _project_backward(ctx, grad_projected.view(tokens, 3 * width), rows, weight)
@@ -215,21 +275,38 @@ class _TrainingForward:
         # The key/value cache: `past_key_values` up to transformers 5.23, `cache` from 5.24 (positional or keyword).
         cache = args[0] if args else kwargs.get("cache", kwargs.get("past_key_values"))
         p = self.dropout.p
-        if (self.training and cache is None and not getattr(self, "is_causal", False) and fast_dropout_applies(p)
-                and kernels_for(hidden_states) is not None
-                and hidden_states.dim() == 3 and self.all_head_size == hidden_states.shape[-1]
-                and (attention_mask is None or (attention_mask.dtype == torch.bool and attention_mask.dim() == 4))
-                and not torch.is_autocast_enabled("cpu")
-                and all(layer.bias is not None and layer.weight.dtype == hidden_states.dtype
-                        for layer in (self.query, self.key, self.value))):
-            weights = (self.query.weight, self.query.bias, self.key.weight, self.key.bias, self.value.weight, self.value.bias)
+        if (
+            self.training
+            and cache is None
+            and not getattr(self, "is_causal", False)
+            and fast_dropout_applies(p)
+            and kernels_for(hidden_states) is not None
+            and hidden_states.dim() == 3
+            and self.all_head_size == hidden_states.shape[-1]
+            and (attention_mask is None or (attention_mask.dtype == torch.bool and attention_mask.dim() == 4))
+            and not torch.is_autocast_enabled("cpu")
+            and all(
+                layer.bias is not None and layer.weight.dtype == hidden_states.dtype
+                for layer in (self.query, self.key, self.value)
+            )
+        ):
+            weights = (
+                self.query.weight,
+                self.query.bias,
+                self.key.weight,
+                self.key.bias,
+                self.value.weight,
+                self.value.bias,
+            )
             bounds = kwargs.get("cu_seq_lens_q")  # a packed stream's blocks (spanlm.models.packed)
             if bounds is not None and attention_mask is None:
-                context = _VarlenSelfAttention.apply(hidden_states, bounds.tolist(), self.num_attention_heads,
-                                                     self.scaling, p, *weights)
+                context = _VarlenSelfAttention.apply(
+                    hidden_states, bounds.tolist(), self.num_attention_heads, self.scaling, p, *weights
+                )
             else:
-                context = _SelfAttention.apply(hidden_states, attention_mask, self.num_attention_heads, self.scaling, p,
-                                               *weights)
+                context = _SelfAttention.apply(
+                    hidden_states, attention_mask, self.num_attention_heads, self.scaling, p, *weights
+                )
             return context, None
         return super().forward(hidden_states, attention_mask, *args, **kwargs)
 
@@ -246,8 +323,11 @@ class FusedElectraSelfAttention(_TrainingForward, ElectraSelfAttention):
     pass
 
 
-FUSED = {BertSelfAttention: FusedBertSelfAttention, RobertaSelfAttention: FusedRobertaSelfAttention,
-         ElectraSelfAttention: FusedElectraSelfAttention}
+FUSED = {
+    BertSelfAttention: FusedBertSelfAttention,
+    RobertaSelfAttention: FusedRobertaSelfAttention,
+    ElectraSelfAttention: FusedElectraSelfAttention,
+}
 
 
 def use_fused_self_attention(model: nn.Module) -> nn.Module:

@@ -106,8 +106,11 @@ class _FusedCrossEntropy(torch.autograd.Function):
     def forward(ctx, features: Tensor, weight: Tensor, labels: Tensor, plan: _Plan, *biases: Tensor):
         gradient = plan.gradient
         n, vocab = features.shape[0], weight.shape[0]
-        logits = (plan.workspace.take(n, vocab, features.device, lend=gradient) if plan.workspace is not None
-                  else torch.empty(n, vocab, device=features.device))
+        logits = (
+            plan.workspace.take(n, vocab, features.device, lend=gradient)
+            if plan.workspace is not None
+            else torch.empty(n, vocab, device=features.device)
+        )
         torch.mm(features, weight.t(), out=logits)
         valid = labels != IGNORE_INDEX
         safe = labels.clamp(min=0)
@@ -118,12 +121,14 @@ class _FusedCrossEntropy(torch.autograd.Function):
             bias = bias.detach()
             if sampler is None:
                 bias_gradient = torch.zeros(vocab, device=features.device) if gradient else None
-                native.kernels().softmax_cross_entropy_rows(logits, bias.contiguous(), safe, valid, losses, hits,
-                                                            bias_gradient, start, end)
+                native.kernels().softmax_cross_entropy_rows(
+                    logits, bias.contiguous(), safe, valid, losses, hits, bias_gradient, start, end
+                )
                 samples.append(torch.empty(0, dtype=torch.long, device=labels.device))
             else:
                 losses[start:end], hits[start:end], drawn, bias_gradient = _sampled_part(
-                    logits[start:end], bias, safe[start:end], valid[start:end], sampler, gradient)
+                    logits[start:end], bias, safe[start:end], valid[start:end], sampler, gradient
+                )
                 samples.append(drawn)
             bias_gradients.append(bias_gradient)
         totals = torch.stack([losses[start:end].sum() for start, end in plan.segments])  # (P,)
@@ -157,9 +162,12 @@ def _applies(targets: Sequence[VocabTarget]) -> bool:
     """Whether the fused path computes ``targets``: float32 CPU tensors outside autocast and torch.compile,
     with the kernels built."""
     tensors = [t for target in targets for t in (target.features, target.decoder.weight, target.decoder.bias)]
-    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
-            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()
-            and native.kernels() is not None)
+    return (
+        all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()
+        and native.kernels() is not None
+    )
 
 
 class FusedCrossEntropies:
@@ -183,12 +191,19 @@ class FusedCrossEntropies:
             labels = torch.cat([part.labels for part in parts]) if len(parts) > 1 else parts[0].labels
             owner = getattr(decoder, "cross_entropies", None)
             biases = [part.decoder.bias for part in parts]
-            plan = _Plan(sizes=[part.features.shape[0] for part in parts], samplers=[part.sampler for part in parts],
-                         workspace=owner.workspace if isinstance(owner, FusedCrossEntropies) else None,
-                         gradient=torch.is_grad_enabled() and any(t.requires_grad for t in (features, decoder.weight, *biases)),
-                         tied=getattr(getattr(decoder, "embedding", None), "gradient_slot", None))
+            plan = _Plan(
+                sizes=[part.features.shape[0] for part in parts],
+                samplers=[part.sampler for part in parts],
+                workspace=owner.workspace if isinstance(owner, FusedCrossEntropies) else None,
+                gradient=torch.is_grad_enabled() and any(t.requires_grad for t in (features, decoder.weight, *biases)),
+                tied=getattr(getattr(decoder, "embedding", None), "gradient_slot", None),
+            )
             totals, corrects, *samples = _FusedCrossEntropy.apply(features, decoder.weight, labels, plan, *biases)
             for k, (i, part) in enumerate(zip(indices, parts)):
-                results[i] = TokenLoss(total=totals[k], count=(part.labels != IGNORE_INDEX).sum(), correct=corrects[k],
-                                       samples=samples[k] if part.sampler is not None else None)
+                results[i] = TokenLoss(
+                    total=totals[k],
+                    count=(part.labels != IGNORE_INDEX).sum(),
+                    correct=corrects[k],
+                    samples=samples[k] if part.sampler is not None else None,
+                )
         return results

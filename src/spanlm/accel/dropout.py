@@ -122,9 +122,17 @@ class FastDropout(nn.Dropout):
         return fast_dropout(x, self.p, self.training)
 
 
-def fast_dropout_sdpa_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
-                                attention_mask: Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                                is_causal: bool | None = None, **kwargs):
+def fast_dropout_sdpa_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+):
     """transformers' SDPA attention, with :func:`fast_dropout` on the probabilities when training on CPU.
 
     query / key / value are (B, heads, L, head_dim); returns (B, L, heads, head_dim) and no weights, as
@@ -137,8 +145,9 @@ def fast_dropout_sdpa_attention(module: nn.Module, query: Tensor, key: Tensor, v
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
     plain = key.shape[1] == query.shape[1] and kwargs.get("position_bias") is None  # no GQA, no additive bias
     if dropout == 0.0 or causal or query.device.type != "cpu" or not plain or torch.compiler.is_compiling():
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, is_causal=is_causal, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     scores = torch.matmul(query * scale, key.transpose(-1, -2))  # (B, heads, L, L)
     if attention_mask is not None:

@@ -26,7 +26,6 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 
-
 class TiedGradient:
     """A decoder's weight gradient on its way to the lookup of the same forward pass."""
 
@@ -40,8 +39,12 @@ class TiedGradient:
         """Called in a decoder's backward: may it hand its gradient over (see the module docstring)?"""
         node = self.node() if self.node is not None else None
         task = torch._C._current_graph_task_id()
-        return (node is not None and self.delivered_task != task and self.pending_task != task
-                and torch._C._will_engine_execute_node(node))
+        return (
+            node is not None
+            and self.delivered_task != task
+            and self.pending_task != task
+            and torch._C._will_engine_execute_node(node)
+        )
 
     def hand_over(self, gradient: Tensor) -> None:
         self.pending, self.pending_task = gradient, torch._C._current_graph_task_id()
@@ -84,7 +87,11 @@ class TiedEmbedding(nn.Embedding):
 
     def forward(self, ids: Tensor) -> Tensor:
         plain = self.max_norm is None and not self.scale_grad_by_freq and not self.sparse
-        cpu_eager = self.weight.device.type == "cpu" and self.weight.dtype == torch.float32 and not torch.compiler.is_compiling()
+        cpu_eager = (
+            self.weight.device.type == "cpu"
+            and self.weight.dtype == torch.float32
+            and not torch.compiler.is_compiling()
+        )
         if not (plain and cpu_eager and torch.is_grad_enabled() and self.weight.requires_grad):
             self.gradient_slot = None
             return super().forward(ids)

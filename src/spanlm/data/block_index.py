@@ -71,15 +71,17 @@ def block_index_chunks(sentence_offsets: np.ndarray, document_offsets: np.ndarra
     cuts = np.unique(np.searchsorted(document_offsets, np.arange(0, n_sentences, INDEX_CHUNK_SENTENCES), side="left"))
     cuts = np.append(cuts[cuts < len(document_offsets) - 1], len(document_offsets) - 1)
     for first, last in zip(cuts[:-1], cuts[1:]):
-        local_documents = document_offsets[first:last + 1]
-        sentences = np.asarray(sentence_offsets[local_documents[0]:local_documents[-1] + 1])
+        local_documents = document_offsets[first : last + 1]
+        sentences = np.asarray(sentence_offsets[local_documents[0] : local_documents[-1] + 1])
         yield build_block_index(sentences, local_documents - local_documents[0], max_len - 2)
 
 
 def write_block_index(directory: Path, max_len: int, path: Path) -> None:
     """Write the index of ``max_len`` blocks of the corpus arrays in ``directory`` to ``path`` (a .npy
     every rank memory-maps)."""
-    offsets = [np.load(Path(directory) / f"{name}.npy", mmap_mode="r") for name in ("sentence_offsets", "document_offsets")]
+    offsets = [
+        np.load(Path(directory) / f"{name}.npy", mmap_mode="r") for name in ("sentence_offsets", "document_offsets")
+    ]
     index = NpyAppender(path, np.int64, (2,))
     try:
         for chunk in block_index_chunks(*offsets, max_len):
@@ -122,10 +124,17 @@ def load_block_index(corpus: PreparedCorpus, max_len: int):
         index = np.load(path, mmap_mode="r")
     except (OSError, ValueError) as error:
         raise InputError(f"{path}: unreadable ({error}); delete it or run `spanlm prepare` again") from None
-    if index.dtype != np.int64 or index.ndim != 2 or index.shape[1] != 2 or len(index) == 0 \
-            or index[-1, 1] != len(corpus.ids):
-        raise InputError(f"{path}: not the block index of this corpus's {len(corpus.ids)} tokens; "
-                         "delete it or run `spanlm prepare` again")
+    if (
+        index.dtype != np.int64
+        or index.ndim != 2
+        or index.shape[1] != 2
+        or len(index) == 0
+        or index[-1, 1] != len(corpus.ids)
+    ):
+        raise InputError(
+            f"{path}: not the block index of this corpus's {len(corpus.ids)} tokens; "
+            "delete it or run `spanlm prepare` again"
+        )
     return index
 
 

@@ -171,13 +171,15 @@ class BlockSampler(torch.utils.data.Sampler[int]):
         first, last = start // self.CHUNK, max(start, stop - 1) // self.CHUNK
         chunks = [self._chunk(epoch, number) for number in range(first, last + 1)]
         joined = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
-        return joined[start - first * self.CHUNK: stop - first * self.CHUNK]
+        return joined[start - first * self.CHUNK : stop - first * self.CHUNK]
 
     def _chunk(self, epoch: int, number: int) -> np.ndarray:
         if (epoch, number) not in self._chunks:
             if len(self._chunks) >= self.KEPT_CHUNKS:
                 del self._chunks[next(iter(self._chunks))]  # the oldest
-            self._chunks[epoch, number] = self._compute(epoch, number * self.CHUNK, min((number + 1) * self.CHUNK, len(self)))
+            self._chunks[epoch, number] = self._compute(
+                epoch, number * self.CHUNK, min((number + 1) * self.CHUNK, len(self))
+            )
         return self._chunks[epoch, number]
 
     def _compute(self, epoch: int, start: int, stop: int) -> np.ndarray:

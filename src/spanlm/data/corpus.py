@@ -77,7 +77,9 @@ class DataConfig:
         if self.num_proc is not None and self.num_proc < 1:
             raise ValueError("num_proc must be at least 1")
         if self.tokens_per_batch and self.tokens_per_batch < self.max_len:
-            raise ValueError(f"tokens_per_batch must be 0 (off) or at least max_len ({self.max_len}), got {self.tokens_per_batch}")
+            raise ValueError(
+                f"tokens_per_batch must be 0 (off) or at least max_len ({self.max_len}), got {self.tokens_per_batch}"
+            )
 
     def processes(self) -> int:
         """The processes ``num_proc`` asks for: the cores this process may run on when it is None."""
@@ -116,8 +118,10 @@ def resolve_inputs(config: DataConfig) -> list[Input]:
 
 def _checked_file(path: Path) -> Path:
     if path.is_dir():
-        raise InputError(f"{path}: is a directory, but not a dataset written by datasets' save_to_disk "
-                         "(no state.json or dataset_dict.json); list its files instead")
+        raise InputError(
+            f"{path}: is a directory, but not a dataset written by datasets' save_to_disk "
+            "(no state.json or dataset_dict.json); list its files instead"
+        )
     require_file(path)
     if input_kind(path) is None:
         raise InputError(f"{path}: unsupported file type (expected one of {', '.join(TEXT_SUFFIXES)}, optionally .gz)")
@@ -228,10 +232,16 @@ class CorpusReader:
                 for lineno, line in numbered_lines(handle):  # a byte-order mark (common in Gutenberg files) dropped
                     if isinstance(line, UnicodeDecodeError):
                         self._bad(f"{path}:{lineno}", undecodable(line))
-                    elif len(line) > self.config.max_line_chars and (run := longest_word_run(line)) > self.config.max_line_chars:
+                    elif (
+                        len(line) > self.config.max_line_chars
+                        and (run := longest_word_run(line)) > self.config.max_line_chars
+                    ):
                         # Cut into pieces, it would become a few [UNK]s: no text a careful user wants trained on.
-                        self._bad(f"{path}:{lineno}", f"{run} characters without whitespace (more than data.max_line_chars="
-                                                      f"{self.config.max_line_chars}): no words a tokenizer can split (encoded or binary data?)")
+                        self._bad(
+                            f"{path}:{lineno}",
+                            f"{run} characters without whitespace (more than data.max_line_chars="
+                            f"{self.config.max_line_chars}): no words a tokenizer can split (encoded or binary data?)",
+                        )
                     else:
                         yield lineno, line
             except (OSError, EOFError) as error:  # e.g. a truncated .gz file
@@ -253,7 +263,9 @@ class CorpusReader:
                 continue
             if not isinstance(record, dict) or not isinstance(record.get(field), str):
                 keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
-                self._bad(f"{path}:{lineno}", f"record has no string field '{field}' (has: {keys}); set data.text_field")
+                self._bad(
+                    f"{path}:{lineno}", f"record has no string field '{field}' (has: {keys}); set data.text_field"
+                )
                 continue
             yield from _record_lines(record[field])
 
@@ -266,7 +278,9 @@ class CorpusReader:
             raise InputError(f"{path}: not a readable parquet file: {error}") from None
         field = self.config.text_field
         if field not in parquet.schema_arrow.names:
-            raise InputError(f"{path}: no column '{field}' (has: {', '.join(parquet.schema_arrow.names)}); set data.text_field")
+            raise InputError(
+                f"{path}: no column '{field}' (has: {', '.join(parquet.schema_arrow.names)}); set data.text_field"
+            )
         row = 0
         for batch in parquet.iter_batches(columns=[field], batch_size=4096):
             for text in batch.column(0).to_pylist():

@@ -75,7 +75,9 @@ class DatasetSplit:
     def require_columns(self, *columns: str, setting: str) -> None:
         missing = [column for column in columns if column not in self.dataset.column_names]
         if missing:
-            raise InputError(f"{self}: no column '{missing[0]}' (has: {', '.join(self.dataset.column_names)}); set {setting}")
+            raise InputError(
+                f"{self}: no column '{missing[0]}' (has: {', '.join(self.dataset.column_names)}); set {setting}"
+            )
 
 
 def load_split(reference: str, split: str, split_setting: str) -> DatasetSplit:
@@ -84,8 +86,11 @@ def load_split(reference: str, split: str, split_setting: str) -> DatasetSplit:
     ``split_setting`` names the setting that chooses the split, for the error messages.
     Every failure is an :class:`InputError` naming the reference.
     """
-    loaded = _load_named(reference, split, split_setting) if reference.startswith(HF_PREFIX) \
+    loaded = (
+        _load_named(reference, split, split_setting)
+        if reference.startswith(HF_PREFIX)
         else _load_saved(Path(reference), split, split_setting)
+    )
     # Rows as plain Python values, whatever format (torch, numpy) the dataset was saved with.
     return dataclasses.replace(loaded, dataset=loaded.dataset.with_format(None))
 
@@ -131,16 +136,25 @@ def _load_named(reference: str, split: str, split_setting: str) -> DatasetSplit:
     try:
         dataset = datasets.load_dataset(name, parts.config, split=split, revision=parts.revision)
     except ConnectionError:
-        where = "offline mode is on (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)" if datasets.config.HF_HUB_OFFLINE \
+        where = (
+            "offline mode is on (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)"
+            if datasets.config.HF_HUB_OFFLINE
             else "the Hugging Face Hub is unreachable"
-        raise InputError(f"{reference}: {where} and '{name}' is not in the local datasets cache "
-                         f"({datasets.config.HF_DATASETS_CACHE}); load it once online, or give a save_to_disk directory") from None
+        )
+        raise InputError(
+            f"{reference}: {where} and '{name}' is not in the local datasets cache "
+            f"({datasets.config.HF_DATASETS_CACHE}); load it once online, or give a save_to_disk directory"
+        ) from None
     except ValueError as error:  # an unknown split or configuration; datasets lists the known ones
-        raise InputError(f"{reference}: {_one_line(error)} (the configuration comes from hf:NAME:CONFIG, "
-                         f"the split from hf:NAME:CONFIG:SPLIT or {split_setting})") from None
+        raise InputError(
+            f"{reference}: {_one_line(error)} (the configuration comes from hf:NAME:CONFIG, "
+            f"the split from hf:NAME:CONFIG:SPLIT or {split_setting})"
+        ) from None
     except RuntimeError as error:  # "Dataset scripts are no longer supported"
-        raise InputError(f"{reference}: cannot load '{name}' with datasets.load_dataset: {_one_line(error)} (a Hub "
-                         "dataset with a loading script may load from its Parquet export: hf:NAME@refs/convert/parquet)") from None
+        raise InputError(
+            f"{reference}: cannot load '{name}' with datasets.load_dataset: {_one_line(error)} (a Hub "
+            "dataset with a loading script may load from its Parquet export: hf:NAME@refs/convert/parquet)"
+        ) from None
     except (OSError, datasets.exceptions.DatasetsError) as error:
         raise InputError(f"{reference}: cannot load '{name}' with datasets.load_dataset: {_one_line(error)}") from None
     return DatasetSplit(reference, split, dataset)

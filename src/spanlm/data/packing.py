@@ -61,7 +61,8 @@ class PackedLayout:
         return positions.reshape(1, self.width)
 
     def source_index(self, padded_width: int) -> np.ndarray:
-        """(1, W) int64: each packed token's flat position in the padded (B, ``padded_width``) layout, B·L for padding."""
+        """(1, W) int64: each packed token's flat position in the padded (B, ``padded_width``) layout, B·L for
+        padding."""
         source = np.full(self.width, len(self.lengths) * padded_width, dtype=np.int64)
         block, within, packed = self.token_positions()
         source[packed] = block * padded_width + within
@@ -124,11 +125,18 @@ def pack_encoder_inputs(rows: dict[str, np.ndarray], pad_id: int, gap: int = 0) 
     attention = np.asarray(rows["attention_mask"]).astype(bool)
     batch_size, length = attention.shape
     layout = stream_layout(attention.sum(axis=1), gap)
-    packed = {"input_ids": layout.pack(np.asarray(rows["input_ids"]), pad_id), "attention_mask": layout.pack(attention, False)}
+    packed = {
+        "input_ids": layout.pack(np.asarray(rows["input_ids"]), pad_id),
+        "attention_mask": layout.pack(attention, False),
+    }
     if "token_type_ids" in rows:
         packed["token_type_ids"] = layout.pack(np.asarray(rows["token_type_ids"]), 0)
     unpack = np.zeros(batch_size * length, dtype=np.int64)
     block, within, flat = layout.token_positions()
     unpack[block * length + within] = flat
-    return {**packed, "position_ids": layout.position_ids(), "source_index": layout.source_index(length),
-            "unpack_index": unpack.reshape(batch_size, length)}
+    return {
+        **packed,
+        "position_ids": layout.position_ids(),
+        "source_index": layout.source_index(length),
+        "unpack_index": unpack.reshape(batch_size, length),
+    }

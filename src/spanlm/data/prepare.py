@@ -40,6 +40,7 @@ def input_fingerprint(recipe, inputs: list[Input], by_content: bool = False) -> 
     split counts by its Arrow files the same way, with its split and row count
     (:meth:`DatasetSplit.identity`).
     """
+
     def identity(source: Input) -> list:
         if isinstance(source, DatasetSplit):
             return source.identity(by_content)
@@ -50,14 +51,27 @@ def input_fingerprint(recipe, inputs: list[Input], by_content: bool = False) -> 
     data = dataclasses.asdict(recipe.data)
     # data.split decides only which split a dataset input reads, and that split is in its identity.
     # packing / tokens_per_batch decide batching, not content.
-    for irrelevant in ("prepared_dir", "prepared_shards", "num_proc", "max_len", "inputs", "split", "packing", "tokens_per_batch"):
+    for irrelevant in (
+        "prepared_dir",
+        "prepared_shards",
+        "num_proc",
+        "max_len",
+        "inputs",
+        "split",
+        "packing",
+        "tokens_per_batch",
+    ):
         data.pop(irrelevant)
     tokenizer = dataclasses.asdict(recipe.tokenizer)
     if recipe.tokenizer.path:  # a loaded tokenizer: its files decide the ids
         tokenizer["path"] = None if by_content else tokenizer["path"]
-        tokenizer["files"] = [[p.name, *identity(p)] for p in sorted(Path(recipe.tokenizer.path).glob("*")) if p.is_file()]
+        tokenizer["files"] = [
+            [p.name, *identity(p)] for p in sorted(Path(recipe.tokenizer.path).glob("*")) if p.is_file()
+        ]
     stamp = [identity(source) for source in inputs]
-    if recipe.data.similar_words_file and Path(recipe.data.similar_words_file).is_file():  # its content decides the table
+    if (
+        recipe.data.similar_words_file and Path(recipe.data.similar_words_file).is_file()
+    ):  # its content decides the table
         data["similar_words_file_stamp"] = identity(Path(recipe.data.similar_words_file))
         data["similar_words_file"] = None if by_content else data["similar_words_file"]
     blob = json.dumps({"v": FORMAT_VERSION, "data": data, "tokenizer": tokenizer, "files": stamp}, sort_keys=True)
@@ -68,14 +82,20 @@ def shard_inputs(inputs: list[Input], index: int, count: int, tokenizer_given: b
     """Shard ``index`` of ``count``: the index-th of ``count`` consecutive, equally numerous runs of the inputs
     (in the order ``data.inputs`` lists and globs them), so the shards in order are the whole corpus in order."""
     if not 0 <= index < count:
-        raise ConfigError(f"--shard {index}/{count}: the shard number must be at least 0 and below the number of shards")
+        raise ConfigError(
+            f"--shard {index}/{count}: the shard number must be at least 0 and below the number of shards"
+        )
     if not tokenizer_given:
-        raise ConfigError(f"--shard {index}/{count}: the shards of one corpus must share one tokenizer: set tokenizer.path "
-                          "(train it once with `spanlm prepare RECIPE` on a sample of the inputs and give its tokenizer/)")
-    part = inputs[index * len(inputs) // count:(index + 1) * len(inputs) // count]
+        raise ConfigError(
+            f"--shard {index}/{count}: the shards of one corpus must share one tokenizer: set tokenizer.path "
+            "(train it once with `spanlm prepare RECIPE` on a sample of the inputs and give its tokenizer/)"
+        )
+    part = inputs[index * len(inputs) // count : (index + 1) * len(inputs) // count]
     if not part:
-        raise ConfigError(f"--shard {index}/{count}: {len(inputs)} input(s) leave shard {index} without any; "
-                          f"use at most {len(inputs)} shards or split the inputs into more files")
+        raise ConfigError(
+            f"--shard {index}/{count}: {len(inputs)} input(s) leave shard {index} without any; "
+            f"use at most {len(inputs)} shards or split the inputs into more files"
+        )
     return part
 
 
@@ -87,8 +107,15 @@ def _make_tmp_dir(final: Path) -> Path:
         raise InputError(f"{final}: cannot write the output directory: {error.strerror or error}") from None
 
 
-def prepare(recipe, *, force: bool = False, log=print, keep_tokenizer: str | None = None,
-            kept_copy: Path | None = None, shard: tuple[int, int] | None = None) -> Path:
+def prepare(
+    recipe,
+    *,
+    force: bool = False,
+    log=print,
+    keep_tokenizer: str | None = None,
+    kept_copy: Path | None = None,
+    shard: tuple[int, int] | None = None,
+) -> Path:
     """Prepare ``recipe.data.inputs`` into ``recipe.data.prepared_dir``; returns that directory.
 
     ``shard=(i, n)``: prepare only the i-th of n consecutive parts of the inputs, into
@@ -122,12 +149,18 @@ def prepare(recipe, *, force: bool = False, log=print, keep_tokenizer: str | Non
         _write_json_atomically(final / "meta.json", existing)
         log(f"{final}: its inputs moved or were touched but hold the same bytes, reusing it")
         return final
-    if keep_tokenizer is not None and existing and existing.get("tokenizer_fingerprint") == keep_tokenizer \
-            and not recipe.tokenizer.path:
-        raise InputError(f"{final}: its inputs or settings changed since the checkpoint being resumed was trained on it; "
-                         "preparing it again would train a new tokenizer and the checkpoint could not resume. To train "
-                         f"on the changed inputs with the checkpoint's tokenizer, set tokenizer.path={final / 'tokenizer'}; "
-                         "or restore the inputs, or start a new run")
+    if (
+        keep_tokenizer is not None
+        and existing
+        and existing.get("tokenizer_fingerprint") == keep_tokenizer
+        and not recipe.tokenizer.path
+    ):
+        raise InputError(
+            f"{final}: its inputs or settings changed since the checkpoint being resumed was trained on it; "
+            "preparing it again would train a new tokenizer and the checkpoint could not resume. To train "
+            f"on the changed inputs with the checkpoint's tokenizer, set tokenizer.path={final / 'tokenizer'}; "
+            "or restore the inputs, or start a new run"
+        )
     if final.exists() and not final.is_dir():
         raise InputError(f"{final}: exists and is not a directory")
     tmp = _make_tmp_dir(final)
@@ -136,11 +169,16 @@ def prepare(recipe, *, force: bool = False, log=print, keep_tokenizer: str | Non
         if recipe.tokenizer.path:
             tokenizer = load_tokenizer(recipe.tokenizer.path)
         else:
-            log(f"training a {recipe.tokenizer.kind} tokenizer (vocab {recipe.tokenizer.vocab_size}) on {len(inputs)} input(s)")
+            log(
+                f"training a {recipe.tokenizer.kind} tokenizer (vocab {recipe.tokenizer.vocab_size}) on "
+                f"{len(inputs)} input(s)"
+            )
             tokenizer = train_tokenizer((text for _, text in CorpusReader(inputs, config)), recipe.tokenizer)
         new_tokenizer = tokenizer_fingerprint(tokenizer)
         if existing and existing.get("tokenizer_fingerprint") != new_tokenizer:
-            resuming = (keep_tokenizer, kept_copy) if keep_tokenizer is not None and keep_tokenizer != new_tokenizer else None
+            resuming = (
+                (keep_tokenizer, kept_copy) if keep_tokenizer is not None and keep_tokenizer != new_tokenizer else None
+            )
             _replacing_tokenizer(final, existing["tokenizer_fingerprint"], new_tokenizer, force, log, resuming)
         save_tokenizer(tokenizer, tmp / "tokenizer")
         if existing and existing.get("tokenizer_fingerprint") == new_tokenizer and (final / RUNS_FILE).is_file():
@@ -184,7 +222,10 @@ def record_run(prepared_dir: str | Path, run_dir: str | Path, log=print) -> None
         with open(path, "a", encoding="utf-8") as handle:
             handle.write(run + "\n")
     except OSError as error:  # a read-only shared corpus: training goes on, the record is what is lost
-        log(f"{path}: cannot record the run {run} ({error.strerror or error}); replacing this corpus's tokenizer will not name it")
+        log(
+            f"{path}: cannot record the run {run} ({error.strerror or error}); replacing this corpus's tokenizer "
+            "will not name it"
+        )
 
 
 def dependent_runs(prepared_dir: str | Path) -> list[str]:
@@ -205,16 +246,26 @@ def _replacing_tokenizer(final: Path, old: str, new: str, force: bool, log, resu
     if resuming is not None and not force:  # the checkpoint could read neither tokenizer: say how to prepare its own
         fingerprint, copy = resuming
         keep = f"tokenizer.path={copy / 'tokenizer'}" if copy is not None else "the corpus it was trained on"
-        raise InputError(f"{final}: holds tokenizer {old} and preparing it again would replace it by tokenizer {new}, but "
-                         f"the checkpoint being resumed was trained on tokenizer {fingerprint}: to continue it, prepare "
-                         f"with {keep} (into another data.prepared_dir, or here with --force; {trained})")
+        raise InputError(
+            f"{final}: holds tokenizer {old} and preparing it again would replace it by tokenizer {new}, but "
+            f"the checkpoint being resumed was trained on tokenizer {fingerprint}: to continue it, prepare "
+            f"with {keep} (into another data.prepared_dir, or here with --force; {trained})"
+        )
     if not force:
-        raise InputError(f"{final}: holds tokenizer {old} ({trained}); preparing it with these inputs and settings would "
-                         f"replace it by tokenizer {new}. Keep its tokenizer with tokenizer.path={final / 'tokenizer'}, "
-                         "prepare into another data.prepared_dir, or replace it with `spanlm prepare RECIPE --force`")
-    log(f"{final}: replacing tokenizer {old} by {new} (--force); {trained}"
-        + (" — each keeps its own copy under tokenizers/ to be exported, and resumes with "
-           "tokenizer.path=<run>/tokenizers/<fingerprint>/tokenizer" if runs else ""))
+        raise InputError(
+            f"{final}: holds tokenizer {old} ({trained}); preparing it with these inputs and settings would "
+            f"replace it by tokenizer {new}. Keep its tokenizer with tokenizer.path={final / 'tokenizer'}, "
+            "prepare into another data.prepared_dir, or replace it with `spanlm prepare RECIPE --force`"
+        )
+    log(
+        f"{final}: replacing tokenizer {old} by {new} (--force); {trained}"
+        + (
+            " — each keeps its own copy under tokenizers/ to be exported, and resumes with "
+            "tokenizer.path=<run>/tokenizers/<fingerprint>/tokenizer"
+            if runs
+            else ""
+        )
+    )
 
 
 def _write_json_atomically(path: Path, value: dict) -> None:
@@ -277,8 +328,12 @@ def _encoded_batches(reader: CorpusReader, tokenizer, tokenizer_dir: Path, confi
     # An executor rather than a Pool: a worker that dies (killed for memory) fails the prepare instead
     # of leaving it waiting forever.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
-    workers = ProcessPoolExecutor(processes, multiprocessing.get_context("spawn"), initializer=_start_worker,
-                                  initargs=(str(tokenizer_dir), config.words, ids_dtype(len(tokenizer)).name))
+    workers = ProcessPoolExecutor(
+        processes,
+        multiprocessing.get_context("spawn"),
+        initializer=_start_worker,
+        initargs=(str(tokenizer_dir), config.words, ids_dtype(len(tokenizer)).name),
+    )
     pending = collections.deque()
     try:
         for documents, texts in itertools.chain(first, batches):
@@ -302,15 +357,20 @@ def _write_arrays(reader: CorpusReader, tokenizer, tokenizer_dir: Path, config, 
     """
     vocab_size = len(tokenizer)
     dtype = ids_dtype(vocab_size)
-    arrays = {"ids": NpyAppender(out / "ids.npy", dtype), "word_starts": NpyAppender(out / "word_starts.npy", np.bool_),
-              "sentence_offsets": NpyAppender(out / "sentence_offsets.npy", np.int64),
-              "document_offsets": NpyAppender(out / "document_offsets.npy", np.int64)}
+    arrays = {
+        "ids": NpyAppender(out / "ids.npy", dtype),
+        "word_starts": NpyAppender(out / "word_starts.npy", np.bool_),
+        "sentence_offsets": NpyAppender(out / "sentence_offsets.npy", np.int64),
+        "document_offsets": NpyAppender(out / "document_offsets.npy", np.int64),
+    }
     token_counts = np.zeros(vocab_size, dtype=np.int64)
     n_tokens = n_sentences = n_words = 0
     last_document = -1
     try:
         arrays["sentence_offsets"].append(np.zeros(1))
-        for documents, (ids, word_starts, lengths) in _encoded_batches(reader, tokenizer, tokenizer_dir, config, config.processes()):
+        for documents, (ids, word_starts, lengths) in _encoded_batches(
+            reader, tokenizer, tokenizer_dir, config, config.processes()
+        ):
             keep = lengths > 0  # a line of only unknown/removed characters tokenizes to nothing: not a sentence
             lengths, documents = lengths[keep], documents[keep]
             if not len(lengths):
@@ -321,7 +381,11 @@ def _write_arrays(reader: CorpusReader, tokenizer, tokenizer_dir: Path, config, 
             arrays["ids"].append(ids)
             arrays["word_starts"].append(word_starts)
             token_counts += np.bincount(ids, minlength=vocab_size)[:vocab_size]
-            n_tokens, n_sentences, n_words = n_tokens + len(ids), n_sentences + len(lengths), n_words + int(word_starts.sum())
+            n_tokens, n_sentences, n_words = (
+                n_tokens + len(ids),
+                n_sentences + len(lengths),
+                n_words + int(word_starts.sum()),
+            )
             last_document = documents[-1]
         arrays["document_offsets"].append(np.array([n_sentences]))
     except BaseException:

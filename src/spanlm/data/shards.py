@@ -63,8 +63,11 @@ class NpyAppender:
         self.handle.write(self._header())
 
     def _header(self) -> bytes:
-        description = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
-                       "shape": (self.rows, *self.row_shape)}
+        description = {
+            "descr": np.lib.format.dtype_to_descr(self.dtype),
+            "fortran_order": False,
+            "shape": (self.rows, *self.row_shape),
+        }
         text = repr(description).encode("latin1")
         prefix = b"\x93NUMPY\x01\x00" + struct.pack("<H", NPY_HEADER_BYTES - 10)
         return prefix + text.ljust(NPY_HEADER_BYTES - len(prefix) - 1) + b"\n"
@@ -103,15 +106,19 @@ class PreparedCorpus:
         if meta is None:
             raise InputError(f"{self.directory}: not a prepared corpus (no meta.json); run `spanlm prepare` first")
         if meta.get("format_version") != FORMAT_VERSION:
-            raise InputError(f"{self.directory}: prepared with format version {meta.get('format_version')}, "
-                             f"this spanlm reads {FORMAT_VERSION}; run `spanlm prepare` again")
+            raise InputError(
+                f"{self.directory}: prepared with format version {meta.get('format_version')}, "
+                f"this spanlm reads {FORMAT_VERSION}; run `spanlm prepare` again"
+            )
         self.meta = meta
         arrays = {}
         for name in ARRAYS:
             try:
                 arrays[name] = np.load(self.directory / f"{name}.npy", mmap_mode="r")
             except (OSError, ValueError) as error:
-                raise InputError(f"{self.directory / (name + '.npy')}: unreadable ({error}); run `spanlm prepare` again") from None
+                raise InputError(
+                    f"{self.directory / (name + '.npy')}: unreadable ({error}); run `spanlm prepare` again"
+                ) from None
         self.ids = arrays["ids"]
         self.word_starts = arrays["word_starts"]
         self.sentence_offsets = arrays["sentence_offsets"]
@@ -124,7 +131,6 @@ class PreparedCorpus:
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-
             tokenizer = load_tokenizer(self.directory / "tokenizer")
             if tokenizer_fingerprint(tokenizer) != self.meta["tokenizer_fingerprint"]:
                 raise InputError(f"{self.directory}/tokenizer does not match the tokenizer the shards were made with")
@@ -144,7 +150,7 @@ class PreparedCorpus:
         return len(self.document_offsets) - 1
 
     def sentence(self, index: int) -> np.ndarray:
-        return np.asarray(self.ids[self.sentence_offsets[index]:self.sentence_offsets[index + 1]])
+        return np.asarray(self.ids[self.sentence_offsets[index] : self.sentence_offsets[index + 1]])
 
     def document_token_range(self, index: int) -> tuple[int, int]:
         first, last = self.document_offsets[index], self.document_offsets[index + 1]
@@ -187,8 +193,10 @@ def resolve_shards(patterns: list[str]) -> list[Path]:
     for (parent, count), listed in seen.items():
         for index in range(count):
             if index not in listed:
-                raise InputError(f"{shard_directory(parent, index, count)}: shard {index}/{count} is missing from "
-                                 f"data.prepared_shards; prepare it with `spanlm prepare RECIPE --shard {index}/{count}`")
+                raise InputError(
+                    f"{shard_directory(parent, index, count)}: shard {index}/{count} is missing from "
+                    f"data.prepared_shards; prepare it with `spanlm prepare RECIPE --shard {index}/{count}`"
+                )
     return directories
 
 
@@ -209,7 +217,7 @@ class ConcatenatedTokens:
         if where.step not in (None, 1) or not self.starts[shard] <= start <= stop <= self.starts[shard + 1]:
             raise IndexError(f"[{start}:{stop}] is not a range within one shard")
         offset = int(self.starts[shard])
-        return self.parts[shard][start - offset:stop - offset]
+        return self.parts[shard][start - offset : stop - offset]
 
 
 class ShardedCorpus(PreparedCorpus):
@@ -228,12 +236,19 @@ class ShardedCorpus(PreparedCorpus):
         first = self.shards[0]
         for shard in self.shards[1:]:
             if shard.meta["tokenizer_fingerprint"] != first.meta["tokenizer_fingerprint"]:
-                raise InputError(f"{shard.directory}: prepared with tokenizer {shard.meta['tokenizer_fingerprint']}, but "
-                                 f"{first.directory} with tokenizer {first.meta['tokenizer_fingerprint']}; prepare every "
-                                 f"shard with one tokenizer.path (e.g. tokenizer.path={first.directory / 'tokenizer'})")
+                raise InputError(
+                    f"{shard.directory}: prepared with tokenizer {shard.meta['tokenizer_fingerprint']}, but "
+                    f"{first.directory} with tokenizer {first.meta['tokenizer_fingerprint']}; prepare every "
+                    f"shard with one tokenizer.path (e.g. tokenizer.path={first.directory / 'tokenizer'})"
+                )
         self.directory = first.directory
-        self.token_starts = np.concatenate([[0], np.cumsum([shard.meta["n_tokens"] for shard in self.shards])]).astype(np.int64)
-        totals = {key: sum(int(shard.meta[key]) for shard in self.shards) for key in ("n_tokens", "n_words", "n_sentences", "n_documents")}
+        self.token_starts = np.concatenate([[0], np.cumsum([shard.meta["n_tokens"] for shard in self.shards])]).astype(
+            np.int64
+        )
+        totals = {
+            key: sum(int(shard.meta[key]) for shard in self.shards)
+            for key in ("n_tokens", "n_words", "n_sentences", "n_documents")
+        }
         self.meta = {**first.meta, **totals, "shards": [str(shard.directory) for shard in self.shards]}
         self.ids = ConcatenatedTokens([shard.ids for shard in self.shards], self.token_starts)
         self.word_starts = ConcatenatedTokens([shard.word_starts for shard in self.shards], self.token_starts)
@@ -245,7 +260,9 @@ class ShardedCorpus(PreparedCorpus):
         return int(self.meta["n_documents"])
 
     def _one_directory_only(self):
-        raise InputError(f"{self.directory}: the sentence offsets of a corpus in several prepared directories are not "
-                         "one array; this needs a single prepared directory (data.prepared_dir, not data.prepared_shards)")
+        raise InputError(
+            f"{self.directory}: the sentence offsets of a corpus in several prepared directories are not "
+            "one array; this needs a single prepared directory (data.prepared_dir, not data.prepared_shards)"
+        )
 
     sentence_offsets = document_offsets = property(_one_directory_only)

@@ -11,7 +11,8 @@ at preparation time from one of three sources (``data.similar_words``):
 Whatever the source, a neighbour is kept only if it tokenizes to as many tokens as the word it
 replaces (so the replacement is a drop-in at the same positions; the paper leaves different lengths
 open — docs/objectives.md §4), contains no special or unknown token, differs from the word, and is a word
-exactly when the source is (has a letter or digit); the best ``data.similar_words_k`` are stored. A word with none falls back to random tokens at masking time.
+exactly when the source is (has a letter or digit); the best ``data.similar_words_k`` are stored. A word
+with none falls back to random tokens at masking time.
 
 Words are identified by their token ids, never by re-tokenising text in the masker: a word's key is
 :func:`word_hash` of its ids, which the masker computes for the words of a batch with the same few
@@ -47,7 +48,9 @@ CHUNK_TOKENS = 1 << 22  # corpus tokens hashed per step
 # Fixed random odd multipliers, one per position in a word: word_hash = Σ (id_j + 1) · M_j (mod 2^64).
 # A linear hash with random odd multipliers separates any two different id sequences of one length
 # with probability 1 - 2^-64 per pair; lengths are checked beside it. Positions ≥ 64 share M_63.
-_MULTIPLIERS = np.random.default_rng(0x5EED_5A17).integers(1, 2**63, size=64, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+_MULTIPLIERS = np.random.default_rng(0x5EED_5A17).integers(1, 2**63, size=64, dtype=np.uint64) * np.uint64(
+    2
+) + np.uint64(1)
 
 
 def word_hash(tokens: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -77,7 +80,7 @@ class WordTypes:
         return len(self.hashes)
 
     def ids(self, corpus_ids: np.ndarray, i: int) -> list[int]:
-        return np.asarray(corpus_ids[self.first[i]:self.first[i] + self.lengths[i]]).tolist()
+        return np.asarray(corpus_ids[self.first[i] : self.first[i] + self.lengths[i]]).tolist()
 
 
 def _word_chunks(word_starts: np.ndarray, sentence_offsets: np.ndarray):
@@ -85,7 +88,9 @@ def _word_chunks(word_starts: np.ndarray, sentence_offsets: np.ndarray):
     n_tokens = int(sentence_offsets[-1])
     begin = 0
     while begin < n_tokens:
-        end = int(sentence_offsets[min(np.searchsorted(sentence_offsets, begin + CHUNK_TOKENS), len(sentence_offsets) - 1)])
+        end = int(
+            sentence_offsets[min(np.searchsorted(sentence_offsets, begin + CHUNK_TOKENS), len(sentence_offsets) - 1)]
+        )
         end = end if end > begin else n_tokens
         flags = np.asarray(word_starts[begin:end]).copy()
         flags[0] = True
@@ -148,11 +153,14 @@ def _import_gensim():
     return gensim
 
 
-def nearest(sources: np.ndarray, candidates: np.ndarray, k: int, exclude: np.ndarray | None = None, chunk: int = 1024) -> np.ndarray:
+def nearest(
+    sources: np.ndarray, candidates: np.ndarray, k: int, exclude: np.ndarray | None = None, chunk: int = 1024
+) -> np.ndarray:
     """Indices of the ``k`` most cosine-similar ``candidates`` rows for every ``sources`` row, best first.
 
     ``exclude[i]`` (a candidate index or -1) is left out for source i (the word itself).
     """
+
     def unit(matrix):
         matrix = np.asarray(matrix, dtype=np.float32)
         return matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
@@ -163,17 +171,19 @@ def nearest(sources: np.ndarray, candidates: np.ndarray, k: int, exclude: np.nda
     if k <= 0:
         return out
     for begin in range(0, len(sources), chunk):
-        scores = sources[begin:begin + chunk] @ candidates.T  # (chunk, C)
+        scores = sources[begin : begin + chunk] @ candidates.T  # (chunk, C)
         if exclude is not None:
-            rows = np.flatnonzero(exclude[begin:begin + chunk] >= 0)
-            scores[rows, exclude[begin:begin + chunk][rows]] = -np.inf
+            rows = np.flatnonzero(exclude[begin : begin + chunk] >= 0)
+            scores[rows, exclude[begin : begin + chunk][rows]] = -np.inf
         top = np.argpartition(-scores, k - 1, axis=1)[:, :k]  # (chunk, k) unordered
         order = np.argsort(-np.take_along_axis(scores, top, axis=1), axis=1, kind="stable")
-        out[begin:begin + chunk] = np.take_along_axis(top, order, axis=1)
+        out[begin : begin + chunk] = np.take_along_axis(top, order, axis=1)
     return out
 
 
-def _word2vec_neighbours(directory: Path, types: WordTypes, key_of_type: np.ndarray, keys: list[str], config, m: int) -> dict[int, list[str]]:
+def _word2vec_neighbours(
+    directory: Path, types: WordTypes, key_of_type: np.ndarray, keys: list[str], config, m: int
+) -> dict[int, list[str]]:
     """Train Word2Vec on the corpus (words as key ids) and return each frequent key's neighbours."""
     gensim = _import_gensim()
     ids = np.load(directory / "ids.npy", mmap_mode="r")
@@ -188,14 +198,29 @@ def _word2vec_neighbours(directory: Path, types: WordTypes, key_of_type: np.ndar
                 lengths = np.diff(np.append(starts, end - begin))
                 hashes = word_hash(np.asarray(ids[begin:end]), starts, lengths)
                 word_key = key_of_type[np.searchsorted(types.hashes, hashes)]  # (W,) -1 for invalid words
-                chunk_sentences = np.asarray(sentence_offsets[np.searchsorted(sentence_offsets, begin):np.searchsorted(sentence_offsets, end, side="right")]) - begin
+                chunk_sentences = (
+                    np.asarray(
+                        sentence_offsets[
+                            np.searchsorted(sentence_offsets, begin) : np.searchsorted(
+                                sentence_offsets, end, side="right"
+                            )
+                        ]
+                    )
+                    - begin
+                )
                 sentence_of_word = np.searchsorted(chunk_sentences, starts, side="right") - 1
                 breaks = np.flatnonzero(np.diff(sentence_of_word)) + 1
                 for sentence in np.split(word_key, breaks):  # one step per sentence, not per token
                     out.write(" ".join(map(str, sentence[sentence >= 0].tolist())) + "\n")
         model = gensim.models.Word2Vec(
-            corpus_file=corpus_path, vector_size=100, window=5, min_count=config.similar_words_min_count,
-            workers=config.processes(), epochs=5, seed=1, hashfxn=_stable_hash,
+            corpus_file=corpus_path,
+            vector_size=100,
+            window=5,
+            min_count=config.similar_words_min_count,
+            workers=config.processes(),
+            epochs=5,
+            seed=1,
+            hashfxn=_stable_hash,
         )
     finally:
         os.unlink(corpus_path)
@@ -211,7 +236,9 @@ def _vector_neighbours(path: Path, tokenizer, wanted: set[str], m: int) -> dict[
     """Neighbours of the corpus words found in a word2vec-format vector file."""
     gensim = _import_gensim()
     try:
-        vectors = gensim.models.KeyedVectors.load_word2vec_format(str(path), binary=path.suffix == ".bin", limit=4 * MAX_SOURCES)
+        vectors = gensim.models.KeyedVectors.load_word2vec_format(
+            str(path), binary=path.suffix == ".bin", limit=4 * MAX_SOURCES
+        )
     except (OSError, ValueError, UnicodeDecodeError) as error:
         raise InputError(f"{path}: not a word2vec-format vector file: {error}") from None
     words = [_normalize(tokenizer, w) for w in vectors.index_to_key]
@@ -250,10 +277,16 @@ def build_similar_words(directory: Path, tokenizer, config, log=print) -> dict:
         return {}
     directory = Path(directory)
     ids = np.load(directory / "ids.npy", mmap_mode="r")
-    types = count_word_types(ids, np.load(directory / "word_starts.npy", mmap_mode="r"), np.load(directory / "sentence_offsets.npy", mmap_mode="r"))
+    types = count_word_types(
+        ids,
+        np.load(directory / "word_starts.npy", mmap_mode="r"),
+        np.load(directory / "sentence_offsets.npy", mmap_mode="r"),
+    )
     keys, prefixes, valid = decode_types(tokenizer, ids, types, tokenizer.all_special_ids)
     key_index: dict[str, int] = {}
-    key_of_type = np.array([key_index.setdefault(k, len(key_index)) if v else -1 for k, v in zip(keys, valid)], dtype=np.int64)
+    key_of_type = np.array(
+        [key_index.setdefault(k, len(key_index)) if v else -1 for k, v in zip(keys, valid)], dtype=np.int64
+    )
     unique_keys = list(key_index)
     k = config.similar_words_k
     log(f"building the similar-word table ({config.similar_words}, {k} per word) over {len(types)} word types")
@@ -270,7 +303,9 @@ def build_similar_words(directory: Path, tokenizer, config, log=print) -> dict:
         if config.similar_words == "synonyms":
             by_word = _synonym_neighbours(path, tokenizer)
         else:
-            by_word = _vector_neighbours(path, tokenizer, {keys[t] for t in np.flatnonzero(frequent)}, CANDIDATES_PER_WORD * k)
+            by_word = _vector_neighbours(
+                path, tokenizer, {keys[t] for t in np.flatnonzero(frequent)}, CANDIDATES_PER_WORD * k
+            )
         neighbours_of = lambda t: by_word.get(keys[t], [])  # noqa: E731
     sources = np.flatnonzero(frequent)
     sources = sources[np.argsort(-types.counts[sources], kind="stable")][:MAX_SOURCES]
@@ -278,7 +313,14 @@ def build_similar_words(directory: Path, tokenizer, config, log=print) -> dict:
     np.savez(directory / TABLE_FILE, **table)
     n_sources = int((np.diff(table["offsets"]) > 0).sum())
     log(f"similar words: {n_sources} of {len(sources)} frequent words have a same-length neighbour")
-    return {"similar_words": {"source": config.similar_words, "k": k, "words": n_sources, "entries": len(table["token_offsets"])}}
+    return {
+        "similar_words": {
+            "source": config.similar_words,
+            "k": k,
+            "words": n_sources,
+            "entries": len(table["token_offsets"]),
+        }
+    }
 
 
 def _assemble(tokenizer, ids, types: WordTypes, sources: np.ndarray, keys, prefixes, neighbours_of, k: int) -> dict:
@@ -302,7 +344,9 @@ def _assemble(tokenizer, ids, types: WordTypes, sources: np.ndarray, keys, prefi
     usable = (lengths == types.lengths[owner]) & ~has_special
     # A word never becomes punctuation (nor punctuation a word): small corpora put quotes next to names.
     wordlike = lambda text: any(ch.isalnum() for ch in text)  # noqa: E731
-    usable &= np.fromiter((wordlike(n) == wordlike(keys[o]) for n, o in zip(names, owner.tolist())), dtype=bool, count=len(names))
+    usable &= np.fromiter(
+        (wordlike(n) == wordlike(keys[o]) for n, o in zip(names, owner.tolist())), dtype=bool, count=len(names)
+    )
     # Not the word itself: a neighbour can normalise or tokenize back to the very same ids.
     hashes = np.zeros(len(owner), dtype=np.int64)
     nonempty = lengths > 0
@@ -310,7 +354,9 @@ def _assemble(tokenizer, ids, types: WordTypes, sources: np.ndarray, keys, prefi
     usable &= hashes != types.hashes[owner]
 
     # The first k usable candidates of every source, in rank order.
-    group_begin = np.flatnonzero(np.append(True, owner[1:] != owner[:-1])) if len(owner) else np.zeros(0, dtype=np.int64)
+    group_begin = (
+        np.flatnonzero(np.append(True, owner[1:] != owner[:-1])) if len(owner) else np.zeros(0, dtype=np.int64)
+    )
     group = np.repeat(np.arange(len(group_begin)), np.diff(np.append(group_begin, len(owner))))
     usable_before = np.cumsum(usable) - usable  # usable candidates before each one, overall
     rank = usable_before - usable_before[group_begin][group]  # ... and within its source
@@ -347,8 +393,10 @@ class SimilarWords:
     def load(cls, directory: str | Path) -> SimilarWords:
         path = Path(directory) / TABLE_FILE
         if not path.is_file():
-            raise InputError(f"{directory}: no similar-word table; MacBERT masking needs one: prepare with "
-                             "data.similar_words=word2vec (or synonyms / vectors with data.similar_words_file)")
+            raise InputError(
+                f"{directory}: no similar-word table; MacBERT masking needs one: prepare with "
+                "data.similar_words=word2vec (or synonyms / vectors with data.similar_words_file)"
+            )
         with np.load(path, allow_pickle=False) as data:
             return cls(**{name: data[name] for name in data.files})
 
@@ -360,7 +408,9 @@ class SimilarWords:
         if len(self.hashes) == 0:
             return np.full(len(hashes), -1, dtype=np.int64)
         row = np.minimum(np.searchsorted(self.hashes, hashes), len(self.hashes) - 1)
-        found = (self.hashes[row] == hashes) & (self.lengths[row] == lengths) & (self.offsets[row + 1] > self.offsets[row])
+        found = (
+            (self.hashes[row] == hashes) & (self.lengths[row] == lengths) & (self.offsets[row + 1] > self.offsets[row])
+        )
         return np.where(found, row, -1)
 
     def pick(self, row: np.ndarray, rng: np.random.Generator) -> np.ndarray:

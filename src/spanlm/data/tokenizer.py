@@ -77,15 +77,23 @@ def train_tokenizer(texts: Iterable[str], config: TokenizerConfig):
         tokenizer.normalizer = normalizers.BertNormalizer(lowercase=config.lowercase, strip_accents=config.lowercase)
         tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tokenizer.decoder = decoders.WordPiece()
-        trainer = trainers.WordPieceTrainer(vocab_size=config.vocab_size, min_frequency=config.min_frequency, special_tokens=specials, show_progress=False)
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=config.vocab_size,
+            min_frequency=config.min_frequency,
+            special_tokens=specials,
+            show_progress=False,
+        )
     elif config.kind == "bpe":
         tokenizer = Tokenizer(models.BPE())
         tokenizer.normalizer = normalizers.Lowercase() if config.lowercase else None
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tokenizer.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
-            vocab_size=config.vocab_size, min_frequency=config.min_frequency, special_tokens=specials,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+            vocab_size=config.vocab_size,
+            min_frequency=config.min_frequency,
+            special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
         )
     else:
         tokenizer = Tokenizer(models.Unigram())
@@ -93,7 +101,9 @@ def train_tokenizer(texts: Iterable[str], config: TokenizerConfig):
         tokenizer.normalizer = normalizers.Sequence(steps)
         tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
         tokenizer.decoder = decoders.Metaspace()
-        trainer = trainers.UnigramTrainer(vocab_size=config.vocab_size, special_tokens=specials, unk_token=names["unk"], show_progress=False)
+        trainer = trainers.UnigramTrainer(
+            vocab_size=config.vocab_size, special_tokens=specials, unk_token=names["unk"], show_progress=False
+        )
     tokenizer.train_from_iterator(texts, trainer)
     cls_id, sep_id = tokenizer.token_to_id(names["cls"]), tokenizer.token_to_id(names["sep"])
     tokenizer.post_processor = processors.TemplateProcessing(
@@ -191,10 +201,18 @@ def _bert_settings(tokenizer) -> dict | None:
 
     backend = json.loads(tokenizer.backend_tokenizer.to_str())
     normalizer, pre_tokenizer = backend.get("normalizer") or {}, backend.get("pre_tokenizer") or {}
-    if backend["model"]["type"] != "WordPiece" or normalizer.get("type") != "BertNormalizer" or pre_tokenizer.get("type") != "BertPreTokenizer":
+    if (
+        backend["model"]["type"] != "WordPiece"
+        or normalizer.get("type") != "BertNormalizer"
+        or pre_tokenizer.get("type") != "BertPreTokenizer"
+    ):
         return None
-    return {"tokenizer_class": "BertTokenizer", "do_lower_case": normalizer["lowercase"],
-            "strip_accents": normalizer["strip_accents"], "tokenize_chinese_chars": normalizer["handle_chinese_chars"]}
+    return {
+        "tokenizer_class": "BertTokenizer",
+        "do_lower_case": normalizer["lowercase"],
+        "strip_accents": normalizer["strip_accents"],
+        "tokenize_chinese_chars": normalizer["handle_chinese_chars"],
+    }
 
 
 def _reload(directory: Path):

@@ -98,7 +98,9 @@ def jieba_word_starts(text: str) -> np.ndarray:
         _jieba_cut_into(is_start, text, begins[odd], ends[odd], jieba.finalseg.cut)
     # Blocks with ideographs and ASCII or ASCII alone (a number, "www.example.com"): jieba itself.
     block_ascii = (codes < 128) & _BLOCK_ASCII[np.minimum(codes, 127)]
-    blocks = np.flatnonzero(np.diff(ideograph | block_ascii, prepend=False, append=False)).reshape(-1, 2)  # [begin, end)
+    blocks = np.flatnonzero(np.diff(ideograph | block_ascii, prepend=False, append=False)).reshape(
+        -1, 2
+    )  # [begin, end)
     ascii_before = np.concatenate([[0], np.cumsum(block_ascii)])
     mixed = blocks[ascii_before[blocks[:, 1]] > ascii_before[blocks[:, 0]]]
     _jieba_cut_into(is_start, text, mixed[:, 0], mixed[:, 1], jieba.cut)
@@ -141,8 +143,15 @@ def _hmm_tables() -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, int, flo
     for y in HMM_STATES:
         # jieba takes max((probability, predecessor)): on equal probabilities, the later letter.
         high, low = sorted(finalseg.PrevStatus[y], reverse=True)
-        predecessors.append((HMM_STATES.index(high), HMM_STATES.index(low), HMM_STATES.index(y),
-                             finalseg.trans_P[high][y], finalseg.trans_P[low][y]))
+        predecessors.append(
+            (
+                HMM_STATES.index(high),
+                HMM_STATES.index(low),
+                HMM_STATES.index(y),
+                finalseg.trans_P[high][y],
+                finalseg.trans_P[low][y],
+            )
+        )
     return start, emit, predecessors
 
 
@@ -167,7 +176,7 @@ def hmm_states(chars: np.ndarray, run_lengths: np.ndarray) -> np.ndarray:
         final[ending] = np.where(probabilities[ending, 3] >= probabilities[ending, 2], 3, 2)
         if t == len(active):
             break
-        previous, em = probabilities[:active[t]], emit[chars[offsets[:active[t]] + t]]
+        previous, em = probabilities[: active[t]], emit[chars[offsets[: active[t]] + t]]
         probabilities = np.empty_like(previous)
         steps = np.empty(previous.shape, dtype=np.int8)
         for high, low, y, from_high, from_low in predecessors:
@@ -183,8 +192,8 @@ def hmm_states(chars: np.ndarray, run_lengths: np.ndarray) -> np.ndarray:
         following = len(current)
         if t + 1 < lengths[0]:
             current = back[t][np.arange(following), current]
-        current = np.concatenate([current, final[following:active[t]]])
-        states[offsets[:active[t]] + t] = current
+        current = np.concatenate([current, final[following : active[t]]])
+        states[offsets[: active[t]] + t] = current
     return states
 
 

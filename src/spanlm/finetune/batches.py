@@ -13,4 +13,4 @@ def held_out_batches(windows, batch_size: int, rank: int, world_size: int) -> It
     gets the same number of windows, so the loop can average the losses over ranks."""
     mine = np.arange(len(windows) - len(windows) % world_size)[rank::world_size]
     for first in range(0, len(mine), batch_size):
-        yield windows.batch(mine[first:first + batch_size])
+        yield windows.batch(mine[first : first + batch_size])

@@ -37,11 +37,12 @@ class EncoderTask(Objective):
     def export(self, directory: Path, tokenizer=None) -> None:
         from safetensors.torch import save_file
 
-
         self.encoder.save(directory)
         save_file({k: v.contiguous() for k, v in self.head.state_dict().items()}, str(directory / self.head_file))
         # The ids the model was trained on mean these tokens only: a loader checks the tokenizer beside it.
-        (directory / TOKENIZER_FINGERPRINT_FILE).write_text(tokenizer_fingerprint(self.encoder.tokenizer) + "\n", encoding="utf-8")
+        (directory / TOKENIZER_FINGERPRINT_FILE).write_text(
+            tokenizer_fingerprint(self.encoder.tokenizer) + "\n", encoding="utf-8"
+        )
 
     def shard_units(self) -> list[nn.Module]:
         return self.encoder.shard_units()
@@ -52,8 +53,10 @@ def check_task_directory(directory: Path, files: tuple[str, ...], task: str) -> 
 
     for name in files:
         if not (directory / name).is_file():
-            raise InputError(f"{directory}: not a spanlm {task} model (no {name}); "
-                             f"pass the model/ directory of a `spanlm {task.lower()} train` run")
+            raise InputError(
+                f"{directory}: not a spanlm {task} model (no {name}); "
+                f"pass the model/ directory of a `spanlm {task.lower()} train` run"
+            )
 
 
 def ready_for_inference(objective: EncoderTask, directory: Path, device: str) -> torch.device:
@@ -61,14 +64,18 @@ def ready_for_inference(objective: EncoderTask, directory: Path, device: str) ->
     eval mode."""
     from safetensors.torch import load_file
 
-
     recorded = directory / TOKENIZER_FINGERPRINT_FILE
     if recorded.is_file():  # directories exported before it was recorded have none
-        expected, found = recorded.read_text(encoding="utf-8").strip(), tokenizer_fingerprint(objective.encoder.tokenizer)
+        expected, found = (
+            recorded.read_text(encoding="utf-8").strip(),
+            tokenizer_fingerprint(objective.encoder.tokenizer),
+        )
         if found != expected:
-            raise InputError(f"{directory}: its tokenizer (fingerprint {found}) is not the one the model was trained with "
-                             f"({expected}, in {TOKENIZER_FINGERPRINT_FILE}); the token ids would mean other words: "
-                             "restore the tokenizer files exported with the model")
+            raise InputError(
+                f"{directory}: its tokenizer (fingerprint {found}) is not the one the model was trained with "
+                f"({expected}, in {TOKENIZER_FINGERPRINT_FILE}); the token ids would mean other words: "
+                "restore the tokenizer files exported with the model"
+            )
     head = directory / objective.head_file
     check_safetensors(head)
     try:

@@ -47,32 +47,58 @@ def head_state(name: str, module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _mlm(task_class: str, transform: str, norm: str, bias: str) -> TaskHead:
-    return TaskHead(task_class, {
-        "dense.weight": f"{transform}.weight", "dense.bias": f"{transform}.bias",
-        "layer_norm.weight": f"{norm}.weight", "layer_norm.bias": f"{norm}.bias",
-        "decoder.bias": bias,
-    })
+    return TaskHead(
+        task_class,
+        {
+            "dense.weight": f"{transform}.weight",
+            "dense.bias": f"{transform}.bias",
+            "layer_norm.weight": f"{norm}.weight",
+            "layer_norm.bias": f"{norm}.bias",
+            "decoder.bias": bias,
+        },
+    )
 
 
 # The MLM head of each family's *ForMaskedLM (transformers 5; these names are also those of the hub's
 # BERT / RoBERTa / DeBERTa / ELECTRA-generator checkpoints).
 MLM_HEADS = {
-    "bert": _mlm("BertForMaskedLM", "cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.predictions.bias"),
+    "bert": _mlm(
+        "BertForMaskedLM",
+        "cls.predictions.transform.dense",
+        "cls.predictions.transform.LayerNorm",
+        "cls.predictions.bias",
+    ),
     "roberta": _mlm("RobertaForMaskedLM", "lm_head.dense", "lm_head.layer_norm", "lm_head.bias"),
-    "electra": _mlm("ElectraForMaskedLM", "generator_predictions.dense", "generator_predictions.LayerNorm", "generator_lm_head.bias"),
+    "electra": _mlm(
+        "ElectraForMaskedLM", "generator_predictions.dense", "generator_predictions.LayerNorm", "generator_lm_head.bias"
+    ),
     # DeBERTa-V2/V3's "legacy" head (DebertaV2Config.legacy, true by default and in microsoft's checkpoints)
     # is BERT's, under BERT's names.
-    "deberta-v2": _mlm("DebertaV2ForMaskedLM", "cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.predictions.bias"),
+    "deberta-v2": _mlm(
+        "DebertaV2ForMaskedLM",
+        "cls.predictions.transform.dense",
+        "cls.predictions.transform.LayerNorm",
+        "cls.predictions.bias",
+    ),
 }
-_DEBERTA_NON_LEGACY = _mlm("DebertaV2ForMaskedLM", "lm_predictions.lm_head.dense", "lm_predictions.lm_head.LayerNorm", "lm_predictions.lm_head.bias")
+_DEBERTA_NON_LEGACY = _mlm(
+    "DebertaV2ForMaskedLM",
+    "lm_predictions.lm_head.dense",
+    "lm_predictions.lm_head.LayerNorm",
+    "lm_predictions.lm_head.bias",
+)
 
 # ELECTRA's discriminator head in ElectraForPreTraining.
 RTD_HEADS = {
-    "electra": TaskHead("ElectraForPreTraining", {
-        "dense.weight": "discriminator_predictions.dense.weight", "dense.bias": "discriminator_predictions.dense.bias",
-        "classifier.weight": "discriminator_predictions.dense_prediction.weight",
-        "classifier.bias": "discriminator_predictions.dense_prediction.bias",
-    }),
+    "electra": TaskHead(
+        "ElectraForPreTraining",
+        {
+            "dense.weight": "discriminator_predictions.dense.weight",
+            "dense.bias": "discriminator_predictions.dense.bias",
+            "classifier.weight": "discriminator_predictions.dense_prediction.weight",
+            "classifier.bias": "discriminator_predictions.dense_prediction.bias",
+        },
+    ),
 }
 
 # Other names transformers' loader accepts for the same tensors (old TF-converted checkpoints, and the
@@ -98,8 +124,13 @@ def task_head(kind: str, head: nn.Module, config) -> TaskHead | None:
     return None
 
 
-def save_task_model(backbone, directory: Path, head: nn.Module | None = None, spec: TaskHead | None = None,
-                    state_dict: dict[str, torch.Tensor] | None = None) -> None:
+def save_task_model(
+    backbone,
+    directory: Path,
+    head: nn.Module | None = None,
+    spec: TaskHead | None = None,
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> None:
     """``backbone`` (with ``head`` as transformers task model ``spec``) as a Hugging Face directory.
 
     ``state_dict``: the backbone's weights when they are not its own state (ELECTRA's materialised
@@ -125,8 +156,10 @@ def save_task_model(backbone, directory: Path, head: nn.Module | None = None, sp
     tied = {name for name in missing if _is_tied(task, name)}
     pooler = {name for name in unexpected if ".pooler." in name}
     if set(missing) - tied or set(unexpected) - pooler:
-        raise RuntimeError(f"{spec.task_class}: the export's names do not match transformers' "
-                           f"(missing {sorted(set(missing) - tied)[:3]}, unexpected {sorted(set(unexpected) - pooler)[:3]})")
+        raise RuntimeError(
+            f"{spec.task_class}: the export's names do not match transformers' "
+            f"(missing {sorted(set(missing) - tied)[:3]}, unexpected {sorted(set(unexpected) - pooler)[:3]})"
+        )
     task.save_pretrained(str(directory), state_dict={**task.state_dict(), **{name: full[name] for name in pooler}})
 
 
@@ -144,7 +177,10 @@ def _untrained_pooler(config, state: dict[str, torch.Tensor]) -> dict[str, torch
     generator = torch.Generator().manual_seed(0)  # the same pooler for the same shape: exports are reproducible
     weight = torch.empty(width, width).normal_(0.0, float(config.initializer_range), generator=generator)
     reference = next(iter(state.values()))
-    return {"pooler.dense.weight": weight.to(reference.dtype), "pooler.dense.bias": torch.zeros(width, dtype=reference.dtype)}
+    return {
+        "pooler.dense.weight": weight.to(reference.dtype),
+        "pooler.dense.bias": torch.zeros(width, dtype=reference.dtype),
+    }
 
 
 def read_task_head(directory: Path, spec: TaskHead) -> dict[str, torch.Tensor] | None:
@@ -154,20 +190,29 @@ def read_task_head(directory: Path, spec: TaskHead) -> dict[str, torch.Tensor] |
     """
     wanted = {}
     for ours, theirs in spec.names.items():
-        candidates = [theirs] + [theirs[: -len(suffix)] + alias for suffix, aliases in _ALIASES.items()
-                                 if theirs.endswith(suffix) for alias in aliases]
+        candidates = [theirs] + [
+            theirs[: -len(suffix)] + alias
+            for suffix, aliases in _ALIASES.items()
+            if theirs.endswith(suffix)
+            for alias in aliases
+        ]
         if theirs in _BIAS_ALIASES:
             candidates.append(_BIAS_ALIASES[theirs])
         wanted[ours] = candidates
     found = checkpoint_tensors(directory, [name for names in wanted.values() for name in names])
-    state = {ours: found[next(name for name in names if name in found)] for ours, names in wanted.items()
-             if any(name in found for name in names)}
+    state = {
+        ours: found[next(name for name in names if name in found)]
+        for ours, names in wanted.items()
+        if any(name in found for name in names)
+    }
     if not state:
         return None
     if state.keys() != wanted.keys():
         missing = [spec.names[name] for name in wanted if name not in state]
-        raise InputError(f"{directory}: its {spec.task_class} head is incomplete (no {', '.join(missing)}); "
-                         "the checkpoint is damaged")
+        raise InputError(
+            f"{directory}: its {spec.task_class} head is incomplete (no {', '.join(missing)}); "
+            "the checkpoint is damaged"
+        )
     return state
 
 
@@ -192,7 +237,9 @@ def checkpoint_tensors(directory: Path, names: list[str]) -> dict[str, torch.Ten
         try:
             state = torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True, mmap=True)
         except Exception as error:  # a pickle with code in it, or a damaged file
-            raise InputError(f"{directory / 'pytorch_model.bin'}: cannot be read safely ({error})".split("\n")[0]) from None
+            raise InputError(
+                f"{directory / 'pytorch_model.bin'}: cannot be read safely ({error})".split("\n")[0]
+            ) from None
         return {name: state[name] for name in names if name in state}
     else:
         return {}

@@ -59,8 +59,9 @@ class MLMHead(nn.Module):
     maps H→E before the tied decoder).
     """
 
-    def __init__(self, hidden_size: int, embedding: nn.Embedding, layer_norm_eps: float = 1e-12,
-                 initializer_range: float = 0.02):
+    def __init__(
+        self, hidden_size: int, embedding: nn.Embedding, layer_norm_eps: float = 1e-12, initializer_range: float = 0.02
+    ):
         super().__init__()
         width = embedding.embedding_dim
         self.dense = nn.Linear(hidden_size, width)

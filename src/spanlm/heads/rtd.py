@@ -62,7 +62,9 @@ def uniforms(seed: Tensor, shape: torch.Size | tuple[int, ...], device: torch.de
     return (_shift_right(z, 40).float() + 0.5) * 2.0**-24  # never 0 or 1: both logs stay finite
 
 
-def replace_tokens(input_ids: Tensor, target_index: Tensor, samples: Tensor, originals: Tensor) -> tuple[Tensor, Tensor]:
+def replace_tokens(
+    input_ids: Tensor, target_index: Tensor, samples: Tensor, originals: Tensor
+) -> tuple[Tensor, Tensor]:
     """The discriminator's input and labels.
 
     Args:
@@ -117,7 +119,9 @@ class DebertaV3RTDHead(ElectraRTDHead):
         flat = hidden.flatten(0, 1)
         rows = flat.index_select(0, positions)  # (T, H)
         if block_starts is None:
-            context = hidden[:, 0].index_select(0, torch.div(positions, length, rounding_mode="floor"))  # (T, H): its row's [CLS]
+            context = hidden[:, 0].index_select(
+                0, torch.div(positions, length, rounding_mode="floor")
+            )  # (T, H): its row's [CLS]
         else:
             context = flat.index_select(0, block_starts)  # (T, H): its block's [CLS]
         return self.score(self.layer_norm(context + rows))
@@ -163,7 +167,9 @@ def rtd_loss(logits: Tensor, labels: Tensor, scored: Tensor | None = None) -> RT
     if scored is None:
         scored = torch.ones_like(labels, dtype=torch.bool)
     with torch.autocast(device_type=logits.device.type, enabled=False):
-        total = F.binary_cross_entropy_with_logits(logits.float(), labels.float(), weight=scored.float(), reduction="sum")
+        total = F.binary_cross_entropy_with_logits(
+            logits.float(), labels.float(), weight=scored.float(), reduction="sum"
+        )
     with torch.no_grad():
         predicted = (logits > 0) & scored
         labels = labels & scored

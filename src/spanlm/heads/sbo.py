@@ -50,8 +50,15 @@ class SBOHead(nn.Module):
     where the tied decoder needs E-wide inputs.
     """
 
-    def __init__(self, hidden_size: int, embedding: nn.Embedding, max_targets: int = MAX_TARGETS,
-                 position_size: int = POSITION_SIZE, layer_norm_eps: float = 1e-12, initializer_range: float = 0.02):
+    def __init__(
+        self,
+        hidden_size: int,
+        embedding: nn.Embedding,
+        max_targets: int = MAX_TARGETS,
+        position_size: int = POSITION_SIZE,
+        layer_norm_eps: float = 1e-12,
+        initializer_range: float = 0.02,
+    ):
         super().__init__()
         width = embedding.embedding_dim
         self.max_targets = max_targets
@@ -101,17 +108,21 @@ class SBOHead(nn.Module):
         """
         batch, length, width = hidden.shape
         flat = hidden.reshape(batch * length, width)  # (B·L, H): row b·L + t is hidden[b, t]
-        h0 = torch.cat([
-            flat.index_select(0, left),  # (M, H)   x_{s-1}
-            flat.index_select(0, right),  # (M, H)   x_{e+1}
-            self.position_embeddings(relative),  # (M, 200) p_{i-s+1}
-        ], dim=-1)  # (M, 2H + 200)
+        h0 = torch.cat(
+            [
+                flat.index_select(0, left),  # (M, H)   x_{s-1}
+                flat.index_select(0, right),  # (M, H)   x_{e+1}
+                self.position_embeddings(relative),  # (M, 200) p_{i-s+1}
+            ],
+            dim=-1,
+        )  # (M, 2H + 200)
         h1 = self.layer_norm1(self.activation(self.dense1(h0)))  # (M, H)
         return self.layer_norm2(self.activation(self.dense2(h1)))  # (M, E)
 
 
-def span_targets(batch_index: Tensor, starts: Tensor, ends: Tensor, length: int,
-                 max_targets: int = MAX_TARGETS) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def span_targets(
+    batch_index: Tensor, starts: Tensor, ends: Tensor, length: int, max_targets: int = MAX_TARGETS
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Turn K SBO spans into the per-target gather indices :class:`SBOHead` takes (vectorised).
 
     Args:

@@ -91,9 +91,11 @@ def zlpr_sparse(logits: Tensor, entity_spans: Tensor) -> Tensor:
     negated = torch.full(keys.shape, floor, dtype=positive.dtype, device=positive.device).index_put((valid,), -positive)
     of_type = valid.unsqueeze(1) & (
         keys.div(length * length, rounding_mode="floor").unsqueeze(1)
-        == torch.arange(n_types, device=keys.device).view(1, n_types, 1))
-    positive_term = torch.logaddexp(torch.where(of_type, negated.unsqueeze(1), floor).logsumexp(-1),
-                                    positive.new_zeros(()))  # (B, T) log(1 + Σ_pos e^{-s})
+        == torch.arange(n_types, device=keys.device).view(1, n_types, 1)
+    )
+    positive_term = torch.logaddexp(
+        torch.where(of_type, negated.unsqueeze(1), floor).logsumexp(-1), positive.new_zeros(())
+    )  # (B, T) log(1 + Σ_pos e^{-s})
     return (negative_term + positive_term).mean()
 
 
@@ -155,8 +157,10 @@ def _positive_cells(entity_spans: Tensor, n_types: int, length: int) -> tuple[Te
     bad = real & ((kind >= n_types) | (start < 0) | (start > end) | (end >= length))
     if bool(bad.any()):
         b, n = (int(v) for v in bad.nonzero()[0])
-        raise ValueError(f"entity span {entity_spans[b, n].tolist()} in row {b} is outside the {n_types} types "
-                         f"× {length} tokens of the logits (or ends before it starts)")
+        raise ValueError(
+            f"entity span {entity_spans[b, n].tolist()} in row {b} is outside the {n_types} types "
+            f"× {length} tokens of the logits (or ends before it starts)"
+        )
     keys = torch.where(real, (kind * length + start) * length + end, -1).sort(-1).values  # (B, N), padding first
     first = torch.ones_like(real)
     first[:, 1:] = keys[:, 1:] != keys[:, :-1]  # a duplicate equals its sorted predecessor

@@ -75,7 +75,9 @@ def _check_rate(rate: float, name: str = "rate") -> None:
 
 def _no_similar(proportions: Proportions, scheme: str) -> None:
     if proportions.similar:
-        raise ValueError(f"similar-word replacement needs a neighbour table: only the ngram (MacBERT) scheme has one, not {scheme}")
+        raise ValueError(
+            f"similar-word replacement needs a neighbour table: only the ngram (MacBERT) scheme has one, not {scheme}"
+        )
 
 
 @dataclasses.dataclass
@@ -148,7 +150,9 @@ class NgramConfig:
 
     rate: float = 0.15
     ngram_probs: list[float] = dataclasses.field(default_factory=lambda: [0.4, 0.3, 0.2, 0.1])
-    proportions: Proportions = dataclasses.field(default_factory=lambda: Proportions(mask=0.0, similar=0.8, random=0.1, keep=0.1))
+    proportions: Proportions = dataclasses.field(
+        default_factory=lambda: Proportions(mask=0.0, similar=0.8, random=0.1, keep=0.1)
+    )
     random_source: Literal["uniform", "unigram"] = "uniform"
 
     def __post_init__(self) -> None:
@@ -243,9 +247,25 @@ class MaskedBatch:
     # Scheme-specific event counts (similar-word fallbacks, noise operations, ...).
     counters: dict[str, int] = dataclasses.field(default_factory=dict)
 
-    ARRAYS = ("input_ids", "attention_mask", "target_index", "target_labels", "target_kind",
-              "sbo_index", "sbo_left", "sbo_right", "sbo_relative", "sbo_labels", "nlm_index", "nlm_labels",
-              "span_start", "span_end", "span_words", "position_ids", "source_index")
+    ARRAYS = (
+        "input_ids",
+        "attention_mask",
+        "target_index",
+        "target_labels",
+        "target_kind",
+        "sbo_index",
+        "sbo_left",
+        "sbo_right",
+        "sbo_relative",
+        "sbo_labels",
+        "nlm_index",
+        "nlm_labels",
+        "span_start",
+        "span_end",
+        "span_words",
+        "position_ids",
+        "source_index",
+    )
 
     @property
     def batch_size(self) -> int:

@@ -29,8 +29,15 @@ class MlmMasker(TokenMasker):
         selected = (keys <= kth[:, None]) & (n_select > 0)[:, None]  # (B, L)
 
         positions = np.flatnonzero(selected)
-        input_ids, labels, kind = corrupt(batch.input_ids, positions, np.arange(len(positions)), self.config.proportions,
-                                          self.sampler, self.vocab.mask_id, rng)
+        input_ids, labels, kind = corrupt(
+            batch.input_ids,
+            positions,
+            np.arange(len(positions)),
+            self.config.proportions,
+            self.sampler,
+            self.vocab.mask_id,
+            rng,
+        )
         return MaskedBatch(
             input_ids=input_ids,
             attention_mask=batch.attention_mask.copy(),

@@ -30,7 +30,9 @@ from spanlm.masking.base import MASK, RANDOM, SIMILAR, MaskedBatch, NgramConfig,
 from spanlm.masking.ops import TokenSampler, Words, ragged_arange, round_budget
 
 
-def draw_ngrams(budget: np.ndarray, n_words: np.ndarray, probs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def draw_ngrams(
+    budget: np.ndarray, n_words: np.ndarray, probs: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """n-gram lengths per row: ``(lengths (B, M), count (B,))`` — the first ``count[b]`` are used.
 
     Their total is the row's budget, or one n-gram more with probability remaining / n (never more
@@ -50,7 +52,9 @@ def draw_ngrams(budget: np.ndarray, n_words: np.ndarray, probs: np.ndarray, rng:
     return lengths, count + overshoot
 
 
-def place_ngrams(lengths: np.ndarray, count: np.ndarray, n_words: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def place_ngrams(
+    lengths: np.ndarray, count: np.ndarray, n_words: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Uniform non-overlapping left-to-right placement: ``(row, first word in row, length)`` per n-gram.
 
     With m n-grams covering T of W words there are W - T free words; an arrangement is a choice of m
@@ -83,7 +87,9 @@ class NgramMasker:
 
     @classmethod
     def from_corpus(cls, config: NgramConfig, corpus) -> NgramMasker:
-        similar = SimilarWords.load(corpus.directory) if config.proportions.similar > 0 else SimilarWords([], [], [0], [], [])
+        similar = (
+            SimilarWords.load(corpus.directory) if config.proportions.similar > 0 else SimilarWords([], [], [0], [], [])
+        )
         return cls(config, Vocabulary.from_corpus(corpus), similar)
 
     def __call__(self, batch, rng: np.random.Generator) -> MaskedBatch:
@@ -120,7 +126,9 @@ class NgramMasker:
         similar_token = np.flatnonzero(token_kind == SIMILAR)
         # The i-th token of a word takes the i-th id of its neighbour (same token count by construction).
         inside = similar_token - (np.cumsum(chosen_length) - chosen_length)[position_word[similar_token]]
-        flat[positions[similar_token]] = self.similar.tokens[self.similar.token_offsets[entry[position_word[similar_token]]] + inside]
+        flat[positions[similar_token]] = self.similar.tokens[
+            self.similar.token_offsets[entry[position_word[similar_token]]] + inside
+        ]
 
         return MaskedBatch(
             input_ids=input_ids,

@@ -53,8 +53,8 @@ def noise_variants(word: str, alphabet: str, short_word: int) -> list[str]:
     n = len(word)
     if n < short_word:
         return [word[:p] + c + word[p:] for p in range(n) for c in alphabet]
-    deletions = [word[:i] + word[i + 1:] for i in range(1, n - 1)]
-    swaps = [word[:i] + word[i + 1] + word[i] + word[i + 2:] for i in range(1, n - 1)]
+    deletions = [word[:i] + word[i + 1 :] for i in range(1, n - 1)]
+    swaps = [word[:i] + word[i + 1] + word[i] + word[i + 2 :] for i in range(1, n - 1)]
     return deletions + swaps
 
 
@@ -150,7 +150,9 @@ class NoiseMasker:
 
     @classmethod
     def from_corpus(cls, config: NoiseConfig, corpus) -> NoiseMasker:
-        return cls(config, Vocabulary.from_corpus(corpus), NoiseTables.build(corpus, config), int(corpus.special_ids["pad"]))
+        return cls(
+            config, Vocabulary.from_corpus(corpus), NoiseTables.build(corpus, config), int(corpus.special_ids["pad"])
+        )
 
     @property
     def terms(self) -> list[str]:
@@ -174,7 +176,9 @@ class NoiseMasker:
         insert_char = rng.integers(0, len(self.tables.alphabet), size=len(target))
         delete = rng.random(len(target)) < self.config.delete_prob
         index = 1 + (rng.random(len(target)) * np.maximum(n_chars - 2, 1)).astype(np.int64)  # [1, len-2]
-        offset = np.where(short, insert_at * len(self.tables.alphabet) + insert_char, np.where(delete, 0, n_chars - 2) + index - 1)
+        offset = np.where(
+            short, insert_at * len(self.tables.alphabet) + insert_char, np.where(delete, 0, n_chars - 2) + index - 1
+        )
         variant = self.tables.variant_first[row] + offset
         operation = np.where(short, INSERT, np.where(delete, DELETE, SWAP))
         # Swapping the two l's of "hello" is no noise, and a variant spelt with [UNK] is no use.
@@ -194,7 +198,9 @@ class NoiseMasker:
         # --- MLM: whole words at rate 0.10 over the noisy block, never a noised word.
         eligible = np.ones(len(noisy_words), dtype=bool)
         eligible[new_index] = False
-        budget = round_budget(self.config.mlm.rate, np.maximum(noisy.attention_mask.sum(axis=1) - 2, 0))  # no [CLS]/[SEP]
+        budget = round_budget(
+            self.config.mlm.rate, np.maximum(noisy.attention_mask.sum(axis=1) - 2, 0)
+        )  # no [CLS]/[SEP]
         chosen = select_words(noisy_words, budget, rng, eligible)
         masked = mask_words(noisy, noisy_words, chosen, self.config.mlm, self.sampler, self.vocab.mask_id, rng)
         masked.nlm_index, masked.nlm_labels = nlm_index, nlm_labels
@@ -217,7 +223,9 @@ class NoiseMasker:
         tokens = flat_ids[ragged_arange(words.start[which], length)]  # their ids, word after word
         return self.tables.lookup(word_hash(tokens, np.cumsum(length) - length, length), length)
 
-    def _splice(self, batch, unit_start: np.ndarray, unit_length: np.ndarray, target: np.ndarray, variant: np.ndarray) -> dict:
+    def _splice(
+        self, batch, unit_start: np.ndarray, unit_length: np.ndarray, target: np.ndarray, variant: np.ndarray
+    ) -> dict:
         """Rebuild the batch with the noised words' variant ids in place of their own.
 
         Every row is its units in order — [CLS], the words, [SEP] — each copied from the original ids
@@ -262,8 +270,9 @@ class NoiseMasker:
         input_ids[source + np.repeat(destination - unit_start, unit_length)[copy]] = batch.input_ids.reshape(-1)[source]
         paste = fits[noised_unit]
         pasted = noised_unit[paste]
-        input_ids[ragged_arange(destination[pasted], new_length[pasted])] = \
-            self.tables.variant_tokens[ragged_arange(self.tables.variant_offsets[variant[paste]], new_length[pasted])]
+        input_ids[ragged_arange(destination[pasted], new_length[pasted])] = self.tables.variant_tokens[
+            ragged_arange(self.tables.variant_offsets[variant[paste]], new_length[pasted])
+        ]
 
         row_length = np.zeros(batch_size, dtype=np.int64)
         row_length[unit_row[first_unit]] = sep_offset + 1
@@ -274,9 +283,14 @@ class NoiseMasker:
         kept = fits & is_word
         kept_words = fits[is_word]
         row = unit_row[kept]
-        words = Words(start=destination[kept], length=new_length[kept], row=row,
-                      row_first=np.searchsorted(row, np.arange(batch_size)), row_count=np.bincount(row, minlength=batch_size),
-                      n_tokens=batch_size * out_width)
+        words = Words(
+            start=destination[kept],
+            length=new_length[kept],
+            row=row,
+            row_first=np.searchsorted(row, np.arange(batch_size)),
+            row_count=np.bincount(row, minlength=batch_size),
+            n_tokens=batch_size * out_width,
+        )
         return {
             "input_ids": input_ids.reshape(batch_size, out_width),
             "attention_mask": attention,

@@ -19,11 +19,15 @@ from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import ConfigError, InputError
 from spanlm.masking.base import KIND_NAMES, MASK, RANDOM, SIMILAR, MaskedBatch, build_masker
 
-LEGEND = ("legend: [M:x] x masked · [R:y<x] x replaced by random y · [K:x] x kept as target · "
-          "[S:y<x] x replaced by similar word y · ~y~{x} noised word, NLM target x")
+LEGEND = (
+    "legend: [M:x] x masked · [R:y<x] x replaced by random y · [K:x] x kept as target · "
+    "[S:y<x] x replaced by similar word y · ~y~{x} noised word, NLM target x"
+)
 
 
-def render_block(tokens: list[str], masked: MaskedBatch, row: int, originals: list[str], terms: list[str] | None = None) -> str:
+def render_block(
+    tokens: list[str], masked: MaskedBatch, row: int, originals: list[str], terms: list[str] | None = None
+) -> str:
     """Row ``row`` of ``masked`` as its tokens, with every target and noised token marked.
 
     ``tokens`` are the row's (corrupted) tokens, ``originals[i]`` the original token of target i.
@@ -35,8 +39,15 @@ def render_block(tokens: list[str], masked: MaskedBatch, row: int, originals: li
     for i in np.flatnonzero((masked.target_index >= low) & (masked.target_index < low + length)).tolist():
         column, kind, original = int(masked.target_index[i] - low), masked.target_kind[i], originals[i]
         current = shown[column]
-        shown[column] = (f"[M:{original}]" if kind == MASK else f"[R:{current}<{original}]" if kind == RANDOM
-                         else f"[S:{current}<{original}]" if kind == SIMILAR else f"[K:{original}]")
+        shown[column] = (
+            f"[M:{original}]"
+            if kind == MASK
+            else f"[R:{current}<{original}]"
+            if kind == RANDOM
+            else f"[S:{current}<{original}]"
+            if kind == SIMILAR
+            else f"[K:{original}]"
+        )
     noised = (masked.nlm_index >= low) & (masked.nlm_index < low + length)
     columns = (masked.nlm_index[noised] - low).tolist()
     labels = masked.nlm_labels[noised].tolist()
@@ -85,14 +96,18 @@ def statistics(pairs: list[tuple[object, MaskedBatch]], scheme: str) -> dict:
     if scheme == "noise":
         noised = counters["noised_words"]
         stats["noised_word_ratio"] = round(noised / max(counters["words"], 1), 5)
-        stats["noise_operations"] = {op: round(counters[f"noise_{op}"] / max(noised, 1), 4) for op in ("insert", "delete", "swap")}
+        stats["noise_operations"] = {
+            op: round(counters[f"noise_{op}"] / max(noised, 1), 4) for op in ("insert", "delete", "swap")
+        }
         stats["nlm_targets_per_block"] = round(sum(len(m.nlm_index) for _, m in pairs) / max(blocks, 1), 3)
     if counters:
         stats["counters"] = dict(sorted(counters.items()))
     return stats
 
 
-def preview(recipe, n: int = 4, stats_blocks: int = 256, batch_size: int = 32, jsonl: str | None = None, out=None, log=None) -> dict:
+def preview(
+    recipe, n: int = 4, stats_blocks: int = 256, batch_size: int = 32, jsonl: str | None = None, out=None, log=None
+) -> dict:
     """Prepare (if needed), mask ``max(n, stats_blocks)`` blocks, print ``n`` of them and the statistics."""
 
     if n < 0 or stats_blocks < 1 or batch_size < 1:
@@ -109,7 +124,7 @@ def preview(recipe, n: int = 4, stats_blocks: int = 256, batch_size: int = 32, j
     pad = corpus.special_ids["pad"]
     pairs = []
     for start in range(0, len(order), batch_size):
-        batch = collate_blocks([dataset[int(i)] for i in order[start:start + batch_size]], pad)
+        batch = collate_blocks([dataset[int(i)] for i in order[start : start + batch_size]], pad)
         pairs.append((batch, masker(batch, rng)))
 
     tokenizer = corpus.tokenizer

@@ -144,7 +144,9 @@ class SpanMasker(TokenMasker):
         run_end = positions[np.append(run_begins[1:], True)] if len(positions) else positions  # inclusive
         sbo = self._sbo_targets(run_start, run_end, special, batch.input_ids.reshape(-1), width)
         unit = run_id if self.config.replacement == "span" else np.arange(len(positions))
-        input_ids, labels, kind = corrupt(batch.input_ids, positions, unit, self.config.proportions, self.sampler, self.vocab.mask_id, rng)
+        input_ids, labels, kind = corrupt(
+            batch.input_ids, positions, unit, self.config.proportions, self.sampler, self.vocab.mask_id, rng
+        )
         return MaskedBatch(
             input_ids=input_ids,
             attention_mask=batch.attention_mask.copy(),
@@ -157,7 +159,9 @@ class SpanMasker(TokenMasker):
             span_words=selection.span_words,
         )
 
-    def _select(self, words: Words, n_content: np.ndarray, budget: np.ndarray, rng: np.random.Generator) -> SpanSelection:
+    def _select(
+        self, words: Words, n_content: np.ndarray, budget: np.ndarray, rng: np.random.Generator
+    ) -> SpanSelection:
         """Draw candidate streams long enough for every row's budget and resolve them."""
         batch_size = len(n_content)
         token_word = words.token_word()
@@ -174,7 +178,9 @@ class SpanMasker(TokenMasker):
             # Anchor: a uniform content token of the row, snapped to (the index of) its word. A row
             # without content draws a dummy that resolve_spans ignores (its budget is 0).
             offset = rng.integers(0, np.maximum(n_content, 1)[:, None], size=(batch_size, step))  # (B, step)
-            anchor_token = content[np.minimum(content_first[:, None] + offset, len(content) - 1)] if len(content) else offset
+            anchor_token = (
+                content[np.minimum(content_first[:, None] + offset, len(content) - 1)] if len(content) else offset
+            )
             new_anchor = token_word[anchor_token] if len(content) else offset
             length = np.concatenate([length, new_length], axis=1)
             anchor = np.concatenate([anchor, new_anchor], axis=1)
@@ -182,7 +188,9 @@ class SpanMasker(TokenMasker):
             if selection.done.all():
                 return selection
 
-    def _sbo_targets(self, run_start: np.ndarray, run_end: np.ndarray, special: np.ndarray, ids: np.ndarray, width: int) -> dict:
+    def _sbo_targets(
+        self, run_start: np.ndarray, run_end: np.ndarray, special: np.ndarray, ids: np.ndarray, width: int
+    ) -> dict:
         """SBO targets per merged span [s, e]: boundaries (s-1, e+1), none at the block edge."""
         if self.config.endpoints == "external":
             left, right = run_start - 1, run_end + 1

@@ -45,7 +45,9 @@ def greedy_fill(lengths: np.ndarray, budget: np.ndarray) -> np.ndarray:
     return take
 
 
-def select_words(words: Words, budget: np.ndarray, rng: np.random.Generator, eligible: np.ndarray | None = None) -> np.ndarray:
+def select_words(
+    words: Words, budget: np.ndarray, rng: np.random.Generator, eligible: np.ndarray | None = None
+) -> np.ndarray:
     """Indices (ascending) of the words BERT's whole-word walk masks, ``budget`` (B,) tokens per row.
 
     ``eligible`` (U,) bool excludes words (CharBERT's MLM skips noised words).
@@ -80,7 +82,9 @@ class WholeWordMasker(TokenMasker):
         return mask_words(batch, words, chosen, self.config, self.sampler, self.vocab.mask_id, rng)
 
 
-def mask_words(batch, words: Words, chosen: np.ndarray, config: WholeWordConfig, sampler: TokenSampler, mask_id: int, rng) -> MaskedBatch:
+def mask_words(
+    batch, words: Words, chosen: np.ndarray, config: WholeWordConfig, sampler: TokenSampler, mask_id: int, rng
+) -> MaskedBatch:
     """Corrupt the ``chosen`` words of ``batch`` 80/10/10 (per word or per token) into a MaskedBatch."""
     positions, unit = whole_word_targets(words, chosen, per_word=config.replacement == "word")
     input_ids, labels, kind = corrupt(batch.input_ids, positions, unit, config.proportions, sampler, mask_id, rng)

@@ -66,16 +66,33 @@ DEBERTA_V3_DEFAULTS: dict[str, Any] = {
 # DeBERTa-V2 reads these with getattr(config, ...) in modeling_deberta_v2.py instead of declaring them
 # as config fields; they are valid `extra` keys although a default DebertaV2Config lacks them.
 _DEBERTA_OPTIONAL_KEYS = {
-    "position_buckets", "norm_rel_ebd", "share_att_key", "attention_head_size",
-    "conv_kernel_size", "conv_groups", "conv_act",
+    "position_buckets",
+    "norm_rel_ebd",
+    "share_att_key",
+    "attention_head_size",
+    "conv_kernel_size",
+    "conv_groups",
+    "conv_act",
 }
 
 # Fields that come from the prepared corpus (or from the named BackboneConfig field) and so may not be
 # overridden through `extra`.
 _RESERVED_EXTRA_KEYS = {
-    "vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "model_type",
-    "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "max_position_embeddings",
-    "hidden_dropout_prob", "attention_probs_dropout_prob", "embedding_size", "layer_norm_eps", "initializer_range",
+    "vocab_size",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "model_type",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "embedding_size",
+    "layer_norm_eps",
+    "initializer_range",
 }
 
 
@@ -120,7 +137,9 @@ class BackboneConfig:
                 raise ValueError(f"{name} must be in [0, 1)")
         if self.embedding_size is not None:
             if self.family not in ("electra", "deberta-v2"):
-                raise ValueError(f"embedding_size is only supported by the electra and deberta-v2 families, not {self.family}")
+                raise ValueError(
+                    f"embedding_size is only supported by the electra and deberta-v2 families, not {self.family}"
+                )
             if self.embedding_size < 1:
                 raise ValueError("embedding_size must be positive")
         reserved = sorted(_RESERVED_EXTRA_KEYS & set(self.extra))
@@ -203,25 +222,34 @@ def _load_checkpoint(config: BackboneConfig, corpus: PreparedCorpus) -> PreTrain
     try:
         checkpoint_config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     except Exception as error:  # transformers raises OSError / ValueError / KeyError for bad configs
-        raise InputError(f"{path}/config.json: cannot be read as a transformers config: {error}".split("\n")[0]) from None
+        raise InputError(
+            f"{path}/config.json: cannot be read as a transformers config: {error}".split("\n")[0]
+        ) from None
     found = checkpoint_config.model_type
     if found not in ATTENTION:
         raise InputError(f"{path} holds a '{found}' model; spanlm pretrains {', '.join(ATTENTION)}")
     if found != config.family:
-        raise InputError(f"{path} holds a '{found}' model but model.family is '{config.family}'; "
-                         f"set model.family: {found}")
+        raise InputError(
+            f"{path} holds a '{found}' model but model.family is '{config.family}'; set model.family: {found}"
+        )
     kwargs = {"add_pooling_layer": False} if config.family in _HAS_POOLER else {}
     try:
         with quiet_load_report():
             model, info = AutoModel.from_pretrained(
-                str(path), local_files_only=True, attn_implementation=ATTENTION[config.family], output_loading_info=True, **kwargs,
+                str(path),
+                local_files_only=True,
+                attn_implementation=ATTENTION[config.family],
+                output_loading_info=True,
+                **kwargs,
             )
     except Exception as error:  # missing / corrupt weights, shape mismatches
         raise InputError(f"{path}: cannot load the checkpoint: {error}".split("\n")[0]) from None
     missing = sorted(info["missing_keys"])
     if missing:
-        raise InputError(f"{path}: the checkpoint lacks {len(missing)} of the encoder's weights ({', '.join(missing[:3])}"
-                         f"{', ...' if len(missing) > 3 else ''}); it is not a complete {found} encoder")
+        raise InputError(
+            f"{path}: the checkpoint lacks {len(missing)} of the encoder's weights ({', '.join(missing[:3])}"
+            f"{', ...' if len(missing) > 3 else ''}); it is not a complete {found} encoder"
+        )
     check_vocabulary(model, corpus, path)
     return model
 
@@ -246,8 +274,14 @@ def quiet_load_report():
         logger.removeFilter(report)
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spm.model",
-                   "sentencepiece.bpe.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "vocab.json",
+    "spm.model",
+    "sentencepiece.bpe.model",
+)
 
 
 def check_vocabulary(model: PreTrainedModel, corpus: PreparedCorpus, where: str | Path) -> None:
@@ -272,24 +306,29 @@ def check_vocabulary(model: PreTrainedModel, corpus: PreparedCorpus, where: str 
                 f"the tokenizer of checkpoint {where} ({len(theirs)} tokens, fingerprint {fingerprint}) differs "
                 f"from the one corpus {corpus.directory} was prepared with ({prepared}: {corpus.vocab_size} "
                 f"tokens, fingerprint {corpus.meta['tokenizer_fingerprint']}); token ids would not match the "
-                f"checkpoint's embeddings. Prepare the corpus again with tokenizer.path: {where}")
+                f"checkpoint's embeddings. Prepare the corpus again with tokenizer.path: {where}"
+            )
     if rows < corpus.vocab_size:
         raise InputError(
             f"checkpoint {where} has {rows} embedding rows but corpus {corpus.directory} was prepared with a "
             f"tokenizer of {corpus.vocab_size} tokens ({prepared}); ids ≥ {rows} would have no embedding. "
-            f"Prepare the corpus with the checkpoint's tokenizer (tokenizer.path: {where})")
+            f"Prepare the corpus with the checkpoint's tokenizer (tokenizer.path: {where})"
+        )
     pad = corpus.special_ids["pad"]
     if getattr(model.config, "pad_token_id", None) not in (None, pad):
         raise InputError(
             f"checkpoint {where} has pad_token_id {model.config.pad_token_id} but the tokenizer of corpus "
-            f"{corpus.directory} pads with id {pad}; prepare the corpus with the checkpoint's tokenizer")
+            f"{corpus.directory} pads with id {pad}; prepare the corpus with the checkpoint's tokenizer"
+        )
 
 
 def input_embeddings(model: PreTrainedModel) -> nn.Embedding:
     """The word-embedding table (vocab, embedding width) that output decoders are tied to."""
     embedding = model.get_input_embeddings()
     if not isinstance(embedding, nn.Embedding):
-        raise TypeError(f"{type(model).__name__}.get_input_embeddings() is a {type(embedding).__name__}, not nn.Embedding")
+        raise TypeError(
+            f"{type(model).__name__}.get_input_embeddings() is a {type(embedding).__name__}, not nn.Embedding"
+        )
     return embedding
 
 

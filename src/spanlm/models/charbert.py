@@ -80,9 +80,17 @@ class DualChannel(DualChannelMixin, nn.Module):
         """Token and char channels' last hidden states, each (B, L, H)."""
         if batch.get("position_ids") is not None and batch["position_ids"].numel():  # a packed stream
             use_varlen_attention(self.backbone)
-        return self.channels(batch["input_ids"], batch["attention_mask"], batch["char_ids"], batch["char_lengths"],
-                             batch["char_first"], batch["char_last"], batch.get("token_type_ids"),
-                             batch.get("position_ids"), batch.get("source_index"))
+        return self.channels(
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["char_ids"],
+            batch["char_lengths"],
+            batch["char_first"],
+            batch["char_last"],
+            batch.get("token_type_ids"),
+            batch.get("position_ids"),
+            batch.get("source_index"),
+        )
 
     def shard_units(self) -> list[nn.Module]:
         return list(self.layers)
@@ -90,7 +98,11 @@ class DualChannel(DualChannelMixin, nn.Module):
 
 def charbert_state(model: DualChannel) -> dict[str, Tensor]:
     """The char channel's own weights (char encoder + fusion)."""
-    return {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items() if name.startswith(CHAR_CHANNEL)}
+    return {
+        name: tensor.detach().contiguous()
+        for name, tensor in model.state_dict().items()
+        if name.startswith(CHAR_CHANNEL)
+    }
 
 
 def save_charbert(model: DualChannel, directory: Path, char_vocab: CharVocab) -> None:
@@ -122,7 +134,9 @@ def _model_config(directory: Path):
     try:
         return AutoConfig.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError, KeyError) as error:
-        raise InputError(f"{Path(directory) / 'config.json'}: cannot be read as a transformers config: {error}".split("\n")[0]) from None
+        raise InputError(
+            f"{Path(directory) / 'config.json'}: cannot be read as a transformers config: {error}".split("\n")[0]
+        ) from None
 
 
 def read_charbert_config(directory: Path) -> CharChannelConfig:
@@ -153,18 +167,25 @@ def load_weights(model: DualChannel, directory: Path, char_channel_only: bool = 
     expected = charbert_state(model) if char_channel_only else model.state_dict()
     try:
         with safe_open(str(path), framework="pt") as weights:
-            stored = {key if key.startswith((*CHAR_CHANNEL, "backbone.")) else f"backbone.{key}": key for key in weights.keys()}
+            stored = {
+                key if key.startswith((*CHAR_CHANNEL, "backbone.")) else f"backbone.{key}": key
+                for key in weights.keys()
+            }
             missing = sorted(set(expected) - set(stored))
             if missing:
-                raise InputError(f"{path}: no weight for '{missing[0]}' ({len(missing)} missing); "
-                                 f"the weights do not fit {Path(directory) / 'config.json'}")
+                raise InputError(
+                    f"{path}: no weight for '{missing[0]}' ({len(missing)} missing); "
+                    f"the weights do not fit {Path(directory) / 'config.json'}"
+                )
             saved = {name: weights.get_tensor(stored[name]) for name in expected}
     except (OSError, SafetensorError) as error:
         raise InputError(f"{path}: cannot read the CharBERT weights ({error})") from None
     for name, tensor in saved.items():
         if tensor.shape != expected[name].shape:
-            raise InputError(f"{path}: '{stored[name]}' has shape {tuple(tensor.shape)}, the model expects "
-                             f"{tuple(expected[name].shape)} (from {Path(directory) / 'config.json'})")
+            raise InputError(
+                f"{path}: '{stored[name]}' has shape {tuple(tensor.shape)}, the model expects "
+                f"{tuple(expected[name].shape)} (from {Path(directory) / 'config.json'})"
+            )
     model.load_state_dict(saved, strict=False)
 
 
@@ -191,11 +212,12 @@ class CharBertEncoder(nn.Module):
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
         missing = [key for key in CHAR_KEYS if key not in batch]
         if missing:
-            raise KeyError(f"a CharBERT encoder needs the featurizer's char inputs; the batch lacks {', '.join(missing)}")
+            raise KeyError(
+                f"a CharBERT encoder needs the featurizer's char inputs; the batch lacks {', '.join(missing)}"
+            )
         token, char = self.model(batch)
         hidden = torch.cat([token, char], dim=-1)  # (B, L, 2H)
         if "unpack_index" in batch:  # packed windows (spanlm.data.packing): back to one window per row
-
             hidden = unpack_rows(hidden, batch["unpack_index"])
         return hidden
 
@@ -230,6 +252,7 @@ def load_charbert_encoder(directory: Path, config: EncoderConfig) -> CharBertEnc
     tokenizer = load_fast_tokenizer(directory)
     rows = model.backbone.get_input_embeddings().num_embeddings
     if len(tokenizer) > rows:
-        raise InputError(f"{directory}: the tokenizer has {len(tokenizer)} tokens but the model's embedding has {rows} rows")
+        raise InputError(
+            f"{directory}: the tokenizer has {len(tokenizer)} tokens but the model's embedding has {rows} rows"
+        )
     return CharBertEncoder(model, tokenizer, char_vocab)
-

@@ -49,13 +49,19 @@ class Encoder(nn.Module):
         """(B, L, H) states of the batch's windows; a packed batch (``unpack_index``, spanlm.data.packing) runs
         the encoder on its packed rows and returns them one window per row."""
 
-        token_types = batch["token_type_ids"] if "token_type_ids" in batch and getattr(self.model.config, "type_vocab_size", 0) > 0 else None
+        token_types = (
+            batch["token_type_ids"]
+            if "token_type_ids" in batch and getattr(self.model.config, "type_vocab_size", 0) > 0
+            else None
+        )
         if "unpack_index" not in batch:
             inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
             if token_types is not None:
                 inputs["token_type_ids"] = token_types
             return self.model(**inputs).last_hidden_state  # (B, L, H)
-        hidden = encoder_states(self.model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], token_types)  # (R, W, H)
+        hidden = encoder_states(
+            self.model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], token_types
+        )  # (R, W, H)
         return unpack_rows(hidden, batch["unpack_index"])
 
     def max_length(self) -> int:
@@ -79,8 +85,10 @@ def load_encoder(config: EncoderConfig) -> nn.Module:
         raise ConfigError("model.path is required: a Hugging Face checkpoint directory or a spanlm export")
     directory = Path(config.path)
     if not (directory / "config.json").is_file():
-        raise InputError(f"{directory}: not a model directory (no config.json); pass a Hugging Face checkpoint "
-                         "directory or the output of `spanlm export`")
+        raise InputError(
+            f"{directory}: not a model directory (no config.json); pass a Hugging Face checkpoint "
+            "directory or the output of `spanlm export`"
+        )
     if config.init == "pretrained":
         check_weights(directory)
     if is_charbert_directory(directory):
@@ -91,5 +99,3 @@ def load_encoder(config: EncoderConfig) -> nn.Module:
     if config.frozen:
         encoder.requires_grad_(False)  # the optimiser takes trainable parameters only (parameter_groups)
     return encoder
-
-

@@ -32,7 +32,6 @@ class EncoderConfig:
 def load_hf_model(directory: Path, config: EncoderConfig):
     from transformers import AutoConfig, AutoModel
 
-    
     model_config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
     if config.dropout is not None:
         model_config.hidden_dropout_prob = model_config.attention_probs_dropout_prob = config.dropout
@@ -43,12 +42,20 @@ def load_hf_model(directory: Path, config: EncoderConfig):
             model = AutoModel.from_config(model_config, attn_implementation=attention, **kwargs)
         else:
             with quiet_load_report():  # its load report would list what is checked just below, in many lines
-                model, loading = AutoModel.from_pretrained(str(directory), config=model_config, local_files_only=True,
-                                                           attn_implementation=attention, output_loading_info=True, **kwargs)
+                model, loading = AutoModel.from_pretrained(
+                    str(directory),
+                    config=model_config,
+                    local_files_only=True,
+                    attn_implementation=attention,
+                    output_loading_info=True,
+                    **kwargs,
+                )
             if loading["missing_keys"]:  # transformers would start them from random values, without a word
                 missing = sorted(loading["missing_keys"])
-                raise InputError(f"{directory}: the weights lack {len(missing)} of the model's tensors (e.g. {missing[0]}); "
-                                 "they are not this config.json's model")
+                raise InputError(
+                    f"{directory}: the weights lack {len(missing)} of the model's tensors (e.g. {missing[0]}); "
+                    "they are not this config.json's model"
+                )
     except (OSError, ValueError) as error:
         raise InputError(f"{directory}: cannot load the encoder: {error}".replace("\n", " ")) from None
     return model
@@ -61,8 +68,10 @@ def check_weights(directory: Path) -> None:
     files = sorted(directory.glob("*.safetensors"))
     pickled = sorted(path.name for pattern in ("*.bin", "*.pt", "*.pth", "*.ckpt") for path in directory.glob(pattern))
     if pickled and not any(path.name.startswith("model") for path in files):  # heads' files lie beside the encoder's
-        raise InputError(f"{directory}: holds only pickled weights ({', '.join(pickled)}), which spanlm does not load "
-                         "(unpickling can run code); convert them to model.safetensors where you trust their source")
+        raise InputError(
+            f"{directory}: holds only pickled weights ({', '.join(pickled)}), which spanlm does not load "
+            "(unpickling can run code); convert them to model.safetensors where you trust their source"
+        )
     for path in files:
         check_safetensors(path)
 
@@ -81,7 +90,6 @@ def check_safetensors(path: Path) -> None:
         raise InputError(f"{path}: not a whole safetensors file (truncated or corrupt: {error})") from None
 
 
-
 def load_fast_tokenizer(directory: Path):
     """The directory's tokenizer; it must be a fast one (character offsets come from it)."""
     from transformers import AutoTokenizer
@@ -91,7 +99,9 @@ def load_fast_tokenizer(directory: Path):
     except (OSError, ValueError, json.JSONDecodeError) as error:
         raise InputError(f"{directory}: no usable tokenizer files: {error}".replace("\n", " ")) from None
     if not tokenizer.is_fast:
-        raise InputError(f"{directory}: the tokenizer is not a fast (Rust) tokenizer; spanlm needs its character offsets")
+        raise InputError(
+            f"{directory}: the tokenizer is not a fast (Rust) tokenizer; spanlm needs its character offsets"
+        )
     return tokenizer
 
 
@@ -99,5 +109,7 @@ def check_tokenizer_fits(encoder: nn.Module, directory: Path) -> None:
     """Every id the tokenizer can produce must be a row of the encoder's embedding."""
     rows = encoder.model.get_input_embeddings().num_embeddings
     if len(encoder.tokenizer) > rows:
-        raise InputError(f"{directory}: the tokenizer has {len(encoder.tokenizer)} tokens but the model's embedding "
-                         f"has {rows} rows; the tokenizer files do not belong to this checkpoint")
+        raise InputError(
+            f"{directory}: the tokenizer has {len(encoder.tokenizer)} tokens but the model's embedding "
+            f"has {rows} rows; the tokenizer files do not belong to this checkpoint"
+        )

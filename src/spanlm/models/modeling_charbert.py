@@ -134,7 +134,7 @@ def token_surfaces(tokenizer) -> list[str | None]:
             surfaces.append("")
             continue
         if prefix and piece.startswith(prefix) and len(piece) > len(prefix):
-            piece = piece[len(prefix):]
+            piece = piece[len(prefix) :]
         if suffix and piece.endswith(suffix) and len(piece) > len(suffix):
             piece = piece[: -len(suffix)]
         if decoder is not None:
@@ -159,8 +159,10 @@ class Spelling:
     @classmethod
     def from_tokenizer(cls, tokenizer, vocab: CharVocab) -> Spelling:
         table = vocab.lookup()
-        encoded = [[vocab.unk_id] if surface is None else [table.get(c, vocab.unk_id) for c in surface]
-                   for surface in token_surfaces(tokenizer)]
+        encoded = [
+            [vocab.unk_id] if surface is None else [table.get(c, vocab.unk_id) for c in surface]
+            for surface in token_surfaces(tokenizer)
+        ]
         lengths = np.fromiter((len(e) for e in encoded), dtype=np.int64, count=len(encoded))
         chars = np.fromiter((c for e in encoded for c in e), dtype=np.int64, count=int(lengths.sum()))
         return cls(offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), chars=chars)
@@ -170,8 +172,13 @@ class Spelling:
         return np.diff(self.offsets)
 
 
-def char_stream(input_ids: np.ndarray, blank: np.ndarray, spelling: Spelling, pad_id: int,
-                override: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+def char_stream(
+    input_ids: np.ndarray,
+    blank: np.ndarray,
+    spelling: Spelling,
+    pad_id: int,
+    override: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
     """The char inputs of a batch: each row's tokens spelt one after another, a pad char after each.
 
     ``input_ids`` (B, L); ``blank`` (B, L) bool: tokens spelt as a single pad char (MLM targets);
@@ -247,8 +254,13 @@ class CharFeaturizer:
     @classmethod
     def from_tokenizer(cls, tokenizer, vocab: CharVocab) -> CharFeaturizer:
         """The featurizer of a fast tokenizer (its vocabulary spelt once, its pad and unk ids, its normaliser)."""
-        return cls(vocab, Spelling.from_tokenizer(tokenizer, vocab), int(tokenizer.pad_token_id), tokenizer.unk_token_id,
-                   tokenizer.backend_tokenizer.normalizer)
+        return cls(
+            vocab,
+            Spelling.from_tokenizer(tokenizer, vocab),
+            int(tokenizer.pad_token_id),
+            tokenizer.unk_token_id,
+            tokenizer.backend_tokenizer.normalizer,
+        )
 
     def __call__(self, input_ids: np.ndarray, offsets: np.ndarray, texts: list[str]) -> dict[str, np.ndarray]:
         input_ids = np.asarray(input_ids)
@@ -257,8 +269,10 @@ class CharFeaturizer:
             rows, columns = np.nonzero(input_ids == self.unk_id)
             if len(rows):
                 # [UNK] is rare, so spelling those few tokens one by one costs nothing next to the batch.
-                surfaces = [self._normalize(texts[r][int(offsets[r, c, 0]):int(offsets[r, c, 1])]).strip()
-                            for r, c in zip(rows.tolist(), columns.tolist())]
+                surfaces = [
+                    self._normalize(texts[r][int(offsets[r, c, 0]) : int(offsets[r, c, 1])]).strip()
+                    for r, c in zip(rows.tolist(), columns.tolist())
+                ]
                 encoded = [self.vocab.encode(s) for s in surfaces]
                 counts = np.fromiter((len(e) for e in encoded), dtype=np.int64, count=len(encoded))
                 chars = np.fromiter((c for e in encoded for c in e), dtype=np.int64, count=int(counts.sum()))
@@ -269,7 +283,9 @@ class CharFeaturizer:
         """:class:`CharBertModel`'s inputs for ``texts``: from the tokenizer's ``encoding`` of them (made with
         ``padding=True, return_offsets_mapping=True``) its ids and masks, plus the char inputs."""
         if "offset_mapping" not in encoding:
-            raise ValueError("the char inputs need the tokens' character offsets: tokenize with return_offsets_mapping=True")
+            raise ValueError(
+                "the char inputs need the tokens' character offsets: tokenize with return_offsets_mapping=True"
+            )
         inputs = {key: torch.as_tensor(np.asarray(encoding[key])) for key in TOKEN_KEYS if key in encoding}
         chars = self(np.asarray(encoding["input_ids"]), np.asarray(encoding["offset_mapping"]), texts)
         return {**inputs, **char_inputs_to_torch(chars)}
@@ -296,7 +312,10 @@ class CharChannelConfig:
 
     def __post_init__(self) -> None:
         if self.hidden_size % 4:
-            raise ValueError(f"CharBERT needs hidden_size divisible by 4 (BiGRU of H/4 per direction, first + last), got {self.hidden_size}")
+            raise ValueError(
+                "CharBERT needs hidden_size divisible by 4 (BiGRU of H/4 per direction, first + last), got "
+                f"{self.hidden_size}"
+            )
         if self.fusion not in ("shared", "per_layer"):
             raise ValueError(f"the fusion mode is 'shared' or 'per_layer', not '{self.fusion}'")
 
@@ -306,16 +325,23 @@ class CharChannelConfig:
         vocab = CharVocab.from_model_config(config)
         settings = config.charbert
         try:
-            return cls(char_vocab_size=vocab.size, hidden_size=int(config.hidden_size),
-                       char_embedding_size=int(settings["char_embedding_size"]), fusion=settings["fusion"],
-                       num_layers=int(config.num_hidden_layers), layer_norm_eps=float(config.layer_norm_eps))
+            return cls(
+                char_vocab_size=vocab.size,
+                hidden_size=int(config.hidden_size),
+                char_embedding_size=int(settings["char_embedding_size"]),
+                fusion=settings["fusion"],
+                num_layers=int(config.num_hidden_layers),
+                layer_norm_eps=float(config.layer_norm_eps),
+            )
         except KeyError as error:
             raise ValueError(f"the 'charbert' entry lacks {error}") from None
 
     def model_config_entry(self, vocab: CharVocab) -> dict:
         """The ``charbert`` entry of ``config.json`` that :meth:`from_model_config` reads back."""
         if vocab.size != self.char_vocab_size:
-            raise ValueError(f"the character vocabulary has {vocab.size} ids but the char channel {self.char_vocab_size}")
+            raise ValueError(
+                f"the character vocabulary has {vocab.size} ids but the char channel {self.char_vocab_size}"
+            )
         return {"chars": "".join(vocab.chars), "char_embedding_size": self.char_embedding_size, "fusion": self.fusion}
 
 
@@ -390,7 +416,9 @@ def varlen_arguments(position_ids: Tensor, attention_mask: Tensor) -> dict:
     follows_real = torch.cat([real.new_ones(1), real[:-1]])  # (T,) the token before is real (or none is)
     starts = (real & (positions == 0)) | (~real & follows_real)
     starts[0] = True
-    bounds = torch.cat([starts.nonzero().flatten(), starts.new_full((1,), starts.numel(), dtype=torch.long)]).to(torch.int32)
+    bounds = torch.cat([starts.nonzero().flatten(), starts.new_full((1,), starts.numel(), dtype=torch.long)]).to(
+        torch.int32
+    )
     longest = int((bounds[1:] - bounds[:-1]).max())
     return {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": longest, "max_length_k": longest}
 
@@ -431,9 +459,18 @@ class DualChannelMixin:
     def fusion(self, index: int) -> Fusion:
         return self.fusions[index if len(self.fusions) > 1 else 0]
 
-    def channels(self, input_ids: Tensor, attention_mask: Tensor, char_ids: Tensor, char_lengths: Tensor,
-                 char_first: Tensor, char_last: Tensor, token_type_ids: Tensor | None = None,
-                 position_ids: Tensor | None = None, source_index: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def channels(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        char_ids: Tensor,
+        char_lengths: Tensor,
+        char_first: Tensor,
+        char_last: Tensor,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        source_index: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
         """Token and char channels' last hidden states, each (B, L, H).
 
         A packed batch (its blocks one after another in one stream, spanlm.data.packing) gives ``position_ids``
@@ -449,7 +486,9 @@ class DualChannelMixin:
         if token_type_ids is not None and getattr(backbone.config, "type_vocab_size", 0) > 0:
             kwargs["token_type_ids"] = token_type_ids
         if packed:
-            kwargs["position_ids"] = position_ids + (backbone.config.pad_token_id + 1 if backbone.config.model_type == "roberta" else 0)
+            kwargs["position_ids"] = position_ids + (
+                backbone.config.pad_token_id + 1 if backbone.config.model_type == "roberta" else 0
+            )
         token = backbone.embeddings(input_ids=input_ids, **kwargs)  # (B, L, E)
         if hasattr(backbone, "embeddings_project"):  # ELECTRA with embedding_size < hidden_size
             token = backbone.embeddings_project(token)  # (B, L, H)
@@ -458,14 +497,21 @@ class DualChannelMixin:
         char = self.char_encoder(char_ids, char_lengths, char_first, char_last)  # (blocks, block length, H)
         real = attention_mask.long()  # (B, L)
         if packed:
-            rows = torch.cat([char.flatten(0, 1), char.new_zeros(1, char.shape[-1])])  # (blocks·length + 1, H): a zero row for padding
+            rows = torch.cat(
+                [char.flatten(0, 1), char.new_zeros(1, char.shape[-1])]
+            )  # (blocks·length + 1, H): a zero row for padding
             char = rows.index_select(0, source_index.flatten()).view(*input_ids.shape, -1)  # (B, L, H)
             if backbone.config._attn_implementation not in VARLEN_IMPLEMENTATIONS:
-                raise ValueError(f"a packed batch needs a variable-length attention ({', '.join(VARLEN_IMPLEMENTATIONS)}), "
-                                 f"not {backbone.config._attn_implementation!r}")
+                raise ValueError(
+                    f"a packed batch needs a variable-length attention ({', '.join(VARLEN_IMPLEMENTATIONS)}), "
+                    f"not {backbone.config._attn_implementation!r}"
+                )
             mask, varlen = None, varlen_arguments(position_ids, attention_mask)
         else:
-            mask, varlen = create_bidirectional_mask(config=backbone.config, inputs_embeds=token, attention_mask=real), {}
+            mask, varlen = (
+                create_bidirectional_mask(config=backbone.config, inputs_embeds=token, attention_mask=real),
+                {},
+            )
         for index, layer in enumerate(self.layers):
             # The same layer object — one set of weights — reads both channels (paper §3.2).
             token, char = self.fusion(index)(layer(token, mask, **varlen), layer(char, mask, **varlen), real)
@@ -516,14 +562,28 @@ class CharBertModel(DualChannelMixin, PreTrainedModel):
         ``featurizer.model_inputs(encoding, texts)``."""
         return CharFeaturizer.from_tokenizer(tokenizer, CharVocab.from_model_config(self.config))
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
-                char_ids: Tensor | None = None, char_lengths: Tensor | None = None, char_first: Tensor | None = None,
-                char_last: Tensor | None = None) -> CharBertModelOutput:
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        char_ids: Tensor | None = None,
+        char_lengths: Tensor | None = None,
+        char_first: Tensor | None = None,
+        char_last: Tensor | None = None,
+    ) -> CharBertModelOutput:
         if char_ids is None or char_lengths is None or char_first is None or char_last is None:
-            raise ValueError("CharBertModel needs the char inputs (char_ids, char_lengths, char_first, char_last): "
-                             "model.char_featurizer(tokenizer).model_inputs(encoding, texts) builds them with the rest")
+            raise ValueError(
+                "CharBertModel needs the char inputs (char_ids, char_lengths, char_first, char_last): "
+                "model.char_featurizer(tokenizer).model_inputs(encoding, texts) builds them with the rest"
+            )
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        token, char = self.channels(input_ids, attention_mask, char_ids, char_lengths, char_first, char_last, token_type_ids)
-        return CharBertModelOutput(last_hidden_state=torch.cat([token, char], dim=-1),  # (B, L, 2H)
-                                   token_hidden_state=token, char_hidden_state=char)
+        token, char = self.channels(
+            input_ids, attention_mask, char_ids, char_lengths, char_first, char_last, token_type_ids
+        )
+        return CharBertModelOutput(
+            last_hidden_state=torch.cat([token, char], dim=-1),  # (B, L, 2H)
+            token_hidden_state=token,
+            char_hidden_state=char,
+        )

@@ -46,8 +46,9 @@ PACKABLE_FAMILIES = (*VARLEN_FAMILIES, "deberta-v2")  # DeBERTa-V2: run padded i
 
 
 def segment_bounds(position_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """(S + 1,) int32 bounds of the segments of the flattened stream (their cumulative lengths): a segment starts at each
-    block (a real token at position 0), at the first padding after a real token, and at the stream's start."""
+    """(S + 1,) int32 bounds of the segments of the flattened stream (their cumulative lengths): a segment starts
+    at each block (a real token at position 0), at the first padding after a real token, and at the stream's
+    start."""
     positions, real = position_ids.flatten(), attention_mask.flatten().bool()
     follows_real = torch.cat([real.new_ones(1), real[:-1]])  # (T,) the token before is real (or none is)
     starts = (real & (positions == 0)) | (~real & follows_real)
@@ -106,7 +107,9 @@ def segment_groups(bounds: list[int], padding: int = GROUP_PADDING) -> list[Segm
         length = lengths[group[0]]
         within = torch.arange(length)
         real = within < torch.tensor([lengths[member] for member in group]).unsqueeze(1)  # (count, length)
-        slots = (torch.tensor([bounds[member] for member in group]).unsqueeze(1) + torch.where(real, within, 0)).flatten()
+        slots = (
+            torch.tensor([bounds[member] for member in group]).unsqueeze(1) + torch.where(real, within, 0)
+        ).flatten()
         real_slots = real.flatten().nonzero().flatten()
         groups.append(SegmentGroup(len(group), length, bounds[group[0]], slots, real, real_slots, slots[real_slots]))
     return groups
@@ -114,42 +117,65 @@ def segment_groups(bounds: list[int], padding: int = GROUP_PADDING) -> list[Segm
 
 def torch_varlen_applies(query: Tensor, dropout: float) -> bool:
     """Whether PyTorch's varlen kernel (FlashAttention, CUDA, half precision, no dropout) takes ``query``."""
-    return (query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and dropout == 0.0
-            and not torch.compiler.is_compiling())
+    return (
+        query.is_cuda
+        and query.dtype in (torch.float16, torch.bfloat16)
+        and dropout == 0.0
+        and not torch.compiler.is_compiling()
+    )
 
 
-def varlen_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-                     dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
-                     cu_seq_lens_q: Tensor | None = None, cu_seq_lens_k: Tensor | None = None,
-                     max_length_q: int | None = None, max_length_k: int | None = None, **kwargs):
+def varlen_attention(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    cu_seq_lens_q: Tensor | None = None,
+    cu_seq_lens_k: Tensor | None = None,
+    max_length_q: int | None = None,
+    max_length_k: int | None = None,
+    **kwargs,
+):
     """transformers' attention interface: ``query`` / ``key`` / ``value`` (R, heads, W, d) → (R, W, heads, d), no
     weights. With ``cu_seq_lens_q`` (a packed stream) each segment attends only to itself; else SDPA as usual."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if cu_seq_lens_q is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     rows, heads, width, head_dim = query.shape
     # (R, heads, W, d) → (R·W, heads, d): token-major, so a segment is a slice of rows
     query, key, value = (x.transpose(1, 2).reshape(rows * width, heads, x.shape[-1]) for x in (query, key, value))
     if torch_varlen_applies(query, dropout):
         from torch.nn.attention.varlen import varlen_attn
 
-        context = varlen_attn(query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, scale=scaling)
+        context = varlen_attn(
+            query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, scale=scaling
+        )
     elif query.device.type == "cpu":  # the bounds are in host memory: nothing to wait for
         lengths = (cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).tolist()
         # One SDPA call per segment on (heads, n, d) views; split's backward writes each gradient in place.
-        context = torch.cat([
-            F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), dropout_p=dropout,
-                                           scale=scaling).transpose(0, 1)
-            for q, k, v in zip(query.split(lengths), key.split(lengths), value.split(lengths))])  # (R·W, heads, d)
+        context = torch.cat(
+            [
+                F.scaled_dot_product_attention(
+                    q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), dropout_p=dropout, scale=scaling
+                ).transpose(0, 1)
+                for q, k, v in zip(query.split(lengths), key.split(lengths), value.split(lengths))
+            ]
+        )  # (R·W, heads, d)
     else:  # on an accelerator a loop would wait for the bounds: one SDPA call over the segments padded again
         context = segments_padded_attention(query, key, value, cu_seq_lens_q, max_length_q, dropout, scaling)
     return context.view(rows, width, heads, head_dim), None
 
 
-def segments_padded_attention(query: Tensor, key: Tensor, value: Tensor, bounds: Tensor, longest: int, dropout: float,
-                              scaling: float | None) -> Tensor:
+def segments_padded_attention(
+    query: Tensor, key: Tensor, value: Tensor, bounds: Tensor, longest: int, dropout: float, scaling: float | None
+) -> Tensor:
     """Attention within each segment of ``bounds`` for token-major (T, heads, d) inputs, as one SDPA call over the
     segments padded to ``longest`` with a key mask: only device operations, no host read. Returns (T, heads, d)."""
     tokens, heads, head_dim = query.shape
@@ -164,8 +190,14 @@ def segments_padded_attention(query: Tensor, key: Tensor, value: Tensor, bounds:
         return rows.view(segments, longest, heads, -1).transpose(1, 2)
 
     keys = torch.arange(longest, device=query.device) < (bounds[1:] - bounds[:-1]).unsqueeze(1)  # (S, longest)
-    context = F.scaled_dot_product_attention(by_segment(query), by_segment(key), by_segment(value),
-                                             attn_mask=keys[:, None, None, :], dropout_p=dropout, scale=scaling)
+    context = F.scaled_dot_product_attention(
+        by_segment(query),
+        by_segment(key),
+        by_segment(value),
+        attn_mask=keys[:, None, None, :],
+        dropout_p=dropout,
+        scale=scaling,
+    )
     return context.transpose(1, 2).reshape(segments * longest, heads, head_dim).index_select(0, padded)
 
 
@@ -200,8 +232,10 @@ def check_packable(model) -> None:
     """Refuse, naming why, an encoder that cannot run packed batches."""
     family = model.config.model_type
     if family not in PACKABLE_FAMILIES:
-        raise ConfigError(f"data.packing: packed batches are supported for {', '.join(PACKABLE_FAMILIES)} encoders, "
-                          f"not '{family}'; set data.packing: false")
+        raise ConfigError(
+            f"data.packing: packed batches are supported for {', '.join(PACKABLE_FAMILIES)} encoders, "
+            f"not '{family}'; set data.packing: false"
+        )
 
 
 def encoder_positions(model, position_ids: Tensor) -> Tensor:
@@ -211,8 +245,13 @@ def encoder_positions(model, position_ids: Tensor) -> Tensor:
     return position_ids
 
 
-def encoder_states(model, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor | None = None,
-                   token_type_ids: Tensor | None = None) -> Tensor:
+def encoder_states(
+    model,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor | None = None,
+    token_type_ids: Tensor | None = None,
+) -> Tensor:
     """The encoder's last hidden states (R, W, H): padded rows when ``position_ids`` is None or empty, else a
     packed stream (positions restarting at 0 per block), each block attending only to itself."""
     extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
@@ -221,12 +260,17 @@ def encoder_states(model, input_ids: Tensor, attention_mask: Tensor, position_id
     if model.config.model_type not in VARLEN_FAMILIES:
         return repadded_states(model, input_ids, attention_mask, position_ids, token_type_ids)
     use_varlen_attention(model)
-    return model(input_ids=input_ids, position_ids=encoder_positions(model, position_ids), **extra,
-                 **varlen_kwargs(position_ids, attention_mask)).last_hidden_state
+    return model(
+        input_ids=input_ids,
+        position_ids=encoder_positions(model, position_ids),
+        **extra,
+        **varlen_kwargs(position_ids, attention_mask),
+    ).last_hidden_state
 
 
-def repadded_states(model, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
-                    token_type_ids: Tensor | None = None) -> Tensor:
+def repadded_states(
+    model, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, token_type_ids: Tensor | None = None
+) -> Tensor:
     """A packed stream's states (R, W, H) computed one block per row: for encoders without a varlen path."""
     real = attention_mask.flatten().bool()  # (T,)
     positions = position_ids.flatten()
@@ -236,12 +280,21 @@ def repadded_states(model, input_ids: Tensor, attention_mask: Tensor, position_i
     padded = (block * length + positions)[stream]  # (N,) their flat positions in the (blocks, length) layout
 
     def one_block_per_row(values: Tensor, fill: int) -> Tensor:
-        return values.new_full((blocks * length,), fill).index_copy(0, padded, values.flatten()[stream]).view(blocks, length)
+        return (
+            values.new_full((blocks * length,), fill)
+            .index_copy(0, padded, values.flatten()[stream])
+            .view(blocks, length)
+        )
 
     extra = {} if token_type_ids is None else {"token_type_ids": one_block_per_row(token_type_ids, 0)}
-    hidden = model(input_ids=one_block_per_row(input_ids, model.config.pad_token_id or 0),
-                   attention_mask=one_block_per_row(attention_mask.long(), 0), **extra).last_hidden_state  # (blocks, length, H)
-    states = hidden.new_zeros(real.numel(), hidden.shape[-1]).index_copy(0, stream, hidden.flatten(0, 1).index_select(0, padded))
+    hidden = model(
+        input_ids=one_block_per_row(input_ids, model.config.pad_token_id or 0),
+        attention_mask=one_block_per_row(attention_mask.long(), 0),
+        **extra,
+    ).last_hidden_state  # (blocks, length, H)
+    states = hidden.new_zeros(real.numel(), hidden.shape[-1]).index_copy(
+        0, stream, hidden.flatten(0, 1).index_select(0, padded)
+    )
     return states.view(*input_ids.shape, -1)
 
 
@@ -263,8 +316,10 @@ def resolve_packing(setting: bool | str, objective: torch.nn.Module, device: tor
     encoders = [module for module in objective.modules() if isinstance(module, PreTrainedModel)]
     try:
         if not getattr(objective, "supports_packing", False):
-            raise ConfigError(f"data.packing: objective {type(objective).__name__} reads one block per row only; "
-                              "set data.packing: false")
+            raise ConfigError(
+                f"data.packing: objective {type(objective).__name__} reads one block per row only; "
+                "set data.packing: false"
+            )
         for encoder in encoders:
             check_packable(encoder)
     except ConfigError:

@@ -75,11 +75,16 @@ class SharedEmbedding(nn.Module):
 def shared_tables(backbone: nn.Module) -> dict[str, nn.Module]:
     """The backbone's shareable tables by attribute name: word and (if any) absolute position embeddings."""
     embeddings = backbone.embeddings
-    return {name: module for name in SHARED_TABLES
-            if isinstance(module := getattr(embeddings, name, None), (nn.Embedding, SharedEmbedding))}
+    return {
+        name: module
+        for name in SHARED_TABLES
+        if isinstance(module := getattr(embeddings, name, None), (nn.Embedding, SharedEmbedding))
+    }
 
 
-def share_embeddings(generator: nn.Module, discriminator: nn.Module, mode: Sharing, keep_discriminator: bool = False) -> None:
+def share_embeddings(
+    generator: nn.Module, discriminator: nn.Module, mode: Sharing, keep_discriminator: bool = False
+) -> None:
     """Make ``discriminator`` read ``generator``'s word / absolute position tables in ``mode``.
 
     ``keep_discriminator=False`` (a new run): E_Δ = 0, so E_D == E_G exactly. ``True`` (continued
@@ -90,12 +95,17 @@ def share_embeddings(generator: nn.Module, discriminator: nn.Module, mode: Shari
         return
     generator_tables, discriminator_tables = shared_tables(generator), shared_tables(discriminator)
     if generator_tables.keys() != discriminator_tables.keys():
-        raise ValueError(f"generator tables {sorted(generator_tables)} differ from the discriminator's {sorted(discriminator_tables)}")
+        raise ValueError(
+            f"generator tables {sorted(generator_tables)} differ from the discriminator's "
+            f"{sorted(discriminator_tables)}"
+        )
     for name, source in generator_tables.items():
         own = discriminator_tables[name]
         if own.weight.shape != source.weight.shape:
-            raise ValueError(f"cannot share {name}: the generator's is {tuple(source.weight.shape)}, "
-                             f"the discriminator's {tuple(own.weight.shape)}")
+            raise ValueError(
+                f"cannot share {name}: the generator's is {tuple(source.weight.shape)}, "
+                f"the discriminator's {tuple(own.weight.shape)}"
+            )
         delta = (own.weight - source.weight) if keep_discriminator and mode == "gdes" else None
         setattr(discriminator.embeddings, name, SharedEmbedding(source, mode, delta))
 

@@ -36,13 +36,28 @@ class SpanBoundaryModel(PreTrainedModel):
         self.masked_lm = masked_lm
         self.sbo_weight = sbo_weight
         config = masked_lm.config
-        self.sbo_head = SBOHead(int(config.hidden_size), masked_lm.get_input_embeddings(), max_targets=max_targets,
-                                layer_norm_eps=float(getattr(config, "layer_norm_eps", 1e-12)),
-                                initializer_range=float(getattr(config, "initializer_range", 0.02)))
+        self.sbo_head = SBOHead(
+            int(config.hidden_size),
+            masked_lm.get_input_embeddings(),
+            max_targets=max_targets,
+            layer_norm_eps=float(getattr(config, "layer_norm_eps", 1e-12)),
+            initializer_range=float(getattr(config, "initializer_range", 0.02)),
+        )
 
-    def forward(self, input_ids, attention_mask=None, labels=None, sbo_left=None, sbo_right=None, sbo_relative=None,
-                sbo_labels=None, **inputs) -> MaskedLMOutput:
-        outputs = self.masked_lm(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, **inputs)
+    def forward(
+        self,
+        input_ids,
+        attention_mask=None,
+        labels=None,
+        sbo_left=None,
+        sbo_right=None,
+        sbo_relative=None,
+        sbo_labels=None,
+        **inputs,
+    ) -> MaskedLMOutput:
+        outputs = self.masked_lm(
+            input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, **inputs
+        )
         logits = outputs.logits  # (B, L, V)
         if labels is None:
             return outputs
@@ -64,12 +79,14 @@ class SpanBoundaryModel(PreTrainedModel):
         from safetensors.torch import load_file
         from transformers import AutoModelForMaskedLM
 
-
         directory = Path(directory)
         model = cls(AutoModelForMaskedLM.from_pretrained(str(directory)), sbo_weight=sbo_weight)
         if (directory / HEADS_FILE).is_file():
-            saved = {key.removeprefix("sbo_head."): tensor for key, tensor in load_file(str(directory / HEADS_FILE)).items()
-                     if key.startswith("sbo_head.")}
+            saved = {
+                key.removeprefix("sbo_head."): tensor
+                for key, tensor in load_file(str(directory / HEADS_FILE)).items()
+                if key.startswith("sbo_head.")
+            }
             if saved:
                 model.sbo_head.load_state_dict(saved)
         return model
@@ -77,7 +94,6 @@ class SpanBoundaryModel(PreTrainedModel):
     def export(self, directory: str | Path) -> None:
         """The stock model as its own Hugging Face directory, the SBO head beside it (spanlm's heads.safetensors)."""
         from safetensors.torch import save_file
-
 
         directory = Path(directory)
         self.masked_lm.save_pretrained(str(directory))

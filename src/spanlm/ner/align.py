@@ -40,17 +40,30 @@ class TokenizedDocuments:
 def tokenize_documents(tokenizer, texts: list[str]) -> TokenizedDocuments:
     """One batched fast-tokenizer call over ``texts`` → flat ids and character offsets."""
     if not getattr(tokenizer, "is_fast", False):
-        raise InputError(f"{getattr(tokenizer, 'name_or_path', tokenizer)}: NER needs a fast tokenizer (character offsets)")
+        raise InputError(
+            f"{getattr(tokenizer, 'name_or_path', tokenizer)}: NER needs a fast tokenizer (character offsets)"
+        )
     if not texts:
         return TokenizedDocuments(np.zeros(0, np.int64), np.zeros((0, 2), np.int64), np.zeros(1, np.int64))
     # verbose=False: documents longer than the model are expected here; windows cut them later.
     # split_special_tokens: a literal "[SEP]" or "<s>" in a document is text, not a separator.
-    encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False,
-                        return_token_type_ids=False, verbose=False, split_special_tokens=True)
+    encoded = tokenizer(
+        texts,
+        add_special_tokens=False,
+        return_offsets_mapping=True,
+        return_attention_mask=False,
+        return_token_type_ids=False,
+        verbose=False,
+        split_special_tokens=True,
+    )
     lengths = np.fromiter((len(ids) for ids in encoded["input_ids"]), dtype=np.int64, count=len(texts))
     token_starts = np.concatenate([[0], np.cumsum(lengths)])
-    input_ids = np.fromiter((i for ids in encoded["input_ids"] for i in ids), dtype=np.int64, count=int(token_starts[-1]))
-    offsets = np.array([pair for spans in encoded["offset_mapping"] for pair in spans], dtype=np.int64).reshape(-1, 2)  # (T, 2)
+    input_ids = np.fromiter(
+        (i for ids in encoded["input_ids"] for i in ids), dtype=np.int64, count=int(token_starts[-1])
+    )
+    offsets = np.array([pair for spans in encoded["offset_mapping"] for pair in spans], dtype=np.int64).reshape(
+        -1, 2
+    )  # (T, 2)
     return TokenizedDocuments(input_ids, offsets, token_starts)
 
 
@@ -71,16 +84,21 @@ class AlignmentReport:
         out = []
         if self.snapped:
             cases = ", ".join(f"{doc}: {given!r}→{snapped!r}" for doc, given, snapped in self.examples[:limit])
-            out.append(f"{name}: {self.snapped} of {self.entities} entities are not on token boundaries and were snapped "
-                       f"to the covering tokens: {cases}")
+            out.append(
+                f"{name}: {self.snapped} of {self.entities} entities are not on token boundaries and were snapped "
+                f"to the covering tokens: {cases}"
+            )
         if self.unaligned:
-            out.append(f"{name}: {self.unaligned} entities cover no token (whitespace or characters the tokenizer drops) "
-                       "and cannot be trained on")
+            out.append(
+                f"{name}: {self.unaligned} entities cover no token (whitespace or characters the tokenizer drops) "
+                "and cannot be trained on"
+            )
         return out
 
 
-def char_to_token(tokens: TokenizedDocuments, document: np.ndarray, start: np.ndarray, end: np.ndarray,
-                  text_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def char_to_token(
+    tokens: TokenizedDocuments, document: np.ndarray, start: np.ndarray, end: np.ndarray, text_lengths: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Character spans ``[start, end)`` of documents ``document`` → covering token spans.
 
     Returns ``(first_token, last_token, exact, aligned)``, all (E,): token indices relative to the
@@ -100,7 +118,9 @@ def char_to_token(tokens: TokenizedDocuments, document: np.ndarray, start: np.nd
     # Byte-level tokenizers give every piece of a multi-byte character the whole character: starts and
     # ends are non-decreasing, which is all searchsorted needs; the running maximum guards the rest.
     g_start, g_end = start + char_base[document], end + char_base[document]
-    first = np.searchsorted(np.maximum.accumulate(ends), g_start, side="right")  # first token ending after the span's start
+    first = np.searchsorted(
+        np.maximum.accumulate(ends), g_start, side="right"
+    )  # first token ending after the span's start
     last = np.searchsorted(np.maximum.accumulate(starts), g_end, side="left") - 1  # last token starting before its end
     lo, hi = tokens.token_starts[document], tokens.token_starts[document + 1]
     aligned = (first < hi) & (last >= lo) & (first <= last)

@@ -50,10 +50,15 @@ _ROW_SHIFT = (0.0, 0.25, 0.75)  # horizontal stagger of the rows, in keys
 
 
 def _keyboard_neighbours() -> dict[str, str]:
-    position = {ch: (row, col + _ROW_SHIFT[row]) for row, keys in enumerate(_QWERTY_ROWS) for col, ch in enumerate(keys)}
-    return {ch: "".join(other for other, (r2, c2) in position.items()
-                        if other != ch and abs(r2 - r) <= 1 and abs(c2 - c) <= 1.0)
-            for ch, (r, c) in position.items()}
+    position = {
+        ch: (row, col + _ROW_SHIFT[row]) for row, keys in enumerate(_QWERTY_ROWS) for col, ch in enumerate(keys)
+    }
+    return {
+        ch: "".join(
+            other for other, (r2, c2) in position.items() if other != ch and abs(r2 - r) <= 1 and abs(c2 - c) <= 1.0
+        )
+        for ch, (r, c) in position.items()
+    }
 
 
 NEIGHBOURS: dict[str, str] = _keyboard_neighbours()
@@ -94,7 +99,12 @@ class AttackCounts:
 
     def summary(self) -> dict:
         share = self.attacked / self.candidates if self.candidates else 0.0
-        return {"candidate_words": self.candidates, "attacked_words": self.attacked, "attacked_share": share, **self.per_kind}
+        return {
+            "candidate_words": self.candidates,
+            "attacked_words": self.attacked,
+            "attacked_share": share,
+            **self.per_kind,
+        }
 
 
 def attack_text(text: str, rate: float, rng: np.random.Generator, protected: Sequence[int] = ()) -> AttackedText:
@@ -118,7 +128,10 @@ def attack_text(text: str, rate: float, rng: np.random.Generator, protected: Seq
     short = length < SHORT_WORD
     kind = np.where(short, np.where(kind_u[chosen] < 0.5, ADD, KEYBOARD), (kind_u[chosen] * 4).astype(np.int64))
     words = [text[s:e] for s, e in zip(start.tolist(), end.tolist())]
-    edited = [_edit(w, k, u, v) for w, k, u, v in zip(words, kind.tolist(), index_u[chosen].tolist(), letter_u[chosen].tolist())]
+    edited = [
+        _edit(w, k, u, v)
+        for w, k, u, v in zip(words, kind.tolist(), index_u[chosen].tolist(), letter_u[chosen].tolist())
+    ]
     kind = np.asarray([k for k, _ in edited], dtype=np.int64)  # a swap of "aaaa" became a keyboard typo
     new_words = [w for _, w in edited]
     delta = np.asarray([len(w) for w in new_words], dtype=np.int64) - length
@@ -146,13 +159,13 @@ def _edit(word: str, kind: int, index_u: float, letter_u: float) -> tuple[int, s
             positions, kind = np.arange(1, n - 1), KEYBOARD
         else:
             i = int(positions[int(index_u * len(positions))])
-            return SWAP, word[:i] + word[i + 1] + word[i] + word[i + 2:]
+            return SWAP, word[:i] + word[i + 1] + word[i] + word[i + 2 :]
     i = int(positions[int(index_u * len(positions))])
     if kind == DROP:
-        return DROP, word[:i] + word[i + 1:]
+        return DROP, word[:i] + word[i + 1 :]
     keys = NEIGHBOURS[word[i].lower()]
     key = keys[int(letter_u * len(keys))]
-    return KEYBOARD, word[:i] + (key.upper() if word[i].isupper() else key) + word[i + 1:]
+    return KEYBOARD, word[:i] + (key.upper() if word[i].isupper() else key) + word[i + 1 :]
 
 
 def attack(document: NerDocument, rate: float, rng: np.random.Generator) -> NerDocument:
@@ -161,7 +174,9 @@ def attack(document: NerDocument, rate: float, rng: np.random.Generator) -> NerD
     return attack_with_counts(document, rate, rng)[0]
 
 
-def attack_with_counts(document: NerDocument, rate: float, rng: np.random.Generator) -> tuple[NerDocument, AttackedText]:
+def attack_with_counts(
+    document: NerDocument, rate: float, rng: np.random.Generator
+) -> tuple[NerDocument, AttackedText]:
     """:func:`attack` and the record of its edits."""
     starts = np.fromiter((e.start for e in document.entities), dtype=np.int64, count=len(document.entities))
     ends = np.fromiter((e.end for e in document.entities), dtype=np.int64, count=len(document.entities))
@@ -171,7 +186,9 @@ def attack_with_counts(document: NerDocument, rate: float, rng: np.random.Genera
     return NerDocument(document.id, result.text, entities), result
 
 
-def attack_documents(documents: Sequence[NerDocument], rate: float, seed: int) -> tuple[list[NerDocument], AttackCounts]:
+def attack_documents(
+    documents: Sequence[NerDocument], rate: float, seed: int
+) -> tuple[list[NerDocument], AttackCounts]:
     """Attack every document in order from one generator seeded with ``seed``; totals of the edits."""
     rng = np.random.default_rng(seed)
     counts = AttackCounts()
@@ -194,7 +211,9 @@ def format_comparison(clean: dict, attacked: dict, rate: float) -> str:
         if index == len(rows) - 1:
             lines.append("-" * len(header))
         a = a or {"precision": 0.0, "recall": 0.0, "f1": 0.0}
-        lines.append(f"{str(label):<{width}}  {c['precision']:6.2f}  {c['recall']:6.2f}  {c['f1']:6.2f}  |  "
-                     f"{a['precision']:6.2f}  {a['recall']:6.2f}  {a['f1']:6.2f}  {c['n_gold']:6d}")
+        lines.append(
+            f"{str(label):<{width}}  {c['precision']:6.2f}  {c['recall']:6.2f}  {c['f1']:6.2f}  |  "
+            f"{a['precision']:6.2f}  {a['recall']:6.2f}  {a['f1']:6.2f}  {c['n_gold']:6d}"
+        )
     lines.append(f"clean F1 {clean['micro']['f1']:.2f} / attacked F1 {attacked['micro']['f1']:.2f}")
     return "\n".join(lines)

@@ -46,7 +46,9 @@ def _read(model, path: str, fmt: str | None, on_bad_record: str | None, split: s
     from spanlm.ner.data import read_documents
 
     data = model.recipe.data  # the column layout and tag scheme of the training data carry over
-    options = dataclasses.replace(data, format=fmt, labels=list(model.labels), on_bad_record=on_bad_record or data.on_bad_record)
+    options = dataclasses.replace(
+        data, format=fmt, labels=list(model.labels), on_bad_record=on_bad_record or data.on_bad_record
+    )
     documents, report = read_documents(path, options, split, "--split")
     for line in report.lines():
         log(line)
@@ -72,7 +74,9 @@ def _eval(args: argparse.Namespace) -> int:
         attacked_documents, counts = attack_documents(documents, args.noise, args.noise_seed)
         attacked, _ = evaluate_model(model, attacked_documents, cluener=fmt == "cluener", batch_size=args.batch_size)
         result["attacked"] = {"noise": args.noise, "noise_seed": args.noise_seed, **counts.summary(), **attacked}
-    output = Path(args.output) if args.output else Path(args.model) / f"eval-{_data_name(args.data, fmt, args.split)}.json"
+    output = (
+        Path(args.output) if args.output else Path(args.model) / f"eval-{_data_name(args.data, fmt, args.split)}.json"
+    )
     output.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     if args.predictions:
         write_jsonl(args.predictions, [d for d, _ in predicted])
@@ -119,8 +123,10 @@ def _predict(args: argparse.Namespace) -> int:
     documents = _texts(args)  # before the model loads: a bad input fails at once
     model = NerModel(args.model, device=args.device)
     flat = True if args.flat else None
-    lines = [json.dumps(document_record(d, scores), ensure_ascii=False) + "\n"
-             for d, scores in model.predict(documents, args.batch_size, flat=flat, threshold=args.threshold)]
+    lines = [
+        json.dumps(document_record(d, scores), ensure_ascii=False) + "\n"
+        for d, scores in model.predict(documents, args.batch_size, flat=flat, threshold=args.threshold)
+    ]
     write_lines_or_stdout(lines, args.output, "documents")
     return 0
 
@@ -149,41 +155,82 @@ def add_ner_commands(commands) -> None:
     """Add ``ner`` with its four subcommands to the ``spanlm`` subcommand table."""
     from spanlm.ner.data import FORMATS
 
-    ner = commands.add_parser("ner", help="span NER with GlobalPointer (flat and nested): train, eval, predict, genia",
-                              description="Fine-tune an encoder with a GlobalPointer head (ZLPR loss), score it "
-                                          "(micro / per-type P, R, F1; CLUENER's macro F1) and tag new text.")
+    ner = commands.add_parser(
+        "ner",
+        help="span NER with GlobalPointer (flat and nested): train, eval, predict, genia",
+        description="Fine-tune an encoder with a GlobalPointer head (ZLPR loss), score it "
+        "(micro / per-type P, R, F1; CLUENER's macro F1) and tag new text.",
+    )
     actions = ner.add_subparsers(dest="ner_command", metavar="ACTION", required=True)
 
-    add_training_command(actions, "train", "fine-tune with a recipe; exports <run>/model/ and scores it on data.dev",
-                         "configs/ner/cluener.yaml", "model.path=DIR ner.head.kind=standard train.max_steps=200", _train)
+    add_training_command(
+        actions,
+        "train",
+        "fine-tune with a recipe; exports <run>/model/ and scores it on data.dev",
+        "configs/ner/cluener.yaml",
+        "model.path=DIR ner.head.kind=standard train.max_steps=200",
+        _train,
+    )
 
     evaluate = add_model_command(actions, "eval", "P / R / F1 of an exported model on a labelled file", "ner", _eval)
-    evaluate.add_argument("--data", required=True, help="a labelled file, or a Hugging Face NER dataset (a save_to_disk "
-                                                        "directory or hf:NAME[@REVISION][:CONFIG][:SPLIT])")
-    evaluate.add_argument("--format", choices=FORMATS, default=None,
-                          help="its format (default: hf for a dataset, else from the suffix, else the model's training format)")
-    evaluate.add_argument("--split", default="test", help="the split of a dataset that does not name one (default test)")
-    evaluate.add_argument("--on-bad-record", choices=["error", "skip"], default=None, help="default: the model's recipe")
-    evaluate.add_argument("--output", default=None, metavar="FILE", help="metrics JSON (default MODEL/eval-<data name>.json)")
+    evaluate.add_argument(
+        "--data",
+        required=True,
+        help="a labelled file, or a Hugging Face NER dataset (a save_to_disk "
+        "directory or hf:NAME[@REVISION][:CONFIG][:SPLIT])",
+    )
+    evaluate.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=None,
+        help="its format (default: hf for a dataset, else from the suffix, else the model's training format)",
+    )
+    evaluate.add_argument(
+        "--split", default="test", help="the split of a dataset that does not name one (default test)"
+    )
+    evaluate.add_argument(
+        "--on-bad-record", choices=["error", "skip"], default=None, help="default: the model's recipe"
+    )
+    evaluate.add_argument(
+        "--output", default=None, metavar="FILE", help="metrics JSON (default MODEL/eval-<data name>.json)"
+    )
     evaluate.add_argument("--predictions", default=None, metavar="FILE", help="also write the predictions as JSONL")
-    evaluate.add_argument("--noise", type=_rate, default=None, metavar="RATE",
-                          help="also score a copy whose ASCII words are misspelt with probability RATE "
-                               "(drop / add / swap / keyboard typo, as CharBERT's robustness test)")
-    evaluate.add_argument("--noise-seed", type=int, default=0, metavar="N", help="seed of the --noise attack (default 0)")
+    evaluate.add_argument(
+        "--noise",
+        type=_rate,
+        default=None,
+        metavar="RATE",
+        help="also score a copy whose ASCII words are misspelt with probability RATE "
+        "(drop / add / swap / keyboard typo, as CharBERT's robustness test)",
+    )
+    evaluate.add_argument(
+        "--noise-seed", type=int, default=0, metavar="N", help="seed of the --noise attack (default 0)"
+    )
 
-    predict = add_model_command(actions, "predict", "tag text: JSONL {\"text\", \"entities\": [{start, end, label, text, score}]}",
-                                "ner", _predict)
+    predict = add_model_command(
+        actions, "predict", 'tag text: JSONL {"text", "entities": [{start, end, label, text, score}]}', "ner", _predict
+    )
     source = predict.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", default=None, help="one text to tag")
-    source.add_argument("--input", default=None, metavar="FILE", help=".jsonl ({\"text\"} per line, \"id\" optional) or .txt (one text per line)")
+    source.add_argument(
+        "--input",
+        default=None,
+        metavar="FILE",
+        help='.jsonl ({"text"} per line, "id" optional) or .txt (one text per line)',
+    )
     predict.add_argument("--output", default=None, metavar="FILE", help="JSONL output (default: stdout)")
-    predict.add_argument("--flat", action="store_true", help="non-overlapping entities (highest score first) instead of nested")
+    predict.add_argument(
+        "--flat", action="store_true", help="non-overlapping entities (highest score first) instead of nested"
+    )
     predict.add_argument("--threshold", type=float, default=None, help="logit threshold (default: the recipe's, 0)")
 
-    genia = actions.add_parser("genia", help="GENIA 3.02 XML archive + document splits → nested jsonlines (yhcc's format)",
-                               description="Convert the official GENIA 3.02 term corpus (GENIAcorpus3.02.tgz) into "
-                                           "yhcc/CNN_Nested_NER's nested jsonlines: DNA, RNA, protein, cell_line, "
-                                           "cell_type; one OUT/<split>.jsonlines per SPLITS/<split>.txt of MEDLINE ids.")
+    genia = actions.add_parser(
+        "genia",
+        help="GENIA 3.02 XML archive + document splits → nested jsonlines (yhcc's format)",
+        description="Convert the official GENIA 3.02 term corpus (GENIAcorpus3.02.tgz) into "
+        "yhcc/CNN_Nested_NER's nested jsonlines: DNA, RNA, protein, cell_line, "
+        "cell_type; one OUT/<split>.jsonlines per SPLITS/<split>.txt of MEDLINE ids.",
+    )
     genia.add_argument("archive", help="GENIAcorpus3.02.tgz (or the GENIAcorpus3.02.xml inside it)")
     genia.add_argument("--splits", required=True, metavar="DIR", help="a directory with train.txt / dev.txt / test.txt")
     genia.add_argument("--out", required=True, metavar="DIR", help="where to write <split>.jsonlines")

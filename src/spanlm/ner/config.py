@@ -34,7 +34,9 @@ class NerDataConfig(ReadOptions):
     # A batch's windows in one token stream, each attending only to itself (spanlm.data.packing):
     # true / false, or "auto": per device what measured fastest (config.yaml records the choice).
     packing: bool | Literal["auto"] = "auto"
-    tokens_per_batch: int = 0  # batches of windows up to this many real tokens instead of train.batch_size windows; 0 = off
+    tokens_per_batch: int = (
+        0  # batches of windows up to this many real tokens instead of train.batch_size windows; 0 = off
+    )
 
     def __post_init__(self) -> None:
         if self.max_len < 4:
@@ -44,7 +46,9 @@ class NerDataConfig(ReadOptions):
         if self.eval_docs < 0:
             raise ValueError("eval_docs must be at least 0")
         if self.tokens_per_batch and self.tokens_per_batch < self.max_len:
-            raise ValueError(f"tokens_per_batch must be 0 (off) or at least max_len ({self.max_len}), got {self.tokens_per_batch}")
+            raise ValueError(
+                f"tokens_per_batch must be 0 (off) or at least max_len ({self.max_len}), got {self.tokens_per_batch}"
+            )
         if not self.tag_columns:
             raise ValueError("tag_columns must name at least one column")
 
@@ -67,5 +71,7 @@ class NerRecipe:
     model: EncoderConfig = dataclasses.field(default_factory=EncoderConfig)
     data: NerDataConfig = dataclasses.field(default_factory=NerDataConfig)
     ner: NerConfig = dataclasses.field(default_factory=NerConfig)
-    train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(output_dir="runs/ner", lr=2e-5, warmup_steps=0))
+    train: TrainConfig = dataclasses.field(
+        default_factory=lambda: TrainConfig(output_dir="runs/ner", lr=2e-5, warmup_steps=0)
+    )
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)

@@ -38,8 +38,17 @@ from spanlm.errors import InputError, numbered_lines, require_file, undecodable
 
 Format = Literal["cluener", "conll", "jsonl", "nested_jsonl", "hf"]
 FORMATS: tuple[str, ...] = ("cluener", "conll", "jsonl", "nested_jsonl", "hf")
-_SUFFIX_FORMATS = {".json": "cluener", ".jsonl": "jsonl", ".jsonlines": "nested_jsonl", ".conll": "conll", ".txt": "conll",
-                   ".iob2": "conll", ".bio": "conll", ".bioes": "conll", ".tsv": "conll"}
+_SUFFIX_FORMATS = {
+    ".json": "cluener",
+    ".jsonl": "jsonl",
+    ".jsonlines": "nested_jsonl",
+    ".conll": "conll",
+    ".txt": "conll",
+    ".iob2": "conll",
+    ".bio": "conll",
+    ".bioes": "conll",
+    ".tsv": "conll",
+}
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -95,9 +104,13 @@ class ReadOptions:
     labels: list[str] | None = None  # the label set; None accepts any label
     on_bad_record: Literal["error", "skip"] = "error"
     token_column: int = 0  # conll: the token column
-    tag_columns: list[int] = dataclasses.field(default_factory=lambda: [-1])  # conll: tag columns (several = nested levels)
+    tag_columns: list[int] = dataclasses.field(
+        default_factory=lambda: [-1]
+    )  # conll: tag columns (several = nested levels)
     tag_scheme: Literal["bio", "bioes"] = "bio"  # conll
-    conll_unit: Literal["sentence", "document"] = "sentence"  # conll: one record per sentence, or per -DOCSTART- document
+    conll_unit: Literal["sentence", "document"] = (
+        "sentence"  # conll: one record per sentence, or per -DOCSTART- document
+    )
     tokens_field: str = "tokens"  # hf: the column of token lists
     tags_field: str = "ner_tags"  # hf: the column of ClassLabel tag lists
 
@@ -122,8 +135,9 @@ def input_format(path: str | Path, options: ReadOptions) -> str:
     return options.format or guess_format(path)
 
 
-def read_documents(path: str | Path, options: ReadOptions, split: str = "train",
-                   split_setting: str = "data.train_split") -> tuple[list[NerDocument], ReadReport]:
+def read_documents(
+    path: str | Path, options: ReadOptions, split: str = "train", split_setting: str = "data.train_split"
+) -> tuple[list[NerDocument], ReadReport]:
     """Every well-formed record of ``path`` as a :class:`NerDocument`, and the report of what was skipped.
 
     ``split``: the split a dataset input is read from, unless its ``hf:`` reference names one
@@ -152,7 +166,9 @@ def read_documents(path: str | Path, options: ReadOptions, split: str = "train",
         except _BadRecord as problem:
             where = f"{where_prefix}{lineno}"
             if options.on_bad_record == "error":
-                raise InputError(f"{where}: {problem} (on_bad_record: skip skips such records and counts them)") from None
+                raise InputError(
+                    f"{where}: {problem} (on_bad_record: skip skips such records and counts them)"
+                ) from None
             report.skipped.append((where, str(problem)))
             continue
         documents.append(parsed)
@@ -175,7 +191,10 @@ def read_texts(path: str | Path) -> list[NerDocument]:
     if jsonl:
         numbered = _guarded(_json_records(path), text_only)
     else:
-        numbered = ((lineno, NerDocument(str(lineno), line, []) if isinstance(line, str) else line) for lineno, line in _lines(path))
+        numbered = (
+            (lineno, NerDocument(str(lineno), line, []) if isinstance(line, str) else line)
+            for lineno, line in _lines(path)
+        )
     documents = []
     for lineno, parsed in numbered:
         if isinstance(parsed, _BadRecord):
@@ -189,7 +208,9 @@ def _check(document: NerDocument, labels: set[str] | None) -> None:
     n = len(document.text)
     for entity in document.entities:
         if not 0 <= entity.start < entity.end <= n:
-            raise _BadRecord(f"entity [{entity.start}, {entity.end}) {entity.label!r} is out of range for a text of {n} characters")
+            raise _BadRecord(
+                f"entity [{entity.start}, {entity.end}) {entity.label!r} is out of range for a text of {n} characters"
+            )
         if labels is not None and entity.label not in labels:
             raise _BadRecord(f"unknown label {entity.label!r} (known: {', '.join(sorted(labels))})")
 
@@ -237,7 +258,9 @@ def _record_id(record: dict, index: int, *keys: str) -> str:
     return str(index)
 
 
-def _guarded(records: Iterable[tuple[int, int, dict | _BadRecord]], parse) -> Iterator[tuple[int, NerDocument | _BadRecord]]:
+def _guarded(
+    records: Iterable[tuple[int, int, dict | _BadRecord]], parse
+) -> Iterator[tuple[int, NerDocument | _BadRecord]]:
     for lineno, index, record in records:
         if isinstance(record, _BadRecord):
             yield lineno, record
@@ -254,16 +277,24 @@ def _cluener(path: Path, options: ReadOptions):
         entities = []
         for label, surfaces in _field(record, "label", dict, default={}).items():
             if not isinstance(surfaces, dict):
-                raise _BadRecord(f"label {label!r} must map surfaces to [[start, end], …], got {type(surfaces).__name__}")
+                raise _BadRecord(
+                    f"label {label!r} must map surfaces to [[start, end], …], got {type(surfaces).__name__}"
+                )
             for surface, spans in surfaces.items():
                 if not isinstance(spans, list):
                     raise _BadRecord(f"{label}/{surface!r}: spans must be a list of [start, end]")
                 for span in spans:
-                    if not (isinstance(span, list) and len(span) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in span)):
+                    if not (
+                        isinstance(span, list)
+                        and len(span) == 2
+                        and all(isinstance(v, int) and not isinstance(v, bool) for v in span)
+                    ):
                         raise _BadRecord(f"{label}/{surface!r}: span {span!r} is not [start, end]")
                     start, end = span[0], span[1] + 1  # CLUENER ends are inclusive
                     if not 0 <= start < end <= len(text):
-                        raise _BadRecord(f"{label}/{surface!r}: span {span} is out of range for a text of {len(text)} characters")
+                        raise _BadRecord(
+                            f"{label}/{surface!r}: span {span} is out of range for a text of {len(text)} characters"
+                        )
                     if text[start:end] != surface:
                         raise _BadRecord(f"{label}: span {span} reads {text[start:end]!r}, not {surface!r}")
                     entities.append(Entity(start, end, label))
@@ -281,7 +312,9 @@ def _jsonl(path: Path, options: ReadOptions):
                 raise _BadRecord(f"entity {item!r} must be an object with start, end and label")
             start, end, label = _field(item, "start", int), _field(item, "end", int), _field(item, "label", str)
             if not 0 <= start < end <= len(text):
-                raise _BadRecord(f"entity [{start}, {end}) {label!r} is out of range for a text of {len(text)} characters")
+                raise _BadRecord(
+                    f"entity [{start}, {end}) {label!r} is out of range for a text of {len(text)} characters"
+                )
             if "text" in item and text[start:end] != item["text"]:
                 raise _BadRecord(f"entity [{start}, {end}) reads {text[start:end]!r}, not {item['text']!r}")
             entities.append(Entity(start, end, label))
@@ -316,7 +349,9 @@ def _nested_jsonl(path: Path, options: ReadOptions):
             if not 0 <= start < end <= len(tokens):
                 raise _BadRecord(f"mention tokens [{start}, {end}) {label!r} are out of range for {len(tokens)} tokens")
             if "text" in item and " ".join(tokens[start:end]) != item["text"]:
-                raise _BadRecord(f"mention tokens [{start}, {end}) read {' '.join(tokens[start:end])!r}, not {item['text']!r}")
+                raise _BadRecord(
+                    f"mention tokens [{start}, {end}) read {' '.join(tokens[start:end])!r}, not {item['text']!r}"
+                )
             entities.append(Entity(starts[start], starts[end - 1] + len(tokens[end - 1]), label))
         return NerDocument(_record_id(record, index, "sent_id", "id"), text, sorted(entities))
 
@@ -340,14 +375,20 @@ def tags_to_spans(tags: list[str], scheme: str) -> list[tuple[int, int, str]]:
                 raise _BadRecord(f"token {i + 1}: tag {tag!r} is not a {scheme.upper()} tag", token=i)
         if prefix in inside:
             if open_label != label:
-                raise _BadRecord(f"token {i + 1}: {tag} does not continue an open {label} entity ({scheme.upper()} is broken)", token=i)
+                raise _BadRecord(
+                    f"token {i + 1}: {tag} does not continue an open {label} entity ({scheme.upper()} is broken)",
+                    token=i,
+                )
             if prefix == "E":
                 spans.append((open_start, i + 1, label))
                 open_start = open_label = None
             continue
         if open_label is not None:
             if scheme == "bioes":
-                raise _BadRecord(f"token {i + 1}: {tag} follows an unclosed {open_label} entity (BIOES needs E-{open_label})", token=i)
+                raise _BadRecord(
+                    f"token {i + 1}: {tag} follows an unclosed {open_label} entity (BIOES needs E-{open_label})",
+                    token=i,
+                )
             spans.append((open_start, i, open_label))
             open_start = open_label = None
         if prefix == "B":
@@ -356,7 +397,10 @@ def tags_to_spans(tags: list[str], scheme: str) -> list[tuple[int, int, str]]:
             spans.append((i, i + 1, label))
     if open_label is not None:
         if scheme == "bioes":
-            raise _BadRecord(f"the sentence ends inside an unclosed {open_label} entity (BIOES needs E-{open_label})", token=len(tags) - 1)
+            raise _BadRecord(
+                f"the sentence ends inside an unclosed {open_label} entity (BIOES needs E-{open_label})",
+                token=len(tags) - 1,
+            )
         spans.append((open_start, len(tags), open_label))
     return spans
 
@@ -388,9 +432,14 @@ def _conll(path: Path, options: ReadOptions):
         wanted = (options.token_column, *options.tag_columns)
         for offset, columns in enumerate(rows):
             # Negative columns count from the end, so a short line could make the token its own tag.
-            if not all(-len(columns) <= c < len(columns) for c in wanted) or len({c % len(columns) for c in wanted}) < len(wanted):
-                raise _BadRecord(f"token {offset + 1} has {len(columns)} column(s); token_column={options.token_column} "
-                                 f"and tag_columns={options.tag_columns} do not fit", token=offset)
+            if not all(-len(columns) <= c < len(columns) for c in wanted) or len(
+                {c % len(columns) for c in wanted}
+            ) < len(wanted):
+                raise _BadRecord(
+                    f"token {offset + 1} has {len(columns)} column(s); token_column={options.token_column} "
+                    f"and tag_columns={options.tag_columns} do not fit",
+                    token=offset,
+                )
         spans = []
         for column in options.tag_columns:
             spans.extend(tags_to_spans([columns[column] for columns in rows], options.tag_scheme))
@@ -448,16 +497,23 @@ def _hf_records(data: DatasetSplit, options: ReadOptions) -> Iterator[tuple[int,
         return feature.feature if isinstance(feature, (datasets.List, datasets.LargeList)) else None
 
     if items(tokens_field) != datasets.Value("string"):
-        raise InputError(f"{data}: column '{tokens_field}' holds {features[tokens_field]}, not lists of strings; set data.tokens_field")
+        raise InputError(
+            f"{data}: column '{tokens_field}' holds {features[tokens_field]}, not lists of strings; set "
+            "data.tokens_field"
+        )
     tag_names = items(tags_field)
     if not isinstance(tag_names, datasets.ClassLabel):
-        raise InputError(f"{data}: column '{tags_field}' holds {features[tags_field]}, not lists of ClassLabel tags "
-                         "(integers with names); set data.tags_field")
+        raise InputError(
+            f"{data}: column '{tags_field}' holds {features[tags_field]}, not lists of ClassLabel tags "
+            "(integers with names); set data.tags_field"
+        )
     names = tag_names.names
     not_tags = [name for name in names if name != "O" and not (name[:2] in ("B-", "I-", "E-", "S-") and name[2:])]
     if not_tags:
-        raise InputError(f"{data}: column '{tags_field}' has ClassLabel names that are not BIO / BIOES tags: "
-                         f"{', '.join(map(repr, not_tags[:5]))}")
+        raise InputError(
+            f"{data}: column '{tags_field}' has ClassLabel names that are not BIO / BIOES tags: "
+            f"{', '.join(map(repr, not_tags[:5]))}"
+        )
     scheme = "bioes" if any(name[:2] in ("E-", "S-") for name in names) else "bio"
     has_id = "id" in data.dataset.column_names
     columns = [tokens_field, tags_field, *(["id"] if has_id else [])]
@@ -485,7 +541,12 @@ def document_record(document: NerDocument, scores: list[float] | None = None) ->
     """The JSONL line of a document: ``{"id", "text", "entities": [{"start", "end", "label", "text"(, "score")}]}``."""
     entities = []
     for i, entity in enumerate(document.entities):
-        item = {"start": entity.start, "end": entity.end, "label": entity.label, "text": document.text[entity.start:entity.end]}
+        item = {
+            "start": entity.start,
+            "end": entity.end,
+            "label": entity.label,
+            "text": document.text[entity.start : entity.end],
+        }
         if scores is not None:
             item["score"] = round(float(scores[i]), 4)
         entities.append(item)

@@ -32,12 +32,16 @@ def decode_spans(logits: Tensor, threshold: float = 0.0, flat: bool = False) -> 
     bounds = np.searchsorted(cells[:, 0], np.arange(batch + 1))  # row r's spans: bounds[r] .. bounds[r+1]
     rows = []
     for r in range(batch):
-        row_cells, row_scores = cells[bounds[r]:bounds[r + 1]], scores[bounds[r]:bounds[r + 1]]
+        row_cells, row_scores = cells[bounds[r] : bounds[r + 1]], scores[bounds[r] : bounds[r + 1]]
         if flat:
             keep = _greedy_non_overlapping(row_cells[:, 2], row_cells[:, 3], row_scores)
             row_cells, row_scores = row_cells[keep], row_scores[keep]
-        rows.append([(int(a), int(i), int(j), float(s)) for a, i, j, s in
-                     zip(row_cells[:, 1], row_cells[:, 2], row_cells[:, 3], row_scores)])
+        rows.append(
+            [
+                (int(a), int(i), int(j), float(s))
+                for a, i, j, s in zip(row_cells[:, 1], row_cells[:, 2], row_cells[:, 3], row_scores)
+            ]
+        )
     return rows
 
 

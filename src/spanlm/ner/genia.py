@@ -100,7 +100,9 @@ def read_genia(archive: str | Path) -> dict[str, list[Sentence]]:
         with tarfile.open(archive, "r:*") as tar:
             member = next((m for m in tar.getmembers() if m.isfile() and Path(m.name).name == XML_NAME), None)
             if member is None:
-                raise InputError(f"{archive}: no {XML_NAME} inside; not the GENIA 3.02 term archive (GENIAcorpus3.02.tgz)")
+                raise InputError(
+                    f"{archive}: no {XML_NAME} inside; not the GENIA 3.02 term archive (GENIAcorpus3.02.tgz)"
+                )
             handle = tar.extractfile(member)
             assert handle is not None  # a regular file
             return _parse_xml(handle, f"{archive}:{member.name}")
@@ -178,13 +180,14 @@ def tokenize(text: str, terms: Iterable[tuple[int, int]] = ()) -> list[tuple[int
     words = list(re.finditer(r"\S+", text))
     previous = ""
     for index, word in enumerate(words):
-        splitter = _WordSplitter(text, last=index == len(words) - 1, after_conjunction=previous in _CONJUNCTIONS,
-                                 terms=term_spans)
+        splitter = _WordSplitter(
+            text, last=index == len(words) - 1, after_conjunction=previous in _CONJUNCTIONS, terms=term_spans
+        )
         previous = word.group()
         for start, end in splitter.split(word.start(), word.end()):
             # A term boundary inside a token cuts it: 3.02p's tokens were split wherever a <cons>
             # began or ended inside a <w> ("PHA-activated" → "PHA" "-activated").
-            cuts = boundaries[bisect_right(boundaries, start):bisect_left(boundaries, end)]
+            cuts = boundaries[bisect_right(boundaries, start) : bisect_left(boundaries, end)]
             points = [start, *cuts, end]
             spans.extend(zip(points, points[1:]))
     return spans
@@ -229,8 +232,12 @@ class _WordSplitter:
                 if close == -1:  # "(PIH," → ( PIH ,
                     return [(start, start + 1)] + self._split(start + 1, end)
                 # "(PHA)" "(PHA)-induced" "(NF)-kappa" "(proto)oncogenes" → ( X ) rest
-                return ([(start, start + 1)] + self._split(start + 1, start + close)
-                        + [(start + close, start + close + 1)] + self._split(start + close + 1, end))
+                return (
+                    [(start, start + 1)]
+                    + self._split(start + 1, start + close)
+                    + [(start + close, start + close + 1)]
+                    + self._split(start + close + 1, end)
+                )
             if first in '[{"' or (first == "'" and word != "'s"):
                 return [(start, start + 1)] + self._split(start + 1, end)
         if first == "-" and word_start and word[1].isalpha() and not self.after_conjunction:
@@ -246,8 +253,12 @@ class _WordSplitter:
                 return self._split(start, end - 1) + [(end - 1, end)]
             if final == ")" and open_ > 0 and (start, end) not in self.terms:
                 # "protein(s)" "10(-9)" "NF(P)" → X ( Y ); a term "PDGF(B)" or "Ro(SSA)" stays one token
-                return (self._split(start, start + open_) + [(start + open_, start + open_ + 1)]
-                        + self._split(start + open_ + 1, end - 1) + [(end - 1, end)])
+                return (
+                    self._split(start, start + open_)
+                    + [(start + open_, start + open_ + 1)]
+                    + self._split(start + open_ + 1, end - 1)
+                    + [(end - 1, end)]
+                )
             return [(start, end)]  # "[3H]", "t(14;14)"-like wholes
         # Inside the word.
         if word.endswith("'s") and len(word) > 2:  # "Marek's" → Marek 's
@@ -261,7 +272,11 @@ class _WordSplitter:
             a, b = start + inner.start(), start + inner.end()
             return self._split(start, a) + [(a, a + 1), (a + 1, b - 1), (b - 1, b)] + self._split(b, end)
         # "--", and ";" ":" outside brackets, are tokens: "cells--did", "23:00", "12;259(5101):1523]"
-        cuts = [m.span() for m in re.finditer(r"--|[;:]", word) if word[:m.start()].count("(") == word[:m.start()].count(")")]
+        cuts = [
+            m.span()
+            for m in re.finditer(r"--|[;:]", word)
+            if word[: m.start()].count("(") == word[: m.start()].count(")")
+        ]
         if cuts:
             pieces, position = [], start
             for a, b in cuts:
@@ -313,7 +328,9 @@ def sentence_record(doc_id: str, index: int, sentence: Sentence) -> dict:
         if first >= stop or key in seen:
             continue
         seen.add(key)
-        mentions.append({"start": first, "end": stop, "entity_type": kind.group(1), "text": " ".join(tokens[first:stop])})
+        mentions.append(
+            {"start": first, "end": stop, "entity_type": kind.group(1), "text": " ".join(tokens[first:stop])}
+        )
     return {"tokens": tokens, "doc_id": doc_id, "sent_id": f"{doc_id}-{index}", "entity_mentions": mentions}
 
 
@@ -338,7 +355,9 @@ def nested_count(mentions: list[dict]) -> int:
     yhcc's statistics.py also counts two mentions with the same span and different types as nested.
     """
     spans = [(m["start"], m["end"]) for m in mentions]
-    return sum(any((a <= s and e <= b) or (s <= a and b <= e) for a, b in set(spans) if (a, b) != (s, e)) for s, e in spans)
+    return sum(
+        any((a <= s and e <= b) or (s <= a and b <= e) for a, b in set(spans) if (a, b) != (s, e)) for s, e in spans
+    )
 
 
 def write_genia_split(archive: str | Path | Corpus, split_ids: str | Path, out_path: str | Path) -> SplitSummary:

@@ -53,8 +53,10 @@ def format_table(scores: dict) -> str:
     for index, (label, s) in enumerate(rows):
         if index == len(rows) - 1:
             lines.append("-" * len(header))
-        lines.append(f"{str(label):<{width}}  {s['precision']:6.2f}  {s['recall']:6.2f}  "
-                     f"{s['f1']:6.2f}  {s['tp']:6d}  {s['n_pred']:6d}  {s['n_gold']:6d}")
+        lines.append(
+            f"{str(label):<{width}}  {s['precision']:6.2f}  {s['recall']:6.2f}  "
+            f"{s['f1']:6.2f}  {s['tp']:6d}  {s['n_pred']:6d}  {s['n_gold']:6d}"
+        )
     if "cluener_macro_f1" in scores:
         macro = scores["cluener_macro_f1"]
         lines.append(f"CLUENER macro F1 (string match): {macro['f1'] if isinstance(macro, dict) else macro:.2f}")

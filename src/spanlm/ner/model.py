@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 
 from spanlm.errors import InputError, read_text
+from spanlm.finetune.model import EncoderTask
 from spanlm.heads.global_pointer import GlobalPointer
 from spanlm.heads.zlpr import global_pointer_loss
 from spanlm.ner.config import NerConfig
-from spanlm.finetune.model import EncoderTask
 
 HEAD_FILE, LABELS_FILE, RECIPE_FILE = "ner_head.safetensors", "labels.json", "recipe.yaml"
 

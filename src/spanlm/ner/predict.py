@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from spanlm.config import load_config
+from spanlm.finetune.model import check_task_directory, ready_for_inference
 from spanlm.models.encoder import load_encoder
 from spanlm.models.hf_model import EncoderConfig
 from spanlm.models.packed import resolve_packing
@@ -30,7 +31,6 @@ from spanlm.ner.decode import decode_spans
 from spanlm.ner.metrics import cluener_macro_f1, span_prf
 from spanlm.ner.model import HEAD_FILE, LABELS_FILE, RECIPE_FILE, NerObjective, read_labels
 from spanlm.ner.windows import Windows, make_windows
-from spanlm.finetune.model import check_task_directory, ready_for_inference
 
 
 @dataclasses.dataclass
@@ -55,15 +55,22 @@ class Spans:
 
 
 @torch.no_grad()
-def window_spans(model: torch.nn.Module, windows: Windows, indices: np.ndarray, threshold: float, batch_size: int,
-                 device: torch.device, n_batches: int | None = None) -> Spans:
+def window_spans(
+    model: torch.nn.Module,
+    windows: Windows,
+    indices: np.ndarray,
+    threshold: float,
+    batch_size: int,
+    device: torch.device,
+    n_batches: int | None = None,
+) -> Spans:
     """Decode windows ``indices`` into character spans. ``n_batches`` (≥ the batches needed) pads with
     repeats of the last batch, so every rank makes the same number of forward passes (FSDP)."""
 
     needed = -(-len(indices) // batch_size)
     parts = []
     for number in range(max(needed, n_batches or 0)):
-        chunk = indices[number * batch_size:(number + 1) * batch_size] if number < needed else indices[-batch_size:]
+        chunk = indices[number * batch_size : (number + 1) * batch_size] if number < needed else indices[-batch_size:]
         if len(chunk) == 0:  # this rank has no window but must join the others' forward passes
             chunk = np.zeros(1, np.int64)
         batch = {k: v.to(device) for k, v in windows.batch(chunk, targets=False).items()}
@@ -71,11 +78,20 @@ def window_spans(model: torch.nn.Module, windows: Windows, indices: np.ndarray, 
         if number >= needed or len(indices) == 0:
             continue
         found = decode_spans(logits.float(), threshold)
-        rows = np.array([(r, t, s, e) for r, spans in enumerate(found) for t, s, e, _ in spans], dtype=np.int64).reshape(-1, 4)
+        rows = np.array(
+            [(r, t, s, e) for r, spans in enumerate(found) for t, s, e, _ in spans], dtype=np.int64
+        ).reshape(-1, 4)
         scores = np.array([score for spans in found for *_, score in spans], dtype=np.float64)
         window = chunk[rows[:, 0]]
-        parts.append(Spans(windows.document[window], rows[:, 1], windows.offsets[window, rows[:, 2], 0],
-                           windows.offsets[window, rows[:, 3], 1], scores))
+        parts.append(
+            Spans(
+                windows.document[window],
+                rows[:, 1],
+                windows.offsets[window, rows[:, 2], 0],
+                windows.offsets[window, rows[:, 3], 1],
+                scores,
+            )
+        )
     return Spans.concat(parts)
 
 
@@ -95,7 +111,7 @@ def snap_to_graphemes(spans: Spans, documents: list[NerDocument]) -> Spans:
     order = np.argsort(spans.document, kind="stable")
     ranges = np.searchsorted(spans.document[order], np.arange(len(documents) + 1))
     for d, document in enumerate(documents):
-        rows = order[ranges[d]:ranges[d + 1]]
+        rows = order[ranges[d] : ranges[d + 1]]
         text = document.text
         if len(rows) == 0 or (text.isascii() and "\r" not in text):  # every character its own cluster
             continue
@@ -128,7 +144,9 @@ def flat_select(spans: Spans) -> Spans:
     return spans.take(np.array(sorted(keep), dtype=np.int64))
 
 
-def spans_to_documents(spans: Spans, documents: list[NerDocument], labels: list[str]) -> list[tuple[NerDocument, list[float]]]:
+def spans_to_documents(
+    spans: Spans, documents: list[NerDocument], labels: list[str]
+) -> list[tuple[NerDocument, list[float]]]:
     """Predicted documents (same ids and texts) with their entities sorted by (start, end, label), and scores."""
     order = np.lexsort((spans.type, spans.end, spans.start, spans.document))
     spans = spans.take(order)
@@ -141,8 +159,16 @@ def spans_to_documents(spans: Spans, documents: list[NerDocument], labels: list[
     return out
 
 
-def predict_documents(model: torch.nn.Module, windows: Windows, documents: list[NerDocument], labels: list[str], threshold: float,
-                      flat: bool, batch_size: int, device: torch.device) -> list[tuple[NerDocument, list[float]]]:
+def predict_documents(
+    model: torch.nn.Module,
+    windows: Windows,
+    documents: list[NerDocument],
+    labels: list[str],
+    threshold: float,
+    flat: bool,
+    batch_size: int,
+    device: torch.device,
+) -> list[tuple[NerDocument, list[float]]]:
     """Entities of every document (``windows`` made from ``documents``), with their scores."""
     was_training = model.training
     model.eval()
@@ -163,8 +189,9 @@ def score_documents(gold: list[NerDocument], predicted: list[NerDocument], label
 
     scores = span_prf(tuples(gold), tuples(predicted))
     if cluener:
+
         def texts(documents):
-            return [(i, e.label, d.text[e.start:e.end]) for i, d in enumerate(documents) for e in d.entities]
+            return [(i, e.label, d.text[e.start : e.end]) for i, d in enumerate(documents) for e in d.entities]
 
         scores["cluener_macro_f1"] = cluener_macro_f1(texts(gold), texts(predicted), labels)
     return scores
@@ -192,13 +219,27 @@ class NerModel:
         windows.packed = resolve_packing(data.packing, self.objective, self.device)
         return windows
 
-    def predict(self, documents: list[NerDocument], batch_size: int = 32, flat: bool | None = None,
-                threshold: float | None = None) -> list[tuple[NerDocument, list[float]]]:
+    def predict(
+        self,
+        documents: list[NerDocument],
+        batch_size: int = 32,
+        flat: bool | None = None,
+        threshold: float | None = None,
+    ) -> list[tuple[NerDocument, list[float]]]:
         """Predicted entities (and scores) of ``documents``; ``flat`` / ``threshold`` default to the recipe's."""
         ner = self.recipe.ner
-        return predict_documents(self.objective, self.windows(documents), documents, self.labels,
-                                 ner.threshold if threshold is None else threshold, ner.flat if flat is None else flat,
-                                 batch_size, self.device)
+        return predict_documents(
+            self.objective,
+            self.windows(documents),
+            documents,
+            self.labels,
+            ner.threshold if threshold is None else threshold,
+            ner.flat if flat is None else flat,
+            batch_size,
+            self.device,
+        )
 
-    def predict_texts(self, texts: list[str], batch_size: int = 32, flat: bool | None = None) -> list[tuple[NerDocument, list[float]]]:
+    def predict_texts(
+        self, texts: list[str], batch_size: int = 32, flat: bool | None = None
+    ) -> list[tuple[NerDocument, list[float]]]:
         return self.predict([NerDocument(str(i), text, []) for i, text in enumerate(texts)], batch_size, flat)

@@ -23,9 +23,9 @@ import torch.distributed as dist
 
 from spanlm.config import save_config
 from spanlm.errors import ConfigError, InputError
-from spanlm.models.encoder import load_encoder
 from spanlm.finetune.batches import held_out_batches
 from spanlm.finetune.model import export_task_model
+from spanlm.models.encoder import load_encoder
 from spanlm.models.packed import resolve_packing
 from spanlm.ner.config import NerRecipe
 from spanlm.ner.data import NerDocument, input_format, label_set, read_documents
@@ -53,7 +53,9 @@ def read_split(path: str, recipe: NerRecipe, name: str, labels: list[str] | None
     if not path:
         raise ConfigError(f"data.{name} is required: a {recipe.data.format or 'NER'} file or dataset")
     split = getattr(recipe.data, f"{name}_split")
-    documents, report = read_documents(path, dataclasses.replace(recipe.data, labels=labels), split, f"data.{name}_split")
+    documents, report = read_documents(
+        path, dataclasses.replace(recipe.data, labels=labels), split, f"data.{name}_split"
+    )
     for line in report.lines():
         log(line)
     if not documents:
@@ -83,7 +85,9 @@ def ner_setup(recipe: NerRecipe, env, log=print, start: StartingPoint = Starting
     torch.manual_seed(recipe.seed)  # the same seed on every rank gives identical head weights
     encoder = load_encoder(recipe.model)
     if data.max_len > encoder.max_length():
-        raise ConfigError(f"data.max_len {data.max_len} exceeds the {encoder.max_length()} positions of {recipe.model.path}")
+        raise ConfigError(
+            f"data.max_len {data.max_len} exceeds the {encoder.max_length()} positions of {recipe.model.path}"
+        )
     featurizer = featurizer_of(encoder)
     train_windows, report = make_windows(encoder.tokenizer, train_docs, labels, data.max_len, data.stride, featurizer)
     for line in report.lines(data.train):
@@ -93,7 +97,9 @@ def ner_setup(recipe: NerRecipe, env, log=print, start: StartingPoint = Starting
     data.packing = resolve_packing(data.packing, objective, env.device)  # config.yaml records the choice
     train_windows.packed = data.packing
 
-    loader = build_window_loader(train_windows, recipe.train, recipe.seed, env.rank, env.world_size, data.tokens_per_batch)
+    loader = build_window_loader(
+        train_windows, recipe.train, recipe.seed, env.rank, env.world_size, data.tokens_per_batch
+    )
     if not data.dev:
         return TrainingSetup(objective, loader, lambda: iter(()))
 
@@ -108,7 +114,7 @@ def ner_setup(recipe: NerRecipe, env, log=print, start: StartingPoint = Starting
 
     def evaluate(model: torch.nn.Module) -> dict[str, float]:
         module = getattr(model, "module", model)  # DDP's wrapper adds nothing at inference
-        mine = by_length(dev_windows, np.arange(len(dev_windows))[env.rank::env.world_size])
+        mine = by_length(dev_windows, np.arange(len(dev_windows))[env.rank :: env.world_size])
         # Rank 0 holds the most windows; every rank runs that many forward passes (FSDP needs them all).
         n_batches = -(-len(range(0, len(dev_windows), env.world_size)) // batch_size)
         spans = window_spans(module, dev_windows, mine, recipe.ner.threshold, batch_size, env.device, n_batches)
@@ -119,7 +125,11 @@ def ner_setup(recipe: NerRecipe, env, log=print, start: StartingPoint = Starting
         spans = merge(snap_to_graphemes(spans, dev_docs))
         predicted = spans_to_documents(flat_select(spans) if recipe.ner.flat else spans, dev_docs, labels)
         scores = score_documents(dev_docs, [d for d, _ in predicted], labels, cluener=dev_format == "cluener")
-        metrics = {"precision": scores["micro"]["precision"], "recall": scores["micro"]["recall"], "f1": scores["micro"]["f1"]}
+        metrics = {
+            "precision": scores["micro"]["precision"],
+            "recall": scores["micro"]["recall"],
+            "f1": scores["micro"]["f1"],
+        }
         if "cluener_macro_f1" in scores:
             metrics["cluener_macro_f1"] = scores["cluener_macro_f1"]["f1"]
         return metrics
@@ -135,17 +145,24 @@ def export_model(run_dir: Path, recipe: NerRecipe) -> Path:
         save_config(recipe, directory / RECIPE_FILE)
         (directory / LABELS_FILE).write_text(json.dumps(labels, ensure_ascii=False) + "\n", encoding="utf-8")
 
-    return export_task_model(run_dir, lambda: NerObjective(load_encoder(dataclasses.replace(recipe.model, init="random")),
-                                                           len(labels), recipe.ner), write_files)
+    return export_task_model(
+        run_dir,
+        lambda: NerObjective(load_encoder(dataclasses.replace(recipe.model, init="random")), len(labels), recipe.ner),
+        write_files,
+    )
 
 
-def evaluate_model(model: NerModel, documents: list[NerDocument], cluener: bool, batch_size: int = 32) -> tuple[dict, list]:
+def evaluate_model(
+    model: NerModel, documents: list[NerDocument], cluener: bool, batch_size: int = 32
+) -> tuple[dict, list]:
     """Scores of ``model`` on gold ``documents`` and its predictions."""
     predicted = model.predict(documents, batch_size)
     return score_documents(documents, [d for d, _ in predicted], model.labels, cluener), predicted
 
 
-def train_ner(recipe: NerRecipe, resume: str | None = None, log=print, weights_from: str | None = None) -> tuple[Path, dict | None]:
+def train_ner(
+    recipe: NerRecipe, resume: str | None = None, log=print, weights_from: str | None = None
+) -> tuple[Path, dict | None]:
     """Fine-tune, export ``<run>/model/`` and score it on the whole dev set; returns (run dir, dev scores)."""
 
     run_dir = train(recipe, ner_setup, resume, log, weights_from)
@@ -156,7 +173,9 @@ def train_ner(recipe: NerRecipe, resume: str | None = None, log=print, weights_f
         return run_dir, None
     model = NerModel(model_dir, device=recipe.train.device)
     dev = read_split(recipe.data.dev, recipe, "dev", recipe.data.labels, lambda *_: None)
-    scores, _ = evaluate_model(model, dev, input_format(recipe.data.dev, recipe.data) == "cluener", recipe.train.batch_size)
+    scores, _ = evaluate_model(
+        model, dev, input_format(recipe.data.dev, recipe.data) == "cluener", recipe.train.batch_size
+    )
     result = {"data": recipe.data.dev, **scores}
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     log(format_table(scores))

@@ -39,8 +39,11 @@ def special_template(tokenizer) -> tuple[list[int], list[int]]:
     ids, special = encoded["input_ids"], encoded["special_tokens_mask"]
     content = [i for i, flag in enumerate(special) if not flag]
     if not content:
-        raise InputError(f"{tokenizer.name_or_path}: the tokenizer produces no content token for 'a'; cannot find its special-token template")
-    return ids[: content[0]], ids[content[-1] + 1:]
+        raise InputError(
+            f"{tokenizer.name_or_path}: the tokenizer produces no content token for 'a'; cannot find its "
+            "special-token template"
+        )
+    return ids[: content[0]], ids[content[-1] + 1 :]
 
 
 @dataclasses.dataclass
@@ -66,14 +69,21 @@ class Windows:
         """Model inputs (and ``entity_spans``) of windows ``indices``, cut to the longest of them."""
         indices = np.asarray(indices)
         length = int(self.attention_mask[indices].sum(1).max())
-        rows = {"input_ids": self.input_ids[indices, :length], "attention_mask": self.attention_mask[indices, :length],
-                "token_mask": self.token_mask[indices, :length]}
+        rows = {
+            "input_ids": self.input_ids[indices, :length],
+            "attention_mask": self.attention_mask[indices, :length],
+            "token_mask": self.token_mask[indices, :length],
+        }
         if targets:
             spans = self.entity_spans[indices]  # (B, N, 3)
             width = max(int((spans[..., 0] >= 0).sum(1).max()), 1)  # rows are packed to the front
             rows["entity_spans"] = spans[:, :width]
         if self.featurizer is not None:
-            rows.update(self.featurizer(rows["input_ids"], self.offsets[indices, :length], [self.texts[d] for d in self.document[indices]]))
+            rows.update(
+                self.featurizer(
+                    rows["input_ids"], self.offsets[indices, :length], [self.texts[d] for d in self.document[indices]]
+                )
+            )
         if self.packed:
             rows.update(pack_encoder_inputs(rows, self.pad_id, getattr(self.featurizer, "packing_gap", 0)))
         return {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in rows.items()}
@@ -90,26 +100,43 @@ class WindowReport:
     too_long: int = 0  # aligned entities longer than a window's content (in no window whole)
 
     def summary(self) -> dict:
-        return {"documents": self.documents, "windows": self.windows, "split_documents": self.split_documents,
-                "entities_too_long": self.too_long, **self.alignment.summary()}
+        return {
+            "documents": self.documents,
+            "windows": self.windows,
+            "split_documents": self.split_documents,
+            "entities_too_long": self.too_long,
+            **self.alignment.summary(),
+        }
 
     def lines(self, name: str) -> list[str]:
         out = self.alignment.lines(name)
         if self.too_long:
-            out.append(f"{name}: {self.too_long} entities are longer than a window's content and are not trained on; "
-                       "raise data.max_len")
+            out.append(
+                f"{name}: {self.too_long} entities are longer than a window's content and are not trained on; "
+                "raise data.max_len"
+            )
         return out
 
 
-def make_windows(tokenizer, documents: list[NerDocument], labels: list[str], max_len: int, stride: int,
-                 featurizer: Featurizer | None = None) -> tuple[Windows, WindowReport]:
+def make_windows(
+    tokenizer,
+    documents: list[NerDocument],
+    labels: list[str],
+    max_len: int,
+    stride: int,
+    featurizer: Featurizer | None = None,
+) -> tuple[Windows, WindowReport]:
     """Tokenize ``documents`` once and cut them into windows with their entity spans."""
     prefix, suffix = special_template(tokenizer)
     capacity = max_len - len(prefix) - len(suffix)  # content tokens per window (C)
     if capacity < 1:
-        raise ConfigError(f"data.max_len {max_len} leaves no room for tokens after {len(prefix) + len(suffix)} special tokens")
+        raise ConfigError(
+            f"data.max_len {max_len} leaves no room for tokens after {len(prefix) + len(suffix)} special tokens"
+        )
     if not 0 <= stride < capacity:
-        raise ConfigError(f"data.stride {stride} must be at least 0 and less than the {capacity} content tokens of a window")
+        raise ConfigError(
+            f"data.stride {stride} must be at least 0 and less than the {capacity} content tokens of a window"
+        )
     step = capacity - stride
     tokens = tokenize_documents(tokenizer, [document.text for document in documents])
     n = tokens.lengths  # (D,)
@@ -125,7 +152,11 @@ def make_windows(tokenizer, documents: list[NerDocument], labels: list[str], max
     width = n_prefix + int(length.max(initial=0)) + n_suffix
     column = np.arange(width)[None, :]  # (1, L)
     content = (column >= n_prefix) & (column < n_prefix + length[:, None])  # (W, L)
-    source = np.clip(tokens.token_starts[document][:, None] + start[:, None] + column - n_prefix, 0, max(len(tokens.input_ids) - 1, 0))  # (W, L)
+    source = np.clip(
+        tokens.token_starts[document][:, None] + start[:, None] + column - n_prefix,
+        0,
+        max(len(tokens.input_ids) - 1, 0),
+    )  # (W, L)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     input_ids = np.full((count, width), pad, dtype=np.int64)
     offsets = np.zeros((count, width, 2), dtype=np.int64)
@@ -137,31 +168,63 @@ def make_windows(tokenizer, documents: list[NerDocument], labels: list[str], max
     input_ids[np.arange(count)[:, None], suffix_columns] = suffix
     attention_mask = column < (n_prefix + length + n_suffix)[:, None]
 
-    spans, alignment, too_long = _window_entities(documents, labels, tokens, n_windows, first_window, step, capacity, n_prefix)
-    report = WindowReport(alignment, windows=count, documents=len(documents), split_documents=int((n_windows > 1).sum()),
-                          too_long=too_long)
-    windows = Windows(input_ids, attention_mask, content, offsets, document, spans, [d.text for d in documents], featurizer,
-                      pad_id=pad)
+    spans, alignment, too_long = _window_entities(
+        documents, labels, tokens, n_windows, first_window, step, capacity, n_prefix
+    )
+    report = WindowReport(
+        alignment,
+        windows=count,
+        documents=len(documents),
+        split_documents=int((n_windows > 1).sum()),
+        too_long=too_long,
+    )
+    windows = Windows(
+        input_ids,
+        attention_mask,
+        content,
+        offsets,
+        document,
+        spans,
+        [d.text for d in documents],
+        featurizer,
+        pad_id=pad,
+    )
     return windows, report
 
 
-def _window_entities(documents: list[NerDocument], labels: list[str], tokens, n_windows: np.ndarray, first_window: np.ndarray,
-                     step: int, capacity: int, n_prefix: int) -> tuple[np.ndarray, AlignmentReport, int]:
+def _window_entities(
+    documents: list[NerDocument],
+    labels: list[str],
+    tokens,
+    n_windows: np.ndarray,
+    first_window: np.ndarray,
+    step: int,
+    capacity: int,
+    n_prefix: int,
+) -> tuple[np.ndarray, AlignmentReport, int]:
     """(W, N, 3) entity spans per window (padded with -1 rows), the alignment report, entities in no window."""
     label_index = {label: i for i, label in enumerate(labels)}
     unknown = sorted({e.label for d in documents for e in d.entities} - set(label_index))
     if unknown:
         raise InputError(f"entity labels {unknown} are not in the label set {labels}")
-    flat = [(d, e.start, e.end, label_index[e.label]) for d, document in enumerate(documents) for e in document.entities]
-    doc, char_start, char_end, kind = (np.array(column, dtype=np.int64) for column in zip(*flat)) if flat else (np.zeros(0, np.int64),) * 4
+    flat = [
+        (d, e.start, e.end, label_index[e.label]) for d, document in enumerate(documents) for e in document.entities
+    ]
+    doc, char_start, char_end, kind = (
+        (np.array(column, dtype=np.int64) for column in zip(*flat)) if flat else (np.zeros(0, np.int64),) * 4
+    )
     text_lengths = np.array([len(d.text) for d in documents], dtype=np.int64)
     first, last, exact, aligned = char_to_token(tokens, doc, char_start, char_end, text_lengths)
-    report = AlignmentReport(entities=len(doc), exact=int(exact.sum()), snapped=int((aligned & ~exact).sum()),
-                             unaligned=int((~aligned).sum()))
+    report = AlignmentReport(
+        entities=len(doc),
+        exact=int(exact.sum()),
+        snapped=int((aligned & ~exact).sum()),
+        unaligned=int((~aligned).sum()),
+    )
     for i in np.flatnonzero(aligned & ~exact)[:5]:
         text, base = documents[doc[i]].text, tokens.token_starts[doc[i]]
-        snapped = text[tokens.offsets[base + first[i], 0]:tokens.offsets[base + last[i], 1]]
-        report.examples.append((documents[doc[i]].id, text[char_start[i]:char_end[i]], snapped))
+        snapped = text[tokens.offsets[base + first[i], 0] : tokens.offsets[base + last[i], 1]]
+        report.examples.append((documents[doc[i]].id, text[char_start[i] : char_end[i]], snapped))
 
     doc, first, last, kind = doc[aligned], first[aligned], last[aligned], kind[aligned]
     # Windows k holding s..e whole: k·step ≤ s and e < k·step + C, within the document's K windows.
@@ -172,8 +235,12 @@ def _window_entities(documents: list[NerDocument], labels: list[str], tokens, n_
     entity = np.repeat(np.arange(len(doc)), per_entity)  # (P,) one row per (entity, window) placement
     k = k_low[entity] + np.arange(len(entity)) - np.repeat(np.cumsum(per_entity) - per_entity, per_entity)
     window = first_window[doc[entity]] + k
-    rows = np.stack([window, kind[entity], first[entity] - k * step + n_prefix, last[entity] - k * step + n_prefix], 1)  # (P, 4)
-    rows = np.unique(rows, axis=0) if len(rows) else rows.reshape(0, 4)  # snapping can make two spans one; sorted by window
+    rows = np.stack(
+        [window, kind[entity], first[entity] - k * step + n_prefix, last[entity] - k * step + n_prefix], 1
+    )  # (P, 4)
+    rows = (
+        np.unique(rows, axis=0) if len(rows) else rows.reshape(0, 4)
+    )  # snapping can make two spans one; sorted by window
     count = int(first_window[-1])
     per_window = np.bincount(rows[:, 0], minlength=count)  # (W,)
     slot = np.arange(len(rows)) - np.repeat(np.cumsum(per_window) - per_window, per_window)  # rank within its window

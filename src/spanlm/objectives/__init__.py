@@ -26,7 +26,9 @@ class Registered:
         schemes = self.schemes(recipe) if callable(self.schemes) else self.schemes
         if recipe.masking.scheme not in schemes:
             why = f" ({self.needs})" if self.needs else ""
-            raise ConfigError(f"objective '{name}' needs masking.scheme {' or '.join(schemes)}{why}, not '{recipe.masking.scheme}'")
+            raise ConfigError(
+                f"objective '{name}' needs masking.scheme {' or '.join(schemes)}{why}, not '{recipe.masking.scheme}'"
+            )
 
 
 # name → its registration; each objective module adds itself here.

@@ -133,16 +133,21 @@ class CharBERT(Objective):
         token, char = self.model(batch)  # (B, L, H) each
         mlm_rows = self.mlm_head.features(gather_rows(token, batch["target_index"]))  # (N, E)
         nlm_rows = self.nlm_head.features(gather_rows(char, batch["nlm_index"]))  # (K, H)
-        mlm, nlm = vocab_cross_entropies([
-            VocabTarget(mlm_rows, self.mlm_head.decoder, batch["target_labels"]),
-            VocabTarget(nlm_rows, self.nlm_head.decoder, batch["nlm_labels"]),
-        ])
+        mlm, nlm = vocab_cross_entropies(
+            [
+                VocabTarget(mlm_rows, self.mlm_head.decoder, batch["target_labels"]),
+                VocabTarget(nlm_rows, self.nlm_head.decoder, batch["nlm_labels"]),
+            ]
+        )
         return charbert_loss(mlm, nlm, self.nlm_weight)
 
     def heads_state(self) -> dict[str, torch.Tensor]:
         """MLM and NLM heads' own weights (the MLM decoder's tied weight belongs to the backbone)."""
-        return {name: tensor.detach().contiguous() for name, tensor in self.named_parameters()
-                if name.startswith(("mlm_head.", "nlm_head."))}
+        return {
+            name: tensor.detach().contiguous()
+            for name, tensor in self.named_parameters()
+            if name.startswith(("mlm_head.", "nlm_head."))
+        }
 
     def export(self, directory: Path, tokenizer) -> None:
         from safetensors.torch import save_file
@@ -176,10 +181,14 @@ def build_charbert(recipe, corpus) -> CharBERT:
     settings = recipe.objective.charbert
     backbone = build_backbone(recipe.model, corpus)
     if backbone.config.model_type not in ("bert", "roberta", "electra"):
-        raise ConfigError(f"objective 'charbert' runs over bert, roberta or electra backbones, not '{backbone.config.model_type}'")
+        raise ConfigError(
+            f"objective 'charbert' runs over bert, roberta or electra backbones, not '{backbone.config.model_type}'"
+        )
     if int(backbone.config.hidden_size) % 4:
-        raise ConfigError(f"objective 'charbert' needs model.hidden_size divisible by 4 (a BiGRU of H/4 per direction, "
-                          f"read at the first and last char), got {backbone.config.hidden_size}")
+        raise ConfigError(
+            f"objective 'charbert' needs model.hidden_size divisible by 4 (a BiGRU of H/4 per direction, "
+            f"read at the first and last char), got {backbone.config.hidden_size}"
+        )
     source = Path(recipe.model.path) if recipe.model.path else None
     continuing = source is not None and is_charbert_directory(source)
     if continuing:
@@ -189,15 +198,23 @@ def build_charbert(recipe, corpus) -> CharBERT:
     else:
         char_vocab = build_char_vocab(corpus, settings.char_vocab_size)
         config = CharChannelConfig(
-            char_vocab_size=char_vocab.size, hidden_size=int(backbone.config.hidden_size),
-            char_embedding_size=settings.char_embedding_size, fusion=settings.fusion,
-            num_layers=int(backbone.config.num_hidden_layers), layer_norm_eps=layer_norm_eps(backbone),
+            char_vocab_size=char_vocab.size,
+            hidden_size=int(backbone.config.hidden_size),
+            char_embedding_size=settings.char_embedding_size,
+            fusion=settings.fusion,
+            num_layers=int(backbone.config.num_hidden_layers),
+            layer_norm_eps=layer_norm_eps(backbone),
         )
     if config.hidden_size != int(backbone.config.hidden_size):
-        raise InputError(f"{source}: charbert.json is for hidden size {config.hidden_size}, the backbone has {backbone.config.hidden_size}")
+        raise InputError(
+            f"{source}: charbert.json is for hidden size {config.hidden_size}, the backbone has "
+            f"{backbone.config.hidden_size}"
+        )
     model = DualChannel(backbone, config)
     noise = NoiseMasker.from_corpus(recipe.masking.noise, corpus)
-    masker = CharNoiseMasker(noise, Spelling.from_tokenizer(corpus.tokenizer, char_vocab), int(corpus.special_ids["pad"]))
+    masker = CharNoiseMasker(
+        noise, Spelling.from_tokenizer(corpus.tokenizer, char_vocab), int(corpus.special_ids["pad"])
+    )
     objective = CharBERT(model, masker, char_vocab, settings.nlm_weight)
     if source is not None:
         _continue_from(objective, source, continuing)

@@ -82,19 +82,24 @@ def generator_config(model: BackboneConfig, settings: ElectraConfig) -> Backbone
     width = settings.generator_width
     hidden, heads = round(model.hidden_size * width), max(1, round(model.num_heads * width))
     if hidden < 1 or hidden % heads:
-        raise ConfigError(f"objective.electra.generator_width {width} gives a generator of hidden size {hidden} "
-                          f"and {heads} heads (model.hidden_size × width must be a positive multiple of the heads)")
+        raise ConfigError(
+            f"objective.electra.generator_width {width} gives a generator of hidden size {hidden} "
+            f"and {heads} heads (model.hidden_size × width must be a positive multiple of the heads)"
+        )
     changes = {
-        "hidden_size": hidden, "num_heads": heads,
+        "hidden_size": hidden,
+        "num_heads": heads,
         "intermediate_size": max(1, round(model.intermediate_size * width)),
         "num_layers": max(1, round(model.num_layers * settings.generator_depth)),
     }
     if model.family in ("electra", "deberta-v2"):
         changes["embedding_size"] = model.embedding_size or model.hidden_size
     elif hidden != model.hidden_size and settings.sharing != "none":
-        raise ConfigError(f"model.family {model.family} has no embedding projection, so a generator narrower than the "
-                          f"discriminator (objective.electra.generator_width {width}) cannot share its embedding: use "
-                          f"family electra or deberta-v2, generator_width 1.0, or sharing none")
+        raise ConfigError(
+            f"model.family {model.family} has no embedding projection, so a generator narrower than the "
+            f"discriminator (objective.electra.generator_width {width}) cannot share its embedding: use "
+            f"family electra or deberta-v2, generator_width 1.0, or sharing none"
+        )
     return dataclasses.replace(model, **changes)
 
 
@@ -102,8 +107,15 @@ class Electra(Objective):
     supports_packing = True
     name = "electra"
 
-    def __init__(self, generator, discriminator, masker, settings: ElectraConfig, sbo_weight: float = 1.0,
-                 max_targets: int = MAX_TARGETS):
+    def __init__(
+        self,
+        generator,
+        discriminator,
+        masker,
+        settings: ElectraConfig,
+        sbo_weight: float = 1.0,
+        max_targets: int = MAX_TARGETS,
+    ):
         super().__init__()
         self.generator, self.discriminator = generator, discriminator
         self.masker = masker
@@ -111,14 +123,23 @@ class Electra(Objective):
         self.sbo_weight = sbo_weight
         std = float(generator.config.initializer_range)
         embedding = input_embeddings(generator)  # E_G: the generator's heads decode through it
-        self.mlm_head = MLMHead(hidden_size(generator), embedding, layer_norm_eps=layer_norm_eps(generator), initializer_range=std)
+        self.mlm_head = MLMHead(
+            hidden_size(generator), embedding, layer_norm_eps=layer_norm_eps(generator), initializer_range=std
+        )
         self.sbo_head = None
         if settings.generator_head == "sbo":
-            self.sbo_head = SBOHead(hidden_size(generator), embedding, max_targets=max_targets,
-                                    layer_norm_eps=layer_norm_eps(generator), initializer_range=std)
+            self.sbo_head = SBOHead(
+                hidden_size(generator),
+                embedding,
+                max_targets=max_targets,
+                layer_norm_eps=layer_norm_eps(generator),
+                initializer_range=std,
+            )
         head = RTD_HEADS[settings.discriminator_head]
         extra = {"layer_norm_eps": layer_norm_eps(discriminator)} if head is DebertaV3RTDHead else {}
-        self.rtd_head = head(hidden_size(discriminator), initializer_range=float(discriminator.config.initializer_range), **extra)
+        self.rtd_head = head(
+            hidden_size(discriminator), initializer_range=float(discriminator.config.initializer_range), **extra
+        )
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         # --- generator: a masked LM on the corrupted input
@@ -132,18 +153,24 @@ class Electra(Objective):
             (mlm,) = vocab_cross_entropies([VocabTarget(rows, self.mlm_head.decoder, batch["target_labels"], sampler)])
             parts = masked_lm_loss(mlm)
         else:
-            sbo_rows = self.sbo_head.features(hidden, batch["sbo_left"], batch["sbo_right"], batch["sbo_relative"])  # (M, E)
-            mlm, sbo = vocab_cross_entropies([
-                VocabTarget(rows, self.mlm_head.decoder, batch["target_labels"], sampler),
-                VocabTarget(sbo_rows, self.sbo_head.decoder, batch["sbo_labels"]),
-            ])
+            sbo_rows = self.sbo_head.features(
+                hidden, batch["sbo_left"], batch["sbo_right"], batch["sbo_relative"]
+            )  # (M, E)
+            mlm, sbo = vocab_cross_entropies(
+                [
+                    VocabTarget(rows, self.mlm_head.decoder, batch["target_labels"], sampler),
+                    VocabTarget(sbo_rows, self.sbo_head.decoder, batch["sbo_labels"]),
+                ]
+            )
             parts = span_bert_loss(mlm, sbo, self.sbo_weight)
         generator_loss = parts.pop("loss")
 
         # --- the discriminator's input: targets replaced by the samples
         with torch.no_grad():
             samples = mlm.samples  # (N,)
-            ids, replaced = replace_tokens(batch["input_ids"], batch["target_index"], samples, batch["target_labels"])  # (B, L) each
+            ids, replaced = replace_tokens(
+                batch["input_ids"], batch["target_index"], samples, batch["target_labels"]
+            )  # (B, L) each
             # Every position is scored and the pads are masked out of the loss: selecting the non-pad rows
             # would give a data-dependent shape (a host sync on a GPU, a graph break under torch.compile).
             positions = torch.arange(ids.numel(), device=ids.device)  # (B·L,)
@@ -169,7 +196,9 @@ class Electra(Objective):
 
         directory = Path(directory)
         written = set()
-        if export_backbone(self.discriminator, directory, self.rtd_head, "rtd", state_dict=materialised_state_dict(self.discriminator)):
+        if export_backbone(
+            self.discriminator, directory, self.rtd_head, "rtd", state_dict=materialised_state_dict(self.discriminator)
+        ):
             written.add("rtd_head")
         if export_backbone(self.generator, directory / GENERATOR_DIR, self.mlm_head, "mlm"):
             written.add("mlm_head")
@@ -193,8 +222,10 @@ def build_electra(recipe, corpus) -> Electra:
         generator_model = generator_config(recipe.model, settings)
     else:
         if not (source / GENERATOR_DIR / "config.json").is_file():
-            raise InputError(f"{source}: continuing ELECTRA pretraining needs a spanlm electra export "
-                             f"(the generator in {source / GENERATOR_DIR}/); none found")
+            raise InputError(
+                f"{source}: continuing ELECTRA pretraining needs a spanlm electra export "
+                f"(the generator in {source / GENERATOR_DIR}/); none found"
+            )
         generator_model = dataclasses.replace(recipe.model, path=str(source / GENERATOR_DIR))
     generator = build_backbone(generator_model, corpus)
     discriminator = build_backbone(recipe.model, corpus)
@@ -202,9 +233,21 @@ def build_electra(recipe, corpus) -> Electra:
         share_embeddings(generator, discriminator, settings.sharing, keep_discriminator=source is not None)
     except ValueError as error:
         raise ConfigError(f"objective.electra.sharing {settings.sharing}: {error}") from None
-    objective = Electra(generator, discriminator, SampledMasker(build_masker(recipe.masking, corpus)), settings,
-                        recipe.objective.sbo_weight, recipe.masking.span.max_targets)
+    objective = Electra(
+        generator,
+        discriminator,
+        SampledMasker(build_masker(recipe.masking, corpus)),
+        settings,
+        recipe.objective.sbo_weight,
+        recipe.masking.span.max_targets,
+    )
     if source is not None:
-        load_heads(objective, source, {"mlm_head": ("mlm", source / GENERATOR_DIR, generator.config),
-                                       "rtd_head": ("rtd", source, discriminator.config)})
+        load_heads(
+            objective,
+            source,
+            {
+                "mlm_head": ("mlm", source / GENERATOR_DIR, generator.config),
+                "rtd_head": ("rtd", source, discriminator.config),
+            },
+        )
     return objective

@@ -53,6 +53,7 @@ def load_heads_if_present(objective: Objective, model_path: str | None) -> None:
 
 class MaskedLM(Objective):
     supports_packing = True
+
     def __init__(self, name: str, backbone, masker, layer_norm_eps: float):
         super().__init__()
         self.name = name

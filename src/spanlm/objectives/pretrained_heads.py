@@ -25,11 +25,18 @@ OBJECTIVE_FILE = "spanlm_objective.json"
 
 def head_modules(objective: nn.Module) -> dict[str, nn.Module]:
     """The objective's heads: its direct children named ``*_head`` (``None`` for an unused one is skipped)."""
-    return {name: module for name, module in objective.named_children() if name.endswith("_head") and module is not None}
+    return {
+        name: module for name, module in objective.named_children() if name.endswith("_head") and module is not None
+    }
 
 
-def export_backbone(backbone, directory: Path, head: nn.Module | None = None, kind: str | None = None,
-                    state_dict: dict[str, torch.Tensor] | None = None) -> bool:
+def export_backbone(
+    backbone,
+    directory: Path,
+    head: nn.Module | None = None,
+    kind: str | None = None,
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> bool:
     """``backbone`` as a Hugging Face directory, as the transformers task model of ``head`` when there is one.
 
     Returns whether ``head`` was written in transformers' form (else it belongs in ``heads.safetensors``).
@@ -43,16 +50,24 @@ def export_heads(objective: nn.Module, directory: Path, written: set[str], recor
     """The heads not ``written`` in transformers' form into ``heads.safetensors``, and the objective's record."""
     from safetensors.torch import save_file
 
-    rest = {key: tensor for name, module in head_modules(objective).items() if name not in written
-            for key, tensor in head_state(name, module).items()}
+    rest = {
+        key: tensor
+        for name, module in head_modules(objective).items()
+        if name not in written
+        for key, tensor in head_state(name, module).items()
+    }
     if rest:
         save_file(rest, str(directory / HEADS_FILE))
     record = {"objective": objective.name, **(record or {})}
     (directory / OBJECTIVE_FILE).write_text(json.dumps(record) + "\n", encoding="utf-8")
 
 
-def load_heads(objective: nn.Module, directory: Path, transformers_heads: dict[str, tuple[str, Path, object]],
-               skip: dict[str, str] | None = None) -> dict[str, str]:
+def load_heads(
+    objective: nn.Module,
+    directory: Path,
+    transformers_heads: dict[str, tuple[str, Path, object]],
+    skip: dict[str, str] | None = None,
+) -> dict[str, str]:
     """Load every head of ``objective`` that the checkpoint ``directory`` holds; report where each came from.
 
     ``transformers_heads``: head name → (kind, directory of the transformers checkpoint, its backbone's
@@ -61,7 +76,6 @@ def load_heads(objective: nn.Module, directory: Path, transformers_heads: dict[s
     The report (head name → "loaded from …" / "fresh: why") is also kept as ``objective.head_report``.
     """
     from safetensors.torch import load_file
-
 
     heads_file = directory / HEADS_FILE
     saved = load_file(str(heads_file)) if heads_file.is_file() else {}
@@ -77,9 +91,11 @@ def load_heads(objective: nn.Module, directory: Path, transformers_heads: dict[s
         if found is not None:
             for key, tensor in found.items():
                 if tensor.shape != expected[key].shape:
-                    raise InputError(f"{source}: its {spec.task_class} head has {spec.names[key]} of shape "
-                                     f"{tuple(tensor.shape)} where this model needs {tuple(expected[key].shape)}; "
-                                     "the head does not belong to this checkpoint's embedding / tokenizer")
+                    raise InputError(
+                        f"{source}: its {spec.task_class} head has {spec.names[key]} of shape "
+                        f"{tuple(tensor.shape)} where this model needs {tuple(expected[key].shape)}; "
+                        "the head does not belong to this checkpoint's embedding / tokenizer"
+                    )
             module.load_state_dict(found)
             report[name] = f"loaded ({spec.task_class} weights in {source.name or source})"
             continue

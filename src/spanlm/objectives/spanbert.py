@@ -45,11 +45,15 @@ class SpanBERT(Objective):
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         hidden = encode(self.backbone, batch)  # (B, L, H)
         mlm_rows = self.mlm_head.features(gather_rows(hidden, batch["target_index"]))  # (N, E)
-        sbo_rows = self.sbo_head.features(hidden, batch["sbo_left"], batch["sbo_right"], batch["sbo_relative"])  # (M, E)
-        mlm, sbo = vocab_cross_entropies([
-            VocabTarget(mlm_rows, self.mlm_head.decoder, batch["target_labels"]),
-            VocabTarget(sbo_rows, self.sbo_head.decoder, batch["sbo_labels"]),
-        ])
+        sbo_rows = self.sbo_head.features(
+            hidden, batch["sbo_left"], batch["sbo_right"], batch["sbo_relative"]
+        )  # (M, E)
+        mlm, sbo = vocab_cross_entropies(
+            [
+                VocabTarget(mlm_rows, self.mlm_head.decoder, batch["target_labels"]),
+                VocabTarget(sbo_rows, self.sbo_head.decoder, batch["sbo_labels"]),
+            ]
+        )
         return span_bert_loss(mlm, sbo, self.sbo_weight)
 
     def export(self, directory: Path, tokenizer) -> None:
@@ -62,7 +66,12 @@ class SpanBERT(Objective):
 @register("spanbert", schemes=("span",), needs="SBO targets")
 def build_spanbert(recipe, corpus) -> SpanBERT:
     backbone = build_backbone(recipe.model, corpus)
-    objective = SpanBERT(backbone, build_masker(recipe.masking, corpus), recipe.masking.span.max_targets,
-                         recipe.objective.sbo_weight, layer_norm_eps(backbone))
+    objective = SpanBERT(
+        backbone,
+        build_masker(recipe.masking, corpus),
+        recipe.masking.span.max_targets,
+        recipe.objective.sbo_weight,
+        layer_norm_eps(backbone),
+    )
     load_heads_if_present(objective, recipe.model.path)
     return objective

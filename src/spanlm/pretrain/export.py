@@ -34,9 +34,15 @@ def check_replaceable(out: Path) -> None:
     Anything else — a file, a directory of other things — would be lost with the swap."""
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: exists and is not a directory; --out names the directory to write")
-    if out.is_dir() and any(out.iterdir()) and not any((out / name).is_file() for name in ("config.json", "config.yaml")):
-        raise InputError(f"{out}: a directory that is not an earlier export (no config.json or config.yaml) would be "
-                         "replaced with everything in it; choose a new --out")
+    if (
+        out.is_dir()
+        and any(out.iterdir())
+        and not any((out / name).is_file() for name in ("config.json", "config.yaml"))
+    ):
+        raise InputError(
+            f"{out}: a directory that is not an earlier export (no config.json or config.yaml) would be "
+            "replaced with everything in it; choose a new --out"
+        )
 
 
 def _corpus_of(checkpoint: Path, prepared: Path, fingerprint: str | None):
@@ -62,16 +68,26 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
         checkpoint = complete[-1]
     if (problem := missing_parts(checkpoint)) is not None:
         # An export is of the checkpoint asked for (a run's latest): never quietly of an older one.
-        earlier = [p for p in complete_checkpoints(checkpoint.parent) if step_of(p) < step_of(checkpoint) and missing_parts(p) is None]
+        earlier = [
+            p
+            for p in complete_checkpoints(checkpoint.parent)
+            if step_of(p) < step_of(checkpoint) and missing_parts(p) is None
+        ]
         hint = f"; an earlier checkpoint is whole: spanlm export {earlier[-1]}" if earlier else ""
         raise InputError(f"{checkpoint}/{problem}: the checkpoint is damaged{hint}")
     recipe = load_recipe(checkpoint / "config.yaml")
     prepared = Path(recipe.data.prepared_dir)
     trainer_state = load_file(checkpoint / "trainer_state.pt")
     fingerprint = trainer_state.get("tokenizer_fingerprint")
-    if checkpoint_tokenizer_dir(checkpoint, fingerprint) is None and not prepared.is_absolute() and not prepared.exists():
-        raise InputError(f"{checkpoint}: its recipe's data.prepared_dir '{prepared}' is relative to the directory the run was "
-                         f"started from and is not found from {Path.cwd()}; run `spanlm export` from there")
+    if (
+        checkpoint_tokenizer_dir(checkpoint, fingerprint) is None
+        and not prepared.is_absolute()
+        and not prepared.exists()
+    ):
+        raise InputError(
+            f"{checkpoint}: its recipe's data.prepared_dir '{prepared}' is relative to the directory the run was "
+            f"started from and is not found from {Path.cwd()}; run `spanlm export` from there"
+        )
     corpus = _corpus_of(checkpoint, prepared, fingerprint)
     check_same_tokenizer(checkpoint, trainer_state, corpus.meta["tokenizer_fingerprint"], recipe)
     objective = build_objective(recipe, corpus)

@@ -46,15 +46,30 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
     torch.manual_seed(recipe.seed)  # the same seed on every rank gives identical initial weights
     objective = build_objective(recipe, corpus).to(env.device)
     if objective.head_report and env.is_main:
-
         log(f"heads from {recipe.model.path}: {describe_heads(objective.head_report)}")
-    check_max_len(objective, recipe.data.max_len, recipe.masking.noise.max_len if recipe.masking.scheme == "noise" else None)
+    check_max_len(
+        objective, recipe.data.max_len, recipe.masking.noise.max_len if recipe.masking.scheme == "noise" else None
+    )
     recipe.data.packing = resolve_packing(recipe.data.packing, objective, env.device)  # config.yaml records the choice
-    loader = build_train_loader(blocks, train_blocks, objective.masker, recipe.train, recipe.seed, env.rank, env.world_size, recipe.data)
-    return TrainingSetup(objective, loader, lambda: eval_batches(blocks, held_out, objective.masker, recipe.train.batch_size,
-                                                                 recipe.seed, env.rank, env.world_size, recipe.data),
-                         tokenizer_fingerprint=corpus.meta["tokenizer_fingerprint"],
-                         keep_with_run=functools.partial(keep_tokenizer, corpus))
+    loader = build_train_loader(
+        blocks, train_blocks, objective.masker, recipe.train, recipe.seed, env.rank, env.world_size, recipe.data
+    )
+    return TrainingSetup(
+        objective,
+        loader,
+        lambda: eval_batches(
+            blocks,
+            held_out,
+            objective.masker,
+            recipe.train.batch_size,
+            recipe.seed,
+            env.rank,
+            env.world_size,
+            recipe.data,
+        ),
+        tokenizer_fingerprint=corpus.meta["tokenizer_fingerprint"],
+        keep_with_run=functools.partial(keep_tokenizer, corpus),
+    )
 
 
 def check_max_len(objective: torch.nn.Module, max_len: int, noise_max_len: int | None = None) -> None:
@@ -63,12 +78,16 @@ def check_max_len(objective: torch.nn.Module, max_len: int, noise_max_len: int |
     (else: an index error mid-step), and noised rows are never cut below their blocks' own length."""
     limit = shortest_position_table(objective)
     if noise_max_len is not None and noise_max_len < max_len:
-        raise ConfigError(f"masking.noise.max_len {noise_max_len} is less than data.max_len {max_len}: noised rows "
-                          "would lose words of every full block; set it at least data.max_len")
+        raise ConfigError(
+            f"masking.noise.max_len {noise_max_len} is less than data.max_len {max_len}: noised rows "
+            "would lose words of every full block; set it at least data.max_len"
+        )
     for key, length in (("data.max_len", max_len), ("masking.noise.max_len", noise_max_len)):
         if length is not None and limit is not None and length > limit:
-            raise ConfigError(f"{key} {length} exceeds the {limit} positions the model numbers "
-                              "(model.max_position_embeddings, or the checkpoint of model.path)")
+            raise ConfigError(
+                f"{key} {length} exceeds the {limit} positions the model numbers "
+                "(model.max_position_embeddings, or the checkpoint of model.path)"
+            )
 
 
 def pretrain(recipe, resume: str | None = None, log=print, weights_from: str | None = None) -> Path:

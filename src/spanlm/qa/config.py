@@ -27,18 +27,26 @@ class QADataConfig:
     # A batch's windows in one token stream, each attending only to itself (spanlm.data.packing):
     # true / false, or "auto": per device what measured fastest (config.yaml records the choice).
     packing: bool | Literal["auto"] = "auto"
-    tokens_per_batch: int = 0  # batches of windows up to this many real tokens instead of train.batch_size windows; 0 = off
+    tokens_per_batch: int = (
+        0  # batches of windows up to this many real tokens instead of train.batch_size windows; 0 = off
+    )
 
     def __post_init__(self) -> None:
         for name in ("max_length", "doc_stride", "max_query_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.max_query_length + 4 > self.max_length:
-            raise ValueError(f"max_query_length {self.max_query_length} leaves no room for the context in max_length {self.max_length}")
+            raise ValueError(
+                f"max_query_length {self.max_query_length} leaves no room for the context in max_length "
+                f"{self.max_length}"
+            )
         if self.repair_window < 0:
             raise ValueError("repair_window must be at least 0")
         if self.tokens_per_batch and self.tokens_per_batch < self.max_length:
-            raise ValueError(f"tokens_per_batch must be 0 (off) or at least max_length ({self.max_length}), got {self.tokens_per_batch}")
+            raise ValueError(
+                f"tokens_per_batch must be 0 (off) or at least max_length ({self.max_length}), got "
+                f"{self.tokens_per_batch}"
+            )
 
 
 @dataclasses.dataclass
@@ -64,5 +72,7 @@ class QARecipe:
     model: EncoderConfig = dataclasses.field(default_factory=EncoderConfig)
     data: QADataConfig = dataclasses.field(default_factory=QADataConfig)
     qa: QAConfig = dataclasses.field(default_factory=QAConfig)
-    train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(output_dir="runs/qa", lr=3e-5, warmup_steps=0))
+    train: TrainConfig = dataclasses.field(
+        default_factory=lambda: TrainConfig(output_dir="runs/qa", lr=3e-5, warmup_steps=0)
+    )
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)

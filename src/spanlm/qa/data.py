@@ -52,13 +52,20 @@ class ReadReport:
 
     path: str
     questions: int = 0  # question records seen
-    repaired: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)  # (question id, given start, repaired start)
+    repaired: list[tuple[str, int, int]] = dataclasses.field(
+        default_factory=list
+    )  # (question id, given start, repaired start)
     unlocated: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (question id, what is off)
     skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (location, reason)
 
     def summary(self) -> dict:
-        return {"file": self.path, "questions": self.questions, "repaired_answers": len(self.repaired),
-                "unlocated_answers": len(self.unlocated), "skipped_questions": len(self.skipped)}
+        return {
+            "file": self.path,
+            "questions": self.questions,
+            "repaired_answers": len(self.repaired),
+            "unlocated_answers": len(self.unlocated),
+            "skipped_questions": len(self.skipped),
+        }
 
     def nothing_usable(self) -> str:
         """The message for a file of which no question could be read: the counts and the first reason."""
@@ -73,7 +80,10 @@ class ReadReport:
             out.append(f"{self.path}: repaired {len(self.repaired)} answer_start value(s): {cases}")
         if self.unlocated:
             cases = "; ".join(f"id {qid}: {why}" for qid, why in self.unlocated[:limit])
-            out.append(f"{self.path}: {len(self.unlocated)} answer(s) without a span in their context (kept for scoring only): {cases}")
+            out.append(
+                f"{self.path}: {len(self.unlocated)} answer(s) without a span in their context (kept for scoring "
+                f"only): {cases}"
+            )
         if self.skipped:
             cases = "; ".join(f"{where}: {why}" for where, why in self.skipped[:limit])
             out.append(f"{self.path}: skipped {len(self.skipped)} question(s): {cases}")
@@ -102,8 +112,11 @@ def unlocated_reason(context: str, text: str, start: int, window: int) -> str:
     found = context.find(text)
     if found == -1:
         return f"answer {text[:40]!r} does not occur in the context"
-    return (f"answer_start {start} is off: {text[:40]!r} occurs at {found}"
-            f"{' (and later)' if context.find(text, found + 1) != -1 else ''}, farther than data.repair_window={window} characters")
+    return (
+        f"answer_start {start} is off: {text[:40]!r} occurs at {found}"
+        f"{' (and later)' if context.find(text, found + 1) != -1 else ''}, farther than data.repair_window={window} "
+        "characters"
+    )
 
 
 def _field(record, key: str, kind: type, where: str):
@@ -131,8 +144,9 @@ def load_json(path: str | Path) -> object:
         raise InputError(f"{path}:{error.lineno}:{error.colno}: not valid JSON: {error.msg}") from None
 
 
-def read_squad(path: str | Path, repair_window: int = 20, allow_impossible: bool = True,
-               for_training: bool = True) -> tuple[list[QAExample], ReadReport]:
+def read_squad(
+    path: str | Path, repair_window: int = 20, allow_impossible: bool = True, for_training: bool = True
+) -> tuple[list[QAExample], ReadReport]:
     """Examples of a SQuAD v1.1 / v2.0 file and the report of what was repaired or skipped.
 
     ``allow_impossible=False`` (SQuAD v1.1 training) skips questions without an answer, reporting them.
@@ -155,7 +169,11 @@ def read_squad(path: str | Path, repair_window: int = 20, allow_impossible: bool
                 context = _field(paragraph, "context", str, where)
                 questions = _field(paragraph, "qas", list, where)
             except _Malformed as error:  # every question of the paragraph is lost: count them all
-                lost = paragraph.get("qas") if isinstance(paragraph, dict) and isinstance(paragraph.get("qas"), list) else [None]
+                lost = (
+                    paragraph.get("qas")
+                    if isinstance(paragraph, dict) and isinstance(paragraph.get("qas"), list)
+                    else [None]
+                )
                 report.questions += len(lost)
                 report.skipped.extend([(error.where, error.reason)] * len(lost))
                 continue
@@ -171,7 +189,9 @@ def read_squad(path: str | Path, repair_window: int = 20, allow_impossible: bool
                     continue
                 seen.add(example.id)
                 if example.is_impossible and not allow_impossible:
-                    report.skipped.append((f"{where}.qas[{k}] (id {example.id})", "no answer, and qa.no_answer is false"))
+                    report.skipped.append(
+                        (f"{where}.qas[{k}] (id {example.id})", "no answer, and qa.no_answer is false")
+                    )
                     continue
                 examples.append(example)
     return examples, report
@@ -222,7 +242,9 @@ def read_questions_jsonl(path: str | Path) -> list[QAExample]:
         except json.JSONDecodeError as error:
             raise InputError(f"{path}:{number}: not valid JSON: {error.msg} (column {error.colno})") from None
         if not isinstance(record, dict):
-            raise InputError(f"{path}:{number}: expected a JSON object with question and context, got {type(record).__name__}")
+            raise InputError(
+                f"{path}:{number}: expected a JSON object with question and context, got {type(record).__name__}"
+            )
         try:
             question = _field(record, "question", str, "")
             context = _field(record, "context", str, "")

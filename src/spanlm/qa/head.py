@@ -31,8 +31,9 @@ class SpanHead(nn.Module):
         return start.masked_fill(~allowed, minimum), end.masked_fill(~allowed, minimum)
 
 
-def span_loss(start_logits: torch.Tensor, end_logits: torch.Tensor, start_positions: torch.Tensor,
-              end_positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def span_loss(
+    start_logits: torch.Tensor, end_logits: torch.Tensor, start_positions: torch.Tensor, end_positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """BERT's loss: the mean of the start and end cross-entropies (each averaged over windows)."""
     start_loss = F.cross_entropy(start_logits.float(), start_positions)
     end_loss = F.cross_entropy(end_logits.float(), end_positions)

@@ -91,7 +91,11 @@ def cmrc_f1(prediction: str, gold: str) -> float:
         return 0.0
     # The script's find_lcs is the longest common substring (contiguous), which SequenceMatcher finds
     # exactly when no element is treated as junk.
-    common = SequenceMatcher(None, expected, predicted, autojunk=False).find_longest_match(0, len(expected), 0, len(predicted)).size
+    common = (
+        SequenceMatcher(None, expected, predicted, autojunk=False)
+        .find_longest_match(0, len(expected), 0, len(predicted))
+        .size
+    )
     if common == 0:
         return 0.0
     precision, recall = common / len(predicted), common / len(expected)
@@ -140,8 +144,13 @@ def best_threshold(null_margin: np.ndarray, span_scores: np.ndarray, has_answer:
     return 100.0 * float(running[best]) / has_answer.size, float(margins[best])
 
 
-def evaluate(predictions: Mapping[str, str], gold: Mapping[str, list[str]], metric: str,
-             null_margin: Mapping[str, float] | None = None, threshold: float | None = None) -> dict[str, float]:
+def evaluate(
+    predictions: Mapping[str, str],
+    gold: Mapping[str, list[str]],
+    metric: str,
+    null_margin: Mapping[str, float] | None = None,
+    threshold: float | None = None,
+) -> dict[str, float]:
     """EM / F1 (%) of ``predictions`` (the best non-null span per question id) against ``gold``.
 
     With ``null_margin`` (SQuAD v2.0), a question is answered "" when its margin exceeds ``threshold``
@@ -150,14 +159,22 @@ def evaluate(predictions: Mapping[str, str], gold: Mapping[str, list[str]], metr
     ids = list(gold)
     scores = np.array([question_scores(predictions.get(q, ""), gold[q], metric) for q in ids]).reshape(-1, 2)  # (Q, 2)
     if null_margin is None:
-        return {"em": 100.0 * float(scores[:, 0].mean()), "f1": 100.0 * float(scores[:, 1].mean()), "questions": len(ids)}
+        return {
+            "em": 100.0 * float(scores[:, 0].mean()),
+            "f1": 100.0 * float(scores[:, 1].mean()),
+            "questions": len(ids),
+        }
     threshold = 0.0 if threshold is None else threshold
     margin = np.array([null_margin[q] for q in ids], dtype=np.float64)
     has_answer = np.array([bool(gold[q]) for q in ids])
     answered = margin <= threshold
     final = np.where(answered[:, None], scores, (~has_answer).astype(np.float64)[:, None])  # "" scores 1 iff no answer
-    result = {"em": 100.0 * float(final[:, 0].mean()), "f1": 100.0 * float(final[:, 1].mean()), "questions": len(ids),
-              "threshold": threshold}
+    result = {
+        "em": 100.0 * float(final[:, 0].mean()),
+        "f1": 100.0 * float(final[:, 1].mean()),
+        "questions": len(ids),
+        "threshold": threshold,
+    }
     for name, subset in (("has_answer", has_answer), ("no_answer", ~has_answer)):
         if subset.any():
             result[f"{name}_em"] = 100.0 * float(final[subset, 0].mean())

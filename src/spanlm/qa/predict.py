@@ -21,10 +21,10 @@ import numpy as np
 import torch
 
 from spanlm.config import load_config
+from spanlm.finetune.model import check_task_directory, ready_for_inference
 from spanlm.models.encoder import load_encoder
 from spanlm.models.hf_model import EncoderConfig
 from spanlm.models.packed import resolve_packing
-from spanlm.finetune.model import check_task_directory, ready_for_inference
 from spanlm.qa.config import QARecipe
 from spanlm.qa.data import QAExample
 from spanlm.qa.metrics import evaluate as score_predictions
@@ -42,8 +42,9 @@ class Prediction:
     null_margin: float  # null score − span score (SQuAD v2.0: "" when above the threshold)
 
 
-def best_spans(start_logits: torch.Tensor, end_logits: torch.Tensor, context_mask: torch.Tensor,
-               max_answer_length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def best_spans(
+    start_logits: torch.Tensor, end_logits: torch.Tensor, context_mask: torch.Tensor, max_answer_length: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per window: best span score, its start and end token, and the null score; all (B,)."""
     start, end = start_logits.float(), end_logits.float()
     width = start.shape[1]
@@ -56,16 +57,23 @@ def best_spans(start_logits: torch.Tensor, end_logits: torch.Tensor, context_mas
 
 
 @torch.no_grad()
-def window_spans(model: torch.nn.Module, windows: Windows, max_answer_length: int, batch_size: int,
-                 device: torch.device) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def window_spans(
+    model: torch.nn.Module, windows: Windows, max_answer_length: int, batch_size: int, device: torch.device
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Run ``model`` over every window; its best span (score, start, end token) and null score."""
     parts = []
     for first in range(0, len(windows), batch_size):
         batch = windows.batch(np.arange(first, min(first + batch_size, len(windows))), targets=False)
         batch = {k: v.to(device) for k, v in batch.items()}
         output = model(batch)
-        parts.append([t.cpu().numpy() for t in best_spans(output["start_logits"], output["end_logits"], batch["context_mask"],
-                                                          max_answer_length)])
+        parts.append(
+            [
+                t.cpu().numpy()
+                for t in best_spans(
+                    output["start_logits"], output["end_logits"], batch["context_mask"], max_answer_length
+                )
+            ]
+        )
     return tuple(np.concatenate(column) for column in zip(*parts))
 
 
@@ -81,17 +89,34 @@ def collect(examples: list[QAExample], windows: Windows, score, start, end, null
     out = []
     for e, example in enumerate(examples):
         s, t = int(chars_start[e]), int(chars_end[e])
-        out.append(Prediction(example.id, example.context[s:t], s, t, float(score[best[e]]), float(min_null[e] - score[best[e]])))
+        out.append(
+            Prediction(
+                example.id, example.context[s:t], s, t, float(score[best[e]]), float(min_null[e] - score[best[e]])
+            )
+        )
     return out
 
 
-def predict(model: torch.nn.Module, tokenizer, examples: list[QAExample], recipe: QARecipe, batch_size: int,
-            device: torch.device, windows: Windows | None = None) -> list[Prediction]:
+def predict(
+    model: torch.nn.Module,
+    tokenizer,
+    examples: list[QAExample],
+    recipe: QARecipe,
+    batch_size: int,
+    device: torch.device,
+    windows: Windows | None = None,
+) -> list[Prediction]:
     """The best span of every example (``windows`` when already made from these examples)."""
     if windows is None:
         data = recipe.data
-        windows = make_windows(tokenizer, examples, data.max_length, data.doc_stride, data.max_query_length,
-                               encoder_featurizer(model.encoder))
+        windows = make_windows(
+            tokenizer,
+            examples,
+            data.max_length,
+            data.doc_stride,
+            data.max_query_length,
+            encoder_featurizer(model.encoder),
+        )
         windows.packed = resolve_packing(data.packing, model, device)
     was_training = model.training
     model.eval()
@@ -102,8 +127,9 @@ def predict(model: torch.nn.Module, tokenizer, examples: list[QAExample], recipe
     return collect(examples, windows, *spans)
 
 
-def evaluate_predictions(predictions: list[Prediction], examples: list[QAExample], recipe: QARecipe,
-                         threshold: float | None = None) -> dict[str, float]:
+def evaluate_predictions(
+    predictions: list[Prediction], examples: list[QAExample], recipe: QARecipe, threshold: float | None = None
+) -> dict[str, float]:
     """The task metric of ``predictions``; with qa.no_answer, at ``threshold`` and at the best one."""
     answers = {p.id: p.text for p in predictions}
     gold = {e.id: e.gold for e in examples}
@@ -140,8 +166,13 @@ class QAModel:
         """One line of ``qa predict`` output."""
         text = final_answer(prediction, self.recipe.qa.no_answer, self.threshold)
         # An empty context has no span: its score is −inf, written as null (JSON has no infinities).
-        record = {"id": prediction.id, "answer": text, "start": prediction.start if text else -1,
-                  "end": prediction.end if text else -1, "score": _finite_or_none(prediction.score)}
+        record = {
+            "id": prediction.id,
+            "answer": text,
+            "start": prediction.start if text else -1,
+            "end": prediction.end if text else -1,
+            "score": _finite_or_none(prediction.score),
+        }
         if self.recipe.qa.no_answer:
             record["null_margin"] = _finite_or_none(prediction.null_margin)
             record["span"] = prediction.text

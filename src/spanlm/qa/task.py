@@ -17,9 +17,9 @@ import torch
 
 from spanlm.config import save_config
 from spanlm.errors import ConfigError, InputError
-from spanlm.models.encoder import load_encoder
 from spanlm.finetune.batches import held_out_batches
 from spanlm.finetune.model import export_task_model
+from spanlm.models.encoder import load_encoder
 from spanlm.models.packed import resolve_packing
 from spanlm.qa.config import QARecipe
 from spanlm.qa.data import QAExample, read_squad
@@ -34,8 +34,9 @@ from spanlm.train.loop import StartingPoint, TrainingSetup, train
 def read_split(path: str, recipe: QARecipe, name: str, log) -> list[QAExample]:
     if not path:
         raise ConfigError(f"data.{name} is required: a SQuAD-format JSON file")
-    examples, report = read_squad(path, recipe.data.repair_window, allow_impossible=recipe.qa.no_answer,
-                                  for_training=name == "train")
+    examples, report = read_squad(
+        path, recipe.data.repair_window, allow_impossible=recipe.qa.no_answer, for_training=name == "train"
+    )
     for line in report.lines():
         log(line)
     if not examples:
@@ -52,19 +53,27 @@ def qa_setup(recipe: QARecipe, env, log=print, start: StartingPoint = StartingPo
     torch.manual_seed(recipe.seed)  # the same seed on every rank gives identical head weights
     encoder = load_encoder(recipe.model)
     if data.max_length > encoder.max_length():
-        raise ConfigError(f"data.max_length {data.max_length} exceeds the {encoder.max_length()} positions of {recipe.model.path}")
+        raise ConfigError(
+            f"data.max_length {data.max_length} exceeds the {encoder.max_length()} positions of {recipe.model.path}"
+        )
     objective = QAObjective(encoder)
     tokenizer = encoder.tokenizer
     train_examples = read_split(data.train, recipe, "train", log)
     dev_examples = read_split(data.dev, recipe, "dev", log)
     featurizer = encoder_featurizer(encoder)
-    train_windows = make_windows(tokenizer, train_examples, data.max_length, data.doc_stride, data.max_query_length, featurizer)
-    dev_windows = make_windows(tokenizer, dev_examples, data.max_length, data.doc_stride, data.max_query_length, featurizer)
+    train_windows = make_windows(
+        tokenizer, train_examples, data.max_length, data.doc_stride, data.max_query_length, featurizer
+    )
+    dev_windows = make_windows(
+        tokenizer, dev_examples, data.max_length, data.doc_stride, data.max_query_length, featurizer
+    )
     log(f"{len(train_windows)} training windows from {len(train_examples)} questions, {len(dev_windows)} dev windows")
     data.packing = resolve_packing(data.packing, objective, env.device)  # config.yaml records the choice
     train_windows.packed = dev_windows.packed = data.packing
 
-    loader = build_window_loader(train_windows, recipe.train, recipe.seed, env.rank, env.world_size, data.tokens_per_batch)
+    loader = build_window_loader(
+        train_windows, recipe.train, recipe.seed, env.rank, env.world_size, data.tokens_per_batch
+    )
 
     held_out = functools.partial(held_out_batches, dev_windows, recipe.train.batch_size, env.rank, env.world_size)
 
@@ -85,15 +94,18 @@ def export_model(run_dir: Path, recipe: QARecipe, threshold: float = 0.0) -> Pat
         save_config(recipe, directory / RECIPE_FILE)
         write_threshold(directory, threshold)
 
-    return export_task_model(run_dir, lambda: QAObjective(load_encoder(dataclasses.replace(recipe.model, init="random"))),
-                             write_files)
+    return export_task_model(
+        run_dir, lambda: QAObjective(load_encoder(dataclasses.replace(recipe.model, init="random"))), write_files
+    )
 
 
 def write_threshold(model_dir: Path, threshold: float) -> None:
     (model_dir / SETTINGS_FILE).write_text(json.dumps({"no_answer_threshold": threshold}) + "\n", encoding="utf-8")
 
 
-def train_qa(recipe: QARecipe, resume: str | None = None, log=print, weights_from: str | None = None) -> tuple[Path, dict | None]:
+def train_qa(
+    recipe: QARecipe, resume: str | None = None, log=print, weights_from: str | None = None
+) -> tuple[Path, dict | None]:
     """Fine-tune, export ``<run>/model/`` and score it on the dev set; returns (run dir, dev metrics)."""
     run_dir = train(recipe, qa_setup, resume, log, weights_from)
     if not is_main_process():

@@ -58,12 +58,18 @@ class Windows:
         """The model inputs (and targets) of windows ``indices``, cut to the longest of them."""
         indices = np.asarray(indices)
         length = int(self.attention_mask[indices].sum(1).max())
-        rows = {name: getattr(self, name)[indices, :length]
-                for name in ("input_ids", "token_type_ids", "attention_mask", "context_mask")}
+        rows = {
+            name: getattr(self, name)[indices, :length]
+            for name in ("input_ids", "token_type_ids", "attention_mask", "context_mask")
+        }
         if targets:
             rows["start_positions"], rows["end_positions"] = self.start_positions[indices], self.end_positions[indices]
         if self.featurizer is not None:
-            rows.update(self.featurizer(rows["input_ids"], self.offsets[indices, :length], [self.contexts[e] for e in self.example[indices]]))
+            rows.update(
+                self.featurizer(
+                    rows["input_ids"], self.offsets[indices, :length], [self.contexts[e] for e in self.example[indices]]
+                )
+            )
         if self.packed:
             rows.update(pack_encoder_inputs(rows, self.pad_id, getattr(self.featurizer, "packing_gap", 0)))
         return {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in rows.items()}
@@ -77,8 +83,10 @@ def truncate_questions(tokenizer, questions: list[str], max_query_length: int) -
     """
     questions = [question.lstrip() for question in questions]
     encoded = tokenizer(questions, add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=True)
-    return [question if len(offsets) <= max_query_length else question[: offsets[max_query_length - 1][1]]
-            for question, offsets in zip(questions, encoded["offset_mapping"])]
+    return [
+        question if len(offsets) <= max_query_length else question[: offsets[max_query_length - 1][1]]
+        for question, offsets in zip(questions, encoded["offset_mapping"])
+    ]
 
 
 def encoder_featurizer(encoder) -> Callable | None:
@@ -86,32 +94,56 @@ def encoder_featurizer(encoder) -> Callable | None:
     return encoder.featurizer() if hasattr(encoder, "featurizer") else None
 
 
-def make_windows(tokenizer, examples: list[QAExample], max_length: int, doc_stride: int, max_query_length: int,
-                 featurizer: Callable | None = None) -> Windows:
+def make_windows(
+    tokenizer,
+    examples: list[QAExample],
+    max_length: int,
+    doc_stride: int,
+    max_query_length: int,
+    featurizer: Callable | None = None,
+) -> Windows:
     """Tokenize ``examples`` into windows with their offsets and training targets."""
     if not examples:
         raise InputError("no questions to tokenize")
     special = tokenizer.num_special_tokens_to_add(pair=True)
     questions = truncate_questions(tokenizer, [example.question for example in examples], max_query_length)
-    question_lengths = [len(ids) for ids in tokenizer(questions, add_special_tokens=False, split_special_tokens=True)["input_ids"]]
+    question_lengths = [
+        len(ids) for ids in tokenizer(questions, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    ]
     groups = defaultdict(list)  # overlap → example indices
     for index, length in enumerate(question_lengths):
         room = max_length - length - special
         if room < 1:
-            raise ConfigError(f"data.max_length {max_length} leaves no room for the context after a question of {length} tokens; "
-                              "raise data.max_length or lower data.max_query_length")
+            raise ConfigError(
+                f"data.max_length {max_length} leaves no room for the context after a question of {length} tokens; "
+                "raise data.max_length or lower data.max_query_length"
+            )
         groups[max(room - doc_stride, 0)].append(index)
 
     rows = []  # (example, ids, type ids, sequence ids, offsets) per window
     for overlap, members in sorted(groups.items()):
-        encoded = tokenizer([questions[i] for i in members], [examples[i].context for i in members], truncation="only_second",
-                            max_length=max_length, stride=overlap, return_overflowing_tokens=True,
-                            return_offsets_mapping=True, return_token_type_ids=True,
-                            split_special_tokens=True)  # a literal "[SEP]" in a question or context is text
+        encoded = tokenizer(
+            [questions[i] for i in members],
+            [examples[i].context for i in members],
+            truncation="only_second",
+            max_length=max_length,
+            stride=overlap,
+            return_overflowing_tokens=True,
+            return_offsets_mapping=True,
+            return_token_type_ids=True,
+            split_special_tokens=True,
+        )  # a literal "[SEP]" in a question or context is text
         for window, member in enumerate(encoded["overflow_to_sample_mapping"]):
             sequence = [-1 if s is None else s for s in encoded.sequence_ids(window)]
-            rows.append((members[member], encoded["input_ids"][window], encoded["token_type_ids"][window], sequence,
-                         encoded["offset_mapping"][window]))
+            rows.append(
+                (
+                    members[member],
+                    encoded["input_ids"][window],
+                    encoded["token_type_ids"][window],
+                    sequence,
+                    encoded["offset_mapping"][window],
+                )
+            )
     rows.sort(key=lambda row: row[0])  # stable: an example's windows stay in reading order
 
     count, width = len(rows), max(len(row[1]) for row in rows)
@@ -125,19 +157,39 @@ def make_windows(tokenizer, examples: list[QAExample], max_length: int, doc_stri
         input_ids[w, :n], token_type_ids[w, :n], sequence_ids[w, :n], offsets[w, :n] = ids, types, sequence, spans
         attention_mask[w, :n] = True
     if not (input_ids[:, 0] == tokenizer.cls_token_id).all():
-        raise InputError(f"{tokenizer.name_or_path}: the tokenizer does not put its CLS token first; the null answer is scored at position 0")
+        raise InputError(
+            f"{tokenizer.name_or_path}: the tokenizer does not put its CLS token first; the null answer is scored "
+            "at position 0"
+        )
     context_mask = sequence_ids == 1
     offsets[~context_mask] = 0
     example = np.array([row[0] for row in rows], dtype=np.int64)
     start_positions, end_positions = _targets(examples, example, context_mask, offsets)
-    return Windows(input_ids, token_type_ids, attention_mask, context_mask, offsets, example, start_positions, end_positions,
-                   [e.context for e in examples], featurizer, pad_id=int(tokenizer.pad_token_id))
+    return Windows(
+        input_ids,
+        token_type_ids,
+        attention_mask,
+        context_mask,
+        offsets,
+        example,
+        start_positions,
+        end_positions,
+        [e.context for e in examples],
+        featurizer,
+        pad_id=int(tokenizer.pad_token_id),
+    )
 
 
-def _targets(examples: list[QAExample], example: np.ndarray, context_mask: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _targets(
+    examples: list[QAExample], example: np.ndarray, context_mask: np.ndarray, offsets: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Token span of each window's answer (the example's first located answer), 0 where not inside."""
-    answer_start = np.array([e.answers[0].start if e.answers else -1 for e in examples], dtype=np.int64)[example]  # (W,)
-    answer_end = np.array([e.answers[0].start + len(e.answers[0].text) if e.answers else -1 for e in examples], dtype=np.int64)[example]
+    answer_start = np.array([e.answers[0].start if e.answers else -1 for e in examples], dtype=np.int64)[
+        example
+    ]  # (W,)
+    answer_end = np.array(
+        [e.answers[0].start + len(e.answers[0].text) if e.answers else -1 for e in examples], dtype=np.int64
+    )[example]
     starts, ends = offsets[..., 0], offsets[..., 1]  # (W, L)
     big = np.iinfo(np.int64).max
     first_char = np.where(context_mask, starts, big).min(1)  # (W,) first context character in the window

@@ -119,13 +119,19 @@ def resolve_resume(resume: str | None, output_dir: Path, log=None) -> Path | Non
     if resume == "auto":
         latest = latest_checkpoint(output_dir, log)
         if latest is None and (damaged := complete_checkpoints(output_dir)):  # never start afresh over a run
-            raise DamagedCheckpoint(f"{damaged[-1]}: damaged checkpoint ({missing_parts(damaged[-1])}), and no earlier one of "
-                                    f"{output_dir} is whole; restore it, or set another train.output_dir")
+            raise DamagedCheckpoint(
+                f"{damaged[-1]}: damaged checkpoint ({missing_parts(damaged[-1])}), and no earlier one of "
+                f"{output_dir} is whole; restore it, or set another train.output_dir"
+            )
         return latest
     path = Path(resume)
     if (path / MARKER).is_file():
         if (problem := missing_parts(path)) is not None:
-            earlier = [p for p in complete_checkpoints(path.parent.parent) if step_of(p) < step_of(path) and missing_parts(p) is None]
+            earlier = [
+                p
+                for p in complete_checkpoints(path.parent.parent)
+                if step_of(p) < step_of(path) and missing_parts(p) is None
+            ]
             hint = f"; an earlier checkpoint is whole: --resume {earlier[-1]}" if earlier else ""
             raise DamagedCheckpoint(f"{path}: damaged checkpoint ({problem}){hint}")
         return path
@@ -151,7 +157,6 @@ def remove_leftovers(output_dir: Path, log=None) -> None:
         shutil.rmtree(path, ignore_errors=True)
         if log is not None:
             log(f"removed {path}, left by a save or rotation that was killed")
-
 
 
 def rng_state() -> dict:
@@ -209,8 +214,10 @@ def write_checkpoint(output_dir: Path, step: int, files: dict[str, object], keep
         shutil.rmtree(tmp, ignore_errors=True)
         if (reason := out_of_space(error)) is not None:
             latest = latest_checkpoint(output_dir)
-            raise InputError(f"{final}: could not write the checkpoint ({reason}); "
-                             + (f"the latest checkpoint {latest} is intact" if latest else "no earlier checkpoint")) from None
+            raise InputError(
+                f"{final}: could not write the checkpoint ({reason}); "
+                + (f"the latest checkpoint {latest} is intact" if latest else "no earlier checkpoint")
+            ) from None
         raise
     for old in complete_checkpoints(output_dir)[:-keep_last]:
         remove_checkpoint(old)
@@ -264,19 +271,25 @@ def load_weights(path: Path, module: torch.nn.Module) -> dict[str, torch.Tensor]
         weights = load_safetensors(str(path))
     except Exception as error:  # a truncated or corrupt file raises several types
         raise DamagedCheckpoint(f"{path}: unreadable checkpoint file ({error})".split("\n")[0]) from None
-    expected = {name: tuple(tensor.shape) for name, tensor in module.state_dict().items()}  # global shapes, also under FSDP
+    expected = {
+        name: tuple(tensor.shape) for name, tensor in module.state_dict().items()
+    }  # global shapes, also under FSDP
     missing = sorted(set(expected) - set(weights) - alias_names(module))
     unexpected = sorted(set(weights) - set(expected))
-    wrong = [f"{name} {tuple(weights[name].shape)} here vs {expected[name]} in the model" for name in sorted(weights)
-             if name in expected and tuple(weights[name].shape) != expected[name]]
+    wrong = [
+        f"{name} {tuple(weights[name].shape)} here vs {expected[name]} in the model"
+        for name in sorted(weights)
+        if name in expected and tuple(weights[name].shape) != expected[name]
+    ]
     if missing or unexpected or wrong:
         problems = [f"{len(wrong)} of another shape ({'; '.join(wrong[:3])})"] if wrong else []
         problems += [f"missing {missing[:5]}"] if missing else []
         problems += [f"unexpected {unexpected[:5]}"] if unexpected else []
-        raise InputError(f"{path}: the weights do not fit the model the recipe builds: {', '.join(problems)}. "
-                         "Use the recipe the checkpoint was trained with (its config.yaml) and the same prepared corpus")
+        raise InputError(
+            f"{path}: the weights do not fit the model the recipe builds: {', '.join(problems)}. "
+            "Use the recipe the checkpoint was trained with (its config.yaml) and the same prepared corpus"
+        )
     return weights
-
 
 
 def load_objective_weights(objective, path: Path) -> None:
@@ -284,6 +297,7 @@ def load_objective_weights(objective, path: Path) -> None:
 
     check_safetensors(path)  # whole and finite, or a one-line error naming the file and tensor
     objective.load_state_dict(load_weights(path, objective), strict=False)
+
 
 def load_file(path: Path) -> dict:
     try:
@@ -308,22 +322,46 @@ def check_same_tokenizer(path: Path, trainer_state: dict, fingerprint: str | Non
 
     where = getattr(getattr(recipe, "data", None), "prepared_dir", "the data")
     kept = checkpoint_tokenizer_dir(path, saved)
-    how = (f"to continue it, prepare a corpus with its tokenizer: tokenizer.path={kept / 'tokenizer'}" if kept is not None
-           else "restore the corpus it was trained on, or start a new run")
-    raise InputError(f"{path} was trained on the ids of tokenizer {saved}, but {where} now holds tokenizer {fingerprint} "
-                     f"(the corpus was prepared again: its inputs or settings changed, or --force). Its weights would read "
-                     f"other tokens: {how}")
+    how = (
+        f"to continue it, prepare a corpus with its tokenizer: tokenizer.path={kept / 'tokenizer'}"
+        if kept is not None
+        else "restore the corpus it was trained on, or start a new run"
+    )
+    raise InputError(
+        f"{path} was trained on the ids of tokenizer {saved}, but {where} now holds tokenizer {fingerprint} "
+        f"(the corpus was prepared again: its inputs or settings changed, or --force). Its weights would read "
+        f"other tokens: {how}"
+    )
 
 
 # Settings a resume may change: they move where and how often the run reports, saves and evaluates, or
 # how fast it runs, not which batches it trains on, the model, or the optimisation. (retain_freed_memory:
 # what runs saved before train.accel took it over.)
-HARMLESS_SETTINGS = {f"train.{key}" for key in ("output_dir", "max_steps", "log_every", "save_every", "eval_every", "keep_last",
-                                                 "num_workers", "device", "compile", "accel", "retain_freed_memory",
-                                                 "distributed", "nonfinite")}
+HARMLESS_SETTINGS = {
+    f"train.{key}"
+    for key in (
+        "output_dir",
+        "max_steps",
+        "log_every",
+        "save_every",
+        "eval_every",
+        "keep_last",
+        "num_workers",
+        "device",
+        "compile",
+        "accel",
+        "retain_freed_memory",
+        "distributed",
+        "nonfinite",
+    )
+}
 # Sections checked elsewhere (the tokenizer and the corpus by check_same_tokenizer) or about reporting only.
 UNCHECKED_SECTIONS = ("logging.", "tokenizer.", "data.")
-CHECKED_DATA_SETTINGS = {"data.max_len", "data.packing", "data.tokens_per_batch"}  # block length, batch layout and size: change every batch
+CHECKED_DATA_SETTINGS = {
+    "data.max_len",
+    "data.packing",
+    "data.tokens_per_batch",
+}  # block length, batch layout and size: change every batch
 
 
 def check_same_settings(path: Path, trainer_state: dict, recipe, world_size: int) -> None:
@@ -335,23 +373,30 @@ def check_same_settings(path: Path, trainer_state: dict, recipe, world_size: int
     """
     import yaml
 
-
     try:
         saved = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as error:
-        raise DamagedCheckpoint(f"{path / 'config.yaml'}: unreadable checkpoint file ({error})".split("\n")[0]) from None
+        raise DamagedCheckpoint(
+            f"{path / 'config.yaml'}: unreadable checkpoint file ({error})".split("\n")[0]
+        ) from None
     old, new = _flatten(saved or {}), _flatten(to_dict(recipe))
     # Keys only one side has are settings an older or newer spanlm did not record: nothing to compare.
-    changed = [f"{key}: {old[key]!r} → {new[key]!r}" for key in sorted(old.keys() & new.keys())
-               if old[key] != new[key] and key not in HARMLESS_SETTINGS
-               and (key in CHECKED_DATA_SETTINGS or not key.startswith(UNCHECKED_SECTIONS))]
+    changed = [
+        f"{key}: {old[key]!r} → {new[key]!r}"
+        for key in sorted(old.keys() & new.keys())
+        if old[key] != new[key]
+        and key not in HARMLESS_SETTINGS
+        and (key in CHECKED_DATA_SETTINGS or not key.startswith(UNCHECKED_SECTIONS))
+    ]
     if trainer_state["world_size"] != world_size:
         # Every rank's data position is its own share of the batches: another count would repeat or skip data.
         changed.append(f"processes: {trainer_state['world_size']} → {world_size}")
     if changed:
-        raise InputError(f"{path}: resuming with changed settings would not continue the same run ({'; '.join(changed)}). "
-                         "Restore them (the checkpoint's config.yaml), or pass --resume-weights-only PATH with another "
-                         "train.output_dir to start a new run from its weights (new optimiser, schedule and data position)")
+        raise InputError(
+            f"{path}: resuming with changed settings would not continue the same run ({'; '.join(changed)}). "
+            "Restore them (the checkpoint's config.yaml), or pass --resume-weights-only PATH with another "
+            "train.output_dir to start a new run from its weights (new optimiser, schedule and data position)"
+        )
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:

@@ -83,7 +83,9 @@ class LoggingConfig:
     # None: TensorBoard when it is installed, else metrics.jsonl only. A list names the trackers, each of
     # which must be installed (its extra: pip install 'spanlm[wandb]'); [] is metrics.jsonl only.
     report_to: list[Tracker] | None = None
-    project: str | None = None  # W&B project / MLflow experiment; None: $WANDB_PROJECT / $MLFLOW_EXPERIMENT_NAME, else "spanlm"
+    project: str | None = (
+        None  # W&B project / MLflow experiment; None: $WANDB_PROJECT / $MLFLOW_EXPERIMENT_NAME, else "spanlm"
+    )
     run_name: str | None = None  # None: the name of train.output_dir
     progress: bool = True  # a progress bar on rank 0
 

@@ -20,7 +20,6 @@ from spanlm.data.packing import pack_masked
 from spanlm.errors import ConfigError, InputError
 from spanlm.train.dist import uses_cuda
 
-
 HELD_OUT_KEY = 7919  # the RNG key of the held-out draw: never an epoch's
 
 
@@ -103,8 +102,9 @@ class BatchKeySampler:
     sampler finds them again from the epoch's start).
     """
 
-    def __init__(self, blocks, batch_size: int, seed: int, rank: int, world_size: int,
-                 lengths=None, tokens_per_batch: int = 0):
+    def __init__(
+        self, blocks, batch_size: int, seed: int, rank: int, world_size: int, lengths=None, tokens_per_batch: int = 0
+    ):
         self.blocks = blocks
         self.batch_size = batch_size
         self.tokens_per_batch = tokens_per_batch
@@ -114,7 +114,9 @@ class BatchKeySampler:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
         try:
-            self.rank_orders = [BlockSampler(len(blocks), seed=seed, rank=r, world_size=world_size) for r in range(world_size)]
+            self.rank_orders = [
+                BlockSampler(len(blocks), seed=seed, rank=r, world_size=world_size) for r in range(world_size)
+            ]
             self.order = self.rank_orders[rank]
         except ValueError as error:  # fewer blocks than processes
             raise ConfigError(str(error)) from None
@@ -126,14 +128,20 @@ class BatchKeySampler:
         self.epoch, self.batch, self.starts = 0, 0, self._epoch_start()
         if tokens_per_batch:
             if self.lengths.max() > tokens_per_batch:
-                raise ConfigError(f"data.tokens_per_batch {tokens_per_batch} is less than the longest block "
-                                  f"({int(self.lengths.max())} tokens)")
+                raise ConfigError(
+                    f"data.tokens_per_batch {tokens_per_batch} is less than the longest block "
+                    f"({int(self.lengths.max())} tokens)"
+                )
             if self._cuts(0, self.starts) is None:
-                raise ConfigError(f"{len(blocks)} training blocks over {world_size} process(es) is less than one batch of "
-                                  f"{tokens_per_batch} tokens: lower data.tokens_per_batch or give more data")
+                raise ConfigError(
+                    f"{len(blocks)} training blocks over {world_size} process(es) is less than one batch of "
+                    f"{tokens_per_batch} tokens: lower data.tokens_per_batch or give more data"
+                )
         elif len(self.order) < batch_size:
-            raise ConfigError(f"{len(blocks)} training blocks over {world_size} process(es) is less than one batch of "
-                              f"{batch_size}: lower train.batch_size or give more data")
+            raise ConfigError(
+                f"{len(blocks)} training blocks over {world_size} process(es) is less than one batch of "
+                f"{batch_size}: lower train.batch_size or give more data"
+            )
 
     def _epoch_start(self) -> tuple[int, ...]:
         return (0,) * len(self.rank_orders)
@@ -214,7 +222,11 @@ class BatchKeySampler:
         return self._position(epoch, batch + 1, ends)
 
     def _position(self, epoch: int, batch: int, starts: tuple[int, ...]) -> dict:
-        return {"epoch": epoch, "batch": batch, "starts": list(starts)} if self.tokens_per_batch else {"epoch": epoch, "batch": batch}
+        return (
+            {"epoch": epoch, "batch": batch, "starts": list(starts)}
+            if self.tokens_per_batch
+            else {"epoch": epoch, "batch": batch}
+        )
 
     def __iter__(self):
         while True:
@@ -284,13 +296,24 @@ class KeyedLoader:
     snapshots its workers instead, so its state resumes only with the same number of workers.)
     """
 
-    def __init__(self, dataset: torch.utils.data.Dataset, sampler: BatchKeySampler, num_workers: int, seed: int,
-                 pin_memory: bool = False):
+    def __init__(
+        self,
+        dataset: torch.utils.data.Dataset,
+        sampler: BatchKeySampler,
+        num_workers: int,
+        seed: int,
+        pin_memory: bool = False,
+    ):
         self.sampler = sampler
         self.position = sampler.state_dict()
         self.loader = torch.utils.data.DataLoader(
-            dataset, sampler=sampler, batch_size=None, collate_fn=_single, num_workers=num_workers,
-            persistent_workers=num_workers > 0, prefetch_factor=4 if num_workers > 0 else None,
+            dataset,
+            sampler=sampler,
+            batch_size=None,
+            collate_fn=_single,
+            num_workers=num_workers,
+            persistent_workers=num_workers > 0,
+            prefetch_factor=4 if num_workers > 0 else None,
             pin_memory=pin_memory,  # page-locked batches: the loop's non_blocking copies to the GPU overlap compute
             # Its own generator: creating an iterator must not draw from the global torch RNG, which the
             # model's dropout uses and a resumed run restores (a draw there would break bit-exact resume).
@@ -309,19 +332,24 @@ class KeyedLoader:
     def load_state_dict(self, state: dict) -> None:
         """Set the position of the next batch (before iterating)."""
         if "epoch" not in state or "batch" not in state:
-            raise InputError("the checkpoint's data position is a torchdata StatefulDataLoader state, written by an earlier "
-                             "spanlm; resume it with that version, or continue from an export of it in a new run")
+            raise InputError(
+                "the checkpoint's data position is a torchdata StatefulDataLoader state, written by an earlier "
+                "spanlm; resume it with that version, or continue from an export of it in a new run"
+            )
         self.position = {"epoch": int(state["epoch"]), "batch": int(state["batch"])}
         if "starts" in state:  # token batches: where the batch begins in each rank's order
             self.position["starts"] = [int(start) for start in state["starts"]]
 
 
-def build_train_loader(blocks: BlockDataset, train_blocks: np.ndarray, masker, config, seed: int, rank: int, world_size: int,
-                       data=None) -> KeyedLoader:
-    """The resumable pretraining loader; ``data`` (DataConfig, its ``packing`` resolved) packs batches and sets a token budget."""
+def build_train_loader(
+    blocks: BlockDataset, train_blocks: np.ndarray, masker, config, seed: int, rank: int, world_size: int, data=None
+) -> KeyedLoader:
+    """The resumable pretraining loader; ``data`` (DataConfig, its ``packing`` resolved) packs batches and sets a
+    token budget."""
     tokens = data.tokens_per_batch if data is not None else 0
-    sampler = BatchKeySampler(train_blocks, config.batch_size, seed, rank, world_size,
-                              lengths=BlockLengths(blocks), tokens_per_batch=tokens)
+    sampler = BatchKeySampler(
+        train_blocks, config.batch_size, seed, rank, world_size, lengths=BlockLengths(blocks), tokens_per_batch=tokens
+    )
     dataset = MaskedBatches(blocks, masker, blocks.corpus.special_ids["pad"], seed, rank, packs(data))
     return KeyedLoader(dataset, sampler, config.num_workers, seed, pin_memory=uses_cuda(config.device))
 
@@ -335,12 +363,21 @@ def packs(data) -> bool:
     return True
 
 
-def build_window_loader(windows, config, seed: int, rank: int, world_size: int, tokens_per_batch: int = 0) -> KeyedLoader:
+def build_window_loader(
+    windows, config, seed: int, rank: int, world_size: int, tokens_per_batch: int = 0
+) -> KeyedLoader:
     """The resumable training loader of a fine-tuning task over ``len(windows)`` windows (``windows.packed``
     packs them), ``config.batch_size`` windows or ``tokens_per_batch`` tokens a batch."""
     try:
-        sampler = BatchKeySampler(np.arange(len(windows)), config.batch_size, seed, rank, world_size,
-                                  lengths=windows.attention_mask.sum(axis=1), tokens_per_batch=tokens_per_batch)
+        sampler = BatchKeySampler(
+            np.arange(len(windows)),
+            config.batch_size,
+            seed,
+            rank,
+            world_size,
+            lengths=windows.attention_mask.sum(axis=1),
+            tokens_per_batch=tokens_per_batch,
+        )
     except ConfigError as error:
         raise ConfigError(f"data.train: {error}") from None
     return KeyedLoader(WindowBatches(windows), sampler, config.num_workers, seed, pin_memory=uses_cuda(config.device))
@@ -349,8 +386,16 @@ def build_window_loader(windows, config, seed: int, rank: int, world_size: int, 
 EVAL_EPOCH = 2**31 - 1  # the RNG key of held-out batches: never a training epoch
 
 
-def eval_batches(blocks: BlockDataset, eval_blocks: np.ndarray, masker, batch_size: int, seed: int, rank: int, world_size: int,
-                 data=None):
+def eval_batches(
+    blocks: BlockDataset,
+    eval_blocks: np.ndarray,
+    masker,
+    batch_size: int,
+    seed: int,
+    rank: int,
+    world_size: int,
+    data=None,
+):
     """This rank's held-out blocks, masked with fixed RNGs so every evaluation sees the same batches.
 
     Every rank gets the same number of batches (the held-out set is trimmed to a multiple of the
@@ -359,4 +404,4 @@ def eval_batches(blocks: BlockDataset, eval_blocks: np.ndarray, masker, batch_si
     dataset = MaskedBatches(blocks, masker, blocks.corpus.special_ids["pad"], seed, rank, packs(data))
     mine = eval_blocks[: len(eval_blocks) - len(eval_blocks) % world_size][rank::world_size]
     for number, start in enumerate(range(0, len(mine), batch_size)):
-        yield dataset[(EVAL_EPOCH, number, mine[start:start + batch_size])]
+        yield dataset[(EVAL_EPOCH, number, mine[start : start + batch_size])]

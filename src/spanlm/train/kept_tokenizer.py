@@ -84,7 +84,9 @@ class KeptTokenizer(PreparedCorpus):
         self._tokenizer = None
 
     def _no_token_arrays(self):
-        raise InputError(f"{self.directory}: this objective needs the token arrays of the corpus the run was trained on, "
-                         f"not only its tokenizer; prepare that corpus again with tokenizer.path={self.directory / 'tokenizer'}")
+        raise InputError(
+            f"{self.directory}: this objective needs the token arrays of the corpus the run was trained on, "
+            f"not only its tokenizer; prepare that corpus again with tokenizer.path={self.directory / 'tokenizer'}"
+        )
 
     ids = word_starts = sentence_offsets = document_offsets = property(_no_token_arrays)

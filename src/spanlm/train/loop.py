@@ -92,7 +92,9 @@ class StartingPoint:
         return self.trainer_state.get("tokenizer_fingerprint")
 
 
-def starting_point(output_dir: Path, resume: str | None, weights_from: str | None, env: DistEnv, log=print) -> StartingPoint:
+def starting_point(
+    output_dir: Path, resume: str | None, weights_from: str | None, env: DistEnv, log=print
+) -> StartingPoint:
     """Resolve ``--resume`` / ``--resume-weights-only`` against ``output_dir`` once, before anything is built.
 
     Rank 0 first removes what killed saves left. A run directory that already holds a run is refused
@@ -105,9 +107,14 @@ def starting_point(output_dir: Path, resume: str | None, weights_from: str | Non
     checkpoint = ckpt.resolve_resume(weights_from or resume, output_dir, log)
     existing = ckpt.latest_checkpoint(output_dir)
     if existing is not None and (weights_from is not None or (checkpoint is None and resume != "auto")):
-        raise SpanlmError(f"{output_dir} already holds a run (latest checkpoint {existing.name}); "
-                          + ("a run from another's weights starts at step 0: set another train.output_dir" if weights_from is not None
-                             else "pass --resume auto to continue it, or set another train.output_dir"))
+        raise SpanlmError(
+            f"{output_dir} already holds a run (latest checkpoint {existing.name}); "
+            + (
+                "a run from another's weights starts at step 0: set another train.output_dir"
+                if weights_from is not None
+                else "pass --resume auto to continue it, or set another train.output_dir"
+            )
+        )
     if checkpoint is None:
         return StartingPoint()
     with _naming_an_earlier_checkpoint(checkpoint):
@@ -121,15 +128,25 @@ def _naming_an_earlier_checkpoint(path: Path):
     try:
         yield
     except ckpt.DamagedCheckpoint as error:
-        earlier = [p for p in ckpt.complete_checkpoints(path.parent.parent)
-                   if ckpt.step_of(p) < ckpt.step_of(path) and ckpt.missing_parts(p) is None]
+        earlier = [
+            p
+            for p in ckpt.complete_checkpoints(path.parent.parent)
+            if ckpt.step_of(p) < ckpt.step_of(path) and ckpt.missing_parts(p) is None
+        ]
         if not earlier:
             raise
-        raise ckpt.DamagedCheckpoint(f"{error}; an earlier checkpoint may still be whole: --resume {earlier[-1]}") from None
+        raise ckpt.DamagedCheckpoint(
+            f"{error}; an earlier checkpoint may still be whole: --resume {earlier[-1]}"
+        ) from None
 
 
-def train(recipe, build_setup: Callable[..., TrainingSetup], resume: str | None = None, log=print,
-          weights_from: str | None = None) -> Path:
+def train(
+    recipe,
+    build_setup: Callable[..., TrainingSetup],
+    resume: str | None = None,
+    log=print,
+    weights_from: str | None = None,
+) -> Path:
     """Train what ``build_setup(recipe, env, log, start)`` sets up; returns the run directory.
 
     ``recipe`` is any typed recipe with ``seed``, ``train`` (TrainConfig) and ``logging`` sections.
@@ -138,15 +155,23 @@ def train(recipe, build_setup: Callable[..., TrainingSetup], resume: str | None 
     """
     env = init_distributed(recipe.train.device)
     try:
-        start = starting_point(Path(recipe.train.output_dir), resume, weights_from, env, log if env.is_main else (lambda *_: None))
+        start = starting_point(
+            Path(recipe.train.output_dir), resume, weights_from, env, log if env.is_main else (lambda *_: None)
+        )
         return Trainer(recipe, env, build_setup, log, start).run()
     finally:
         shutdown(env)
 
 
 class Trainer:
-    def __init__(self, recipe, env: DistEnv, build_setup: Callable[..., TrainingSetup], log=print,
-                 start: StartingPoint = StartingPoint()):
+    def __init__(
+        self,
+        recipe,
+        env: DistEnv,
+        build_setup: Callable[..., TrainingSetup],
+        log=print,
+        start: StartingPoint = StartingPoint(),
+    ):
         self.recipe, self.env, self.config, self.start = recipe, env, recipe.train, start
         self.log = log if env.is_main else (lambda *_: None)
         self.trackers = trackers_to_start(recipe.logging)  # a tracker named but not installed: refused before any work
@@ -195,8 +220,9 @@ class Trainer:
         # graph never changes; DDP then overlaps reductions from the second step on by the recorded order.
         # Not with micro-batches: DDP's reducer fails an internal assertion when its first backward pass
         # runs under no_sync with a static graph.
-        return DistributedDataParallel(objective, device_ids=device_ids, gradient_as_bucket_view=True,
-                                       static_graph=self.config.grad_accum == 1)
+        return DistributedDataParallel(
+            objective, device_ids=device_ids, gradient_as_bucket_view=True, static_graph=self.config.grad_accum == 1
+        )
 
     def _no_sync(self, last_micro_batch: bool):
         if last_micro_batch or not self.env.enabled:
@@ -234,9 +260,15 @@ class Trainer:
         if self.env.is_main:
             aliases = ckpt.alias_names(self.objective)  # tied weights (decoder = embedding) are stored once
             tensors = {k: v.contiguous() for k, v in weights.items() if k not in aliases}
-            trainer_state = {"step": self.step, "scheduler": self.scheduler.state_dict(), "loaders": loaders,
-                             "world_size": self.env.world_size, "seed": self.recipe.seed, "elapsed": self.elapsed(),
-                             "tokenizer_fingerprint": self.setup.tokenizer_fingerprint}
+            trainer_state = {
+                "step": self.step,
+                "scheduler": self.scheduler.state_dict(),
+                "loaders": loaders,
+                "world_size": self.env.world_size,
+                "seed": self.recipe.seed,
+                "elapsed": self.elapsed(),
+                "tokenizer_fingerprint": self.setup.tokenizer_fingerprint,
+            }
 
             files = {
                 "model.safetensors": lambda p: save_file(tensors, str(p)),
@@ -269,8 +301,12 @@ class Trainer:
             set_model_state_dict(self.model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
             if start.weights_only:  # a new run from these weights: fresh optimiser, schedule, data position and step
                 return
-            set_optimizer_state_dict(self.model, self.optimizer, ckpt.load_file(path / "optimizer.pt"),
-                                     options=StateDictOptions(full_state_dict=True))
+            set_optimizer_state_dict(
+                self.model,
+                self.optimizer,
+                ckpt.load_file(path / "optimizer.pt"),
+                options=StateDictOptions(full_state_dict=True),
+            )
             self.scheduler.load_state_dict(trainer_state["scheduler"])
             self.loader.load_state_dict(trainer_state["loaders"][self.env.rank])
             ckpt.set_rng_state(ckpt.load_file(path / f"rng-rank{self.env.rank}.pt"))
@@ -291,7 +327,9 @@ class Trainer:
         metrics = {}
         if sums:
             keys = sorted(sums)
-            means = all_reduce(torch.tensor([sums[k] / batches for k in keys], dtype=torch.float64, device=self.env.device), self.env)
+            means = all_reduce(
+                torch.tensor([sums[k] / batches for k in keys], dtype=torch.float64, device=self.env.device), self.env
+            )
             metrics = dict(zip(keys, means.tolist()))
         if self.setup.evaluate is not None:
             with self._autocast():
@@ -316,11 +354,12 @@ class Trainer:
         logger = None if nothing_to_train else self._open_logger(self.step if resumed else None)
         with logger or contextlib.nullcontext():
             if env.is_main:  # only now: a refused or failed start (a tracker too) leaves the run's recipe as it was
-
                 save_config(self.recipe, self.output_dir / "config.yaml")
             if nothing_to_train:
-                self.log(f"step {self.step} already reaches train.max_steps {config.max_steps}: nothing to train "
-                         "(raise train.max_steps to continue)")
+                self.log(
+                    f"step {self.step} already reaches train.max_steps {config.max_steps}: nothing to train "
+                    "(raise train.max_steps to continue)"
+                )
                 return self.output_dir
             return self._train(logger)
 
@@ -361,7 +400,9 @@ class Trainer:
                         skipped = record["skipped_steps"]
                         if logger:
                             logger.log(record)
-                        progress.set_postfix(loss=f"{record.get('loss', float('nan')):.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+                        progress.set_postfix(
+                            loss=f"{record.get('loss', float('nan')):.3f}", tok_s=f"{record['tokens_per_s']:.0f}"
+                        )
                         window, started = _Window(env.device), time.perf_counter()
                     if config.eval_every and (self.step % config.eval_every == 0 or self.step == config.max_steps):
                         self._check_finite(window)
@@ -371,7 +412,10 @@ class Trainer:
                     received = any_rank(stop.received is not None, env)  # host-side: no device sync
                     if received:
                         self._check_finite(window)
-                        self.log(f"received {stop.received or 'a stop signal on another rank'}: saved step {self.step}, exiting")
+                        self.log(
+                            f"received {stop.received or 'a stop signal on another rank'}: saved step {self.step}, "
+                            "exiting"
+                        )
                         self.save()
                         return self.output_dir
                     if self.step % config.save_every == 0 and self.step < config.max_steps:
@@ -423,8 +467,11 @@ class Trainer:
                 share = value.detach().double() / config.grad_accum
                 parts[key] = parts[key] + share if key in parts else share
         # Clipped here, or by optimizer.step() itself (fused AdamW: spanlm.train.optim.clip_gradients)
-        parts["grad_norm"] = clip_gradients(self.optimizer, self.objective.parameters(), config.max_grad_norm,
-                                            self.gradient_norm).detach().double()
+        parts["grad_norm"] = (
+            clip_gradients(self.optimizer, self.objective.parameters(), config.max_grad_norm, self.gradient_norm)
+            .detach()
+            .double()
+        )
         return parts, tokens
 
     def _nonfinite(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -450,7 +497,11 @@ class Trainer:
         if window.keys and bool(window.skipped):  # nonfinite=skip: say which step went bad first
             step, values = window.first_bad_step()
             more = int(window.skipped) - 1
-            self.log(_nonfinite_message(step, values) + "; step skipped" + (f" ({more} more skipped by step {self.step})" if more else ""))
+            self.log(
+                _nonfinite_message(step, values)
+                + "; step skipped"
+                + (f" ({more} more skipped by step {self.step})" if more else "")
+            )
         values = means.tolist()
         record = {"kind": "train", "step": self.step, **self._clock(), **dict(zip(keys, values[:-1]))}
         record["lr"] = self.scheduler.get_last_lr()[0]
@@ -464,7 +515,10 @@ class Trainer:
 
     def _clock(self) -> dict:
         """A record's wall-clock time (ISO 8601, UTC) and ``elapsed`` seconds."""
-        return {"time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), "elapsed": round(self.elapsed(), 3)}
+        return {
+            "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+            "elapsed": round(self.elapsed(), 3),
+        }
 
 
 def fsdp_precision(precision: str):
@@ -488,7 +542,9 @@ def checkpoint_layers(objective: Objective) -> None:
 
     units = objective.shard_units()
     if not units:
-        raise ConfigError(f"train.activation_checkpointing: objective {type(objective).__name__} names no layers to checkpoint")
+        raise ConfigError(
+            f"train.activation_checkpointing: objective {type(objective).__name__} names no layers to checkpoint"
+        )
     for unit in units:
         unit.forward = functools.partial(checkpoint, unit.forward, use_reentrant=False)
 

@@ -63,7 +63,14 @@ class MetricsLogger:
     context manager: leaving it closes every tracker (marking the run failed when an exception leaves).
     """
 
-    def __init__(self, output_dir: Path, resumed_step: int | None, recipe, trackers: list[str], log: Callable[[str], None] = print):
+    def __init__(
+        self,
+        output_dir: Path,
+        resumed_step: int | None,
+        recipe,
+        trackers: list[str],
+        log: Callable[[str], None] = print,
+    ):
         self.log_line = log
         self.path = output_dir / "metrics.jsonl"
         kept = None  # read (and checked) before any tracker starts
@@ -74,8 +81,14 @@ class MetricsLogger:
         config: LoggingConfig = recipe.logging
         self.trackers = {}
         for name in trackers:
-            run = RunInfo(output_dir, resumed_step, config.run_name or output_dir.resolve().name, config.project,
-                          dataclasses.asdict(recipe), ids.get(name))
+            run = RunInfo(
+                output_dir,
+                resumed_step,
+                config.run_name or output_dir.resolve().name,
+                config.project,
+                dataclasses.asdict(recipe),
+                ids.get(name),
+            )
             try:
                 self.trackers[name] = TRACKERS[name](run, log)
             except Exception as error:  # a tracker's client raises many types (network, store, settings)
@@ -104,8 +117,10 @@ class MetricsLogger:
                 tracker.log(kind, step, metrics)
             except Exception as error:
                 del self.trackers[name]
-                self.log_line(f"logging: {name} failed at step {step} ({_one_line(error)}); it is switched off for the "
-                              "rest of this run, metrics.jsonl goes on")
+                self.log_line(
+                    f"logging: {name} failed at step {step} ({_one_line(error)}); it is switched off for the "
+                    "rest of this run, metrics.jsonl goes on"
+                )
                 _close_quietly(tracker)
 
     def close(self, failed: bool = False) -> None:
@@ -139,14 +154,19 @@ class TensorBoardTracker:
         # purge_step: events of a redone stretch (past the resumed checkpoint) are hidden.
         self.writer = SummaryWriter(log_dir=str(run.output_dir / "tensorboard"), purge_step=run.resumed_step)
         step = run.resumed_step or 0
-        leaves = {key: value if isinstance(value, (bool, int, float, str)) else json.dumps(value)
-                  for key, value in flat_recipe(run.recipe).items() if value is not None}
+        leaves = {
+            key: value if isinstance(value, (bool, int, float, str)) else json.dumps(value)
+            for key, value in flat_recipe(run.recipe).items()
+            if value is not None
+        }
         # Into this writer's own event file: SummaryWriter.add_hparams would write a separate sub-run.
         # The metric names are the columns of TensorBoard's HParams table.
         for summary in hparams(leaves, {"train/loss": 0.0, "eval/loss": 0.0}):
             self.writer.file_writer.add_summary(summary, step)
         recipe_yaml = yaml.safe_dump(run.recipe, sort_keys=False, allow_unicode=True)
-        self.writer.add_text("recipe", "    " + recipe_yaml.rstrip("\n").replace("\n", "\n    "), step)  # indented: a code block
+        self.writer.add_text(
+            "recipe", "    " + recipe_yaml.rstrip("\n").replace("\n", "\n    "), step
+        )  # indented: a code block
 
     def log(self, kind: str, step: int, metrics: dict) -> None:
         for key, value in metrics.items():
@@ -163,10 +183,15 @@ class WandbTracker:
     def __init__(self, run: RunInfo, log):
         import wandb
 
-        self.run = wandb.init(project=run.project or os.environ.get("WANDB_PROJECT") or "spanlm", name=run.name,
-                              id=run.run_id, resume="allow" if run.run_id else None,
-                              dir=None if os.environ.get("WANDB_DIR") else str(run.output_dir),
-                              config=run.recipe, allow_val_change=True)  # a resume may change the recipe (max_steps)
+        self.run = wandb.init(
+            project=run.project or os.environ.get("WANDB_PROJECT") or "spanlm",
+            name=run.name,
+            id=run.run_id,
+            resume="allow" if run.run_id else None,
+            dir=None if os.environ.get("WANDB_DIR") else str(run.output_dir),
+            config=run.recipe,
+            allow_val_change=True,
+        )  # a resume may change the recipe (max_steps)
         # spanlm's step is the x-axis: W&B's own _step counts log calls, and restarts with an offline resume.
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")
@@ -201,22 +226,34 @@ class MlflowTracker:
                 self.client.update_run(run.run_id, status="RUNNING")  # refused for a deleted run
                 self.run_id, earlier = run.run_id, found.data.params
             except MlflowException:  # not in this tracking store (another MLFLOW_TRACKING_URI), or deleted
-                log(f"mlflow: run {run.run_id} of {run.output_dir} is not in {self.client.tracking_uri}; starting a new run")
+                log(
+                    f"mlflow: run {run.run_id} of {run.output_dir} is not in {self.client.tracking_uri}; starting a "
+                    "new run"
+                )
         if self.run_id is None:
             self.run_id = self.client.create_run(experiment_id, run_name=run.name).info.run_id
-        params = {key: (value if isinstance(value, str) else json.dumps(value))[:MAX_PARAM_VAL_LENGTH]
-                  for key, value in flat_recipe(run.recipe).items()}
+        params = {
+            key: (value if isinstance(value, str) else json.dumps(value))[:MAX_PARAM_VAL_LENGTH]
+            for key, value in flat_recipe(run.recipe).items()
+        }
         changed = [key for key, value in params.items() if key in earlier and earlier[key] != value]
         if changed:
-            log(f"mlflow: params keep their first values (MLflow cannot change them); run {self.run_id} still shows the "
-                f"earlier {', '.join(changed)} (config.yaml has the new ones)")
-        self.client.log_batch(self.run_id, params=[Param(key, value) for key, value in params.items() if key not in earlier])
+            log(
+                f"mlflow: params keep their first values (MLflow cannot change them); run {self.run_id} still shows "
+                "the "
+                f"earlier {', '.join(changed)} (config.yaml has the new ones)"
+            )
+        self.client.log_batch(
+            self.run_id, params=[Param(key, value) for key, value in params.items() if key not in earlier]
+        )
 
     def log(self, kind: str, step: int, metrics: dict) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(f"{kind}/{key}", float(value), now, step) for key, value in metrics.items()])
+        self.client.log_batch(
+            self.run_id, metrics=[Metric(f"{kind}/{key}", float(value), now, step) for key, value in metrics.items()]
+        )
 
     def close(self, failed: bool) -> None:
         self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
@@ -282,7 +319,11 @@ def _lines_and_records(path: Path) -> list[tuple[str, dict]]:
     """(line, record) per line of ``path``. A last line that does not parse is dropped: a process
     killed mid-write (or a full disk) leaves a torn final record, which must not block resume or
     report. A broken line before the last is an :class:`InputError` naming it."""
-    numbered = [(n, line) for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1) if line.strip()]
+    numbered = [
+        (n, line)
+        for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+        if line.strip()
+    ]
     out = []
     for index, (number, line) in enumerate(numbered):
         try:

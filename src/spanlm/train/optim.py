@@ -39,7 +39,9 @@ def encoder_groups(model: nn.Module, groups: list[dict], encoder_lr: float) -> l
     task head) at the optimiser's ``lr``. The schedule scales each group's own peak rate."""
     encoder = getattr(model, "encoder", None)
     if not isinstance(encoder, nn.Module):
-        raise ConfigError(f"train.encoder_lr applies to fine-tuning an encoder (NER, QA); {type(model).__name__} has none")
+        raise ConfigError(
+            f"train.encoder_lr applies to fine-tuning an encoder (NER, QA); {type(model).__name__} has none"
+        )
     in_encoder = {id(p) for p in encoder.parameters()}
     split = []
     for group in groups:
@@ -77,7 +79,9 @@ class Lamb(torch.optim.Optimizer):
                 if group["weight_decay"]:
                     update.add_(p, alpha=group["weight_decay"])
                 weight_norm, update_norm = p.norm(), update.norm()
-                trust = torch.where((weight_norm > 0) & (update_norm > 0), weight_norm / update_norm, torch.ones_like(weight_norm))
+                trust = torch.where(
+                    (weight_norm > 0) & (update_norm > 0), weight_norm / update_norm, torch.ones_like(weight_norm)
+                )
                 p.add_(update * trust, alpha=-group["lr"])
         return loss
 
@@ -121,8 +125,12 @@ def total_norm(gradients: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack(norms))
 
 
-def clip_gradients(optimizer: torch.optim.Optimizer, parameters, max_norm: float,
-                   norm: Callable[[list[torch.Tensor]], torch.Tensor] = total_norm) -> torch.Tensor:
+def clip_gradients(
+    optimizer: torch.optim.Optimizer,
+    parameters,
+    max_norm: float,
+    norm: Callable[[list[torch.Tensor]], torch.Tensor] = total_norm,
+) -> torch.Tensor:
     """The total gradient norm; the gradients are scaled to ``max_norm`` when above it (``max_norm`` ≤ 0
     or inf: no clipping), as ``torch.nn.utils.clip_grad_norm_`` scales them.
 

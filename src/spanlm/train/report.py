@@ -32,7 +32,11 @@ def panels(keys: list[str]) -> list[tuple[str, list[str]]]:
     losses = [key for key in keys if key == "loss" or key.endswith("_loss")]
     rates = [key for key in keys if key not in losses and any(word in key for word in RATE_WORDS)]
     rest = [key for key in keys if key not in losses and key not in rates and not is_count(key)]
-    return [(key, [key]) for key in losses] + ([("accuracy / precision / recall / F1", rates)] if rates else []) + [(key, [key]) for key in rest]
+    return (
+        [(key, [key]) for key in losses]
+        + ([("accuracy / precision / recall / F1", rates)] if rates else [])
+        + [(key, [key]) for key in rest]
+    )
 
 
 def unigram_accuracy(run_dir: Path) -> float | None:
@@ -83,7 +87,9 @@ def write_report(run_dir: str | Path) -> Path:
         for axis, (panel_title, panel_keys) in zip(axes.flat, layout):
             for key in panel_keys:
                 points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-                axis.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None, label=key)
+                axis.plot(
+                    [p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None, label=key
+                )
             if baseline is not None and any(key.endswith("mlm_accuracy") for key in panel_keys):
                 axis.axhline(baseline, color="grey", linestyle="--", linewidth=1, label="unigram baseline")
                 axis.legend(fontsize=8)
@@ -92,7 +98,7 @@ def write_report(run_dir: str | Path) -> Path:
             axis.grid(alpha=0.3)
             if len(panel_keys) > 1:
                 axis.legend(fontsize=8)
-        for axis in list(axes.flat)[len(layout):]:
+        for axis in list(axes.flat)[len(layout) :]:
             axis.set_visible(False)
         figure.suptitle(title)
         figure.tight_layout()
@@ -100,20 +106,36 @@ def write_report(run_dir: str | Path) -> Path:
         plt.close(figure)
         plots.append((title, filename))
 
-    final = {kind: next((r for r in reversed(records) if r.get("kind", "train") == kind), None) for kind in ("train", "eval")}
+    final = {
+        kind: next((r for r in reversed(records) if r.get("kind", "train") == kind), None) for kind in ("train", "eval")
+    }
     if baseline is not None and final["eval"] is not None:
-        final["eval"] = {**final["eval"], "unigram_accuracy": baseline}  # beside mlm_accuracy in the table and summary.json
-    config = (run_dir / "config.yaml").read_text(encoding="utf-8") if (run_dir / "config.yaml").is_file() else "(no config.yaml)"
-    page = ["<!doctype html><html><head><meta charset='utf-8'><title>spanlm run report</title>",
-            "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}table{border-collapse:collapse}"
-            "td,th{border:1px solid #ccc;padding:.3em .6em;text-align:right}img{max-width:100%}</style></head><body>",
-            f"<h1>spanlm run: {html.escape(str(run_dir))}</h1>", "<h2>Final metrics</h2>"]
+        final["eval"] = {
+            **final["eval"],
+            "unigram_accuracy": baseline,
+        }  # beside mlm_accuracy in the table and summary.json
+    config = (
+        (run_dir / "config.yaml").read_text(encoding="utf-8")
+        if (run_dir / "config.yaml").is_file()
+        else "(no config.yaml)"
+    )
+    page = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>spanlm run report</title>",
+        "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:.3em .6em;text-align:right}img{max-width:100%}</style></head><body>",
+        f"<h1>spanlm run: {html.escape(str(run_dir))}</h1>",
+        "<h2>Final metrics</h2>",
+    ]
     for kind, record in final.items():
         if record:
-            cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{_format(v)}</td></tr>" for k, v in record.items() if k != "kind")
+            cells = "".join(
+                f"<tr><th>{html.escape(k)}</th><td>{_format(v)}</td></tr>" for k, v in record.items() if k != "kind"
+            )
             page.append(f"<h3>{kind}</h3><table>{cells}</table>")
     page.append("<h2>Plots</h2>")
-    page += [f"<h3>{html.escape(title)}</h3><img src='{filename}' alt='{html.escape(title)}'>" for title, filename in plots]
+    page += [
+        f"<h3>{html.escape(title)}</h3><img src='{filename}' alt='{html.escape(title)}'>" for title, filename in plots
+    ]
     page.append(f"<h2>Configuration</h2><pre>{html.escape(config)}</pre></body></html>")
     out = run_dir / "report.html"
     out.write_text("\n".join(page), encoding="utf-8")
@@ -144,7 +166,9 @@ def compare_runs(run_dirs: list[str | Path], metrics: list[str], out: str | Path
         for name, rows in runs.items():
             points = [(r["step"], r[metric]) for r in rows if isinstance(r.get(metric), (int, float))]
             if points:
-                axis.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None, label=name)
+                axis.plot(
+                    [p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None, label=name
+                )
                 drawn += 1
         if not drawn:
             raise InputError(f"no run logged '{metric}' in its '{kind}' records")

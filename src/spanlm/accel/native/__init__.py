@@ -17,9 +17,10 @@ PyTorch builds its own kernels of that capability with, so a cached build runs o
 capability. The build's name carries a hash of the source, those flags and the PyTorch installation it
 compiles against, and it is compiled from a copy of the source inside its own build directory: every
 checkout on a machine with the same source and environment shares one build (a file time or a
-checkout's path would make each rebuild it), and a changed source, flag or PyTorch builds anew. Only CPU tensors ever use the kernels: a run on another device neither builds nor
-loads them. Where it cannot be built (no C++ compiler or OpenMP, an unwritable cache directory) spanlm
-warns once and runs the PyTorch path, which gives the same results up to float rounding.
+checkout's path would make each rebuild it), and a changed source, flag or PyTorch builds anew. Only
+CPU tensors ever use the kernels: a run on another device neither builds nor loads them. Where it cannot
+be built (no C++ compiler or OpenMP, an unwritable cache directory) spanlm warns once and runs the
+PyTorch path, which gives the same results up to float rounding.
 ``SPANLM_NATIVE=0`` switches the kernels off.
 """
 
@@ -68,15 +69,21 @@ def kernels() -> ModuleType | None:
         build_directory = _build_directory(cpp_extension, name)
         with build_lock(build_directory):
             if not _built(build_directory, name):
-                print(f"spanlm: building the native CPU kernels ({capability}; once per machine, ~30 s)", file=sys.stderr)
+                print(
+                    f"spanlm: building the native CPU kernels ({capability}; once per machine, ~30 s)", file=sys.stderr
+                )
             started = time.perf_counter()
             with _ninja_on_path():
-                module = cpp_extension.load(name=name, sources=[str(_source_copy(build_directory))], verbose=False,
-                                            extra_cflags=flags)
+                module = cpp_extension.load(
+                    name=name, sources=[str(_source_copy(build_directory))], verbose=False, extra_cflags=flags
+                )
     except Exception as error:  # noqa: BLE001 — any build failure means: use the PyTorch path
-        warnings.warn(f"spanlm: the native CPU kernels could not be built ({_reason(error)}); using the PyTorch "
-                      "path (same results up to float rounding, slower). SPANLM_NATIVE=0 skips the attempt.",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"spanlm: the native CPU kernels could not be built ({_reason(error)}); using the PyTorch "
+            "path (same results up to float rounding, slower). SPANLM_NATIVE=0 skips the attempt.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
     if (elapsed := time.perf_counter() - started) > 2.0:
         print(f"spanlm: built the native CPU kernels in {elapsed:.0f} s; cached for later runs", file=sys.stderr)
@@ -157,8 +164,10 @@ def build_lock(build_directory: Path | None, poll_s: float = 0.2):
                 print(f"spanlm: removed the build lock {lock} of a build killed while it ran", file=sys.stderr)
                 continue
             if not announced and owner is not None:
-                print(f"spanlm: waiting for process {owner} to finish building the native CPU kernels (lock {lock})",
-                      file=sys.stderr)
+                print(
+                    f"spanlm: waiting for process {owner} to finish building the native CPU kernels (lock {lock})",
+                    file=sys.stderr,
+                )
                 announced = True
             time.sleep(poll_s)
     with os.fdopen(descriptor, "w") as handle:
@@ -171,7 +180,7 @@ def build_lock(build_directory: Path | None, poll_s: float = 0.2):
 
 
 def _lock_owner(lock: Path) -> str | None:
-    """"gone" when the lock's owner is certainly not running; else its description ("1234 on host"),
+    """ "gone" when the lock's owner is certainly not running; else its description ("1234 on host"),
     or None while the lock file is still being written (or was removed meanwhile)."""
     try:
         text, age = lock.read_text(encoding="utf-8"), time.time() - lock.stat().st_mtime
@@ -186,7 +195,6 @@ def _lock_owner(lock: Path) -> str | None:
     if boot != _boot_id() or not process_alive(pid):
         return "gone"
     return str(pid)
-
 
 
 def _boot_id() -> str:
