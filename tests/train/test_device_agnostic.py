@@ -83,7 +83,8 @@ def objective_and_batch(corpus, tmp_path, case: str):
     objective = build_objective(recipe(name, corpus.directory, tmp_path / "run", *overrides), corpus)
     blocks = BlockDataset(corpus, MAX_LEN)
     batch = collate_blocks([blocks[i] for i in range(8)], corpus.special_ids["pad"])
-    return objective, objective.masker(batch, np.random.default_rng(0)).to_torch()
+    # Only the arrays the objective declares it reads, as the loader sends them: a missing one fails here.
+    return objective, objective.masker(batch, np.random.default_rng(0)).to_torch(objective.batch_fields)
 
 
 def training_step(objective, batch) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -217,3 +218,14 @@ def test_a_non_finite_step_is_skipped_on_the_device_and_named_at_the_record(corp
 
     with pytest.raises(TrainingHalted, match="non-finite loss or gradient norm at step 2 .*grad_norm=nan"):
         trainer._log_record(window, 0.0, 0)
+
+
+def test_the_loader_sends_the_arrays_the_objective_reads_and_no_others(corpus, tmp_path):
+    from spanlm.train.loop import StartingPoint
+
+    config = recipe("spanbert", corpus.directory, tmp_path / "run")
+    setup = pretraining_setup(config, init_distributed("cpu"), lambda *_: None, StartingPoint())
+    declared = set(setup.objective.batch_fields)
+    assert {"sbo_left", "sbo_labels"} <= declared and "span_start" not in declared  # statistics stay in the worker
+    assert set(next(iter(setup.loader))) == declared
+    assert set(next(iter(setup.eval_batches()))) == declared

@@ -271,11 +271,13 @@ class MaskedBatch:
     def batch_size(self) -> int:
         return self.input_ids.shape[0]
 
-    def to_torch(self) -> dict:
-        """Every array as a tensor (sharing memory where possible); ``counters`` are statistics, not inputs."""
+    def to_torch(self, fields: tuple[str, ...] | None = None) -> dict:
+        """The arrays named in ``fields`` (every array when None) as tensors, sharing memory where possible;
+        ``counters`` are statistics, not inputs."""
         import torch
 
-        return {name: torch.from_numpy(np.ascontiguousarray(getattr(self, name))) for name in self.ARRAYS}
+        names = self.ARRAYS if fields is None else [name for name in self.ARRAYS if name in fields]
+        return {name: torch.from_numpy(np.ascontiguousarray(getattr(self, name))) for name in names}
 
     def to_json_dict(self) -> dict:
         """Plain lists, for ``spanlm preview --jsonl``."""

@@ -49,7 +49,7 @@ from spanlm.models.charbert import (
     save_charbert,
 )
 from spanlm.objectives import register
-from spanlm.objectives.masked_lm import gather_rows, layer_norm_eps
+from spanlm.objectives.masked_lm import MLM_FIELDS, gather_rows, layer_norm_eps
 from spanlm.objectives.pretrained_heads import OBJECTIVE_FILE, load_heads
 from spanlm.train.objective import Objective
 
@@ -111,6 +111,7 @@ def charbert_loss(mlm: TokenLoss, nlm: TokenLoss, nlm_weight: float) -> dict[str
 
 class CharBERT(Objective):
     supports_packing = True
+    batch_fields = (*MLM_FIELDS, "nlm_index", "nlm_labels", "char_ids", "char_lengths", "char_first", "char_last")
     name = "charbert"
 
     def __init__(self, model: DualChannel, masker: CharNoiseMasker, char_vocab: CharVocab, nlm_weight: float):

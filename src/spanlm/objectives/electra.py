@@ -49,7 +49,7 @@ from spanlm.models.packed import packed_block_starts
 from spanlm.models.sharing import materialised_state_dict, share_embeddings
 from spanlm.objectives import register
 from spanlm.objectives.config import ElectraConfig
-from spanlm.objectives.masked_lm import backbone_layers, encode, gather_rows, layer_norm_eps
+from spanlm.objectives.masked_lm import MLM_FIELDS, SBO_FIELDS, backbone_layers, encode, gather_rows, layer_norm_eps
 from spanlm.objectives.pretrained_heads import export_backbone, export_heads, load_heads
 from spanlm.train.objective import Objective
 
@@ -121,6 +121,8 @@ class Electra(Objective):
         self.masker = masker
         self.settings = settings
         self.sbo_weight = sbo_weight
+        # The Gumbel noise's seed; a SpanBERT generator's SBO targets too.
+        self.batch_fields = (*MLM_FIELDS, "sample_seed", *(SBO_FIELDS if settings.generator_head == "sbo" else ()))
         std = float(generator.config.initializer_range)
         embedding = input_embeddings(generator)  # E_G: the generator's heads decode through it
         self.mlm_head = MLMHead(

@@ -25,6 +25,11 @@ from spanlm.objectives import register
 from spanlm.objectives.pretrained_heads import export_backbone, export_heads, load_heads
 from spanlm.train.objective import Objective
 
+# The batch arrays every MLM objective reads: the corrupted ids, the real tokens, the MLM targets and, in a
+# packed batch, the blocks' positions and where each token came from (Objective.batch_fields).
+MLM_FIELDS = ("input_ids", "attention_mask", "target_index", "target_labels", "position_ids", "source_index")
+SBO_FIELDS = ("sbo_left", "sbo_right", "sbo_relative", "sbo_labels")
+
 
 def encode(backbone, batch: dict[str, torch.Tensor], input_ids: torch.Tensor | None = None) -> torch.Tensor:
     """The backbone's last hidden states (B, L, H) for a masked batch, padded or packed (its ``position_ids``);
@@ -53,6 +58,7 @@ def load_heads_if_present(objective: Objective, model_path: str | None) -> None:
 
 class MaskedLM(Objective):
     supports_packing = True
+    batch_fields = MLM_FIELDS
 
     def __init__(self, name: str, backbone, masker, layer_norm_eps: float):
         super().__init__()

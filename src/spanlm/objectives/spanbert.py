@@ -19,6 +19,8 @@ from spanlm.masking.base import build_masker
 from spanlm.models.backbone import build_backbone, hidden_size, input_embeddings
 from spanlm.objectives import register
 from spanlm.objectives.masked_lm import (
+    MLM_FIELDS,
+    SBO_FIELDS,
     backbone_layers,
     encode,
     export_with_heads,
@@ -31,6 +33,7 @@ from spanlm.train.objective import Objective
 
 class SpanBERT(Objective):
     supports_packing = True
+    batch_fields = (*MLM_FIELDS, *SBO_FIELDS)
     name = "spanbert"
 
     def __init__(self, backbone, masker, max_targets: int, sbo_weight: float, eps: float):

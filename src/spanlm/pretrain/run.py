@@ -51,8 +51,9 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
         objective, recipe.data.max_len, recipe.masking.noise.max_len if recipe.masking.scheme == "noise" else None
     )
     recipe.data.packing = resolve_packing(recipe.data.packing, objective, env.device)  # config.yaml records the choice
+    fields = objective.batch_fields
     loader = build_train_loader(
-        blocks, train_blocks, objective.masker, recipe.train, recipe.seed, env.rank, env.world_size, recipe.data
+        blocks, train_blocks, objective.masker, recipe.train, recipe.seed, env.rank, env.world_size, recipe.data, fields
     )
     return TrainingSetup(
         objective,
@@ -66,6 +67,7 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
             env.rank,
             env.world_size,
             recipe.data,
+            fields,
         ),
         tokenizer_fingerprint=corpus.meta["tokenizer_fingerprint"],
         keep_with_run=functools.partial(keep_tokenizer, corpus),

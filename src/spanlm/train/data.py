@@ -257,9 +257,19 @@ class MaskedBatches(torch.utils.data.Dataset):
     comes first, on one block per row, so a key gives the same masks packed or not.
     """
 
-    def __init__(self, blocks: BlockDataset, masker, pad_id: int, seed: int, rank: int, packed: bool = False):
+    def __init__(
+        self,
+        blocks: BlockDataset,
+        masker,
+        pad_id: int,
+        seed: int,
+        rank: int,
+        packed: bool = False,
+        fields: tuple[str, ...] | None = None,
+    ):
         self.blocks, self.masker, self.pad_id, self.seed, self.rank = blocks, masker, pad_id, seed, rank
         self.packed = packed
+        self.fields = fields  # the arrays the objective reads (Objective.batch_fields); None: all
 
     def __getitem__(self, key) -> dict[str, torch.Tensor]:
         epoch, batch, indices = key
@@ -268,7 +278,7 @@ class MaskedBatches(torch.utils.data.Dataset):
         masked = self.masker(block_batch, rng)
         if self.packed:
             masked = pack_masked(masked, self.pad_id, getattr(self.masker, "packing_gap", 0))
-        return masked.to_torch()
+        return masked.to_torch(self.fields)
 
 
 class WindowBatches(torch.utils.data.Dataset):
@@ -342,15 +352,23 @@ class KeyedLoader:
 
 
 def build_train_loader(
-    blocks: BlockDataset, train_blocks: np.ndarray, masker, config, seed: int, rank: int, world_size: int, data=None
+    blocks: BlockDataset,
+    train_blocks: np.ndarray,
+    masker,
+    config,
+    seed: int,
+    rank: int,
+    world_size: int,
+    data=None,
+    fields: tuple[str, ...] | None = None,
 ) -> KeyedLoader:
     """The resumable pretraining loader; ``data`` (DataConfig, its ``packing`` resolved) packs batches and sets a
-    token budget."""
+    token budget; ``fields``: the batch arrays the objective reads (None: all)."""
     tokens = data.tokens_per_batch if data is not None else 0
     sampler = BatchKeySampler(
         train_blocks, config.batch_size, seed, rank, world_size, lengths=BlockLengths(blocks), tokens_per_batch=tokens
     )
-    dataset = MaskedBatches(blocks, masker, blocks.corpus.special_ids["pad"], seed, rank, packs(data))
+    dataset = MaskedBatches(blocks, masker, blocks.corpus.special_ids["pad"], seed, rank, packs(data), fields)
     return KeyedLoader(dataset, sampler, config.num_workers, seed, pin_memory=uses_cuda(config.device))
 
 
@@ -395,13 +413,14 @@ def eval_batches(
     rank: int,
     world_size: int,
     data=None,
+    fields: tuple[str, ...] | None = None,
 ):
     """This rank's held-out blocks, masked with fixed RNGs so every evaluation sees the same batches.
 
     Every rank gets the same number of batches (the held-out set is trimmed to a multiple of the
     world size), so the metrics can be reduced across ranks.
     """
-    dataset = MaskedBatches(blocks, masker, blocks.corpus.special_ids["pad"], seed, rank, packs(data))
+    dataset = MaskedBatches(blocks, masker, blocks.corpus.special_ids["pad"], seed, rank, packs(data), fields)
     mine = eval_blocks[: len(eval_blocks) - len(eval_blocks) % world_size][rank::world_size]
     for number, start in enumerate(range(0, len(mine), batch_size)):
         yield dataset[(EVAL_EPOCH, number, mine[start : start + batch_size])]

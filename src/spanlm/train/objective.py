@@ -24,6 +24,8 @@ class Objective(nn.Module):
     #: reads packed batches (spanlm.data.packing: blocks in one stream, ``position_ids``) with per-block
     #: semantics; an objective that does not is always given padded batches
     supports_packing = False
+    #: the arrays of a masked batch ``forward`` reads; the loader sends only these (None: every array)
+    batch_fields: tuple[str, ...] | None = None
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``"loss"`` (a scalar to minimise) and any number of scalar parts to log (e.g. ``mlm_loss``)."""
