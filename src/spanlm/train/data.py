@@ -278,7 +278,7 @@ class MaskedBatches(torch.utils.data.Dataset):
         masked = self.masker(block_batch, rng)
         if self.packed:
             masked = pack_masked(masked, self.pad_id, getattr(self.masker, "packing_gap", 0))
-        return masked.to_torch(self.fields)
+        return masked.to_torch() if self.fields is None else masked.to_torch(self.fields)
 
 
 class WindowBatches(torch.utils.data.Dataset):
