@@ -12,7 +12,17 @@ from helpers import REPO, external_data
 @pytest.mark.skipif(not external_data("english_text").is_dir(), reason="needs external/english_text (data/README.md)")
 def test_the_scale_benchmark_small_mode(tmp_path):
     done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "prepare_scale.py"), "--small", "--work", str(tmp_path)],
+        [
+            sys.executable,
+            str(REPO / "bench" / "prepare_scale.py"),
+            "--small",
+            "--work",
+            str(tmp_path),
+            "--data",
+            str(external_data("english_text")),
+            "--chinese-data",
+            str(external_data("chinese_text")),
+        ],
         capture_output=True,
         text=True,
         cwd=REPO,
