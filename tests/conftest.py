@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 import helpers
-from helpers import EMBEDDED_CORPUS
 from spanlm.config import from_dict
 from spanlm.pretrain.recipe import Recipe
 
@@ -22,7 +21,7 @@ def embedded_prepared(tmp_path_factory) -> Path:
         Recipe,
         {
             "data": {
-                "inputs": [str(p) for p in sorted(EMBEDDED_CORPUS.glob("*.txt")) if "hongloumeng" not in p.name],
+                "inputs": helpers.EMBEDDED_INPUTS,
                 "prepared_dir": str(out / "prepared"),
             },
             "tokenizer": {"vocab_size": 2000},

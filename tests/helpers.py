@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 
 from spanlm.config import from_dict
@@ -10,6 +11,19 @@ from spanlm.pretrain.recipe import Recipe
 
 REPO = Path(__file__).resolve().parents[1]
 EMBEDDED_CORPUS = REPO / "data" / "corpus"
+# The embedded English texts (the `embedded_prepared` fixture's inputs)
+EMBEDDED_INPUTS = [str(p) for p in sorted(EMBEDDED_CORPUS.glob("*.txt")) if "hongloumeng" not in p.name]
+EMBEDDED_MAX_LEN = 32
+# A tiny encoder without dropout, for a recipe of configs/pretrain/
+TINY_ENCODER = [
+    "model.hidden_size=32",
+    "model.num_heads=2",
+    "model.intermediate_size=64",
+    "model.num_layers=2",
+    f"model.max_position_embeddings={EMBEDDED_MAX_LEN}",
+    "model.hidden_dropout=0.0",
+    "model.attention_dropout=0.0",
+]
 
 
 def external_data(name: str) -> Path:
@@ -82,6 +96,33 @@ def make_recipe(tmp_path: Path, files: dict[str, str | bytes], **sections) -> Re
     data = {"inputs": inputs, "prepared_dir": str(tmp_path / "prepared"), **sections.pop("data", {})}
     tokenizer = {"vocab_size": 300, "min_frequency": 1, **sections.pop("tokenizer", {})}
     return from_dict(Recipe, {"data": data, "tokenizer": tokenizer, **sections})
+
+
+def embedded_recipe(name: str, prepared: Path, output_dir: Path, *overrides: str, tiny: bool = True) -> Recipe:
+    """configs/pretrain/NAME.yaml on the embedded corpus as ``prepared`` holds it (the same inputs and tokenizer,
+    so nothing is prepared again): four steps of four blocks, a tiny encoder unless ``tiny`` is false."""
+    from spanlm.pretrain.recipe import load_recipe
+
+    return load_recipe(
+        REPO / "configs" / "pretrain" / f"{name}.yaml",
+        [
+            f"data.inputs={json.dumps(EMBEDDED_INPUTS)}",
+            f"data.prepared_dir={prepared}",
+            f"data.max_len={EMBEDDED_MAX_LEN}",
+            "tokenizer.vocab_size=2000",
+            *(TINY_ENCODER if tiny else []),
+            f"train.output_dir={output_dir}",
+            "train.max_steps=4",
+            "train.batch_size=4",
+            "train.num_workers=0",
+            "train.eval_blocks=4",
+            "train.log_every=100",
+            "train.warmup_steps=1",
+            "logging.report_to=[]",
+            "logging.progress=false",
+            *overrides,
+        ],
+    )
 
 
 def readme_section(title: str, language: str = "python") -> list[str]:

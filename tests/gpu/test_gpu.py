@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import EMBEDDED_CORPUS, REPO, write_wnut_recipe
+from helpers import EMBEDDED_INPUTS, REPO, write_wnut_recipe
 from spanlm.config import load_config
 from spanlm.pretrain.export import export_checkpoint
 from spanlm.pretrain.recipe import load_recipe
@@ -32,7 +32,6 @@ pytestmark = [
     pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-INPUTS = [str(p) for p in sorted(EMBEDDED_CORPUS.glob("*.txt")) if "hongloumeng" not in p.name]  # as embedded_prepared
 MAX_LEN = 32
 QUIET = {"log": lambda *_: None}
 # (configs/pretrain recipe, its overrides): every objective, ELECTRA with each sharing and the SBO generator
@@ -53,7 +52,7 @@ def recipe(name: str, prepared: Path, output_dir: Path, overrides: list[str], **
     return load_recipe(
         REPO / "configs" / "pretrain" / f"{name}.yaml",
         [
-            f"data.inputs={json.dumps(INPUTS)}",
+            f"data.inputs={json.dumps(EMBEDDED_INPUTS)}",
             f"data.prepared_dir={prepared}",
             f"data.max_len={MAX_LEN}",
             "tokenizer.vocab_size=2000",

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import EMBEDDED_CORPUS, REPO, readme_section
+from helpers import EMBEDDED_INPUTS, REPO, readme_section
 from spanlm.data.chars import build_char_vocab
 from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import InputError
@@ -26,7 +26,6 @@ from spanlm.models.hf_model import EncoderConfig
 from spanlm.models.modeling_charbert import char_inputs_to_torch
 from spanlm.pretrain.recipe import load_recipe
 
-INPUTS = [str(p) for p in sorted(EMBEDDED_CORPUS.glob("*.txt")) if "hongloumeng" not in p.name]  # as embedded_prepared
 UNK_TEXTS = ["Holmes smiled \u2603 at Watson."]  # the snowman is no piece of the tiny vocabulary: [UNK]
 
 # Run after the README's snippet, in the same interpreter: where the class came from, no spanlm module
@@ -108,7 +107,7 @@ def workdir(embedded_prepared, tmp_path_factory) -> Path:
     recipe = load_recipe(
         REPO / "configs" / "pretrain" / "charbert.yaml",
         [
-            f"data.inputs={INPUTS}",
+            f"data.inputs={EMBEDDED_INPUTS}",
             f"data.prepared_dir={embedded_prepared}",
             "data.max_len=24",
             "tokenizer.vocab_size=2000",

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import EMBEDDED_CORPUS, REPO, one_torch_thread
+from helpers import EMBEDDED_INPUTS, REPO, one_torch_thread
 from spanlm.config import from_dict
 from spanlm.data.blocks import BlockDataset, collate_blocks
 from spanlm.data.chars import PAD_CHAR, token_surfaces
@@ -19,13 +19,12 @@ from spanlm.objectives import build_objective
 from spanlm.objectives.charbert import CharBERT
 from spanlm.pretrain.recipe import Recipe, load_recipe
 
-INPUTS = [str(p) for p in sorted(EMBEDDED_CORPUS.glob("*.txt")) if "hongloumeng" not in p.name]  # as embedded_prepared
 MAX_LEN = 24
 
 
 def recipe_dict(prepared, **changes) -> dict:
     data = {
-        "data": {"inputs": INPUTS, "prepared_dir": str(prepared), "max_len": MAX_LEN},
+        "data": {"inputs": EMBEDDED_INPUTS, "prepared_dir": str(prepared), "max_len": MAX_LEN},
         "tokenizer": {"vocab_size": 2000},
         "model": {
             "family": "bert",
@@ -190,7 +189,7 @@ def test_pretrain_export_and_load_as_a_fine_tuning_encoder(corpus, tmp_path):
     recipe = load_recipe(
         REPO / "configs" / "pretrain" / "charbert.yaml",
         [
-            f"data.inputs={INPUTS}",
+            f"data.inputs={EMBEDDED_INPUTS}",
             f"data.prepared_dir={corpus.directory}",
             "data.max_len=24",
             "tokenizer.vocab_size=2000",

@@ -3,57 +3,31 @@ pretrain → export → AutoModel."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
 
-from helpers import EMBEDDED_CORPUS, REPO
+from helpers import EMBEDDED_MAX_LEN, REPO, embedded_recipe
 from spanlm.data.blocks import BlockDataset, collate_blocks
 from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import ConfigError, InputError
 from spanlm.objectives import build_objective
 from spanlm.objectives.electra import GENERATOR_DIR, Electra, generator_config
-from spanlm.pretrain.recipe import load_recipe
 
-INPUTS = [str(p) for p in sorted(EMBEDDED_CORPUS.glob("*.txt")) if "hongloumeng" not in p.name]  # as embedded_prepared
-MAX_LEN = 32
-TINY = [
-    "model.hidden_size=32",
-    "model.num_heads=2",
-    "model.intermediate_size=64",
-    "model.num_layers=2",
-    f"model.max_position_embeddings={MAX_LEN}",
-    "model.hidden_dropout=0.0",
-    "model.attention_dropout=0.0",
-]
 RECIPES = ["electra", "deberta_v3_gdes"]
 
 
 def recipe(name: str, prepared, output_dir, *overrides: str, tiny: bool = True):
-    """A recipe of configs/pretrain/ on the session's embedded corpus (same inputs and tokenizer: no re-prepare)."""
-    return load_recipe(
-        REPO / "configs" / "pretrain" / f"{name}.yaml",
-        [
-            f"data.inputs={json.dumps(INPUTS)}",
-            f"data.prepared_dir={prepared}",
-            f"data.max_len={MAX_LEN}",
-            "tokenizer.vocab_size=2000",
-            *(TINY if tiny else []),
-            f"train.output_dir={output_dir}",
-            "train.max_steps=4",
-            "train.batch_size=4",
-            "train.num_workers=0",
-            "train.eval_blocks=4",
-            "train.eval_every=2",
-            "train.save_every=2",
-            "train.log_every=1",
-            "train.warmup_steps=1",
-            "logging.report_to=[]",
-            "logging.progress=false",
-            *overrides,
-        ],
+    """A recipe of configs/pretrain/ on the session's embedded corpus, evaluated and saved every two steps."""
+    return embedded_recipe(
+        name,
+        prepared,
+        output_dir,
+        "train.eval_every=2",
+        "train.save_every=2",
+        "train.log_every=1",
+        *overrides,
+        tiny=tiny,
     )
 
 
@@ -71,7 +45,7 @@ def build(corpus, tmp_path, name: str = "electra", *overrides: str, seed: int = 
 
 
 def masked_batch(objective, corpus, first: int = 0, size: int = 8, seed: int = 0) -> dict[str, torch.Tensor]:
-    blocks = BlockDataset(corpus, MAX_LEN)
+    blocks = BlockDataset(corpus, EMBEDDED_MAX_LEN)
     batch = collate_blocks([blocks[i] for i in range(first, first + size)], corpus.special_ids["pad"])
     return objective.masker(batch, np.random.default_rng(seed)).to_torch()
 
@@ -121,7 +95,7 @@ def test_configuration_mistakes_are_clear_errors(corpus, tmp_path):
 
 def test_the_masker_only_adds_a_sampling_seed(corpus, tmp_path):
     objective = build(corpus, tmp_path)
-    blocks = BlockDataset(corpus, MAX_LEN)
+    blocks = BlockDataset(corpus, EMBEDDED_MAX_LEN)
     batch = collate_blocks([blocks[i] for i in range(4)], corpus.special_ids["pad"])
     plain = objective.masker.masker(batch, np.random.default_rng(5))
     sampled = objective.masker(batch, np.random.default_rng(5))

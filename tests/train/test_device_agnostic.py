@@ -3,7 +3,6 @@ gradients as the CPU backend, no graph break under torch.compile, at most one ho
 
 from __future__ import annotations
 
-import json
 import traceback
 from pathlib import Path
 
@@ -11,28 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import EMBEDDED_CORPUS, REPO
+from helpers import EMBEDDED_MAX_LEN, embedded_recipe
 from spanlm import accel
 from spanlm.accel import cross_entropy, native
 from spanlm.data.blocks import BlockDataset, collate_blocks
 from spanlm.data.shards import PreparedCorpus
 from spanlm.objectives import build_objective
-from spanlm.pretrain.recipe import load_recipe
 from spanlm.pretrain.run import pretraining_setup
 from spanlm.train.dist import init_distributed
 from spanlm.train.loop import Trainer, _Window, compile_recurrent_layers
 
-INPUTS = [str(p) for p in sorted(EMBEDDED_CORPUS.glob("*.txt")) if "hongloumeng" not in p.name]  # as embedded_prepared
-MAX_LEN = 32
-TINY = [
-    "model.hidden_size=32",
-    "model.num_heads=2",
-    "model.intermediate_size=64",
-    "model.num_layers=2",
-    f"model.max_position_embeddings={MAX_LEN}",
-    "model.hidden_dropout=0.0",
-    "model.attention_dropout=0.0",
-]
 # (recipe in configs/pretrain, overrides): every objective, ELECTRA with each sharing mode and the SBO generator
 OBJECTIVES = {
     "mlm": ("mlm", []),
@@ -40,36 +27,13 @@ OBJECTIVES = {
     # the embedded corpus has no similar-word table: [MASK] in its place (the same model and loss)
     "macbert": ("macbert", ['masking.ngram.proportions={"mask": 0.8, "similar": 0.0, "random": 0.1, "keep": 0.1}']),
     "spanbert": ("spanbert", []),
-    "charbert": ("charbert", [f"masking.noise.max_len={MAX_LEN}"]),
+    "charbert": ("charbert", [f"masking.noise.max_len={EMBEDDED_MAX_LEN}"]),
     "electra-es": ("electra", ["objective.electra.sharing=es"]),
     "electra-gdes": ("deberta_v3_gdes", ["objective.electra.sharing=gdes"]),
     "electra-sbo": ("electra", ["objective.electra.generator_head=sbo", "masking.scheme=span"]),
 }
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: see helpers.one_torch_thread
-
-
-def recipe(name: str, prepared, output_dir, *overrides: str):
-    return load_recipe(
-        REPO / "configs" / "pretrain" / f"{name}.yaml",
-        [
-            f"data.inputs={json.dumps(INPUTS)}",
-            f"data.prepared_dir={prepared}",
-            f"data.max_len={MAX_LEN}",
-            "tokenizer.vocab_size=2000",
-            *TINY,
-            f"train.output_dir={output_dir}",
-            "train.max_steps=4",
-            "train.batch_size=4",
-            "train.num_workers=0",
-            "train.eval_blocks=4",
-            "train.log_every=100",
-            "train.warmup_steps=1",
-            "logging.report_to=[]",
-            "logging.progress=false",
-            *overrides,
-        ],
-    )
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +44,8 @@ def corpus(embedded_prepared) -> PreparedCorpus:
 def objective_and_batch(corpus, tmp_path, case: str):
     name, overrides = OBJECTIVES[case]
     torch.manual_seed(0)
-    objective = build_objective(recipe(name, corpus.directory, tmp_path / "run", *overrides), corpus)
-    blocks = BlockDataset(corpus, MAX_LEN)
+    objective = build_objective(embedded_recipe(name, corpus.directory, tmp_path / "run", *overrides), corpus)
+    blocks = BlockDataset(corpus, EMBEDDED_MAX_LEN)
     batch = collate_blocks([blocks[i] for i in range(8)], corpus.special_ids["pad"])
     # Only the arrays the objective declares it reads, as the loader sends them: a missing one fails here.
     return objective, objective.masker(batch, np.random.default_rng(0)).to_torch(objective.batch_fields)
@@ -163,7 +127,7 @@ PACKED_CPU_LOOP = "packed.py"  # spanlm.models.packed.varlen_attention on the CP
 def test_a_non_logging_step_reads_the_host_only_in_the_encoders_batch_layout_check(
     corpus, tmp_path, monkeypatch, settings, packing
 ):
-    config = recipe(
+    config = embedded_recipe(
         "spanbert", corpus.directory, tmp_path / "run", "train.accel=off", *settings, f"data.packing={packing}"
     )
     trainer = Trainer(config, init_distributed("cpu"), pretraining_setup, log=lambda *_: None)
@@ -185,7 +149,7 @@ def test_a_non_logging_step_reads_the_host_only_in_the_encoders_batch_layout_che
 
 
 def test_a_non_fused_optimiser_step_reads_the_non_finite_flag_once(corpus, tmp_path, monkeypatch):
-    config = recipe("spanbert", corpus.directory, tmp_path / "run", "train.accel=off", "train.nonfinite=skip")
+    config = embedded_recipe("spanbert", corpus.directory, tmp_path / "run", "train.accel=off", "train.nonfinite=skip")
     trainer = Trainer(config, init_distributed("cpu"), pretraining_setup, log=lambda *_: None)
     monkeypatch.setattr(Trainer, "_skips_on_device", lambda self: False)  # as for the foreach AdamW under FSDP, or LAMB
     batches = iter(trainer.loader)
@@ -200,7 +164,7 @@ def test_a_non_fused_optimiser_step_reads_the_non_finite_flag_once(corpus, tmp_p
 
 
 def test_a_non_finite_step_is_skipped_on_the_device_and_named_at_the_record(corpus, tmp_path):
-    config = recipe("spanbert", corpus.directory, tmp_path / "run", "train.accel=off")
+    config = embedded_recipe("spanbert", corpus.directory, tmp_path / "run", "train.accel=off")
     trainer = Trainer(config, init_distributed("cpu"), pretraining_setup, log=lambda *_: None)
     batches = iter(trainer.loader)
     window = _Window(trainer.env.device)
@@ -223,7 +187,7 @@ def test_a_non_finite_step_is_skipped_on_the_device_and_named_at_the_record(corp
 def test_the_loader_sends_the_arrays_the_objective_reads_and_no_others(corpus, tmp_path):
     from spanlm.train.loop import StartingPoint
 
-    config = recipe("spanbert", corpus.directory, tmp_path / "run")
+    config = embedded_recipe("spanbert", corpus.directory, tmp_path / "run")
     setup = pretraining_setup(config, init_distributed("cpu"), lambda *_: None, StartingPoint())
     declared = set(setup.objective.batch_fields)
     assert {"sbo_left", "sbo_labels"} <= declared and "span_start" not in declared  # statistics stay in the worker
