@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import gc
 import os
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 
 def is_main_process() -> bool:
@@ -28,6 +33,8 @@ class DistEnv:
     # A gloo group for host-side flags (a stop signal, a setup failure): agreeing on them never touches a
     # GPU stream, so checking every step costs no device synchronisation. None on one process.
     host_group: object | None = None
+    # The FSDP model's device mesh (one dimension: every rank), made when the model is sharded.
+    mesh: DeviceMesh | None = None
 
     @property
     def is_main(self) -> bool:
@@ -61,7 +68,18 @@ def init_distributed(device: str = "auto") -> DistEnv:
 
 
 def shutdown(env: DistEnv) -> None:
+    """Destroy the process groups while the interpreter is whole, so that their threads are joined now.
+
+    gloo's worker threads let go of a collective's tensors after the caller has moved on. A group that outlives
+    the interpreter's finalisation can do so while the interpreter is torn down, and abort a process whose work
+    is done. So nothing may hold a group by now: not the trainer's DDP or FSDP model (it may sit in reference
+    cycles, hence the collection), nor the FSDP mesh (which DTensor's caches keep), nor the host group.
+    """
     if env.enabled and dist.is_initialized():
+        gc.collect()
+        if env.mesh is not None:
+            env.mesh._pg_registry.clear()  # DeviceMesh has no public way to let go of its groups
+        env.host_group = env.mesh = None
         dist.destroy_process_group()
 
 

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import signal
 import time
+import traceback
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
@@ -159,6 +160,11 @@ def train(
             Path(recipe.train.output_dir), resume, weights_from, env, log if env.is_main else (lambda *_: None)
         )
         return Trainer(recipe, env, build_setup, log, start).run()
+    except BaseException as error:
+        # The failed frames hold the trainer, and so the process group, for as long as the error lives: let go
+        # of their variables so that shutdown can destroy the group now (the traceback itself is kept).
+        traceback.clear_frames(error.__traceback__)
+        raise
     finally:
         shutdown(env)
 
@@ -205,12 +211,14 @@ class Trainer:
         if not self.env.enabled:
             return objective
         if self.config.distributed == "fsdp":
+            from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
 
             policy = fsdp_precision(self.config.precision)
+            self.env.mesh = mesh = init_device_mesh(self.env.device.type, (self.env.world_size,))
             for unit in objective.shard_units():
-                fully_shard(unit, mp_policy=policy)
-            fully_shard(objective, mp_policy=policy)
+                fully_shard(unit, mesh=mesh, mp_policy=policy)
+            fully_shard(objective, mesh=mesh, mp_policy=policy)
             return objective
         from torch.nn.parallel import DistributedDataParallel
 
