@@ -26,6 +26,20 @@ TINY_ENCODER = [
 ]
 
 
+# Appended to a command of the README or a recipe of configs/: a one-layer encoder, two steps, no evaluation
+TINY_RUN = [
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.intermediate_size=64",
+    "tokenizer.vocab_size=2000",
+    "train.max_steps=2",
+    "train.eval_every=0",
+    "train.num_workers=0",
+    "logging.progress=false",
+]
+
+
 def external_data(name: str) -> Path:
     """A dataset the repository does not ship, from ``external/`` (data/README.md); the project's developers
     keep one copy beside their checkouts (``../shared/data``), used when ``external/`` lacks it."""

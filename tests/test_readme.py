@@ -2,20 +2,8 @@
 
 import re
 
-from helpers import REPO
+from helpers import REPO, TINY_RUN
 from spanlm.cli import main
-
-TINY = [
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.intermediate_size=64",
-    "tokenizer.vocab_size=2000",
-    "train.max_steps=2",
-    "train.eval_every=0",
-    "train.num_workers=0",
-    "logging.progress=false",
-]
 
 
 def test_readme_python_examples_run(tmp_path, monkeypatch, capsys):
@@ -28,7 +16,7 @@ def test_readme_python_examples_run(tmp_path, monkeypatch, capsys):
     (tmp_path / "configs").symlink_to(REPO / "configs")
     # the commands the examples rely on, as the README gives them (made tiny)
     assert main(["prepare", str(REPO / "configs/prepare/english.yaml"), "tokenizer.vocab_size=2000"]) == 0
-    assert main(["pretrain", str(REPO / "configs/pretrain/spanbert.yaml"), *TINY]) == 0
+    assert main(["pretrain", str(REPO / "configs/pretrain/spanbert.yaml"), *TINY_RUN]) == 0
     assert main(["export", "runs/pretrain/spanbert", "--out", "runs/export/spanbert"]) == 0
     # made tiny, the corpus is keyed by its smaller vocabulary; the examples name the recipe's own
     (tmp_path / "runs/prepared/english-wordpiece-8000").symlink_to(tmp_path / "runs/prepared/english-wordpiece-2000")

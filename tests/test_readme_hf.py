@@ -7,20 +7,8 @@ import shlex
 
 import pytest
 
-from helpers import REPO, readme_section
+from helpers import REPO, TINY_RUN, readme_section
 from spanlm.cli import main
-
-TINY = [
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.intermediate_size=64",
-    "tokenizer.vocab_size=2000",
-    "train.max_steps=2",
-    "train.eval_every=0",
-    "train.num_workers=0",
-    "logging.progress=false",
-]
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +20,7 @@ def workdir(tmp_path_factory):
     previous = os.getcwd()
     os.chdir(directory)
     try:
-        assert main(["pretrain", str(REPO / "configs/pretrain/spanbert.yaml"), *TINY]) == 0
+        assert main(["pretrain", str(REPO / "configs/pretrain/spanbert.yaml"), *TINY_RUN]) == 0
         assert main(["export", "runs/pretrain/spanbert", "--out", "runs/export/spanbert"]) == 0
     finally:
         os.chdir(previous)
@@ -82,7 +70,7 @@ def test_continued_pretraining_from_a_stock_checkpoint(workdir, monkeypatch, cap
     (bash,) = readme_section("Continued pretraining from a Hugging Face checkpoint", language="bash")
     (command,) = commands(bash)
     assert command[:2] == ["spanlm", "pretrain"]
-    assert main([*command[1:], *TINY]) == 0
+    assert main([*command[1:], *TINY_RUN]) == 0
     assert (
         f"heads from {checkpoint}: mlm_head loaded (BertForMaskedLM weights in bert-base-uncased); sbo_head fresh "
         "(not in the checkpoint)" in capsys.readouterr().err
@@ -101,7 +89,7 @@ def test_maskers_in_the_trainer(workdir, monkeypatch):
     export = workdir / "runs/hf-trainer/export"
     assert {"model.safetensors", "heads.safetensors", "config.json"} <= {p.name for p in export.iterdir()}
     # spanlm continues the Trainer's model with both of its heads.
-    recipe = load_recipe(REPO / "configs/pretrain/spanbert.yaml", [f"model.path={export}", *TINY[4:5]])
+    recipe = load_recipe(REPO / "configs/pretrain/spanbert.yaml", [f"model.path={export}", "tokenizer.vocab_size=2000"])
     objective = build_objective(recipe, PreparedCorpus(recipe.data.prepared_dir))
     assert objective.head_report == {
         "mlm_head": "loaded (BertForMaskedLM weights in export)",

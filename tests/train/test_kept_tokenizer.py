@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import EMBEDDED_CORPUS
+from helpers import EMBEDDED_CORPUS, TINY_RUN
 from spanlm.cli import main
 from spanlm.config import from_dict, save_config
 from spanlm.data.shards import read_meta
@@ -206,20 +206,6 @@ def test_default_prepared_directories_are_keyed_by_their_tokenizer(tmp_path):
     assert explicit.data.prepared_dir == "runs/mine"  # a directory named outright is used as named
 
 
-TINY = [
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.intermediate_size=64",
-    "tokenizer.vocab_size=2000",
-    "data.max_len=64",
-    "train.max_steps=2",
-    "train.eval_every=0",
-    "train.num_workers=0",
-    "logging.progress=false",
-]
-
-
 def test_the_readme_commands_in_sequence_leave_every_run_exportable_and_resumable(tmp_path, monkeypatch):
     """The issue's scenario: a default recipe, continued pretraining with tokenizer.path=…, the default
     recipe again with another objective — afterwards each earlier run still exports and resumes."""
@@ -228,16 +214,17 @@ def test_the_readme_commands_in_sequence_leave_every_run_exportable_and_resumabl
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").symlink_to(REPO / "data")
     runs = {
-        "spanbert": ["configs/pretrain/spanbert.yaml", *TINY, "train.output_dir=runs/spanbert"],
+        "spanbert": ["configs/pretrain/spanbert.yaml", *TINY_RUN, "data.max_len=64", "train.output_dir=runs/spanbert"],
         "continued": [
             "configs/pretrain/spanbert.yaml",
-            *TINY,
+            *TINY_RUN,
+            "data.max_len=64",
             "model.path=runs/export/spanbert",
             "model.family=bert",
             "tokenizer.path=runs/export/spanbert",
             "train.output_dir=runs/continued",
         ],
-        "mlm": ["configs/pretrain/mlm.yaml", *TINY, "train.output_dir=runs/mlm"],
+        "mlm": ["configs/pretrain/mlm.yaml", *TINY_RUN, "data.max_len=64", "train.output_dir=runs/mlm"],
     }
     for name, command in runs.items():
         command[0] = str(REPO / command[0])
