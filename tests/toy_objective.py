@@ -90,7 +90,16 @@ def build_toy(recipe, corpus) -> Toy:
     return Toy(corpus.vocab_size, corpus.special_ids["mask"])
 
 
-def toy_recipe(prepared: Path, output_dir: Path, **train) -> Recipe:
+def toy_recipe(
+    prepared: Path,
+    output_dir: Path,
+    data: dict | None = None,
+    model: dict | None = None,
+    objective: str = "toy",
+    **train,
+) -> Recipe:
+    """A short run of ``objective`` on one embedded text (the training tests' corpus); ``data``, ``model`` and the
+    train settings given replace the defaults."""
     return from_dict(
         Recipe,
         {
@@ -99,9 +108,11 @@ def toy_recipe(prepared: Path, output_dir: Path, **train) -> Recipe:
                 "inputs": [str(EMBEDDED_CORPUS / "alice_in_wonderland.txt")],
                 "prepared_dir": str(prepared),
                 "max_len": 32,
+                **(data or {}),
             },
             "tokenizer": {"vocab_size": 500},
-            "objective": {"name": "toy"},
+            "model": model or {},
+            "objective": {"name": objective},
             "train": {
                 "output_dir": str(output_dir),
                 "max_steps": 8,

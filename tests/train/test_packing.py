@@ -11,8 +11,6 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from helpers import EMBEDDED_CORPUS
-from spanlm.config import from_dict
 from spanlm.data.blocks import BlockDataset
 from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import ConfigError
@@ -27,42 +25,9 @@ QUIET = {"log": lambda *_: None}
 
 def mlm_recipe(prepared: Path, output_dir: Path, data: dict | None = None, **train) -> Recipe:
     """A tiny BERT MLM (with dropout, so the RNG state matters) on the training tests' corpus."""
-    return from_dict(
-        Recipe,
-        {
-            "seed": 0,
-            "data": {
-                "inputs": [str(EMBEDDED_CORPUS / "alice_in_wonderland.txt")],
-                "prepared_dir": str(prepared),
-                "max_len": 32,
-                **(data or {}),
-            },
-            "tokenizer": {"vocab_size": 500},
-            "model": {
-                "hidden_size": 32,
-                "num_layers": 2,
-                "num_heads": 2,
-                "intermediate_size": 64,
-                "max_position_embeddings": 32,
-            },
-            "objective": {"name": "mlm"},
-            "train": {
-                "output_dir": str(output_dir),
-                "max_steps": 4,
-                "batch_size": 8,
-                "lr": 1e-3,
-                "warmup_steps": 1,
-                "log_every": 1,
-                "eval_every": 0,
-                "save_every": 1000,
-                "keep_last": 5,
-                "num_workers": 0,
-                "eval_blocks": 8,
-                **train,
-            },
-            "logging": {"report_to": [], "progress": False},
-        },
-    )
+    model = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64, "max_position_embeddings": 32}
+    settings = {"max_steps": 4, "batch_size": 8, "lr": 1e-3, "warmup_steps": 1, **train}
+    return toy_recipe(prepared, output_dir, data, model, objective="mlm", **settings)
 
 
 def saved_data_settings(run: Path) -> dict:
