@@ -260,24 +260,36 @@ def dropout_multiplier(shape, key: int, threshold: int, kept: float = 1.0):
     return (quarters >= threshold).float() * kept
 
 
+def tiny_backbone(corpus, family: str = "bert", **extra):
+    """A tiny encoder of ``family`` (hidden 32, two layers, 64 positions) for ``corpus``, seeded."""
+    import torch
+
+    from spanlm.models import BackboneConfig, build_backbone
+
+    torch.manual_seed(0)
+    config = BackboneConfig(
+        family=family,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        **extra,
+    )
+    return build_backbone(config, corpus)
+
+
 def tiny_charbert_export(prepared: Path, out: Path) -> Path:
     """A tiny CharBERT export (hidden 32, 2 layers; both channels) for ``prepared``'s tokenizer, in ``out``."""
-    import torch
 
     from spanlm.data.chars import build_char_vocab
     from spanlm.data.shards import PreparedCorpus
-    from spanlm.models import BackboneConfig, build_backbone
     from spanlm.models.charbert import CharBertEncoder, CharChannelConfig, DualChannel
 
     corpus = PreparedCorpus(prepared)
     char_vocab = build_char_vocab(corpus, 100)
-    torch.manual_seed(0)
-    backbone = build_backbone(
-        BackboneConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position_embeddings=64),
-        corpus,
-    )
     dual = DualChannel(
-        backbone,
+        tiny_backbone(corpus),
         CharChannelConfig(char_vocab_size=char_vocab.size, hidden_size=32, char_embedding_size=16, num_layers=2),
     )
     CharBertEncoder(dual, corpus.tokenizer, char_vocab).save(out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers import tiny_backbone
 from spanlm.data.chars import CharFeaturizer, Spelling, build_char_vocab
 from spanlm.data.shards import PreparedCorpus
 from spanlm.models import BackboneConfig, build_backbone
@@ -24,22 +25,6 @@ def corpus(embedded_prepared):
 @pytest.fixture(scope="module")
 def char_vocab(corpus):
     return build_char_vocab(corpus, 100)
-
-
-def tiny_backbone(corpus, family="bert", **extra):
-    torch.manual_seed(0)
-    return build_backbone(
-        BackboneConfig(
-            family=family,
-            hidden_size=32,
-            num_layers=2,
-            num_heads=2,
-            intermediate_size=64,
-            max_position_embeddings=64,
-            **extra,
-        ),
-        corpus,
-    )
 
 
 def dual(corpus, char_vocab, family="bert", fusion="shared", **extra):

@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import EMBEDDED_INPUTS, REPO, readme_section
+from helpers import EMBEDDED_INPUTS, REPO, readme_section, tiny_backbone
 from spanlm.data.chars import build_char_vocab
 from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import InputError
-from spanlm.models import BackboneConfig, build_backbone
 from spanlm.models.charbert import CharBertEncoder, CharChannelConfig, DualChannel
 from spanlm.models.encoder import load_encoder
 from spanlm.models.hf_model import EncoderConfig
@@ -156,20 +155,8 @@ def test_readme_snippet_runs_both_channels_without_spanlm_as_spanlm_does(workdir
 def test_every_backbone_and_fusion_mode_loads_in_transformers(embedded_prepared, tmp_path, family, fusion):
     corpus = PreparedCorpus(embedded_prepared)
     char_vocab = build_char_vocab(corpus, 60)
-    torch.manual_seed(0)
     extra = {"embedding_size": 16} if family == "electra" else {}  # ELECTRA with embeddings_project
-    backbone = build_backbone(
-        BackboneConfig(
-            family=family,
-            hidden_size=32,
-            num_layers=2,
-            num_heads=2,
-            intermediate_size=64,
-            max_position_embeddings=64,
-            **extra,
-        ),
-        corpus,
-    )
+    backbone = tiny_backbone(corpus, family, **extra)
     model = DualChannel(
         backbone,
         CharChannelConfig(
