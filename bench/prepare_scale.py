@@ -365,15 +365,11 @@ def per_cpu(result: dict) -> float:
 
 
 def measure_size(files, tokenizer: str, work: Path, name: str, words: str, max_len: int, peers: bool) -> dict:
-    one = child(
-        "spanlm",
-        files=files,
-        out=str(work / f"{name}-np1"),
-        tokenizer=tokenizer,
-        num_proc=1,
-        words=words,
-        max_len=max_len,
-    )
+    def prepare_with(processes: int) -> dict:
+        out, settings = str(work / f"{name}-np{processes}"), {"words": words, "max_len": max_len}
+        return child("spanlm", files=files, out=out, tokenizer=tokenizer, num_proc=processes, **settings)
+
+    one = prepare_with(1)
     row = {"tokens": one["tokens"], "spanlm_np1": one}
     if peers:
         row["bare"] = child("bare", files=files, tokenizer=tokenizer)
@@ -382,15 +378,7 @@ def measure_size(files, tokenizer: str, work: Path, name: str, words: str, max_l
         row["run_mlm"] = child("run_mlm", files=files, tokenizer=tokenizer, out=str(work / f"{name}-run_mlm"))
         shutil.rmtree(work / f"{name}-run_mlm", ignore_errors=True)
         row["spanlm_vs_run_mlm"] = round(per_cpu(one) / per_cpu(row["run_mlm"]), 3)
-    two = child(
-        "spanlm",
-        files=files,
-        out=str(work / f"{name}-np2"),
-        tokenizer=tokenizer,
-        num_proc=2,
-        words=words,
-        max_len=max_len,
-    )
+    two = prepare_with(2)
     shutil.rmtree(work / f"{name}-np2", ignore_errors=True)
     row["spanlm_np2"] = two
     row["np2_wall_speedup"] = round(one["wall_s"] / two["wall_s"], 3)
