@@ -283,7 +283,8 @@ def run_length(args, seq: int, batch: int, steps: int, warmup: int, recipe_dict:
     n_mlm = statistics.mean(len(b["target_index"]) for b in spanlm_batches)
     n_sbo = statistics.mean(len(b["sbo_labels"]) for b in spanlm_batches)
     n_peer = statistics.mean(int((b["labels"] != IGNORE_INDEX).sum()) for b in peer_batches)
-    spanlm_batches = [{k: v.to(device) for k, v in b.items()} for b in spanlm_batches]
+    # (max_seq_len, a packed stream's longest segment, is a host int and stays one)
+    spanlm_batches = [{k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()} for b in spanlm_batches]
     peer_batches = [{k: v.to(device) for k, v in b.items()} for b in peer_batches]
 
     spanlm_forward, peer_forward = objective.forward, model.forward

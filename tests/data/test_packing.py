@@ -6,11 +6,13 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from spanlm.data.blocks import BlockDataset, collate_blocks
-from spanlm.data.packing import pack_masked, stream_layout
+from spanlm.data.packing import pack_encoder_inputs, pack_masked, stream_layout
 from spanlm.data.shards import PreparedCorpus
 from spanlm.masking.base import MaskingConfig, build_masker
+from spanlm.models.packed import segment_bounds
 
 
 @pytest.mark.parametrize("gap", [0, 1])
@@ -35,6 +37,30 @@ def test_positions_restart_per_block_and_padding_never_starts_one():
     assert layout.pack(np.arange(15).reshape(3, 5), -1).tolist() == [[0, 1, 2, -1, 5, 6, 7, 8, 9, -1, 10, 11]]
 
 
+def derived_bounds(position_ids: np.ndarray, attention_mask: np.ndarray) -> list[int]:
+    """The bounds the model would derive on the device from the stream's positions (its fallback)."""
+    return segment_bounds(torch.from_numpy(position_ids), torch.from_numpy(attention_mask)).tolist()
+
+
+@pytest.mark.parametrize("gap", [0, 1, 2])  # 1: CharBERT's one pad between blocks
+def test_the_bounds_a_batch_carries_are_those_the_model_would_derive(gap):
+    rng = np.random.default_rng(gap)
+    for _ in range(300):
+        lengths = rng.integers(0, 12, size=rng.integers(1, 20))  # empty blocks included
+        rows = {
+            "input_ids": rng.integers(5, 100, size=(len(lengths), 12)),
+            "attention_mask": np.arange(12)[None, :] < lengths[:, None],
+        }
+        layout = stream_layout(lengths, gap)
+        attention = layout.pack(rows["attention_mask"], False)
+        expected = derived_bounds(layout.position_ids(), attention)
+        bounds = layout.segment_bounds()
+        assert bounds.dtype == np.int32 and bounds.tolist() == expected, lengths
+        packed = pack_encoder_inputs(rows, 0, gap)
+        assert packed["cu_seq_lens"].tolist() == expected
+        assert type(packed["max_seq_len"]) is int and packed["max_seq_len"] == max(np.diff(expected))
+
+
 @pytest.mark.parametrize("scheme", ["mlm", "wwm", "span"])
 def test_packed_targets_point_at_the_same_tokens(embedded_prepared, scheme):
     corpus = PreparedCorpus(embedded_prepared)
@@ -54,6 +80,13 @@ def test_packed_targets_point_at_the_same_tokens(embedded_prepared, scheme):
     source = packed.source_index.reshape(-1)
     assert (ids[source[real]] == packed_ids[real]).all() and (source[~real] == ids.size).all()
     assert packed.input_ids.shape == (1, masked.attention_mask.sum())  # one stream, no padding
+    for gap in (0, 1):  # the bounds the model reads, computed with the batch (1: CharBERT's one pad between blocks)
+        packed = pack_masked(masked, corpus.special_ids["pad"], gap)
+        expected = derived_bounds(packed.position_ids, packed.attention_mask)
+        assert packed.cu_seq_lens.tolist() == expected and len(expected) == len(masked.input_ids) * (1 + gap) + 1 - gap
+        assert packed.max_seq_len == max(np.diff(expected)) == masked.attention_mask.sum(axis=1).max()
+        batch = packed.to_torch(("cu_seq_lens", "max_seq_len"))
+        assert batch["cu_seq_lens"].dtype == torch.int32 and type(batch["max_seq_len"]) is int
 
 
 def test_the_readme_packing_example_runs(embedded_prepared, capsys):

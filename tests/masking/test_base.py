@@ -140,13 +140,16 @@ def test_masked_batch_to_torch_and_json(vocab, make_batch):
 
     masked = MlmMasker(MlmConfig(), vocab)(make_batch(np.random.default_rng(0), 4, 32), np.random.default_rng(1))
     tensors = masked.to_torch()
-    assert set(tensors) == set(MaskedBatch.ARRAYS)
+    assert set(tensors) == {*MaskedBatch.ARRAYS, "max_seq_len"}
+    assert tensors["max_seq_len"] == 0 and type(tensors["max_seq_len"]) is int  # a padded batch: no segments
+    assert masked.to_torch(("input_ids", "max_seq_len")).keys() == {"input_ids", "max_seq_len"}
     assert tensors["input_ids"].dtype == torch.int64 and tensors["input_ids"].shape == (4, 32)
     assert tensors["attention_mask"].dtype == torch.bool
     assert tensors["target_kind"].dtype == torch.int8
     assert torch.equal(tensors["target_index"], torch.from_numpy(masked.target_index))
     data = masked.to_json_dict()
     assert data["target_labels"] == masked.target_labels.tolist() and data["counters"] == {}
+    assert data["cu_seq_lens"] == [] and data["max_seq_len"] == 0
 
 
 def test_build_masker_registry(english):

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModel, DataCollatorWithFlattening
 
+from helpers import forbid_deriving_segment_bounds
 from spanlm.errors import ConfigError
 from spanlm.models.packed import (
     GROUP_PADDING,
@@ -73,6 +74,34 @@ def test_a_flattened_batch_gives_each_sequence_its_own_states(family, attention)
     torch.testing.assert_close(packed, torch.cat(alone), rtol=1e-5, atol=1e-5)
     if family != "deberta-v2":  # switched to the varlen attention, which still runs padded batches as SDPA
         assert model.config._attn_implementation == VARLEN_ATTENTION
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta", "electra"])
+def test_the_bounds_a_batch_carries_are_used_as_they_are(family, monkeypatch):
+    """DataCollatorWithFlattening's FlashAttention arguments (bounds, and the longest as an int) as the batch's own
+    ``cu_seq_lens`` / ``max_seq_len``: nothing is derived from the positions, and each sequence gets its states."""
+    model = model_of(family, "sdpa").eval()
+    sequences = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16]]
+    flat = DataCollatorWithFlattening(return_tensors="pt", return_flash_attn_kwargs=True)(
+        [{"input_ids": s} for s in sequences]
+    )
+    assert type(flat["max_length_q"]) is int
+    forbid_deriving_segment_bounds(monkeypatch)
+    with torch.no_grad():
+        packed = encoder_states(
+            model,
+            flat["input_ids"],
+            torch.ones_like(flat["input_ids"]),
+            flat["position_ids"],
+            cu_seq_lens=flat["cu_seq_lens_q"],
+            max_seq_len=flat["max_length_q"],
+        )[0]
+        alone = [
+            encoder_states(model, torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long))[0] for s in sequences
+        ]
+    torch.testing.assert_close(packed, torch.cat(alone), rtol=1e-5, atol=1e-5)
+    with pytest.raises(AssertionError, match="derived from its positions"):  # positions alone: the fallback
+        encoder_states(model, flat["input_ids"], torch.ones_like(flat["input_ids"]), flat["position_ids"])
 
 
 @pytest.mark.parametrize("family", ["bert", "deberta-v2"])

@@ -11,10 +11,11 @@ import pytest
 import torch
 import yaml
 
-from helpers import tiny_charbert_export
+from helpers import forbid_deriving_segment_bounds, tiny_charbert_export
 from spanlm.config import load_config
 from spanlm.models.encoder import load_encoder
 from spanlm.models.hf_model import EncoderConfig
+from spanlm.models.packed import segment_bounds
 from spanlm.ner.config import NerConfig, NerRecipe
 from spanlm.ner.data import NerDocument, read_documents
 from spanlm.ner.model import NerObjective
@@ -58,7 +59,7 @@ def loss_and_gradients(objective, batch) -> tuple[torch.Tensor, dict[str, torch.
 
 
 @pytest.mark.parametrize("encoder", ["bert", "charbert"])
-def test_packed_windows_train_and_predict_as_padded_ones(tiny_encoder_dir, charbert_dir, encoder):
+def test_packed_windows_train_and_predict_as_padded_ones(tiny_encoder_dir, charbert_dir, encoder, monkeypatch):
     objective, windows = objective_and_windows(tiny_encoder_dir if encoder == "bert" else charbert_dir)
     indices = np.arange(len(windows))[:16]
     padded = windows.batch(indices)
@@ -66,6 +67,11 @@ def test_packed_windows_train_and_predict_as_padded_ones(tiny_encoder_dir, charb
     packed = windows.batch(indices)
     gap = getattr(windows.featurizer, "packing_gap", 0)  # CharBERT's one pad between windows
     assert packed["input_ids"].shape == (1, padded["attention_mask"].sum() + gap * (len(indices) - 1))  # one stream
+    # The batch carries the segments the model would derive from its positions; it never has to.
+    bounds = segment_bounds(packed["position_ids"], packed["attention_mask"])
+    assert torch.equal(packed["cu_seq_lens"], bounds) and len(bounds) == len(indices) * (1 + gap) + 1 - gap
+    assert packed["max_seq_len"] == int((bounds[1:] - bounds[:-1]).max()) and type(packed["max_seq_len"]) is int
+    forbid_deriving_segment_bounds(monkeypatch)
     padded_loss, padded_grads = loss_and_gradients(objective, padded)
     packed_loss, packed_grads = loss_and_gradients(objective, packed)
     torch.testing.assert_close(packed_loss, padded_loss, rtol=1e-5, atol=1e-6)
@@ -85,7 +91,8 @@ def test_packed_windows_train_and_predict_as_padded_ones(tiny_encoder_dir, charb
     np.testing.assert_allclose(found_packed.score, found_padded.score, rtol=1e-4, atol=1e-5)
 
 
-def test_a_packed_run_with_a_token_budget_trains_and_records_its_choice(tiny_encoder_dir, tmp_path):
+def test_a_packed_run_with_a_token_budget_trains_and_records_its_choice(tiny_encoder_dir, tmp_path, monkeypatch):
+    forbid_deriving_segment_bounds(monkeypatch)  # training, evaluation and prediction read the bounds they carry
     train = FIXTURES / "wnut_train_mini.conll"
     recipe = load_config(
         None,
@@ -99,7 +106,7 @@ def test_a_packed_run_with_a_token_budget_trains_and_records_its_choice(tiny_enc
             f"data.tokens_per_batch={4 * MAX_LEN}",
             f"train.output_dir={tmp_path / 'run'}",
             "train.max_steps=3",
-            "train.eval_every=0",
+            "train.eval_every=3",
             "train.num_workers=0",
             "train.device=cpu",
             "logging.report_to=[]",
@@ -112,3 +119,4 @@ def test_a_packed_run_with_a_token_budget_trains_and_records_its_choice(tiny_enc
     assert saved["packing"] is True and saved["tokens_per_batch"] == 4 * MAX_LEN
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(np.isfinite(r["loss"]) for r in records if r["kind"] == "train") and result is not None
+    assert any(r["kind"] == "eval" and "f1" in r for r in records)  # the held-out loss and the dev predictions

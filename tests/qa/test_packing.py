@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import forbid_deriving_segment_bounds
 from spanlm.models.encoder import load_encoder
 from spanlm.models.hf_model import EncoderConfig
+from spanlm.models.packed import segment_bounds
 from spanlm.qa.data import read_squad
 from spanlm.qa.model import QAObjective
 from spanlm.qa.predict import window_spans
@@ -25,7 +27,7 @@ def loss_and_gradients(objective, batch) -> tuple[torch.Tensor, dict[str, torch.
     return loss.detach(), {name: p.grad.clone() for name, p in objective.named_parameters() if p.grad is not None}
 
 
-def test_packed_windows_train_and_predict_as_padded_ones(qa_encoder_dir, qa_fixtures):
+def test_packed_windows_train_and_predict_as_padded_ones(qa_encoder_dir, qa_fixtures, monkeypatch):
     examples, _ = read_squad(qa_fixtures / "squad_v2_sample.json")
     torch.manual_seed(0)
     objective = QAObjective(load_encoder(EncoderConfig(path=str(qa_encoder_dir), dropout=0.0)))
@@ -38,6 +40,9 @@ def test_packed_windows_train_and_predict_as_padded_ones(qa_encoder_dir, qa_fixt
     assert (
         packed["token_type_ids"].sum() == padded["token_type_ids"].sum() > 0
     )  # context segments moved with their tokens
+    # The batch carries the segments the model would derive from its positions; it never has to.
+    assert torch.equal(packed["cu_seq_lens"], segment_bounds(packed["position_ids"], packed["attention_mask"]))
+    forbid_deriving_segment_bounds(monkeypatch)
     padded_loss, padded_grads = loss_and_gradients(objective, padded)
     packed_loss, packed_grads = loss_and_gradients(objective, packed)
     torch.testing.assert_close(packed_loss, padded_loss, rtol=1e-5, atol=1e-6)

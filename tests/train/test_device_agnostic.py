@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import EMBEDDED_MAX_LEN, embedded_recipe
+from helpers import EMBEDDED_MAX_LEN, embedded_recipe, forbid_deriving_segment_bounds
 from spanlm import accel
 from spanlm.accel import cross_entropy, native
 from spanlm.data.blocks import BlockDataset, collate_blocks
@@ -116,7 +116,6 @@ class HostReads:
 # transformers' SDPA mask preparation reads ``attention_mask.all()`` once per eager forward, to drop a mask
 # without padding so that SDPA may take the flash kernel; under torch.compile it does not (is_tracing).
 ENCODER_MASK_CHECK = "masking_utils.py"
-PACKED_LONGEST_BLOCK = "__int__ in packed.py"  # spanlm.models.packed.varlen_kwargs
 PACKED_CPU_LOOP = "packed.py"  # spanlm.models.packed.varlen_attention on the CPU
 
 
@@ -140,12 +139,33 @@ def test_a_non_logging_step_reads_the_host_only_in_the_encoders_batch_layout_che
     trainer._step(batches, window)
     monkeypatch.undo()
     # fused AdamW skips a non-finite step on the device: the loop itself reads nothing. A padded batch's mask
-    # is checked once per forward; a packed stream has no mask, and its longest block is read once per forward
-    # (the varlen kernels' size). The CPU's per-block attention reads the block bounds from host memory.
-    site = PACKED_LONGEST_BLOCK if packing == "true" else ENCODER_MASK_CHECK
+    # is checked once per forward; a packed stream has no mask and carries its bounds and longest segment (a host
+    # int), so it reads nothing. The CPU's per-block attention reads the block bounds from host memory.
     waits = [call for call in reads.calls if not call.startswith(f"tolist in {PACKED_CPU_LOOP}")]
-    assert len(waits) == config.train.grad_accum and all(site in call for call in waits), reads.calls
+    if packing == "true":
+        assert not waits, reads.calls
+    else:
+        assert len(waits) == config.train.grad_accum and all(ENCODER_MASK_CHECK in c for c in waits), reads.calls
     assert trainer.step == 2 and int(window.counted) == 2 and int(window.tokens) > 0
+
+
+@pytest.mark.parametrize("case, accel", [("spanbert", "off"), ("spanbert", "auto"), ("charbert", "off")])
+def test_packed_training_and_evaluation_never_derive_the_bounds_on_the_device(
+    corpus, tmp_path, monkeypatch, case, accel
+):
+    """The loader's packed batches carry their segment bounds and longest segment: the model's fallback for
+    positions alone (nonzero and a read of the longest, two host syncs on a GPU) is never taken."""
+    name, overrides = OBJECTIVES[case]
+    config = embedded_recipe(
+        name, corpus.directory, tmp_path / "run", f"train.accel={accel}", "data.packing=true", *overrides
+    )
+    trainer = Trainer(config, init_distributed("cpu"), pretraining_setup, log=lambda *_: None)
+    forbid_deriving_segment_bounds(monkeypatch)
+    batches, window = iter(trainer.loader), _Window(trainer.env.device)
+    trainer.objective.train()
+    trainer._step(batches, window)
+    metrics = trainer.evaluate()
+    assert trainer.step == 1 and int(window.counted) == 1 and np.isfinite(metrics["loss"])
 
 
 def test_a_non_fused_optimiser_step_reads_the_non_finite_flag_once(corpus, tmp_path, monkeypatch):

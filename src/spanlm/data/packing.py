@@ -3,13 +3,18 @@ attending only to itself.
 
 A padded batch computes every row to the length of its longest block; a packed batch places the blocks
 end to end in one row of all their tokens, so the linear layers, embeddings, heads and losses compute no
-padding, and the attention runs per block (variable-length attention, :mod:`spanlm.models.packed`). Three
-arrays describe a packed batch to the model:
+padding, and the attention runs per block (variable-length attention, :mod:`spanlm.models.packed`). These
+fields describe a packed batch to the model:
 
 * ``input_ids`` (1, T) and ``attention_mask`` (1, T) — real tokens, as in a padded batch;
 * ``position_ids`` (1, T) — positions restarting at 0 at every block start, the convention of
-  transformers' ``DataCollatorWithFlattening``; a block is the run from one 0 to the next, so the
-  model derives the block boundaries from them;
+  transformers' ``DataCollatorWithFlattening``; a block is the run from one 0 to the next;
+* ``cu_seq_lens`` (S + 1,) int32 and ``max_seq_len`` — the bounds of the stream's segments (a segment is a
+  block, or the padding after one: CharBERT's pad between blocks) and the longest, what the variable-length
+  attention takes. They are computed here, with the batch, from the layout: derived from ``position_ids``
+  on a GPU they would cost a ``nonzero`` and a read of the longest, two waits for the device every step.
+  ``max_seq_len`` is a Python ``int`` (FlashAttention's ``max_length_q`` must be one; transformers'
+  ``DataCollatorWithFlattening`` keeps it one too) that the training loop passes on as it is;
 * ``source_index`` (1, T) — the flat position ``b·L + t`` in the padded (B, L) layout of each packed
   token, ``B·L`` for padding: what maps per-block inputs (CharBERT's char channel) into the packed layout.
 
@@ -60,6 +65,15 @@ class PackedLayout:
         positions[packed] = within
         return positions.reshape(1, self.width)
 
+    def segment_bounds(self) -> np.ndarray:
+        """(S + 1,) int32: the bounds of the stream's segments, as ``spanlm.models.packed.segment_bounds`` derives
+        them from the positions: a segment starts at the stream's start, at each (non-empty) block, and at the
+        padding right after a block; the last bound is the stream's width."""
+        real = self.lengths > 0
+        ends = (self.offset + self.lengths)[real]
+        starts = np.concatenate([[0], self.offset[real], ends[ends < self.width]])
+        return np.append(np.unique(starts), self.width).astype(np.int32)
+
     def source_index(self, padded_width: int) -> np.ndarray:
         """(1, W) int64: each packed token's flat position in the padded (B, ``padded_width``) layout, B·L for
         padding."""
@@ -93,11 +107,18 @@ def stream_layout(lengths: np.ndarray, gap: int = 0) -> PackedLayout:
     return PackedLayout(lengths=lengths, offset=offset, width=max(width, 1))
 
 
+def stream_bounds(layout: PackedLayout) -> dict:
+    """``cu_seq_lens`` (S + 1,) int32 and ``max_seq_len`` (an ``int``) of the stream ``layout``."""
+    bounds = layout.segment_bounds()
+    return {"cu_seq_lens": bounds, "max_seq_len": int(np.diff(bounds).max())}
+
+
 def pack_masked(masked, pad_id: int, gap: int = 0):
     """The masked batch ``masked`` (one block per row, as the maskers build it) as one packed stream.
 
     Returns a copy of the same dataclass with ``input_ids`` / ``attention_mask`` (1, T), the packed
-    ``position_ids`` and ``source_index``, and every flat position remapped (target order unchanged).
+    ``position_ids``, ``cu_seq_lens``, ``max_seq_len`` and ``source_index``, and every flat position remapped
+    (target order unchanged).
     """
     batch_size, padded_width = masked.input_ids.shape
     layout = stream_layout(masked.attention_mask.sum(axis=1), gap)
@@ -105,6 +126,7 @@ def pack_masked(masked, pad_id: int, gap: int = 0):
         "input_ids": layout.pack(masked.input_ids, pad_id),
         "attention_mask": layout.pack(masked.attention_mask, False),
         "position_ids": layout.position_ids(),
+        **stream_bounds(layout),
         "source_index": layout.source_index(padded_width),
     }
     for name in FLAT_POSITIONS:
@@ -115,12 +137,13 @@ def pack_masked(masked, pad_id: int, gap: int = 0):
     return dataclasses.replace(masked, **changes)
 
 
-def pack_encoder_inputs(rows: dict[str, np.ndarray], pad_id: int, gap: int = 0) -> dict[str, np.ndarray]:
+def pack_encoder_inputs(rows: dict[str, np.ndarray], pad_id: int, gap: int = 0) -> dict[str, np.ndarray | int]:
     """Fine-tuning windows (one per row of ``rows``' (B, L) arrays) packed into one stream for the encoder.
 
     Returns the packed ``input_ids``, ``attention_mask`` and (when given) ``token_type_ids`` (1, T), their
-    ``position_ids`` and ``source_index``, and ``unpack_index`` (B, L): the stream position of each window
-    token (0 for padding), which takes the encoder's output back to one window per row for the task head.
+    ``position_ids``, ``cu_seq_lens``, ``max_seq_len`` (an ``int``) and ``source_index``, and ``unpack_index``
+    (B, L): the stream position of each window token (0 for padding), which takes the encoder's output back to
+    one window per row for the task head.
     """
     attention = np.asarray(rows["attention_mask"]).astype(bool)
     batch_size, length = attention.shape
@@ -137,6 +160,7 @@ def pack_encoder_inputs(rows: dict[str, np.ndarray], pad_id: int, gap: int = 0) 
     return {
         **packed,
         "position_ids": layout.position_ids(),
+        **stream_bounds(layout),
         "source_index": layout.source_index(length),
         "unpack_index": unpack.reshape(batch_size, length),
     }

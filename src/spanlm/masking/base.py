@@ -240,9 +240,12 @@ class MaskedBatch:
     span_start: np.ndarray = dataclasses.field(default_factory=_empty)  # (S,)
     span_end: np.ndarray = dataclasses.field(default_factory=_empty)  # (S,)
     span_words: np.ndarray = dataclasses.field(default_factory=_empty)  # (S,)
-    # A packed batch (spanlm.data.packing): (R, W) positions restarting per block, and each packed token's
-    # flat position in the block layout (B·L for padding). Empty in a padded batch.
+    # A packed batch (spanlm.data.packing): (R, W) positions restarting per block, its segments' bounds
+    # (S + 1,) and longest segment (a host int: the attention's size), and each packed token's flat position
+    # in the block layout (B·L for padding). Empty (0) in a padded batch.
     position_ids: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
+    cu_seq_lens: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    max_seq_len: int = 0
     source_index: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
     # Scheme-specific event counts (similar-word fallbacks, noise operations, ...).
     counters: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -264,6 +267,7 @@ class MaskedBatch:
         "span_end",
         "span_words",
         "position_ids",
+        "cu_seq_lens",
         "source_index",
     )
 
@@ -272,16 +276,21 @@ class MaskedBatch:
         return self.input_ids.shape[0]
 
     def to_torch(self, fields: tuple[str, ...] | None = None) -> dict:
-        """The arrays named in ``fields`` (every array when None) as tensors, sharing memory where possible;
+        """The arrays named in ``fields`` (every array when None) as tensors, sharing memory where possible, and
+        ``max_seq_len`` as the ``int`` it is (the variable-length attention takes it on the host);
         ``counters`` are statistics, not inputs."""
         import torch
 
         names = self.ARRAYS if fields is None else [name for name in self.ARRAYS if name in fields]
-        return {name: torch.from_numpy(np.ascontiguousarray(getattr(self, name))) for name in names}
+        batch = {name: torch.from_numpy(np.ascontiguousarray(getattr(self, name))) for name in names}
+        if fields is None or "max_seq_len" in fields:
+            batch["max_seq_len"] = int(self.max_seq_len)
+        return batch
 
     def to_json_dict(self) -> dict:
         """Plain lists, for ``spanlm preview --jsonl``."""
         data = {name: getattr(self, name).tolist() for name in self.ARRAYS}
+        data["max_seq_len"] = int(self.max_seq_len)
         data["counters"] = {key: int(value) for key, value in self.counters.items()}
         return data
 

@@ -90,6 +90,8 @@ class DualChannel(DualChannelMixin, nn.Module):
             batch.get("token_type_ids"),
             batch.get("position_ids"),
             batch.get("source_index"),
+            batch.get("cu_seq_lens"),
+            batch.get("max_seq_len"),
         )
 
     def shard_units(self) -> list[nn.Module]:

@@ -60,7 +60,13 @@ class Encoder(nn.Module):
                 inputs["token_type_ids"] = token_types
             return self.model(**inputs).last_hidden_state  # (B, L, H)
         hidden = encoder_states(
-            self.model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], token_types
+            self.model,
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["position_ids"],
+            token_types,
+            batch.get("cu_seq_lens"),
+            batch.get("max_seq_len"),
         )  # (R, W, H)
         return unpack_rows(hidden, batch["unpack_index"])
 

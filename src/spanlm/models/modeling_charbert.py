@@ -408,19 +408,34 @@ class Fusion(nn.Module):
 VARLEN_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3", "spanlm_varlen")
 
 
-def varlen_arguments(position_ids: Tensor, attention_mask: Tensor) -> dict:
-    """A packed stream's block boundaries as transformers' FlashAttention keyword arguments: the cumulative lengths
-    of its segments (a segment starts at each block's position 0 and at the first padding after a real token)
-    and the longest. The same as spanlm.models.packed.varlen_kwargs: this file imports no spanlm."""
+def segment_bounds(position_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """(S + 1,) int32 bounds of a packed stream's segments: a segment starts at each block's position 0, at the
+    first padding after a real token and at the stream's start. The same as spanlm.models.packed.segment_bounds:
+    this file imports no spanlm."""
     positions, real = position_ids.flatten(), attention_mask.flatten().bool()
     follows_real = torch.cat([real.new_ones(1), real[:-1]])  # (T,) the token before is real (or none is)
     starts = (real & (positions == 0)) | (~real & follows_real)
     starts[0] = True
-    bounds = torch.cat([starts.nonzero().flatten(), starts.new_full((1,), starts.numel(), dtype=torch.long)]).to(
-        torch.int32
-    )
-    longest = int((bounds[1:] - bounds[:-1]).max())
-    return {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": longest, "max_length_k": longest}
+    bounds = torch.cat([starts.nonzero().flatten(), starts.new_full((1,), starts.numel(), dtype=torch.long)])
+    return bounds.to(torch.int32)
+
+
+def varlen_arguments(
+    position_ids: Tensor, attention_mask: Tensor, cu_seq_lens: Tensor | None = None, max_seq_len: int | None = None
+) -> dict:
+    """A packed stream's block boundaries as transformers' FlashAttention keyword arguments: the batch's own
+    ``cu_seq_lens`` (the cumulative lengths of its segments) and ``max_seq_len`` (the longest, an int) when it
+    carries them — spanlm's packed batches do, computed with the batch — else derived from the positions
+    (:func:`segment_bounds`), which on a GPU waits for the device twice."""
+    if cu_seq_lens is None or cu_seq_lens.numel() == 0 or not max_seq_len:
+        cu_seq_lens = segment_bounds(position_ids, attention_mask)
+        max_seq_len = int((cu_seq_lens[1:] - cu_seq_lens[:-1]).max())
+    return {
+        "cu_seq_lens_q": cu_seq_lens,
+        "cu_seq_lens_k": cu_seq_lens,
+        "max_length_q": max_seq_len,
+        "max_length_k": max_seq_len,
+    }
 
 
 def init_char_weights(module: nn.Module, std: float) -> None:
@@ -470,13 +485,16 @@ class DualChannelMixin:
         token_type_ids: Tensor | None = None,
         position_ids: Tensor | None = None,
         source_index: Tensor | None = None,
+        cu_seq_lens: Tensor | None = None,
+        max_seq_len: int | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Token and char channels' last hidden states, each (B, L, H).
 
         A packed batch (its blocks one after another in one stream, spanlm.data.packing) gives ``position_ids``
         (1, T) restarting at 0 per block and ``source_index`` (1, T): each token's flat position in the char
-        inputs' one block per row layout (past its end for padding). Its blocks are one pad apart, so the
-        fusion convolution sees padding at every block edge, as in an unpacked row. Each block attends only
+        inputs' one block per row layout (past its end for padding), and, when the batch carries them, its
+        segments' bounds ``cu_seq_lens`` and longest segment ``max_seq_len``. Its blocks are one pad apart, so
+        the fusion convolution sees padding at every block edge, as in an unpacked row. Each block attends only
         to itself through the backbone's variable-length attention (:func:`varlen_arguments`), which must
         take them: ``flash_attention_2`` / ``_3`` or spanlm's ``spanlm_varlen``.
         """
@@ -506,7 +524,7 @@ class DualChannelMixin:
                     f"a packed batch needs a variable-length attention ({', '.join(VARLEN_IMPLEMENTATIONS)}), "
                     f"not {backbone.config._attn_implementation!r}"
                 )
-            mask, varlen = None, varlen_arguments(position_ids, attention_mask)
+            mask, varlen = None, varlen_arguments(position_ids, attention_mask, cu_seq_lens, max_seq_len)
         else:
             mask, varlen = (
                 create_bidirectional_mask(config=backbone.config, inputs_embeds=token, attention_mask=real),

@@ -5,8 +5,15 @@ from the start. Everything but the attention works token by token, so :func:`enc
 encoder on the stream as it is — no padding in the embeddings, linear layers and heads — and hands the
 block boundaries to the attention as transformers' variable-length (FlashAttention) arguments:
 ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (the cumulative lengths of the stream's segments) and
-``max_length_q`` / ``max_length_k``, with no attention mask. BERT, RoBERTa and ELECTRA pass these keyword
-arguments from the model's forward down to their attention function, and
+``max_length_q`` / ``max_length_k``, with no attention mask.
+
+The boundaries come with the batch: the data workers compute ``cu_seq_lens`` and the longest segment
+``max_seq_len`` (a host ``int``) from the layout (:mod:`spanlm.data.packing`), and the model uses them as they
+are, so a packed forward waits for the device nowhere. A caller that gives the positions alone (a model called
+directly) has them derived here from ``position_ids`` / ``attention_mask`` (:func:`segment_bounds`): on a GPU
+that costs a ``nonzero`` and a read of the longest segment, host syncs the training and evaluation paths
+never make. BERT, RoBERTa and ELECTRA pass these keyword arguments from the model's forward down to their
+attention function, and
 
 * transformers' ``flash_attention_2`` / ``flash_attention_3`` take them as they are;
 * every other implementation is switched to ``"spanlm_varlen"`` (:func:`varlen_attention`, registered with
@@ -57,11 +64,21 @@ def segment_bounds(position_ids: Tensor, attention_mask: Tensor) -> Tensor:
     return bounds.to(torch.int32)
 
 
-def varlen_kwargs(position_ids: Tensor, attention_mask: Tensor) -> dict:
-    """The stream's block boundaries as transformers' FlashAttention keyword arguments."""
-    bounds = segment_bounds(position_ids, attention_mask)
-    longest = int((bounds[1:] - bounds[:-1]).max())  # the one host read of a packed forward on a GPU
-    return {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": longest, "max_length_k": longest}
+def varlen_kwargs(
+    position_ids: Tensor, attention_mask: Tensor, cu_seq_lens: Tensor | None = None, max_seq_len: int | None = None
+) -> dict:
+    """The stream's block boundaries as transformers' FlashAttention keyword arguments: the batch's own
+    ``cu_seq_lens`` and ``max_seq_len`` when it carries them, else derived from the positions."""
+    if cu_seq_lens is None or cu_seq_lens.numel() == 0 or not max_seq_len:
+        # Positions alone (a direct call): on an accelerator, nonzero and the read of the longest wait for it.
+        cu_seq_lens = segment_bounds(position_ids, attention_mask)
+        max_seq_len = int((cu_seq_lens[1:] - cu_seq_lens[:-1]).max())
+    return {
+        "cu_seq_lens_q": cu_seq_lens,
+        "cu_seq_lens_k": cu_seq_lens,
+        "max_length_q": max_seq_len,
+        "max_length_k": max_seq_len,
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,9 +268,13 @@ def encoder_states(
     attention_mask: Tensor,
     position_ids: Tensor | None = None,
     token_type_ids: Tensor | None = None,
+    cu_seq_lens: Tensor | None = None,
+    max_seq_len: int | None = None,
 ) -> Tensor:
     """The encoder's last hidden states (R, W, H): padded rows when ``position_ids`` is None or empty, else a
-    packed stream (positions restarting at 0 per block), each block attending only to itself."""
+    packed stream (positions restarting at 0 per block), each block attending only to itself: within the
+    segments of the batch's ``cu_seq_lens`` (S + 1,), the longest ``max_seq_len`` tokens, when it carries them
+    (:mod:`spanlm.data.packing`), else of those :func:`segment_bounds` derives from the positions."""
     extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
     if position_ids is None or position_ids.numel() == 0:
         return model(input_ids=input_ids, attention_mask=attention_mask.long(), **extra).last_hidden_state
@@ -264,7 +285,7 @@ def encoder_states(
         input_ids=input_ids,
         position_ids=encoder_positions(model, position_ids),
         **extra,
-        **varlen_kwargs(position_ids, attention_mask),
+        **varlen_kwargs(position_ids, attention_mask, cu_seq_lens, max_seq_len),
     ).last_hidden_state
 
 

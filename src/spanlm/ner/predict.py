@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from spanlm.config import load_config
+from spanlm.finetune.batches import to_device
 from spanlm.finetune.model import check_task_directory, ready_for_inference
 from spanlm.models.encoder import load_encoder
 from spanlm.models.hf_model import EncoderConfig
@@ -73,7 +74,7 @@ def window_spans(
         chunk = indices[number * batch_size : (number + 1) * batch_size] if number < needed else indices[-batch_size:]
         if len(chunk) == 0:  # this rank has no window but must join the others' forward passes
             chunk = np.zeros(1, np.int64)
-        batch = {k: v.to(device) for k, v in windows.batch(chunk, targets=False).items()}
+        batch = to_device(windows.batch(chunk, targets=False), device)
         logits = model(batch)["logits"]  # (B, T, L, L)
         if number >= needed or len(indices) == 0:
             continue

@@ -65,7 +65,7 @@ class Windows:
     def __len__(self) -> int:
         return len(self.document)
 
-    def batch(self, indices, targets: bool = True) -> dict[str, torch.Tensor]:
+    def batch(self, indices, targets: bool = True) -> dict[str, torch.Tensor | int]:
         """Model inputs (and ``entity_spans``) of windows ``indices``, cut to the longest of them."""
         indices = np.asarray(indices)
         length = int(self.attention_mask[indices].sum(1).max())
@@ -86,7 +86,11 @@ class Windows:
             )
         if self.packed:
             rows.update(pack_encoder_inputs(rows, self.pad_id, getattr(self.featurizer, "packing_gap", 0)))
-        return {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in rows.items()}
+        # Arrays as tensors; a packed batch's max_seq_len stays the int the attention takes on the host.
+        return {
+            name: torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) else value
+            for name, value in rows.items()
+        }
 
 
 @dataclasses.dataclass

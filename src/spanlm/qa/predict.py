@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from spanlm.config import load_config
+from spanlm.finetune.batches import to_device
 from spanlm.finetune.model import check_task_directory, ready_for_inference
 from spanlm.models.encoder import load_encoder
 from spanlm.models.hf_model import EncoderConfig
@@ -64,7 +65,7 @@ def window_spans(
     parts = []
     for first in range(0, len(windows), batch_size):
         batch = windows.batch(np.arange(first, min(first + batch_size, len(windows))), targets=False)
-        batch = {k: v.to(device) for k, v in batch.items()}
+        batch = to_device(batch, device)
         output = model(batch)
         parts.append(
             [

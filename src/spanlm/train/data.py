@@ -253,8 +253,9 @@ class BatchKeySampler:
 class MaskedBatches(torch.utils.data.Dataset):
     """Map-style dataset keyed by batch: key → masked batch as a dict of tensors.
 
-    ``packed``: the masked blocks one after another in one stream (:mod:`spanlm.data.packing`). Masking
-    comes first, on one block per row, so a key gives the same masks packed or not.
+    ``packed``: the masked blocks one after another in one stream (:mod:`spanlm.data.packing`), with the
+    stream's segment bounds and longest segment, computed here so the model reads neither from the device.
+    Masking comes first, on one block per row, so a key gives the same masks packed or not.
     """
 
     def __init__(
@@ -271,7 +272,7 @@ class MaskedBatches(torch.utils.data.Dataset):
         self.packed = packed
         self.fields = fields  # the arrays the objective reads (Objective.batch_fields); None: all
 
-    def __getitem__(self, key) -> dict[str, torch.Tensor]:
+    def __getitem__(self, key) -> dict[str, torch.Tensor | int]:
         epoch, batch, indices = key
         block_batch = collate_blocks([self.blocks[int(i)] for i in indices], self.pad_id)
         rng = np.random.default_rng([self.seed, self.rank, epoch, batch])
@@ -287,7 +288,7 @@ class WindowBatches(torch.utils.data.Dataset):
     def __init__(self, windows):
         self.windows = windows
 
-    def __getitem__(self, key) -> dict[str, torch.Tensor]:
+    def __getitem__(self, key) -> dict[str, torch.Tensor | int]:
         _, _, indices = key
         return self.windows.batch(indices)
 

@@ -626,8 +626,9 @@ class _RestoreGradientSync:
         self.module.set_requires_gradient_sync(True)
 
 
-def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+def _to(batch: dict[str, torch.Tensor | int], device: torch.device) -> dict[str, torch.Tensor | int]:
+    # A packed batch's longest segment (max_seq_len) is an int the attention takes on the host: kept as it is.
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 def _progress_bar(total: int, initial: int, enabled: bool):
