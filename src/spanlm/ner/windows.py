@@ -25,8 +25,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from spanlm.data.packing import pack_encoder_inputs
 from spanlm.errors import ConfigError, InputError
+from spanlm.finetune.batches import window_batch
 from spanlm.ner.align import AlignmentReport, char_to_token, tokenize_documents
 from spanlm.ner.data import NerDocument
 
@@ -78,19 +78,8 @@ class Windows:
             spans = self.entity_spans[indices]  # (B, N, 3)
             width = max(int((spans[..., 0] >= 0).sum(1).max()), 1)  # rows are packed to the front
             rows["entity_spans"] = spans[:, :width]
-        if self.featurizer is not None:
-            rows.update(
-                self.featurizer(
-                    rows["input_ids"], self.offsets[indices, :length], [self.texts[d] for d in self.document[indices]]
-                )
-            )
-        if self.packed:
-            rows.update(pack_encoder_inputs(rows, self.pad_id, getattr(self.featurizer, "packing_gap", 0)))
-        # Arrays as tensors; a packed batch's max_seq_len stays the int the attention takes on the host.
-        return {
-            name: torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) else value
-            for name, value in rows.items()
-        }
+        texts = [self.texts[d] for d in self.document[indices]]
+        return window_batch(rows, self.offsets[indices, :length], texts, self.featurizer, self.packed, self.pad_id)
 
 
 @dataclasses.dataclass

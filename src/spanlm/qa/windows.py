@@ -25,8 +25,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from spanlm.data.packing import pack_encoder_inputs
 from spanlm.errors import ConfigError, InputError
+from spanlm.finetune.batches import window_batch
 from spanlm.qa.data import QAExample
 
 
@@ -64,19 +64,8 @@ class Windows:
         }
         if targets:
             rows["start_positions"], rows["end_positions"] = self.start_positions[indices], self.end_positions[indices]
-        if self.featurizer is not None:
-            rows.update(
-                self.featurizer(
-                    rows["input_ids"], self.offsets[indices, :length], [self.contexts[e] for e in self.example[indices]]
-                )
-            )
-        if self.packed:
-            rows.update(pack_encoder_inputs(rows, self.pad_id, getattr(self.featurizer, "packing_gap", 0)))
-        # Arrays as tensors; a packed batch's max_seq_len stays the int the attention takes on the host.
-        return {
-            name: torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) else value
-            for name, value in rows.items()
-        }
+        texts = [self.contexts[e] for e in self.example[indices]]
+        return window_batch(rows, self.offsets[indices, :length], texts, self.featurizer, self.packed, self.pad_id)
 
 
 def truncate_questions(tokenizer, questions: list[str], max_query_length: int) -> list[str]:
