@@ -100,6 +100,19 @@ def test_standalone_modules_import_nothing_of_spanlm():
     assert {module: sorted(GRAPH[module]) for module in STANDALONE if GRAPH[module]} == {}
 
 
+def test_no_objective_imports_another():
+    """One module per pretraining objective (docs/architecture.md): what objectives share (the masked batch's
+    fields and encoder run, the heads' import and export) lives in modules that register no objective."""
+    objectives = {
+        module
+        for module, path in MODULES.items()
+        if module.startswith("spanlm.objectives.") and "register(\"" in path.read_text(encoding="utf-8")
+    }
+    assert {"spanlm.objectives.masked_lm", "spanlm.objectives.spanbert", "spanlm.objectives.electra"} <= objectives
+    for module in sorted(objectives):
+        assert not GRAPH[module] & objectives, f"{module} imports {sorted(GRAPH[module] & objectives)}"
+
+
 def test_the_import_graph_has_no_cycle():
     # Depth-first search; a back edge is a cycle (within a folder too).
     state, path, cycles = {}, [], []

@@ -109,7 +109,7 @@ def test_transformers_4_loads_the_tokenizers_and_a_masked_lm_export(transformers
     from transformers import AutoModelForMaskedLM
 
     from spanlm.models.backbone import BackboneConfig
-    from spanlm.objectives.masked_lm import export_with_heads
+    from spanlm.objectives.pretrained_heads import export_with_heads
 
     directories, expected = {}, {}
     for kind in KINDS:

@@ -20,7 +20,7 @@ from spanlm.data.shards import PreparedCorpus
 from spanlm.data.tokenizer import save_tokenizer
 from spanlm.errors import InputError
 from spanlm.objectives import build_objective
-from spanlm.objectives.masked_lm import encode, gather_rows
+from spanlm.objectives.masked_batch import encode, gather_rows
 
 FAMILIES = {
     "bert": "BertForMaskedLM",

@@ -337,6 +337,17 @@ def hidden_size(model: PreTrainedModel) -> int:
     return int(model.config.hidden_size)
 
 
+def backbone_layers(backbone) -> list:
+    """The encoder's transformer layers (empty for a model without ``encoder.layer``)."""
+    encoder = getattr(backbone, "encoder", None)
+    return list(getattr(encoder, "layer", []))
+
+
+def layer_norm_eps(backbone) -> float:
+    """The epsilon of the encoder's layer norms, which spanlm's heads use too."""
+    return float(getattr(backbone.config, "layer_norm_eps", 1e-12))
+
+
 def shortest_position_table(module: nn.Module) -> int | None:
     """The most tokens every transformers encoder inside ``module`` can number (None when it holds none)."""
     from transformers import PreTrainedModel

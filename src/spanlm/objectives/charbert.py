@@ -38,7 +38,7 @@ from spanlm.heads.mlm import MLMHead
 from spanlm.heads.nlm import NLMHead
 from spanlm.masking.base import MaskedBatch
 from spanlm.masking.noise import NoiseMasker
-from spanlm.models.backbone import build_backbone, input_embeddings
+from spanlm.models.backbone import build_backbone, input_embeddings, layer_norm_eps
 from spanlm.models.charbert import (
     CharChannelConfig,
     DualChannel,
@@ -49,7 +49,7 @@ from spanlm.models.charbert import (
     save_charbert,
 )
 from spanlm.objectives import register
-from spanlm.objectives.masked_lm import MLM_FIELDS, gather_rows, layer_norm_eps
+from spanlm.objectives.masked_batch import MLM_FIELDS, gather_rows
 from spanlm.objectives.pretrained_heads import OBJECTIVE_FILE, load_heads
 from spanlm.train.objective import Objective
 

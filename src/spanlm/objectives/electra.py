@@ -44,12 +44,19 @@ from spanlm.heads.mlm import MLMHead
 from spanlm.heads.rtd import RTD_HEADS, DebertaV3RTDHead, gumbel_max_sample, replace_tokens, rtd_loss
 from spanlm.heads.sbo import MAX_TARGETS, SBOHead
 from spanlm.masking.base import MaskedBatch, build_masker
-from spanlm.models.backbone import BackboneConfig, build_backbone, hidden_size, input_embeddings
+from spanlm.models.backbone import (
+    BackboneConfig,
+    backbone_layers,
+    build_backbone,
+    hidden_size,
+    input_embeddings,
+    layer_norm_eps,
+)
 from spanlm.models.packed import packed_block_starts
 from spanlm.models.sharing import materialised_state_dict, share_embeddings
 from spanlm.objectives import register
 from spanlm.objectives.config import ElectraConfig
-from spanlm.objectives.masked_lm import MLM_FIELDS, SBO_FIELDS, backbone_layers, encode, gather_rows, layer_norm_eps
+from spanlm.objectives.masked_batch import MLM_FIELDS, SBO_FIELDS, encode, gather_rows
 from spanlm.objectives.pretrained_heads import export_backbone, export_heads, load_heads
 from spanlm.train.objective import Objective
 

@@ -19,59 +19,11 @@ import torch
 from spanlm.heads.losses import VocabTarget, masked_lm_loss, vocab_cross_entropies
 from spanlm.heads.mlm import MLMHead
 from spanlm.masking.base import build_masker
-from spanlm.models.backbone import build_backbone, hidden_size, input_embeddings
-from spanlm.models.packed import encoder_states
+from spanlm.models.backbone import backbone_layers, build_backbone, hidden_size, input_embeddings, layer_norm_eps
 from spanlm.objectives import register
-from spanlm.objectives.pretrained_heads import export_backbone, export_heads, load_heads
+from spanlm.objectives.masked_batch import MLM_FIELDS, encode, gather_rows
+from spanlm.objectives.pretrained_heads import export_with_heads, load_heads_if_present
 from spanlm.train.objective import Objective
-
-# The batch arrays every MLM objective reads: the corrupted ids, the real tokens, the MLM targets and, in a
-# packed batch, the blocks' positions, the segments' bounds and longest segment (computed with the batch, so
-# the encoder derives nothing on the device) and where each token came from (Objective.batch_fields).
-MLM_FIELDS = (
-    "input_ids",
-    "attention_mask",
-    "target_index",
-    "target_labels",
-    "position_ids",
-    "cu_seq_lens",
-    "max_seq_len",
-    "source_index",
-)
-SBO_FIELDS = ("sbo_left", "sbo_right", "sbo_relative", "sbo_labels")
-
-
-def encode(backbone, batch: dict[str, torch.Tensor], input_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """The backbone's last hidden states (B, L, H) for a masked batch, padded or packed (its ``position_ids``,
-    ``cu_seq_lens`` and ``max_seq_len``); ``input_ids`` in place of the batch's own (ELECTRA's discriminator
-    reads the generator's samples)."""
-    ids = batch["input_ids"] if input_ids is None else input_ids
-    return encoder_states(
-        backbone,
-        ids,
-        batch["attention_mask"],
-        batch.get("position_ids"),
-        cu_seq_lens=batch.get("cu_seq_lens"),
-        max_seq_len=batch.get("max_seq_len"),
-    )
-
-
-def gather_rows(hidden: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
-    """Rows of ``hidden`` (B, L, H) at flat positions b·L + t → (N, H)."""
-    return hidden.flatten(0, 1).index_select(0, flat_index)
-
-
-def export_with_heads(objective: Objective, directory: Path) -> None:
-    """The backbone with its MLM head as transformers' ``*ForMaskedLM``; other heads in heads.safetensors."""
-    written = {"mlm_head"} if export_backbone(objective.backbone, directory, objective.mlm_head, "mlm") else set()
-    export_heads(objective, directory, written)
-
-
-def load_heads_if_present(objective: Objective, model_path: str | None) -> None:
-    """Continued pretraining from a checkpoint directory starts from every head it holds (the MLM head of a
-    transformers ``*ForMaskedLM``, spanlm's other heads from heads.safetensors); the rest start fresh."""
-    if model_path:
-        load_heads(objective, Path(model_path), {"mlm_head": ("mlm", Path(model_path), objective.backbone.config)})
 
 
 class MaskedLM(Objective):
@@ -96,15 +48,6 @@ class MaskedLM(Objective):
 
     def shard_units(self):
         return backbone_layers(self.backbone)
-
-
-def backbone_layers(backbone) -> list:
-    encoder = getattr(backbone, "encoder", None)
-    return list(getattr(encoder, "layer", []))
-
-
-def layer_norm_eps(backbone) -> float:
-    return float(getattr(backbone.config, "layer_norm_eps", 1e-12))
 
 
 def _builder(name: str):

@@ -111,6 +111,19 @@ def load_heads(
     return report
 
 
+def export_with_heads(objective: nn.Module, directory: Path) -> None:
+    """The backbone with its MLM head as transformers' ``*ForMaskedLM``; other heads in heads.safetensors."""
+    written = {"mlm_head"} if export_backbone(objective.backbone, directory, objective.mlm_head, "mlm") else set()
+    export_heads(objective, directory, written)
+
+
+def load_heads_if_present(objective: nn.Module, model_path: str | None) -> None:
+    """Continued pretraining from a checkpoint directory starts from every head it holds (the MLM head of a
+    transformers ``*ForMaskedLM``, spanlm's other heads from heads.safetensors); the rest start fresh."""
+    if model_path:
+        load_heads(objective, Path(model_path), {"mlm_head": ("mlm", Path(model_path), objective.backbone.config)})
+
+
 def describe_heads(report: dict[str, str]) -> str:
     """One line: ``mlm_head loaded (...); sbo_head fresh (...)``."""
     return "; ".join(f"{name} {status}" for name, status in report.items())

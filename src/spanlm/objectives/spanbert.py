@@ -16,18 +16,10 @@ from spanlm.heads.losses import VocabTarget, span_bert_loss, vocab_cross_entropi
 from spanlm.heads.mlm import MLMHead
 from spanlm.heads.sbo import SBOHead
 from spanlm.masking.base import build_masker
-from spanlm.models.backbone import build_backbone, hidden_size, input_embeddings
+from spanlm.models.backbone import backbone_layers, build_backbone, hidden_size, input_embeddings, layer_norm_eps
 from spanlm.objectives import register
-from spanlm.objectives.masked_lm import (
-    MLM_FIELDS,
-    SBO_FIELDS,
-    backbone_layers,
-    encode,
-    export_with_heads,
-    gather_rows,
-    layer_norm_eps,
-    load_heads_if_present,
-)
+from spanlm.objectives.masked_batch import MLM_FIELDS, SBO_FIELDS, encode, gather_rows
+from spanlm.objectives.pretrained_heads import export_with_heads, load_heads_if_present
 from spanlm.train.objective import Objective
 
 
