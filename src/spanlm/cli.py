@@ -204,10 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo",
         help="the whole toolkit on the embedded data: pretrain → NER from it and from random init → report",
-        description="Prepare the embedded corpus, pretrain a tiny SpanBERT, fine-tune GlobalPointer NER on "
-        "WNUT-17 from it and from a random initialisation with the same budget, evaluate both, "
-        "and write OUT/report.html and OUT/summary.json, from the recipes and data installed "
-        "with spanlm (any working directory).",
+        description="Pretrain a tiny SpanBERT on the text of the embedded GermEval 2014 NER data, train "
+        "GlobalPointer NER on a few hundred of its labelled sentences from that encoder and from a random "
+        "initialisation with the same budget (each fine-tuned whole and with the encoder frozen), evaluate "
+        "them, and write OUT/report.html and OUT/summary.json, from the recipes and data installed with "
+        "spanlm (any working directory).",
     )
     demo.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     demo.add_argument("--quick", action="store_true", help="the one-minute smoke version (a few steps per stage)")

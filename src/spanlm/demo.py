@@ -1,14 +1,15 @@
 """`spanlm demo`: does span-aware pretraining help? A controlled comparison on the embedded data, one report.
 
-The German NER data of GermEval 2014 (data/ner/germeval2014, CC BY 4.0) as a low-resource task: 3,000
-labelled training sentences (``DemoPlan.labelled_sentences``: the first N of them), and the other 21,000
-training sentences without their labels. Their text
-(task-adaptive pretraining: the task's own domain, the labelled sentences' text included) → `prepare` →
-SpanBERT pretraining (configs/pretrain/spanbert.yaml) → export → the same GlobalPointer NER fine-tuning
-(configs/ner/germeval2014.yaml) twice, from the pretrained encoder and from a randomly initialised copy
-of it (same architecture and tokenizer, same steps, data order and head initialisation) → dev scores of
-both, overall, per type and on entities seen / unseen in training → fill-mask answers of the pretrained
-encoder, entities found in example sentences → ``report.html`` and ``summary.json``.
+The German NER data of GermEval 2014 (data/ner/germeval2014, CC BY 4.0) as a low-resource task: the first
+``DemoPlan.labelled_sentences`` training sentences with their labels, and the text of all 24,000 training
+sentences without them (task-adaptive pretraining: the task's own domain, the labelled sentences' text
+included) → `prepare` → SpanBERT pretraining (configs/pretrain/spanbert.yaml) → export → the same
+GlobalPointer NER fine-tuning (configs/ner/germeval2014.yaml) from the pretrained encoder and from a randomly
+initialised copy of it (same architecture and tokenizer, same steps, data order and head initialisation),
+each once fine-tuned whole and once with the encoder frozen (the head alone learns from its features: what
+pretraining put into them) → dev scores of every arm, overall, per type and on entities seen / unseen in
+training → fill-mask answers of the pretrained encoder, entities found in example sentences →
+``report.html`` and ``summary.json``.
 
 Every stage is the same code the CLI runs (``spanlm pretrain``, ``spanlm export``, ``spanlm ner
 train``); the demo only chooses the budgets. ``--quick`` is a one-minute smoke version; ``--seeds 0 1 2``
