@@ -112,7 +112,7 @@ HIDDEN, LAYERS, HEADS, INTERMEDIATE, VOCAB, POSITIONS = 256, 4, 4, 1024, 30522, 
 SBO_POSITION_SIZE = 200  # spanlm.heads.sbo.POSITION_SIZE
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--steps", default="16,6", help="timed steps per side, one number for every length or one per --seqs entry"
@@ -136,7 +136,8 @@ def parse_args() -> argparse.Namespace:
         default=str(REPO / "external" / "english_text"),
         help="directory searched recursively for *.txt (default: external/english_text, see data/README.md)",
     )
-    args = parser.parse_args()
+    parser.add_argument("--work", type=Path, default=WORK, help="where the books and prepared corpus are kept")
+    args = parser.parse_args(argv)
     args.seqs = [int(s) for s in args.seqs.split(",")]
     args.steps = step_inputs.per_seq(args.steps, args.seqs, "--steps", SCRIPT)
     args.warmup = step_inputs.per_seq(args.warmup, args.seqs, "--warmup", SCRIPT)
@@ -146,16 +147,16 @@ def parse_args() -> argparse.Namespace:
 # ---------------------------------------------------------------- data (untimed)
 
 
-def book_inputs(data_dir: str) -> list[str]:
+def book_inputs(data_dir: str, work: Path) -> list[str]:
     """Every *.txt under data_dir (relative: to the repository) as a one-record .jsonl: one book = one document."""
     root = Path(data_dir)
-    return step_inputs.book_inputs(root if root.is_absolute() else REPO / root, WORK / "books", SCRIPT)
+    return step_inputs.book_inputs(root if root.is_absolute() else REPO / root, work / "books", SCRIPT)
 
 
-def base_recipe(inputs: list[str]) -> dict:
+def base_recipe(inputs: list[str], work: Path) -> dict:
     return {
         "seed": 0,
-        "data": {"inputs": inputs, "prepared_dir": str(WORK / "prepared")},
+        "data": {"inputs": inputs, "prepared_dir": str(work / "prepared")},
         "tokenizer": {"kind": "wordpiece", "vocab_size": VOCAB, "min_frequency": 1, "lowercase": True},
         "model": {
             "family": "bert",
@@ -209,13 +210,13 @@ def build_spanlm(recipe, corpus, seed: int):
     and its clipping norm."""
     from spanlm import accel
     from spanlm.objectives import build_objective
-    from spanlm.train.optim import build_optimizer
+    from spanlm.train.optim import build_optimizer, total_norm
 
     torch.manual_seed(seed)
     objective = build_objective(recipe, corpus)
     backend = accel.apply(objective, torch.device("cpu"), recipe.train.accel)
     objective.train()
-    return objective, build_optimizer(objective, recipe.train), accel.gradient_norm(backend)
+    return objective, build_optimizer(objective, recipe.train), accel.gradient_norm(backend, total_norm)
 
 
 def build_peer(corpus, recipe, seed: int):
@@ -446,7 +447,7 @@ def main() -> None:
         from spanlm.data.shards import PreparedCorpus
         from spanlm.pretrain.recipe import Recipe
 
-        recipe_dict = base_recipe(book_inputs(args.data))
+        recipe_dict = base_recipe(book_inputs(args.data, args.work), args.work)
         prepared = prepare(from_dict(Recipe, recipe_dict), log=lambda message: print(message, file=sys.stderr))
         corpus = PreparedCorpus(prepared)
 

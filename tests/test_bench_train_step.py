@@ -1,0 +1,25 @@
+"""bench/train_step.py runs: a one-step run on the embedded books prints one JSON line with the ratio and MFU."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+from helpers import REPO
+
+SCRIPT = REPO / "bench" / "train_step.py"
+
+
+def test_a_one_step_run_prints_the_ratio_against_the_peer(tmp_path):
+    command = [sys.executable, str(SCRIPT), "--seqs", "32", "--steps", "1", "--warmup", "0", "--batch", "2"]
+    command += ["--batches", "1", "--peak-size", "64", "--data", "data/corpus", "--work", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (line,) = result.stdout.splitlines()
+    output = json.loads(line)
+    assert output["bench"] == "train_step" and output["ratio"] > 0 and 0 < output["mfu"] <= 1
+    (run,) = output["results"]
+    assert run["seq"] == 32 and run["spanlm"]["targets_sbo"] > 0
+    assert all(math.isfinite(loss) for side in ("spanlm", "peer") for loss in run[side]["loss_first_last"])
