@@ -549,31 +549,37 @@ def _plots(out: Path, summary: dict) -> None:
     axis.legend(fontsize=8)
     _save(figure, out / "mlm_accuracy.png")
 
-    # Seen / unseen and per-type F1, the two inits side by side, each bar with its value and support.
+    # Seen / unseen and per-type F1, the arms side by side: each bar with its value, each group with its
+    # support (the dev set's gold entities, the same for every arm) under its name.
     groups = [("seen in training", "seen"), ("unseen", "unseen")]
     types = sorted({label for scores in summary["ner"].values() for label in scores["per_type"]})
+    arms = len(summary["ner"])
     for filename, title, keys in (
         ("ner_f1_seen_unseen.png", "Dev F1 on entities seen / unseen in training", groups),
         ("ner_f1_per_type.png", "Dev F1 per type", [(t, t) for t in types]),
     ):
-        figure, axis = plt.subplots(figsize=(min(10.0, max(6.4, 0.8 * len(keys) + 2)), 3.8), dpi=100)
-        width, top = 0.8 / max(1, len(summary["ner"])), 0.0
+        figure, axis = plt.subplots(figsize=(min(12.0, max(6.4, 0.3 * arms * len(keys) + 2)), 4.2), dpi=100)
+        width, top, support = 0.8 / max(1, arms), 0.0, {}
         for offset, (init, scores) in enumerate(summary["ner"].items()):
             values = [
                 (scores[key] if key in ("seen", "unseen") else scores["per_type"].get(key, {})) for _, key in keys
             ]
             xs = [i + offset * width for i in range(len(keys))]
             bars = axis.bar(xs, [v.get("f1", 0.0) for v in values], width, color=colours[init], label=_arm_label(init))
-            axis.bar_label(bars, [f"{v.get('f1', 0.0):.1f}\nn={v.get('n_gold', 0)}" for v in values], fontsize=6)
+            # upright values would overlap their neighbours once more than two arms share a group
+            labels = [f"{v.get('f1', 0.0):.1f}" for v in values]
+            axis.bar_label(bars, labels, fontsize=6, rotation=90 if arms > 2 else 0)
             top = max([top] + [v.get("f1", 0.0) for v in values])
+            support.update({key: v.get("n_gold", 0) for (_, key), v in zip(keys, values) if v})
         axis.set_xticks(
-            [i + width * (len(summary["ner"]) - 1) / 2 for i in range(len(keys))],
-            [name for name, _ in keys],
+            [i + width * (arms - 1) / 2 for i in range(len(keys))],
+            [f"{name}\n(n={support.get(key, 0)})" for name, key in keys],
             rotation=20 if len(keys) > 3 else 0,
+            fontsize=8,
         )
-        axis.set(title=title + " (bars: F1, n = gold entities)", ylabel="F1 (%)")
+        axis.set(title=title, ylabel="F1 (%)")
         axis.set_ylim(0, max(10.0, 1.3 * top))  # room for the labels; a 0..10 axis when nothing scores
-        axis.legend(fontsize=8)
+        axis.legend(fontsize=7)
         _save(figure, out / filename)
 
 
@@ -653,7 +659,7 @@ def _write_page(out: Path, summary: dict) -> None:
     plots = [
         ("NER dev F1 during fine-tuning: pretrained vs random init, whole and frozen", "ner_f1_curves.png"),
         ("Dev F1 on entities seen / unseen in training", "ner_f1_seen_unseen.png"),
-        ("Dev F1 per type (value and number of gold entities on each bar)", "ner_f1_per_type.png"),
+        ("Dev F1 per type (the value on each bar, gold entities n under each type)", "ner_f1_per_type.png"),
         ("Pretraining: held-out MLM accuracy and the unigram baseline", "mlm_accuracy.png"),
         ("Pretraining losses (MLM and SBO parts)", "pretrain/loss.png"),
     ]
