@@ -12,7 +12,7 @@ from spanlm.data.blocks import BlockDataset, collate_blocks
 from spanlm.data.packing import pack_encoder_inputs, pack_masked, stream_layout
 from spanlm.data.shards import PreparedCorpus
 from spanlm.masking.base import MaskingConfig, build_masker
-from spanlm.models.packed import segment_bounds
+from spanlm.models.modeling_charbert import segment_bounds
 
 
 @pytest.mark.parametrize("gap", [0, 1])

@@ -10,13 +10,13 @@ from transformers import AutoConfig, AutoModel, DataCollatorWithFlattening
 
 from helpers import forbid_deriving_segment_bounds
 from spanlm.errors import ConfigError
+from spanlm.models.modeling_charbert import segment_bounds
 from spanlm.models.packed import (
     GROUP_PADDING,
     VARLEN_ATTENTION,
     check_packable,
     encoder_states,
     resolve_packing,
-    segment_bounds,
     segment_groups,
     segments_padded_attention,
     varlen_attention,

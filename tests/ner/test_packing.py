@@ -15,7 +15,7 @@ from helpers import forbid_deriving_segment_bounds, tiny_charbert_export
 from spanlm.config import load_config
 from spanlm.models.encoder import load_encoder
 from spanlm.models.hf_model import EncoderConfig
-from spanlm.models.packed import segment_bounds
+from spanlm.models.modeling_charbert import segment_bounds
 from spanlm.ner.config import NerConfig, NerRecipe
 from spanlm.ner.data import NerDocument, read_documents
 from spanlm.ner.model import NerObjective

@@ -10,7 +10,7 @@ import torch
 from helpers import forbid_deriving_segment_bounds
 from spanlm.models.encoder import load_encoder
 from spanlm.models.hf_model import EncoderConfig
-from spanlm.models.packed import segment_bounds
+from spanlm.models.modeling_charbert import segment_bounds
 from spanlm.qa.data import read_squad
 from spanlm.qa.model import QAObjective
 from spanlm.qa.predict import window_spans

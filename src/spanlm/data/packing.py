@@ -66,9 +66,9 @@ class PackedLayout:
         return positions.reshape(1, self.width)
 
     def segment_bounds(self) -> np.ndarray:
-        """(S + 1,) int32: the bounds of the stream's segments, as ``spanlm.models.packed.segment_bounds`` derives
-        them from the positions: a segment starts at the stream's start, at each (non-empty) block, and at the
-        padding right after a block; the last bound is the stream's width."""
+        """(S + 1,) int32: the bounds of the stream's segments, as the model would derive them from the positions
+        (``spanlm.models.modeling_charbert.segment_bounds``): a segment starts at the stream's start, at each
+        (non-empty) block, and at the padding right after a block; the last bound is the stream's width."""
         real = self.lengths > 0
         ends = (self.offset + self.lengths)[real]
         starts = np.concatenate([[0], self.offset[real], ends[ends < self.width]])

@@ -410,8 +410,8 @@ VARLEN_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3", "spanlm_varl
 
 def segment_bounds(position_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """(S + 1,) int32 bounds of a packed stream's segments: a segment starts at each block's position 0, at the
-    first padding after a real token and at the stream's start. The same as spanlm.models.packed.segment_bounds:
-    this file imports no spanlm."""
+    first padding after a real token and at the stream's start. spanlm.models.packed uses it too (here because this
+    file imports no spanlm: it travels with every CharBERT export)."""
     positions, real = position_ids.flatten(), attention_mask.flatten().bool()
     follows_real = torch.cat([real.new_ones(1), real[:-1]])  # (T,) the token before is real (or none is)
     starts = (real & (positions == 0)) | (~real & follows_real)

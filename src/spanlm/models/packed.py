@@ -10,7 +10,7 @@ block boundaries to the attention as transformers' variable-length (FlashAttenti
 The boundaries come with the batch: the data workers compute ``cu_seq_lens`` and the longest segment
 ``max_seq_len`` (a host ``int``) from the layout (:mod:`spanlm.data.packing`), and the model uses them as they
 are, so a packed forward waits for the device nowhere. A caller that gives the positions alone (a model called
-directly) has them derived here from ``position_ids`` / ``attention_mask`` (:func:`segment_bounds`): on a GPU
+directly) has them derived from ``position_ids`` / ``attention_mask`` (``modeling_charbert.segment_bounds``): on a GPU
 that costs a ``nonzero`` and a read of the longest segment, host syncs the training and evaluation paths
 never make. BERT, RoBERTa and ELECTRA pass these keyword arguments from the model's forward down to their
 attention function, and
@@ -45,40 +45,14 @@ from transformers import PreTrainedModel
 
 from spanlm.errors import ConfigError
 
+# One copy of the bounds' derivation: the CharBERT modeling file, which imports nothing of spanlm, holds it.
+from spanlm.models.modeling_charbert import varlen_arguments
+
 VARLEN_ATTENTION = "spanlm_varlen"
 # transformers' implementations that take cu_seq_lens_q / k themselves.
 NATIVE_VARLEN = ("flash_attention_2", "flash_attention_3")
 VARLEN_FAMILIES = ("bert", "roberta", "electra")  # their models pass the varlen arguments to the attention
 PACKABLE_FAMILIES = (*VARLEN_FAMILIES, "deberta-v2")  # DeBERTa-V2: run padded inside the encoder
-
-
-def segment_bounds(position_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """(S + 1,) int32 bounds of the segments of the flattened stream (their cumulative lengths): a segment starts
-    at each block (a real token at position 0), at the first padding after a real token, and at the stream's
-    start."""
-    positions, real = position_ids.flatten(), attention_mask.flatten().bool()
-    follows_real = torch.cat([real.new_ones(1), real[:-1]])  # (T,) the token before is real (or none is)
-    starts = (real & (positions == 0)) | (~real & follows_real)
-    starts[0] = True
-    bounds = torch.cat([starts.nonzero().flatten(), starts.new_full((1,), starts.numel(), dtype=torch.long)])
-    return bounds.to(torch.int32)
-
-
-def varlen_kwargs(
-    position_ids: Tensor, attention_mask: Tensor, cu_seq_lens: Tensor | None = None, max_seq_len: int | None = None
-) -> dict:
-    """The stream's block boundaries as transformers' FlashAttention keyword arguments: the batch's own
-    ``cu_seq_lens`` and ``max_seq_len`` when it carries them, else derived from the positions."""
-    if cu_seq_lens is None or cu_seq_lens.numel() == 0 or not max_seq_len:
-        # Positions alone (a direct call): on an accelerator, nonzero and the read of the longest wait for it.
-        cu_seq_lens = segment_bounds(position_ids, attention_mask)
-        max_seq_len = int((cu_seq_lens[1:] - cu_seq_lens[:-1]).max())
-    return {
-        "cu_seq_lens_q": cu_seq_lens,
-        "cu_seq_lens_k": cu_seq_lens,
-        "max_length_q": max_seq_len,
-        "max_length_k": max_seq_len,
-    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,7 +248,7 @@ def encoder_states(
     """The encoder's last hidden states (R, W, H): padded rows when ``position_ids`` is None or empty, else a
     packed stream (positions restarting at 0 per block), each block attending only to itself: within the
     segments of the batch's ``cu_seq_lens`` (S + 1,), the longest ``max_seq_len`` tokens, when it carries them
-    (:mod:`spanlm.data.packing`), else of those :func:`segment_bounds` derives from the positions."""
+    (:mod:`spanlm.data.packing`), else of those derived from the positions (``varlen_arguments``)."""
     extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
     if position_ids is None or position_ids.numel() == 0:
         return model(input_ids=input_ids, attention_mask=attention_mask.long(), **extra).last_hidden_state
@@ -285,7 +259,7 @@ def encoder_states(
         input_ids=input_ids,
         position_ids=encoder_positions(model, position_ids),
         **extra,
-        **varlen_kwargs(position_ids, attention_mask, cu_seq_lens, max_seq_len),
+        **varlen_arguments(position_ids, attention_mask, cu_seq_lens, max_seq_len),
     ).last_hidden_state
 
 
