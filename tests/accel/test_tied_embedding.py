@@ -167,8 +167,11 @@ class _TiedModel(torch.nn.Module):
 def _distributed_worker(rank: int, init_file: str, strategy: str, results: str) -> None:
     import torch.distributed as dist
 
+    from spanlm.train.dist import DistEnv, shutdown
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    env = DistEnv(rank=rank, world_size=2)
     try:
         ids, labels = _batch()
         batches = [(ids, labels), (ids.flip(1), labels.flip(0))]  # each rank's own tokens and labels
@@ -179,9 +182,11 @@ def _distributed_worker(rank: int, init_file: str, strategy: str, results: str) 
         if strategy == "ddp":
             wrapped = torch.nn.parallel.DistributedDataParallel(model)
         else:
+            from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
 
-            wrapped = fully_shard(model)
+            env.mesh = init_device_mesh("cpu", (2,))
+            wrapped = fully_shard(model, mesh=env.mesh)
         handed, original = [], TiedGradient.hand_over
         TiedGradient.hand_over = lambda self, gradient: handed.append(1) or original(self, gradient)
         loss = wrapped(*batches[rank], fused=True)
@@ -192,7 +197,7 @@ def _distributed_worker(rank: int, init_file: str, strategy: str, results: str) 
             f"{results}-{rank}.pt",
         )
     finally:
-        dist.destroy_process_group()
+        shutdown(env)  # the group released while the interpreter is whole (spanlm.train.dist.shutdown)
 
 
 @pytest.mark.slow
