@@ -19,7 +19,8 @@ def test_a_one_step_run_prints_the_ratio_against_the_peer(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     (line,) = result.stdout.splitlines()
     output = json.loads(line)
-    assert output["bench"] == "train_step" and output["ratio"] > 0 and 0 < output["mfu"] <= 1
+    # (the MFU of a 64² matmul peak means nothing, only that it is computed)
+    assert output["bench"] == "train_step" and output["ratio"] > 0 and output["mfu"] > 0
     (run,) = output["results"]
     assert run["seq"] == 32 and run["spanlm"]["targets_sbo"] > 0
     assert all(math.isfinite(loss) for side in ("spanlm", "peer") for loss in run[side]["loss_first_last"])
