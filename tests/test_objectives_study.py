@@ -17,7 +17,7 @@ SCRIPT = REPO / "docs" / "results" / "objectives_study.py"
 
 @pytest.mark.slow
 def test_the_quick_study_writes_every_arm_per_seed_and_the_table(tmp_path):
-    out, seeds = tmp_path / "study", [0, 1]
+    out, seeds = tmp_path / "study", [3]  # one seed: every stage is a subprocess (~5 s to start)
     command = [sys.executable, str(SCRIPT), "--out", str(out), "--quick", "--seeds", *map(str, seeds)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -38,10 +38,11 @@ def test_the_quick_study_writes_every_arm_per_seed_and_the_table(tmp_path):
                 assert f1 == scores["micro"]["f1"]
         for arm in ("fine-tuned", "frozen"):
             gaps = [p - r for p, r in zip(row["f1"][f"pretrained_{arm}"], row["f1"][f"random_{arm}"])]
-            assert row[f"gap_{arm}"] == pytest.approx({"mean": statistics.fmean(gaps), "sd": statistics.stdev(gaps)})
+            assert row[f"gap_{arm}"] == pytest.approx({"mean": statistics.fmean(gaps), "sd": 0.0})
     # CharBERT's encoder has 64 positions: its NER runs use windows of 64, the others the recipe's 128.
-    charbert_config = (out / "ner" / "charbert-random-frozen-seed0" / "config.yaml").read_text(encoding="utf-8")
-    assert "max_len: 64" in charbert_config
+    charbert_config = (out / "ner" / "charbert-random-frozen-seed3" / "config.yaml").read_text(encoding="utf-8")
+    assert "max_len: 64" in charbert_config and "seed: 3" in charbert_config
+    assert "max_len: 128" in (out / "ner" / "spanbert-pretrained-fine-tuned-seed3" / "config.yaml").read_text()
 
     table = [line for line in result.stdout.splitlines() if line.startswith("|")]
     assert len(table) == 2 + len(study["objectives"])

@@ -103,6 +103,7 @@ def run_study(out: Path, objectives: list[str], seeds: list[int], plan: DemoPlan
             "mlm_accuracy": _final_eval(pretrained_run).get("mlm_accuracy"),
             "unigram_accuracy": _unigram(pretrained_run),
             "random_init_from": random_name,
+            "ner_max_len": _ner_max_len(root, out / "encoders" / name),
             "f1": f1,
             **{
                 f"gap_{arm}": _spread([p - r for p, r in zip(f1[f"pretrained_{arm}"], f1[f"random_{arm}"])])
