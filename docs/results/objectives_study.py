@@ -1,0 +1,289 @@
+"""Pretraining objectives compared downstream: each objective pretrained on the demo's corpus and budget, then
+the demo's four GermEval 2014 NER arms (pretrained / random init × fine-tuned / frozen) per seed.
+
+    python docs/results/objectives_study.py --out runs/objectives-study --seeds 0 1 2
+    python docs/results/objectives_study.py --out /tmp/study --quick     # a few steps per stage, two objectives
+
+Everything runs through the ``spanlm`` CLI (prepare, pretrain, export, ner train) as a user would; this script
+only chooses the settings, those of ``spanlm demo`` (:class:`spanlm.demo.DemoPlan`): the text of the 24,000
+GermEval 2014 training sentences, cased WordPiece, the recipe's own model and objective settings, one
+pretraining run per objective (seed 0), then 300 NER steps on the first 500 labelled sentences for each seed.
+A random-init arm depends only on the architecture and tokenizer, so objectives whose exports have the same
+model config and vocabulary share one. Writes ``OUT/study.json`` and prints a markdown table. Rerunning with
+the same ``--out`` keeps every finished stage (a pretraining run continues from its last checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from spanlm.demo import NER_DATA, NER_RECIPE, QUICK, DemoPlan, _labelled_subset, _unlabelled_text
+from spanlm.recipes import shipped_root
+
+# objective → its pretraining recipe. ELECTRA-GDES is DeBERTa-V3's recipe: replaced-token detection with
+# gradient-disentangled embedding sharing (objective.electra.sharing: gdes) on a DeBERTa-V2 backbone.
+RECIPES = {
+    "mlm": "configs/pretrain/mlm.yaml",
+    "wwm": "configs/pretrain/wwm.yaml",
+    "spanbert": "configs/pretrain/spanbert.yaml",
+    "macbert": "configs/pretrain/macbert.yaml",
+    "electra-gdes": "configs/pretrain/deberta_v3_gdes.yaml",
+    "charbert": "configs/pretrain/charbert.yaml",
+}
+QUICK_OBJECTIVES = ("spanbert", "charbert")
+ARMS = ("fine-tuned", "frozen")
+INITS = ("pretrained", "random")
+PRETRAIN_SEED = 0
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--objectives", nargs="+", choices=list(RECIPES), help="default: all (--quick: two)")
+    parser.add_argument("--quick", action="store_true", help="the demo's --quick budgets")
+    parser.add_argument("--jobs", type=int, default=2, help="spanlm processes at once")
+    args = parser.parse_args(argv)
+    objectives = args.objectives or (list(QUICK_OBJECTIVES) if args.quick else list(RECIPES))
+    study = run_study(args.out, objectives, args.seeds, QUICK if args.quick else DemoPlan(), args.jobs)
+    print(markdown_table(study))
+    return study
+
+
+def run_study(out: Path, objectives: list[str], seeds: list[int], plan: DemoPlan, jobs: int) -> dict:
+    root = shipped_root()
+    out.mkdir(parents=True, exist_ok=True)
+    corpus = _corpus(root, out, plan)
+
+    # Objectives whose recipes name the same prepared directory share one (the same tokenizer); prepared
+    # one after another, before the pretraining runs read them side by side.
+    prepared = {name: out / "prepared" / _prepared_name(root / RECIPES[name]) for name in objectives}
+    for name in objectives:
+        _spanlm(
+            ["prepare", str(root / RECIPES[name]), *_pretrain_overrides(name, out, prepared, corpus, plan)],
+            out / "logs" / f"prepare-{name}",
+        )
+    with ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(lambda name: _pretrain(root, name, out, prepared, corpus, plan), objectives))
+
+    # Random init: one arm per distinct (model config, vocabulary), run from the first export that has it.
+    architecture = {name: _architecture(out / "encoders" / name) for name in objectives}
+    random_source = {}
+    for name in objectives:
+        random_source.setdefault(architecture[name], name)
+    # One objective's arms after another (its random-init arms with the first objective that needs them),
+    # in the order given: a study stopped part-way has whole objectives finished.
+    runs = []
+    for name in objectives:
+        runs += [(name, "pretrained", arm, seed) for seed in seeds for arm in ARMS]
+        if random_source[architecture[name]] == name:
+            runs += [(name, "random", arm, seed) for seed in seeds for arm in ARMS]
+    with ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(lambda run: _ner(root, out, corpus, plan, *run), runs))
+
+    rows = {}
+    for name in sorted(objectives, key=list(RECIPES).index):
+        pretrained_run = out / "pretrain" / name
+        random_name = random_source[architecture[name]]
+        f1 = {
+            f"{init}_{arm}": [_f1(out, name if init == "pretrained" else random_name, init, arm, s) for s in seeds]
+            for init in INITS
+            for arm in ARMS
+        }
+        rows[name] = {
+            "recipe": RECIPES[name],
+            "mlm_accuracy": _final_eval(pretrained_run).get("mlm_accuracy"),
+            "unigram_accuracy": _unigram(pretrained_run),
+            "random_init_from": random_name,
+            "ner_max_len": _ner_max_len(root, out / "encoders" / name),
+            "f1": f1,
+            **{
+                f"gap_{arm}": _spread([p - r for p, r in zip(f1[f"pretrained_{arm}"], f1[f"random_{arm}"])])
+                for arm in ARMS
+            },
+            **{f"{key}_spread": _spread(values) for key, values in f1.items()},
+        }
+    study = {
+        "seeds": seeds,
+        "pretrain_seed": PRETRAIN_SEED,
+        "plan": plan.__dict__,
+        "objectives": rows,
+    }
+    (out / "study.json").write_text(json.dumps(study, indent=2) + "\n", encoding="utf-8")
+    return study
+
+
+# -- the data -----------------------------------------------------------------------------------------------
+def _corpus(root: Path, out: Path, plan: DemoPlan) -> dict:
+    """The demo's pretraining text (the unlabelled sentences and the labelled ones' text) and NER split."""
+    from spanlm.config import load_config
+    from spanlm.ner.config import NerRecipe
+
+    data = root / NER_DATA
+    train, dev = data / "train.conll", data / "dev.conll"
+    ner = load_config(root / NER_RECIPE, [f"data.train={train}", f"data.dev={dev}"], cls=NerRecipe)
+    task_text = _unlabelled_text(ner.data, out / "task_text" / "train_sentences.txt")
+    return {
+        "inputs": [str(data / "unlabelled.txt.gz"), str(task_text)],
+        "ner_train": str(_labelled_subset(train, plan.labelled_sentences, out / "ner_train.conll")),
+        "ner_dev": str(dev),
+    }
+
+
+def _prepared_name(recipe: Path) -> str:
+    import yaml
+
+    return Path(yaml.safe_load(recipe.read_text(encoding="utf-8"))["data"]["prepared_dir"]).name
+
+
+# -- the stages ---------------------------------------------------------------------------------------------
+def _pretrain_overrides(name: str, out: Path, prepared: dict, corpus: dict, plan: DemoPlan) -> list[str]:
+    """The demo's pretraining overrides (spanlm.demo), the rest as the recipe has it."""
+    return [
+        f"seed={PRETRAIN_SEED}",
+        f"data.inputs={json.dumps(corpus['inputs'])}",
+        f"data.prepared_dir={prepared[name]}",
+        "tokenizer.lowercase=false",
+        f"train.output_dir={out / 'pretrain' / name}",
+        f"train.max_steps={plan.pretrain_steps}",
+        "train.eval_at_start=true",
+        f"train.eval_every={plan.pretrain_eval_every}",
+        f"train.save_every={plan.pretrain_steps}",
+        f"train.log_every={min(10, plan.pretrain_steps)}",
+        "train.eval_blocks=64",
+        "logging.report_to=[]",
+        "logging.progress=false",
+    ]
+
+
+def _pretrain(root: Path, name: str, out: Path, prepared: dict, corpus: dict, plan: DemoPlan) -> None:
+    overrides = _pretrain_overrides(name, out, prepared, corpus, plan)
+    _spanlm(["pretrain", str(root / RECIPES[name]), *overrides, "--resume", "auto"], out / "logs" / f"pretrain-{name}")
+    encoder = out / "encoders" / name
+    if encoder.exists():  # the run may have gone on since: export its last checkpoint afresh
+        shutil.rmtree(encoder)
+    _spanlm(["export", str(out / "pretrain" / name), "--out", str(encoder)], out / "logs" / f"export-{name}")
+
+
+def _ner_dir(out: Path, name: str, init: str, arm: str, seed: int) -> Path:
+    return out / "ner" / f"{name}-{init}-{arm}-seed{seed}"
+
+
+def _ner(root: Path, out: Path, corpus: dict, plan: DemoPlan, name: str, init: str, arm: str, seed: int) -> None:
+    """One arm of the demo's NER fine-tuning (spanlm.demo's overrides), skipped when it finished before."""
+    from spanlm.train.checkpoint import latest_checkpoint, step_of
+
+    ner_dir = _ner_dir(out, name, init, arm, seed)
+    checkpoint = latest_checkpoint(ner_dir) if ner_dir.exists() else None
+    if (ner_dir / "eval.json").is_file() and checkpoint is not None and step_of(checkpoint) >= plan.ner_steps:
+        return
+    if ner_dir.exists():
+        shutil.rmtree(ner_dir)
+    overrides = [
+        f"seed={seed}",
+        f"model.path={out / 'encoders' / name}",
+        f"model.init={init}",
+        f"model.frozen={str(arm == 'frozen').lower()}",
+        f"data.train={corpus['ner_train']}",
+        f"data.dev={corpus['ner_dev']}",
+        f"data.max_len={_ner_max_len(root, out / 'encoders' / name)}",
+        f"data.eval_docs={plan.eval_docs}",
+        f"train.output_dir={ner_dir}",
+        f"train.max_steps={plan.ner_steps}",
+        f"train.eval_every={plan.ner_eval_every}",
+        "train.eval_at_start=true",
+        f"train.lr={plan.ner_lr}",
+        f"train.save_every={plan.ner_steps}",
+        f"train.warmup_steps={max(1, plan.ner_steps // 10)}",
+        f"train.log_every={min(10, plan.ner_steps)}",
+        "logging.report_to=[]",
+        "logging.progress=false",
+        f"train.encoder_lr={'null' if plan.ner_encoder_lr is None else plan.ner_encoder_lr}",
+    ]
+    _spanlm(["ner", "train", str(root / NER_RECIPE), *overrides], out / "logs" / ner_dir.name)
+
+
+def _ner_max_len(root: Path, encoder: Path) -> int:
+    """The NER recipe's window, or the encoder's positions where it has fewer (CharBERT's short blocks)."""
+    import yaml
+
+    window = yaml.safe_load((root / NER_RECIPE).read_text(encoding="utf-8"))["data"]["max_len"]
+    positions = json.loads((encoder / "config.json").read_text(encoding="utf-8")).get("max_position_embeddings")
+    return min(window, positions) if positions else window
+
+
+def _spanlm(arguments: list[str], log: Path) -> None:
+    """``spanlm ARGUMENTS`` in a subprocess, its output in ``LOG.log``; a failure raises with its last lines."""
+    log = log.with_suffix(".log") if log.suffix != ".log" else log
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w", encoding="utf-8") as stream:
+        done = subprocess.run([sys.executable, "-m", "spanlm", *arguments], stdout=stream, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        tail = "".join(log.read_text(encoding="utf-8").splitlines(keepends=True)[-20:])
+        raise RuntimeError(f"spanlm {' '.join(arguments[:2])} failed (exit {done.returncode}; {log}):\n{tail}")
+
+
+# -- the results --------------------------------------------------------------------------------------------
+def _architecture(encoder: Path) -> str:
+    """A digest of the export's model config and vocabulary: equal digests give equal random inits."""
+    config = json.loads((encoder / "config.json").read_text(encoding="utf-8"))
+    for key in ("transformers_version", "architectures", "_name_or_path", "dtype", "torch_dtype"):
+        config.pop(key, None)
+    vocab = sorted(encoder.glob("vocab.*")) + sorted(encoder.glob("tokenizer.json"))
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
+    for path in vocab[:1]:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _f1(out: Path, name: str, init: str, arm: str, seed: int) -> float:
+    scores = json.loads((_ner_dir(out, name, init, arm, seed) / "eval.json").read_text(encoding="utf-8"))
+    return float(scores["micro"]["f1"])
+
+
+def _final_eval(run_dir: Path) -> dict:
+    from spanlm.train.metrics import read_metrics
+
+    evals = [record for record in read_metrics(run_dir) if record.get("kind") == "eval"]
+    return evals[-1] if evals else {}
+
+
+def _unigram(run_dir: Path) -> float | None:
+    from spanlm.train.report import unigram_accuracy
+
+    return unigram_accuracy(run_dir)
+
+
+def _spread(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
+def markdown_table(study: dict) -> str:
+    lines = [
+        "| objective | MLM acc (unigram) | F1 fine-tuned pretrained / random | gap mean ± sd "
+        "| F1 frozen pretrained / random | gap mean ± sd |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in study["objectives"].items():
+        cells = [name, f"{row['mlm_accuracy']:.3f} ({row['unigram_accuracy']:.3f})"]
+        for arm in ARMS:
+            pretrained, random = row[f"pretrained_{arm}_spread"], row[f"random_{arm}_spread"]
+            gap = row[f"gap_{arm}"]
+            cells.append(
+                f"{pretrained['mean']:.2f} ± {pretrained['sd']:.2f} / {random['mean']:.2f} ± {random['sd']:.2f}"
+            )
+            cells.append(f"{gap['mean']:+.2f} ± {gap['sd']:.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
