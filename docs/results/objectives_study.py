@@ -25,7 +25,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from spanlm.demo import NER_DATA, NER_RECIPE, QUICK, DemoPlan, _labelled_subset, _unlabelled_text
+from spanlm.demo import NER_DATA, NER_RECIPE, QUICK, DemoPlan, _labelled_subset, _unlabelled_text, ner_overrides
 from spanlm.recipes import shipped_root
 
 # objective → its pretraining recipe. ELECTRA-GDES is DeBERTa-V3's recipe: replaced-token detection with
@@ -187,26 +187,11 @@ def _ner(root: Path, out: Path, corpus: dict, plan: DemoPlan, name: str, init: s
         return
     if ner_dir.exists():
         shutil.rmtree(ner_dir)
+    demo_arm = init if arm != "frozen" else f"{init}-frozen"
     overrides = [
-        f"seed={seed}",
-        f"model.path={out / 'encoders' / name}",
-        f"model.init={init}",
-        f"model.frozen={str(arm == 'frozen').lower()}",
-        f"data.train={corpus['ner_train']}",
-        f"data.dev={corpus['ner_dev']}",
+        *ner_overrides(plan, seed, out / "encoders" / name, demo_arm, corpus["ner_train"], corpus["ner_dev"], ner_dir),
         f"data.max_len={_ner_max_len(root, out / 'encoders' / name)}",
-        f"data.eval_docs={plan.eval_docs}",
-        f"train.output_dir={ner_dir}",
-        f"train.max_steps={plan.ner_steps}",
-        f"train.eval_every={plan.ner_eval_every}",
-        "train.eval_at_start=true",
-        f"train.lr={plan.ner_lr}",
-        f"train.save_every={plan.ner_steps}",
-        f"train.warmup_steps={max(1, plan.ner_steps // 10)}",
-        f"train.log_every={min(10, plan.ner_steps)}",
-        "logging.report_to=[]",
         "logging.progress=false",
-        f"train.encoder_lr={'null' if plan.ner_encoder_lr is None else plan.ner_encoder_lr}",
     ]
     _spanlm(["ner", "train", str(root / NER_RECIPE), *overrides], out / "logs" / ner_dir.name)
 

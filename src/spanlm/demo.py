@@ -88,6 +88,33 @@ QUICK = DemoPlan(
 )
 
 
+def ner_overrides(
+    plan: DemoPlan, seed: int, encoder: Path, arm: str, train: str, dev: str, output_dir: Path
+) -> list[str]:
+    """The NER recipe's overrides for one arm (``pretrained``, ``random``, ``…-frozen``) of the demo's comparison:
+    its encoder start, data, budget and rates."""
+    init, frozen = arm.removesuffix("-frozen"), arm.endswith("-frozen")
+    return [
+        f"seed={seed}",
+        f"model.path={encoder}",
+        f"model.init={init}",
+        f"model.frozen={str(frozen).lower()}",
+        f"data.train={train}",
+        f"data.dev={dev}",
+        f"data.eval_docs={plan.eval_docs}",
+        f"train.output_dir={output_dir}",
+        f"train.max_steps={plan.ner_steps}",
+        f"train.eval_every={plan.ner_eval_every}",
+        "train.eval_at_start=true",
+        f"train.lr={plan.ner_lr}",
+        f"train.save_every={plan.ner_steps}",
+        f"train.warmup_steps={max(1, plan.ner_steps // 10)}",
+        f"train.log_every={min(10, plan.ner_steps)}",
+        "logging.report_to=[]",
+        f"train.encoder_lr={'null' if plan.ner_encoder_lr is None else plan.ner_encoder_lr}",
+    ]
+
+
 def run_demo(
     out: str | Path = "runs/demo",
     quick: bool = False,
@@ -188,25 +215,7 @@ def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
             shutil.rmtree(ner_dir)
         ner_recipes[arm] = load_config(
             root / NER_RECIPE,
-            [
-                f"seed={seed}",
-                f"model.path={encoder_dir}",
-                f"model.init={init}",
-                f"model.frozen={str(frozen).lower()}",
-                f"data.train={base.data.train}",
-                f"data.dev={base.data.dev}",
-                f"data.eval_docs={plan.eval_docs}",
-                f"train.output_dir={ner_dir}",
-                f"train.max_steps={plan.ner_steps}",
-                f"train.eval_every={plan.ner_eval_every}",
-                "train.eval_at_start=true",
-                f"train.lr={plan.ner_lr}",
-                f"train.save_every={plan.ner_steps}",
-                f"train.warmup_steps={max(1, plan.ner_steps // 10)}",
-                f"train.log_every={min(10, plan.ner_steps)}",
-                "logging.report_to=[]",
-                f"train.encoder_lr={'null' if plan.ner_encoder_lr is None else plan.ner_encoder_lr}",
-            ],
+            ner_overrides(plan, seed, encoder_dir, arm, base.data.train, base.data.dev, ner_dir),
             cls=NerRecipe,
         )
         clock = time.monotonic()
