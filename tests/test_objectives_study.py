@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, external_data
 
 SCRIPT = REPO / "docs" / "results" / "objectives_study.py"
 
@@ -48,3 +48,72 @@ def test_the_quick_study_writes_every_arm_per_seed_and_the_table(tmp_path):
     assert len(table) == 2 + len(study["objectives"])
     assert table[0].startswith("| objective | MLM acc") and all(line.count("|") == 7 for line in table)
     assert table[2].startswith("| spanbert | ") and table[3].startswith("| charbert | ")
+
+
+CMRC = external_data("cmrc2018")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CMRC.is_dir(), reason="needs external/cmrc2018 and external/chinese_text (data/README.md)")
+def test_the_quick_qa_study_writes_every_arm_per_seed_and_the_table(tmp_path):
+    out, seeds = tmp_path / "study", [3]
+    command = [sys.executable, str(SCRIPT), "--task", "qa", "--out", str(out), "--quick", "--seeds", *map(str, seeds)]
+    command += ["--external", str(CMRC.parent)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+    study = json.loads((out / "study.json").read_text(encoding="utf-8"))
+    assert study["task"] == "qa" and study["seeds"] == seeds
+    assert list(study["objectives"]) == ["spanbert", "charbert"]
+    # the QA training split is CMRC's trial; --quick scores the first 40 dev questions
+    assert study["qa"]["train"] == str(CMRC / "cmrc2018_trial.squad.json")
+    # pretraining text: the novels and the trial contexts, never dev text; the Chinese recipe's tokenizer
+    trial = json.loads((CMRC / "cmrc2018_trial.squad.json").read_text(encoding="utf-8"))
+    contexts = (out / "task_text" / "cmrc2018_trial_contexts.txt").read_text(encoding="utf-8")
+    assert contexts == "".join(p["context"].strip() + "\n" for a in trial["data"] for p in a["paragraphs"])
+    pretrain_config = (out / "pretrain" / "spanbert" / "config.yaml").read_text(encoding="utf-8")
+    assert "hongloumeng.txt" in pretrain_config and "cmrc2018_trial_contexts.txt" in pretrain_config
+    assert "words: jieba" in pretrain_config and "vocab_size: 6000" in pretrain_config
+    assert "cmrc2018_dev" not in pretrain_config
+    for name, row in study["objectives"].items():
+        assert row["random_init_from"] == name  # CharBERT's 64 positions: another architecture than SpanBERT's
+        assert 0 <= row["mlm_accuracy"] <= 1 and 0 < row["unigram_accuracy"] < 1
+        for metric in ("em", "f1"):
+            assert set(row[metric]) == {"pretrained", "random"}
+            for init, values in row[metric].items():
+                assert len(values) == len(seeds)
+                for seed, value in zip(seeds, values):  # every score is the one the arm's own run wrote
+                    scores = json.loads((out / "qa" / f"{name}-{init}-seed{seed}" / "eval.json").read_text())
+                    assert value == scores[metric] and 0 <= value <= 100
+                    assert scores["metric"] == "cmrc2018" and scores["questions"] == 40
+            gaps = [p - r for p, r in zip(row[metric]["pretrained"], row[metric]["random"])]
+            assert row[f"gap_{metric}"] == pytest.approx({"mean": statistics.fmean(gaps), "sd": 0.0})
+    # CharBERT's encoder has 64 positions: window, stride and question length halve together.
+    windows = {name: row["qa_windows"] for name, row in study["objectives"].items()}
+    assert windows["charbert"] == {"max_length": 64, "doc_stride": 48, "max_query_length": 16}
+    assert windows["spanbert"] == {"max_length": 128, "doc_stride": 96, "max_query_length": 32}
+    charbert_config = (out / "qa" / "charbert-random-seed3" / "config.yaml").read_text(encoding="utf-8")
+    assert "max_length: 64" in charbert_config and "doc_stride: 48" in charbert_config and "seed: 3" in charbert_config
+    assert "max_length: 128" in (out / "qa" / "spanbert-pretrained-seed3" / "config.yaml").read_text()
+
+    table = [line for line in result.stdout.splitlines() if line.startswith("|")]
+    assert len(table) == 2 + len(study["objectives"])
+    assert table[0].startswith("| objective | MLM acc (unigram) | EM pretrained / random | gap")
+    assert all(line.count("|") == 7 for line in table)
+    assert table[2].startswith("| spanbert | ") and table[3].startswith("| charbert | ")
+
+
+def test_the_qa_study_names_the_missing_dataset_in_one_line(tmp_path):
+    command = [
+        sys.executable,
+        str(SCRIPT),
+        "--task",
+        "qa",
+        "--out",
+        str(tmp_path / "study"),
+        "--external",
+        str(tmp_path),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and not (tmp_path / "study").exists()
+    assert f"{tmp_path / 'cmrc2018' / 'cmrc2018_trial.squad.json'}: not found" in result.stderr.splitlines()[-1]

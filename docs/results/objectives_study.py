@@ -16,6 +16,7 @@ the same ``--out`` keeps every finished stage (a pretraining run continues from 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -42,30 +43,76 @@ QUICK_OBJECTIVES = ("spanbert", "charbert")
 ARMS = ("fine-tuned", "frozen")
 INITS = ("pretrained", "random")
 PRETRAIN_SEED = 0
+QA_RECIPE = "configs/qa/cmrc2018.yaml"
+# The Chinese tokenizer and word segmentation of the QA half: those of the Chinese SpanBERT recipe.
+CHINESE_RECIPE = "configs/pretrain/spanbert_chinese.yaml"
+
+
+@dataclasses.dataclass(frozen=True)
+class QAPlan:
+    """CMRC 2018 fine-tuning, trial → dev: one of the two settings of RESULTS.md's CMRC 2018 section, chosen
+    before any run of this study (the higher rate for encoders half as wide; 200 steps, not 300) and never
+    tuned on dev. Batch size, weight decay and answer length are the recipe's."""
+
+    max_length: int = 128  # tokens per window: the pretraining blocks' length
+    doc_stride: int = 96
+    max_query_length: int = 32
+    steps: int = 200
+    lr: float = 5e-4
+    warmup_steps: int = 20
+    dev_questions: int | None = None  # the first this many dev questions; None: all of them
+
+
+QA_QUICK = QAPlan(steps=6, warmup_steps=1, dev_questions=40)
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--task", choices=("ner", "qa"), default="ner", help="qa: Chinese pretraining, CMRC 2018")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--objectives", nargs="+", choices=list(RECIPES), help="default: all (--quick: two)")
     parser.add_argument("--quick", action="store_true", help="the demo's --quick budgets")
     parser.add_argument("--jobs", type=int, default=2, help="spanlm processes at once")
+    parser.add_argument(
+        "--external", type=Path, default=Path("external"), help="--task qa: the datasets of data/README.md"
+    )
     args = parser.parse_args(argv)
     objectives = args.objectives or (list(QUICK_OBJECTIVES) if args.quick else list(RECIPES))
-    study = run_study(args.out, objectives, args.seeds, QUICK if args.quick else DemoPlan(), args.jobs)
-    print(markdown_table(study))
+    plan = QUICK if args.quick else DemoPlan()
+    if args.task == "qa":
+        missing = _missing_chinese_data(args.external)
+        if missing:
+            parser.error(f"{missing}: not found; --task qa needs CMRC 2018 and the Chinese novels (data/README.md)")
+        study = run_study(
+            args.out, objectives, args.seeds, plan, args.jobs, QA_QUICK if args.quick else QAPlan(), args.external
+        )
+        print(qa_markdown_table(study))
+    else:
+        study = run_study(args.out, objectives, args.seeds, plan, args.jobs)
+        print(markdown_table(study))
     return study
 
 
-def run_study(out: Path, objectives: list[str], seeds: list[int], plan: DemoPlan, jobs: int) -> dict:
+def run_study(
+    out: Path,
+    objectives: list[str],
+    seeds: list[int],
+    plan: DemoPlan,
+    jobs: int,
+    qa: QAPlan | None = None,
+    external: Path = Path("external"),
+) -> dict:
+    """The NER study, or with ``qa`` the QA one: the same objectives pretrained on Chinese text instead."""
     root = shipped_root()
     out.mkdir(parents=True, exist_ok=True)
-    corpus = _corpus(root, out, plan)
+    corpus = _corpus(root, out, plan) if qa is None else _chinese_corpus(root, out, external, qa)
 
     # Objectives whose recipes name the same prepared directory share one (the same tokenizer); prepared
     # one after another, before the pretraining runs read them side by side.
-    prepared = {name: out / "prepared" / _prepared_name(root / RECIPES[name]) for name in objectives}
+    prepared = {
+        name: out / "prepared" / _prepared_name(root / RECIPES[name], corpus["language"]) for name in objectives
+    }
     for name in objectives:
         _spanlm(
             ["prepare", str(root / RECIPES[name]), *_pretrain_overrides(name, out, prepared, corpus, plan)],
@@ -79,6 +126,8 @@ def run_study(out: Path, objectives: list[str], seeds: list[int], plan: DemoPlan
     random_source = {}
     for name in objectives:
         random_source.setdefault(architecture[name], name)
+    if qa is not None:
+        return _qa_study(root, out, objectives, seeds, plan, jobs, qa, corpus, architecture, random_source)
     # One objective's arms after another (its random-init arms with the first objective that needs them),
     # in the order given: a study stopped part-way has whole objectives finished.
     runs = []
@@ -132,16 +181,72 @@ def _corpus(root: Path, out: Path, plan: DemoPlan) -> dict:
     ner = load_config(root / NER_RECIPE, [f"data.train={train}", f"data.dev={dev}"], cls=NerRecipe)
     task_text = _unlabelled_text(ner.data, out / "task_text" / "train_sentences.txt")
     return {
+        "language": "english",  # the recipes' prepared directories keep their names (english-…)
         "inputs": [str(data / "unlabelled.txt.gz"), str(task_text)],
+        "pretrain_overrides": ["tokenizer.lowercase=false"],  # cased, as BERT-cased for NER
         "ner_train": str(_labelled_subset(train, plan.labelled_sentences, out / "ner_train.conll")),
         "ner_dev": str(dev),
     }
 
 
-def _prepared_name(recipe: Path) -> str:
+def _missing_chinese_data(external: Path) -> Path | None:
+    wanted = [external / "cmrc2018" / f"cmrc2018_{split}.squad.json" for split in ("trial", "dev")]
+    wanted.append(external / "chinese_text" / "classical_novels")
+    return next((path for path in wanted if not path.exists()), None)
+
+
+def _chinese_corpus(root: Path, out: Path, external: Path, qa: QAPlan) -> dict:
+    """The QA half's pretraining text: the two classical novels and the contexts of the CMRC 2018 trial
+    split (the QA training text, task-adaptive; its questions and answers are not used, and no dev text is);
+    the Chinese SpanBERT recipe's tokenizer (per-character WordPiece) and jieba words; the QA split."""
     import yaml
 
-    return Path(yaml.safe_load(recipe.read_text(encoding="utf-8"))["data"]["prepared_dir"]).name
+    cmrc = external / "cmrc2018"
+    trial = json.loads((cmrc / "cmrc2018_trial.squad.json").read_text(encoding="utf-8"))
+    contexts = out / "task_text" / "cmrc2018_trial_contexts.txt"
+    contexts.parent.mkdir(parents=True, exist_ok=True)
+    texts = dict.fromkeys(paragraph["context"] for article in trial["data"] for paragraph in article["paragraphs"])
+    contexts.write_text("".join(text.strip() + "\n" for text in texts), encoding="utf-8")
+
+    chinese = yaml.safe_load((root / CHINESE_RECIPE).read_text(encoding="utf-8"))
+    dev = cmrc / "cmrc2018_dev.squad.json"
+    return {
+        "language": "chinese",
+        "inputs": [*map(str, sorted((external / "chinese_text" / "classical_novels").glob("*.txt"))), str(contexts)],
+        # Every objective gets the jieba words, the word-aware ones (wwm, spanbert, macbert, CharBERT's word
+        # noise) to mask or noise whole Chinese words; mlm and ELECTRA ignore them, and so share the prepared
+        # corpus (and the random-init arms with it) of the same tokenizer.
+        "pretrain_overrides": [
+            *(f"tokenizer.{key}={value}" for key, value in chinese["tokenizer"].items()),
+            f"data.words={chinese['data']['words']}",
+        ],
+        "qa_train": str(cmrc / "cmrc2018_trial.squad.json"),
+        "qa_dev": str(dev if qa.dev_questions is None else _first_questions(dev, qa.dev_questions, out)),
+    }
+
+
+def _first_questions(squad: Path, questions: int, out: Path) -> Path:
+    """The first ``questions`` questions of a SQuAD-format file (--quick's dev set), in ``out``."""
+    data = json.loads(squad.read_text(encoding="utf-8"))
+    articles, left = [], questions
+    for article in data["data"]:
+        paragraphs = []
+        for paragraph in article["paragraphs"]:
+            if left > 0:
+                paragraphs.append({**paragraph, "qas": paragraph["qas"][:left]})
+                left -= len(paragraphs[-1]["qas"])
+        if paragraphs:
+            articles.append({**article, "paragraphs": paragraphs})
+    path = out / f"{squad.stem}.first{questions}.json"
+    path.write_text(json.dumps({**data, "data": articles}, ensure_ascii=False), encoding="utf-8")
+    return path
+
+
+def _prepared_name(recipe: Path, language: str) -> str:
+    import yaml
+
+    name = Path(yaml.safe_load(recipe.read_text(encoding="utf-8"))["data"]["prepared_dir"]).name
+    return name.replace("english", language)
 
 
 # -- the stages ---------------------------------------------------------------------------------------------
@@ -151,7 +256,7 @@ def _pretrain_overrides(name: str, out: Path, prepared: dict, corpus: dict, plan
         f"seed={PRETRAIN_SEED}",
         f"data.inputs={json.dumps(corpus['inputs'])}",
         f"data.prepared_dir={prepared[name]}",
-        "tokenizer.lowercase=false",
+        *corpus["pretrain_overrides"],
         f"train.output_dir={out / 'pretrain' / name}",
         f"train.max_steps={plan.pretrain_steps}",
         "train.eval_at_start=true",
@@ -203,6 +308,112 @@ def _ner_max_len(root: Path, encoder: Path) -> int:
     window = yaml.safe_load((root / NER_RECIPE).read_text(encoding="utf-8"))["data"]["max_len"]
     positions = json.loads((encoder / "config.json").read_text(encoding="utf-8")).get("max_position_embeddings")
     return min(window, positions) if positions else window
+
+
+def _qa_study(
+    root: Path,
+    out: Path,
+    objectives: list[str],
+    seeds: list[int],
+    plan: DemoPlan,
+    jobs: int,
+    qa: QAPlan,
+    corpus: dict,
+    architecture: dict,
+    random_source: dict,
+) -> dict:
+    """The QA arms (fine-tuned, pretrained / random init) per objective and seed, then ``OUT/study.json``."""
+    runs = []
+    for name in objectives:  # as the NER arms: whole objectives in the order given
+        runs += [(name, "pretrained", seed) for seed in seeds]
+        if random_source[architecture[name]] == name:
+            runs += [(name, "random", seed) for seed in seeds]
+    with ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(lambda run: _qa(root, out, corpus, qa, *run), runs))
+
+    rows = {}
+    for name in sorted(objectives, key=list(RECIPES).index):
+        pretrained_run = out / "pretrain" / name
+        source = {"pretrained": name, "random": random_source[architecture[name]]}
+        scores = {init: [_qa_scores(out, source[init], init, seed) for seed in seeds] for init in INITS}
+        metrics = {metric: {init: [run[metric] for run in scores[init]] for init in INITS} for metric in ("em", "f1")}
+        rows[name] = {
+            "recipe": RECIPES[name],
+            "mlm_accuracy": _final_eval(pretrained_run).get("mlm_accuracy"),
+            "unigram_accuracy": _unigram(pretrained_run),
+            "random_init_from": source["random"],
+            "qa_windows": _qa_windows(out / "encoders" / name, qa),
+            **metrics,
+            **{
+                f"gap_{metric}": _spread([p - r for p, r in zip(values["pretrained"], values["random"])])
+                for metric, values in metrics.items()
+            },
+            **{
+                f"{metric}_{init}_spread": _spread(values[init]) for metric, values in metrics.items() for init in INITS
+            },
+        }
+    study = {
+        "task": "qa",
+        "seeds": seeds,
+        "pretrain_seed": PRETRAIN_SEED,
+        "plan": plan.__dict__,
+        "qa": {**dataclasses.asdict(qa), "recipe": QA_RECIPE, "train": corpus["qa_train"], "dev": corpus["qa_dev"]},
+        "objectives": rows,
+    }
+    (out / "study.json").write_text(json.dumps(study, indent=2) + "\n", encoding="utf-8")
+    return study
+
+
+def _qa_dir(out: Path, name: str, init: str, seed: int) -> Path:
+    return out / "qa" / f"{name}-{init}-seed{seed}"
+
+
+def _qa(root: Path, out: Path, corpus: dict, qa: QAPlan, name: str, init: str, seed: int) -> None:
+    """One CMRC 2018 fine-tuning run (trial → dev), skipped when it finished before."""
+    from spanlm.train.checkpoint import latest_checkpoint, step_of
+
+    qa_dir = _qa_dir(out, name, init, seed)
+    checkpoint = latest_checkpoint(qa_dir) if qa_dir.exists() else None
+    if (qa_dir / "eval.json").is_file() and checkpoint is not None and step_of(checkpoint) >= qa.steps:
+        return
+    if qa_dir.exists():
+        shutil.rmtree(qa_dir)
+    windows = _qa_windows(out / "encoders" / name, qa)
+    overrides = [
+        f"seed={seed}",
+        f"model.path={out / 'encoders' / name}",
+        f"model.init={init}",
+        f"data.train={corpus['qa_train']}",
+        f"data.dev={corpus['qa_dev']}",
+        *(f"data.{key}={value}" for key, value in windows.items()),
+        f"train.output_dir={qa_dir}",
+        f"train.max_steps={qa.steps}",
+        f"train.warmup_steps={qa.warmup_steps}",
+        f"train.lr={qa.lr}",
+        "train.eval_every=0",  # scored once, at the end of the schedule: no checkpoint is picked on dev
+        f"train.save_every={qa.steps}",
+        f"train.log_every={min(10, qa.steps)}",
+        "logging.report_to=[]",
+        "logging.progress=false",
+    ]
+    _spanlm(["qa", "train", str(root / QA_RECIPE), *overrides], out / "logs" / qa_dir.name)
+
+
+def _qa_windows(encoder: Path, qa: QAPlan) -> dict:
+    """The plan's window, stride and question length; scaled down together to the encoder's positions where it
+    has fewer (CharBERT's 64), so a window keeps the same shares of question and context."""
+    positions = json.loads((encoder / "config.json").read_text(encoding="utf-8")).get("max_position_embeddings")
+    length = min(qa.max_length, positions) if positions else qa.max_length
+    return {
+        "max_length": length,
+        "doc_stride": qa.doc_stride * length // qa.max_length,
+        "max_query_length": qa.max_query_length * length // qa.max_length,
+    }
+
+
+def _qa_scores(out: Path, name: str, init: str, seed: int) -> dict:
+    scores = json.loads((_qa_dir(out, name, init, seed) / "eval.json").read_text(encoding="utf-8"))
+    return {"em": float(scores["em"]), "f1": float(scores["f1"])}
 
 
 def _spanlm(arguments: list[str], log: Path) -> None:
@@ -266,6 +477,24 @@ def markdown_table(study: dict) -> str:
                 f"{pretrained['mean']:.2f} ± {pretrained['sd']:.2f} / {random['mean']:.2f} ± {random['sd']:.2f}"
             )
             cells.append(f"{gap['mean']:+.2f} ± {gap['sd']:.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def qa_markdown_table(study: dict) -> str:
+    lines = [
+        "| objective | MLM acc (unigram) | EM pretrained / random | gap mean ± sd | F1 pretrained / random "
+        "| gap mean ± sd |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in study["objectives"].items():
+        cells = [name, f"{row['mlm_accuracy']:.3f} ({row['unigram_accuracy']:.3f})"]
+        for metric in ("em", "f1"):
+            pretrained, random = row[f"{metric}_pretrained_spread"], row[f"{metric}_random_spread"]
+            cells.append(
+                f"{pretrained['mean']:.2f} ± {pretrained['sd']:.2f} / {random['mean']:.2f} ± {random['sd']:.2f}"
+            )
+            cells.append(f"{row[f'gap_{metric}']['mean']:+.2f} ± {row[f'gap_{metric}']['sd']:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
