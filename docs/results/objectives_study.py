@@ -1,16 +1,26 @@
 """Pretraining objectives compared downstream: each objective pretrained on the demo's corpus and budget, then
-the demo's four GermEval 2014 NER arms (pretrained / random init × fine-tuned / frozen) per seed.
+the demo's four GermEval 2014 NER arms (pretrained / random init × fine-tuned / frozen) per seed; with
+``--task qa``, each objective pretrained on Chinese text instead, then CMRC 2018 extractive QA per seed.
 
     python docs/results/objectives_study.py --out runs/objectives-study --seeds 0 1 2
     python docs/results/objectives_study.py --out /tmp/study --quick     # a few steps per stage, two objectives
+    python docs/results/objectives_study.py --task qa --out runs/objectives-study-qa --seeds 0 1 2
 
-Everything runs through the ``spanlm`` CLI (prepare, pretrain, export, ner train) as a user would; this script
-only chooses the settings, those of ``spanlm demo`` (:class:`spanlm.demo.DemoPlan`): the text of the 24,000
-GermEval 2014 training sentences, cased WordPiece, the recipe's own model and objective settings, one
-pretraining run per objective (seed 0), then 300 NER steps on the first 500 labelled sentences for each seed.
-A random-init arm depends only on the architecture and tokenizer, so objectives whose exports have the same
-model config and vocabulary share one. Writes ``OUT/study.json`` and prints a markdown table. Rerunning with
-the same ``--out`` keeps every finished stage (a pretraining run continues from its last checkpoint).
+Everything runs through the ``spanlm`` CLI (prepare, pretrain, export, ner train, qa train) as a user would;
+this script only chooses the settings, those of ``spanlm demo`` (:class:`spanlm.demo.DemoPlan`): the text of
+the 24,000 GermEval 2014 training sentences, cased WordPiece, the recipe's own model and objective settings,
+one pretraining run per objective (seed 0), then 300 NER steps on the first 500 labelled sentences for each
+seed. A random-init arm depends only on the architecture and tokenizer, so objectives whose exports have the
+same model config and vocabulary share one. Writes ``OUT/study.json`` and prints a markdown table. Rerunning
+with the same ``--out`` keeps every finished stage (a pretraining run continues from its last checkpoint).
+
+``--task qa`` (needs ``external/``, data/README.md; ``--external`` names another copy): the only extractive-QA
+data is CMRC 2018, Chinese, so each objective is pretrained again, with the same recipe settings and budget, on
+the two classical novels and the contexts of the CMRC 2018 trial split (the QA training text, unlabelled; no
+dev text), with the Chinese SpanBERT recipe's tokenizer (per-character WordPiece 6,000) and jieba words. Then
+one fine-tuning run per seed from the export and from random init (:class:`QAPlan`: trial → dev, windows of
+128 tokens, 200 steps at lr 5e-4, fixed before any run; windows, stride and question length halved for
+CharBERT's 64 positions), each scored with CMRC 2018's EM / F1 on all dev questions at the end.
 """
 
 from __future__ import annotations
@@ -213,9 +223,9 @@ def _chinese_corpus(root: Path, out: Path, external: Path, qa: QAPlan) -> dict:
     return {
         "language": "chinese",
         "inputs": [*map(str, sorted((external / "chinese_text" / "classical_novels").glob("*.txt"))), str(contexts)],
-        # Every objective gets the jieba words, the word-aware ones (wwm, spanbert, macbert, CharBERT's word
-        # noise) to mask or noise whole Chinese words; mlm and ELECTRA ignore them, and so share the prepared
-        # corpus (and the random-init arms with it) of the same tokenizer.
+        # Every objective gets the jieba words: the word-aware ones (wwm, spanbert, macbert, CharBERT's word
+        # noise) mask or noise whole Chinese words; mlm and ELECTRA ignore them, and so can share one prepared
+        # corpus (one tokenizer: mlm, wwm and spanbert share their random-init arms too).
         "pretrain_overrides": [
             *(f"tokenizer.{key}={value}" for key, value in chinese["tokenizer"].items()),
             f"data.words={chinese['data']['words']}",
