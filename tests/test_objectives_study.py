@@ -59,7 +59,7 @@ def test_the_quick_qa_study_writes_every_arm_per_seed_and_the_table(tmp_path):
     out, seeds = tmp_path / "study", [3]
     command = [sys.executable, str(SCRIPT), "--task", "qa", "--out", str(out), "--quick", "--seeds", *map(str, seeds)]
     command += ["--external", str(CMRC.parent)]
-    # ~3 min on an idle 2-core machine: eight spanlm processes, four of them reading 1,000 questions
+    # minutes on an idle 2-core machine: twelve spanlm processes, eight of them reading 1,000 questions
     result = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
 
@@ -80,27 +80,37 @@ def test_the_quick_qa_study_writes_every_arm_per_seed_and_the_table(tmp_path):
         assert row["random_init_from"] == name  # CharBERT's 64 positions: another architecture than SpanBERT's
         assert 0 <= row["mlm_accuracy"] <= 1 and 0 < row["unigram_accuracy"] < 1
         for metric in ("em", "f1"):
-            assert set(row[metric]) == {"pretrained", "random"}
-            for init, values in row[metric].items():
+            assert set(row[metric]) == {
+                "pretrained_fine-tuned",
+                "random_fine-tuned",
+                "pretrained_frozen",
+                "random_frozen",
+            }
+            for key, values in row[metric].items():
                 assert len(values) == len(seeds)
+                init, arm = key.split("_")
+                run = f"{init}-frozen" if arm == "frozen" else init  # the demo's arm names
                 for seed, value in zip(seeds, values):  # every score is the one the arm's own run wrote
-                    scores = json.loads((out / "qa" / f"{name}-{init}-seed{seed}" / "eval.json").read_text())
+                    run_dir = out / "qa" / f"{name}-{run}-seed{seed}"
+                    scores = json.loads((run_dir / "eval.json").read_text())
                     assert value == scores[metric] and 0 <= value <= 100
                     assert scores["metric"] == "cmrc2018" and scores["questions"] == 40
-            gaps = [p - r for p, r in zip(row[metric]["pretrained"], row[metric]["random"])]
-            assert row[f"gap_{metric}"] == pytest.approx({"mean": statistics.fmean(gaps), "sd": 0.0})
-    # CharBERT's encoder has 64 positions: window, stride and question length halve together.
+                    assert f"frozen: {str(arm == 'frozen').lower()}" in (run_dir / "config.yaml").read_text()
+            for arm in ("fine-tuned", "frozen"):
+                values = row[metric]
+                gaps = [p - r for p, r in zip(values[f"pretrained_{arm}"], values[f"random_{arm}"])]
+                assert row[f"gap_{metric}_{arm}"] == pytest.approx({"mean": statistics.fmean(gaps), "sd": 0.0})
     windows = {name: row["qa_windows"] for name, row in study["objectives"].items()}
     assert windows["charbert"] == {"max_length": 64, "doc_stride": 48, "max_query_length": 16}
     assert windows["spanbert"] == {"max_length": 128, "doc_stride": 96, "max_query_length": 32}
-    charbert_config = (out / "qa" / "charbert-random-seed3" / "config.yaml").read_text(encoding="utf-8")
+    charbert_config = (out / "qa" / "charbert-random-frozen-seed3" / "config.yaml").read_text(encoding="utf-8")
     assert "max_length: 64" in charbert_config and "doc_stride: 48" in charbert_config and "seed: 3" in charbert_config
     assert "max_length: 128" in (out / "qa" / "spanbert-pretrained-seed3" / "config.yaml").read_text()
 
     table = [line for line in result.stdout.splitlines() if line.startswith("|")]
     assert len(table) == 2 + len(study["objectives"])
-    assert table[0].startswith("| objective | MLM acc (unigram) | EM pretrained / random | gap")
-    assert all(line.count("|") == 7 for line in table)
+    assert table[0].startswith("| objective | MLM acc (unigram) | fine-tuned EM pretrained / random | gap")
+    assert all(line.count("|") == 11 for line in table)
     assert table[2].startswith("| spanbert | ") and table[3].startswith("| charbert | ")
 
 

@@ -18,9 +18,9 @@ with the same ``--out`` keeps every finished stage (a pretraining run continues 
 data is CMRC 2018, Chinese, so each objective is pretrained again, with the same recipe settings and budget, on
 the two classical novels and the contexts of the CMRC 2018 trial split (the QA training text, unlabelled; no
 dev text), with the Chinese SpanBERT recipe's tokenizer (per-character WordPiece 6,000) and jieba words. Then
-one fine-tuning run per seed from the export and from random init (:class:`QAPlan`: trial → dev, windows of
-128 tokens, 200 steps at lr 5e-4, fixed before any run; windows, stride and question length halved for
-CharBERT's 64 positions), each scored with CMRC 2018's EM / F1 on all dev questions at the end.
+the same four arms per seed, as ``spanlm qa train`` runs (:class:`QAPlan`: trial → dev, windows of 128
+tokens, 200 steps at lr 5e-4, fixed before any run; windows, stride and question length halved for CharBERT's
+64 positions), each scored with CMRC 2018's EM / F1 on all dev questions at the end.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ ARMS = ("fine-tuned", "frozen")
 INITS = ("pretrained", "random")
 PRETRAIN_SEED = 0
 QA_RECIPE = "configs/qa/cmrc2018.yaml"
+QA_METRICS = ("em", "f1")  # CMRC 2018's, in percent
 # The Chinese tokenizer and word segmentation of the QA half: those of the Chinese SpanBERT recipe.
 CHINESE_RECIPE = "configs/pretrain/spanbert_chinese.yaml"
 
@@ -332,12 +333,12 @@ def _qa_study(
     architecture: dict,
     random_source: dict,
 ) -> dict:
-    """The QA arms (fine-tuned, pretrained / random init) per objective and seed, then ``OUT/study.json``."""
+    """The QA arms (pretrained / random init × fine-tuned / frozen) per objective and seed, then ``OUT/study.json``."""
     runs = []
     for name in objectives:  # as the NER arms: whole objectives in the order given
-        runs += [(name, "pretrained", seed) for seed in seeds]
+        runs += [(name, "pretrained", arm, seed) for seed in seeds for arm in ARMS]
         if random_source[architecture[name]] == name:
-            runs += [(name, "random", seed) for seed in seeds]
+            runs += [(name, "random", arm, seed) for seed in seeds for arm in ARMS]
     with ThreadPoolExecutor(jobs) as pool:
         list(pool.map(lambda run: _qa(root, out, corpus, qa, *run), runs))
 
@@ -345,8 +346,15 @@ def _qa_study(
     for name in sorted(objectives, key=list(RECIPES).index):
         pretrained_run = out / "pretrain" / name
         source = {"pretrained": name, "random": random_source[architecture[name]]}
-        scores = {init: [_qa_scores(out, source[init], init, seed) for seed in seeds] for init in INITS}
-        metrics = {metric: {init: [run[metric] for run in scores[init]] for init in INITS} for metric in ("em", "f1")}
+        scores = {
+            f"{init}_{arm}": [_qa_scores(out, source[init], init, arm, seed) for seed in seeds]
+            for init in INITS
+            for arm in ARMS
+        }
+        metrics = {
+            metric: {key: [run[metric] for run in per_seed] for key, per_seed in scores.items()}
+            for metric in QA_METRICS
+        }
         rows[name] = {
             "recipe": RECIPES[name],
             "mlm_accuracy": _final_eval(pretrained_run).get("mlm_accuracy"),
@@ -355,11 +363,16 @@ def _qa_study(
             "qa_windows": _qa_windows(out / "encoders" / name, qa),
             **metrics,
             **{
-                f"gap_{metric}": _spread([p - r for p, r in zip(values["pretrained"], values["random"])])
+                f"gap_{metric}_{arm}": _spread(
+                    [p - r for p, r in zip(values[f"pretrained_{arm}"], values[f"random_{arm}"])]
+                )
                 for metric, values in metrics.items()
+                for arm in ARMS
             },
             **{
-                f"{metric}_{init}_spread": _spread(values[init]) for metric, values in metrics.items() for init in INITS
+                f"{metric}_{key}_spread": _spread(per_seed)
+                for metric, values in metrics.items()
+                for key, per_seed in values.items()
             },
         }
     study = {
@@ -374,15 +387,16 @@ def _qa_study(
     return study
 
 
-def _qa_dir(out: Path, name: str, init: str, seed: int) -> Path:
-    return out / "qa" / f"{name}-{init}-seed{seed}"
+def _qa_dir(out: Path, name: str, init: str, arm: str, seed: int) -> Path:
+    """``qa/NAME-INIT-seedN`` fine-tuned, ``qa/NAME-INIT-frozen-seedN`` frozen (the demo's arm names)."""
+    return out / "qa" / f"{name}-{init}{'-frozen' if arm == 'frozen' else ''}-seed{seed}"
 
 
-def _qa(root: Path, out: Path, corpus: dict, qa: QAPlan, name: str, init: str, seed: int) -> None:
+def _qa(root: Path, out: Path, corpus: dict, qa: QAPlan, name: str, init: str, arm: str, seed: int) -> None:
     """One CMRC 2018 fine-tuning run (trial → dev), skipped when it finished before."""
     from spanlm.train.checkpoint import latest_checkpoint, step_of
 
-    qa_dir = _qa_dir(out, name, init, seed)
+    qa_dir = _qa_dir(out, name, init, arm, seed)
     checkpoint = latest_checkpoint(qa_dir) if qa_dir.exists() else None
     if (qa_dir / "eval.json").is_file() and checkpoint is not None and step_of(checkpoint) >= qa.steps:
         return
@@ -393,6 +407,7 @@ def _qa(root: Path, out: Path, corpus: dict, qa: QAPlan, name: str, init: str, s
         f"seed={seed}",
         f"model.path={out / 'encoders' / name}",
         f"model.init={init}",
+        f"model.frozen={str(arm == 'frozen').lower()}",
         f"data.train={corpus['qa_train']}",
         f"data.dev={corpus['qa_dev']}",
         *(f"data.{key}={value}" for key, value in windows.items()),
@@ -421,9 +436,9 @@ def _qa_windows(encoder: Path, qa: QAPlan) -> dict:
     }
 
 
-def _qa_scores(out: Path, name: str, init: str, seed: int) -> dict:
-    scores = json.loads((_qa_dir(out, name, init, seed) / "eval.json").read_text(encoding="utf-8"))
-    return {"em": float(scores["em"]), "f1": float(scores["f1"])}
+def _qa_scores(out: Path, name: str, init: str, arm: str, seed: int) -> dict:
+    scores = json.loads((_qa_dir(out, name, init, arm, seed) / "eval.json").read_text(encoding="utf-8"))
+    return {metric: float(scores[metric]) for metric in QA_METRICS}
 
 
 def _spanlm(arguments: list[str], log: Path) -> None:
@@ -492,19 +507,21 @@ def markdown_table(study: dict) -> str:
 
 
 def qa_markdown_table(study: dict) -> str:
+    header = [f"{arm} {metric.upper()} pretrained / random | gap mean ± sd" for arm in ARMS for metric in QA_METRICS]
     lines = [
-        "| objective | MLM acc (unigram) | EM pretrained / random | gap mean ± sd | F1 pretrained / random "
-        "| gap mean ± sd |",
-        "|---|---|---|---|---|---|",
+        "| objective | MLM acc (unigram) | " + " | ".join(header) + " |",
+        "|---|---|" + "---|---|" * len(header),
     ]
     for name, row in study["objectives"].items():
         cells = [name, f"{row['mlm_accuracy']:.3f} ({row['unigram_accuracy']:.3f})"]
-        for metric in ("em", "f1"):
-            pretrained, random = row[f"{metric}_pretrained_spread"], row[f"{metric}_random_spread"]
-            cells.append(
-                f"{pretrained['mean']:.2f} ± {pretrained['sd']:.2f} / {random['mean']:.2f} ± {random['sd']:.2f}"
-            )
-            cells.append(f"{row[f'gap_{metric}']['mean']:+.2f} ± {row[f'gap_{metric}']['sd']:.2f}")
+        for arm in ARMS:
+            for metric in QA_METRICS:
+                pretrained, random = row[f"{metric}_pretrained_{arm}_spread"], row[f"{metric}_random_{arm}_spread"]
+                gap = row[f"gap_{metric}_{arm}"]
+                cells.append(
+                    f"{pretrained['mean']:.2f} ± {pretrained['sd']:.2f} / {random['mean']:.2f} ± {random['sd']:.2f}"
+                )
+                cells.append(f"{gap['mean']:+.2f} ± {gap['sd']:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
