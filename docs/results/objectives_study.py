@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -52,6 +53,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="the demo's --quick budgets")
     parser.add_argument("--jobs", type=int, default=2, help="spanlm processes at once")
     args = parser.parse_args(argv)
+    # Each spanlm process gets its share of the cores unless OMP_NUM_THREADS says otherwise: processes side by
+    # side with a thread per core each spin-wait on one another's cores and run several times slower.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
     objectives = args.objectives or (list(QUICK_OBJECTIVES) if args.quick else list(RECIPES))
     study = run_study(args.out, objectives, args.seeds, QUICK if args.quick else DemoPlan(), args.jobs)
     print(markdown_table(study))
@@ -115,6 +119,7 @@ def run_study(out: Path, objectives: list[str], seeds: list[int], plan: DemoPlan
         "seeds": seeds,
         "pretrain_seed": PRETRAIN_SEED,
         "plan": plan.__dict__,
+        "threads_per_process": int(os.environ.get("OMP_NUM_THREADS", 0)) or None,  # None: torch's default
         "objectives": rows,
     }
     (out / "study.json").write_text(json.dumps(study, indent=2) + "\n", encoding="utf-8")
