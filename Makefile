@@ -26,8 +26,8 @@ demo: venv
 	$(BIN)/spanlm demo --out runs/demo
 
 test: venv
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench docs/results
+	$(BIN)/ruff format --check src tests bench docs/results
 	$(BIN)/python -m pytest -q
 
 # On a machine with a CUDA GPU (install a CUDA torch: CONSTRAINTS= make gpu-check): the GPU tests (pytest -m gpu:

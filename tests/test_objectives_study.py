@@ -4,6 +4,7 @@ arms per seed through the spanlm CLI, and writes study.json and the markdown tab
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -19,11 +20,15 @@ SCRIPT = REPO / "docs" / "results" / "objectives_study.py"
 def test_the_quick_study_writes_every_arm_per_seed_and_the_table(tmp_path):
     out, seeds = tmp_path / "study", [3]  # one seed: every stage is a subprocess (~5 s to start)
     command = [sys.executable, str(SCRIPT), "--out", str(out), "--quick", "--seeds", *map(str, seeds)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    # No OMP_NUM_THREADS: the script gives each of its two processes at a time half the cores (a thread per
+    # core each, they spin-wait on one another and run several times slower).
+    environment = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment)
     assert result.returncode == 0, result.stderr[-2000:]
 
     study = json.loads((out / "study.json").read_text(encoding="utf-8"))
     assert study["seeds"] == seeds and list(study["objectives"]) == ["spanbert", "charbert"]
+    assert study["threads_per_process"] == max(1, os.cpu_count() // 2)
     for name, row in study["objectives"].items():
         # CharBERT's export is a different architecture from SpanBERT's: each has its own random-init arms.
         assert row["random_init_from"] == name
@@ -64,7 +69,7 @@ def test_the_quick_qa_study_writes_every_arm_per_seed_and_the_table(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
 
     study = json.loads((out / "study.json").read_text(encoding="utf-8"))
-    assert study["task"] == "qa" and study["seeds"] == seeds
+    assert study["task"] == "qa" and study["seeds"] == seeds and study["threads_per_process"] is not None
     assert list(study["objectives"]) == ["spanbert", "charbert"]
     # the QA training split is CMRC's trial; --quick scores the first 40 dev questions
     assert study["qa"]["train"] == str(CMRC / "cmrc2018_trial.squad.json")

@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -89,6 +90,9 @@ def main(argv: list[str] | None = None) -> dict:
         "--external", type=Path, default=Path("external"), help="--task qa: the datasets of data/README.md"
     )
     args = parser.parse_args(argv)
+    # Each spanlm process gets its share of the cores unless OMP_NUM_THREADS says otherwise: processes side by
+    # side with a thread per core each spin-wait on one another's cores and run several times slower.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
     objectives = args.objectives or (list(QUICK_OBJECTIVES) if args.quick else list(RECIPES))
     plan = QUICK if args.quick else DemoPlan()
     if args.task == "qa":
@@ -175,6 +179,7 @@ def run_study(
         "seeds": seeds,
         "pretrain_seed": PRETRAIN_SEED,
         "plan": plan.__dict__,
+        "threads_per_process": int(os.environ.get("OMP_NUM_THREADS", 0)) or None,  # None: torch's default
         "objectives": rows,
     }
     (out / "study.json").write_text(json.dumps(study, indent=2) + "\n", encoding="utf-8")
@@ -381,6 +386,7 @@ def _qa_study(
         "pretrain_seed": PRETRAIN_SEED,
         "plan": plan.__dict__,
         "qa": {**dataclasses.asdict(qa), "recipe": QA_RECIPE, "train": corpus["qa_train"], "dev": corpus["qa_dev"]},
+        "threads_per_process": int(os.environ.get("OMP_NUM_THREADS", 0)) or None,  # None: torch's default
         "objectives": rows,
     }
     (out / "study.json").write_text(json.dumps(study, indent=2) + "\n", encoding="utf-8")

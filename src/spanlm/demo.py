@@ -88,6 +88,27 @@ QUICK = DemoPlan(
 )
 
 
+def pretrain_overrides(
+    plan: DemoPlan, seed: int, inputs: list[Path], prepared_dir: Path, output_dir: Path
+) -> list[str]:
+    """A pretraining recipe's overrides for the demo: its text, budget and evaluations; the rest as the recipe
+    has it."""
+    return [
+        f"seed={seed}",
+        f"data.inputs={json.dumps([str(path) for path in inputs])}",
+        f"data.prepared_dir={prepared_dir}",
+        "tokenizer.lowercase=false",  # cased, as BERT-cased for NER
+        f"train.output_dir={output_dir}",
+        f"train.max_steps={plan.pretrain_steps}",
+        "train.eval_at_start=true",
+        f"train.eval_every={plan.pretrain_eval_every}",
+        f"train.save_every={plan.pretrain_steps}",
+        f"train.log_every={min(10, plan.pretrain_steps)}",
+        "train.eval_blocks=64",
+        "logging.report_to=[]",
+    ]
+
+
 def ner_overrides(
     plan: DemoPlan, seed: int, encoder: Path, arm: str, train: str, dev: str, output_dir: Path
 ) -> list[str]:
@@ -177,20 +198,7 @@ def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
     log(f"[1/5] seed {seed}: pretraining a tiny SpanBERT encoder ({plan.pretrain_steps} steps) → {out / 'pretrain'}")
     pretrain_recipe = load_recipe(
         root / "configs/pretrain/spanbert.yaml",
-        [
-            f"seed={seed}",
-            f"data.inputs={json.dumps([str(data / 'unlabelled.txt.gz'), str(task_text)])}",
-            f"data.prepared_dir={out / 'prepared'}",
-            "tokenizer.lowercase=false",  # cased, as BERT-cased for NER
-            f"train.output_dir={out / 'pretrain'}",
-            f"train.max_steps={plan.pretrain_steps}",
-            "train.eval_at_start=true",
-            f"train.eval_every={plan.pretrain_eval_every}",
-            f"train.save_every={plan.pretrain_steps}",
-            f"train.log_every={min(10, plan.pretrain_steps)}",
-            "train.eval_blocks=64",
-            "logging.report_to=[]",
-        ],
+        pretrain_overrides(plan, seed, [data / "unlabelled.txt.gz", task_text], out / "prepared", out / "pretrain"),
     )
     clock = time.monotonic()
     pretrain(pretrain_recipe, resume="auto", log=log)

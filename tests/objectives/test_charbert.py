@@ -257,3 +257,21 @@ def test_pretrain_export_and_load_as_a_fine_tuning_encoder(corpus, tmp_path):
     continued = build_objective(again, corpus)
     for name, tensor in trained.state_dict().items():
         torch.testing.assert_close(continued.state_dict()[name], tensor, atol=0, rtol=0, msg=name)
+
+
+def test_the_results_nlm_baseline_script_runs_on_a_charbert_recipe(corpus, tmp_path):
+    """docs/results/nlm_baseline.py (RESULTS.md's most-frequent-word line for CharBERT) still runs."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(recipe_dict(corpus.directory)), encoding="utf-8")
+    script = REPO / "docs" / "results" / "nlm_baseline.py"
+    result = subprocess.run([sys.executable, str(script), str(config)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    words = result.stdout.split()
+    # held-out NLM targets N; most frequent word 'W': F
+    assert words[:3] == ["held-out", "NLM", "targets"] and int(words[3].rstrip(";")) > 0
+    assert 0 < float(words[-1]) < 1
