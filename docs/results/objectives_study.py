@@ -294,20 +294,28 @@ def _pretrain(root: Path, name: str, out: Path, prepared: dict, corpus: dict, pl
     _spanlm(["export", str(out / "pretrain" / name), "--out", str(encoder)], out / "logs" / f"export-{name}")
 
 
+def _finished_or_cleared(run_dir: Path, steps: int) -> bool:
+    """True when the fine-tuning run in ``run_dir`` reached ``steps`` and was scored; else it is removed, to be
+    run afresh (a run stopped part-way scored an early checkpoint)."""
+    from spanlm.train.checkpoint import latest_checkpoint, step_of
+
+    checkpoint = latest_checkpoint(run_dir) if run_dir.exists() else None
+    if (run_dir / "eval.json").is_file() and checkpoint is not None and step_of(checkpoint) >= steps:
+        return True
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    return False
+
+
 def _ner_dir(out: Path, name: str, init: str, arm: str, seed: int) -> Path:
     return out / "ner" / f"{name}-{init}-{arm}-seed{seed}"
 
 
 def _ner(root: Path, out: Path, corpus: dict, plan: DemoPlan, name: str, init: str, arm: str, seed: int) -> None:
     """One arm of the demo's NER fine-tuning (spanlm.demo's overrides), skipped when it finished before."""
-    from spanlm.train.checkpoint import latest_checkpoint, step_of
-
     ner_dir = _ner_dir(out, name, init, arm, seed)
-    checkpoint = latest_checkpoint(ner_dir) if ner_dir.exists() else None
-    if (ner_dir / "eval.json").is_file() and checkpoint is not None and step_of(checkpoint) >= plan.ner_steps:
+    if _finished_or_cleared(ner_dir, plan.ner_steps):
         return
-    if ner_dir.exists():
-        shutil.rmtree(ner_dir)
     demo_arm = init if arm != "frozen" else f"{init}-frozen"
     overrides = [
         *ner_overrides(plan, seed, out / "encoders" / name, demo_arm, corpus["ner_train"], corpus["ner_dev"], ner_dir),
@@ -400,14 +408,9 @@ def _qa_dir(out: Path, name: str, init: str, arm: str, seed: int) -> Path:
 
 def _qa(root: Path, out: Path, corpus: dict, qa: QAPlan, name: str, init: str, arm: str, seed: int) -> None:
     """One CMRC 2018 fine-tuning run (trial → dev), skipped when it finished before."""
-    from spanlm.train.checkpoint import latest_checkpoint, step_of
-
     qa_dir = _qa_dir(out, name, init, arm, seed)
-    checkpoint = latest_checkpoint(qa_dir) if qa_dir.exists() else None
-    if (qa_dir / "eval.json").is_file() and checkpoint is not None and step_of(checkpoint) >= qa.steps:
+    if _finished_or_cleared(qa_dir, qa.steps):
         return
-    if qa_dir.exists():
-        shutil.rmtree(qa_dir)
     windows = _qa_windows(out / "encoders" / name, qa)
     overrides = [
         f"seed={seed}",
