@@ -37,7 +37,16 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from spanlm.demo import NER_DATA, NER_RECIPE, QUICK, DemoPlan, _labelled_subset, _unlabelled_text, ner_overrides
+from spanlm.demo import (
+    NER_DATA,
+    NER_RECIPE,
+    QUICK,
+    DemoPlan,
+    _labelled_subset,
+    _unlabelled_text,
+    ner_overrides,
+    pretrain_overrides,
+)
 from spanlm.recipes import shipped_root
 
 # objective → its pretraining recipe. ELECTRA-GDES is DeBERTa-V3's recipe: replaced-token detection with
@@ -267,20 +276,11 @@ def _prepared_name(recipe: Path, language: str) -> str:
 
 # -- the stages ---------------------------------------------------------------------------------------------
 def _pretrain_overrides(name: str, out: Path, prepared: dict, corpus: dict, plan: DemoPlan) -> list[str]:
-    """The demo's pretraining overrides (spanlm.demo), the rest as the recipe has it."""
+    """The demo's pretraining overrides (spanlm.demo) and the corpus's tokenizer settings, the rest as the recipe
+    has it."""
     return [
-        f"seed={PRETRAIN_SEED}",
-        f"data.inputs={json.dumps(corpus['inputs'])}",
-        f"data.prepared_dir={prepared[name]}",
+        *pretrain_overrides(plan, PRETRAIN_SEED, corpus["inputs"], prepared[name], out / "pretrain" / name),
         *corpus["pretrain_overrides"],
-        f"train.output_dir={out / 'pretrain' / name}",
-        f"train.max_steps={plan.pretrain_steps}",
-        "train.eval_at_start=true",
-        f"train.eval_every={plan.pretrain_eval_every}",
-        f"train.save_every={plan.pretrain_steps}",
-        f"train.log_every={min(10, plan.pretrain_steps)}",
-        "train.eval_blocks=64",
-        "logging.report_to=[]",
         "logging.progress=false",
     ]
 

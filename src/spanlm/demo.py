@@ -91,13 +91,12 @@ QUICK = DemoPlan(
 def pretrain_overrides(
     plan: DemoPlan, seed: int, inputs: list[Path], prepared_dir: Path, output_dir: Path
 ) -> list[str]:
-    """A pretraining recipe's overrides for the demo: its text, budget and evaluations; the rest as the recipe
-    has it."""
+    """A pretraining recipe's overrides for the demo: its text, budget and evaluations; the rest (the tokenizer's
+    casing included) as the recipe has it."""
     return [
         f"seed={seed}",
         f"data.inputs={json.dumps([str(path) for path in inputs])}",
         f"data.prepared_dir={prepared_dir}",
-        "tokenizer.lowercase=false",  # cased, as BERT-cased for NER
         f"train.output_dir={output_dir}",
         f"train.max_steps={plan.pretrain_steps}",
         "train.eval_at_start=true",
@@ -198,7 +197,12 @@ def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
     log(f"[1/5] seed {seed}: pretraining a tiny SpanBERT encoder ({plan.pretrain_steps} steps) → {out / 'pretrain'}")
     pretrain_recipe = load_recipe(
         root / "configs/pretrain/spanbert.yaml",
-        pretrain_overrides(plan, seed, [data / "unlabelled.txt.gz", task_text], out / "prepared", out / "pretrain"),
+        [
+            *pretrain_overrides(
+                plan, seed, [data / "unlabelled.txt.gz", task_text], out / "prepared", out / "pretrain"
+            ),
+            "tokenizer.lowercase=false",  # cased, as BERT-cased for NER
+        ],
     )
     clock = time.monotonic()
     pretrain(pretrain_recipe, resume="auto", log=log)
