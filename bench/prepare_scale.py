@@ -3,10 +3,14 @@ and transformers' run_mlm data pipeline.
 
 What is measured, for each corpus size (default 50 and 200 MB), each side in a child process of its own
 (so its peak memory is its own) and in this order: spanlm with one process, bare `encode_batch`, the
-run_mlm pipeline, spanlm with two processes, then the pretraining start-up on spanlm's output.
+run_mlm pipeline, spanlm with one single-threaded process, spanlm with two processes, then the
+pretraining start-up on spanlm's output.
 
     spanlm      ``spanlm.data.prepare.prepare`` with ``tokenizer.path`` (trained once, untimed, on the first
-                megabytes), ``data.num_proc`` 1 and 2.
+                megabytes), ``data.num_proc`` 1 and 2. With one process the tokenizer runs on its own thread
+                pool (``TOKENIZERS_PARALLELISM=true``, what ``prepare`` does); each of the two workers runs
+                it on one thread. The single-threaded arm is one process confined to one thread as a worker
+                is (``TOKENIZERS_PARALLELISM=false``): the unit that ``num_proc`` multiplies.
     bare        ``tokenizer.backend_tokenizer.encode_batch(lines, add_special_tokens=False)`` over the
                 same lines, 1000 at a time: the tokenizer's own work and nothing else.
     run_mlm     bench/prepare.py's ``run_peer``: run_mlm.py's ``load_dataset("text")`` → ``map(tokenize)``
@@ -17,11 +21,13 @@ run_mlm pipeline, spanlm with two processes, then the pretraining start-up on sp
 
 Rates are content tokens per CPU-second of the child and its worker processes (``getrusage``: the
 machine is shared, so CPU time rather than wall time); the two-process speed-up is tokens per wall
-second, np=2 over np=1. Memory: the peak, sampled every 20 ms over the child and its workers, of
-``RssAnon`` (heap: what grows with the data held) and ``RssFile`` (file pages mapped or cached, which
-the kernel may drop) from /proc/PID/status. Temporary disk: the peak size of the output's parent
-directory while preparing, over the final output's size. ``heap_growth`` = peak heap at the largest
-size over the smallest; the extrapolation fits heap = a + b·MB through the two sizes.
+second, np=2 over np=1, and np=2 over the single-threaded process (how the workers scale: on a
+machine with two cores, a single process's thread pool already uses most of both). Memory: the peak,
+sampled every 20 ms over the child and its workers, of ``RssAnon`` (heap: what grows with the data
+held) and ``RssFile`` (file pages mapped or cached, which the kernel may drop) from /proc/PID/status.
+Temporary disk: the peak size of the output's parent directory while preparing, over the final
+output's size. ``heap_growth`` = peak heap at the largest size over the smallest; the extrapolation
+fits heap = a + b·MB through the two sizes.
 
 Corpora: the English text under ``--data`` (default external/english_text of the repository
 root: Gutenberg books and tiny-shakespeare), split into paragraphs at blank lines and written again
@@ -330,6 +336,8 @@ def child_main(kind: str, options: dict) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     if kind == "spanlm":
+        if options.get("one_thread"):
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"
         result = side_spanlm(
             options["files"],
             Path(options["out"]),
@@ -365,8 +373,9 @@ def per_cpu(result: dict) -> float:
 
 
 def measure_size(files, tokenizer: str, work: Path, name: str, words: str, max_len: int, peers: bool) -> dict:
-    def prepare_with(processes: int) -> dict:
-        out, settings = str(work / f"{name}-np{processes}"), {"words": words, "max_len": max_len}
+    def prepare_with(processes: int, one_thread: bool = False) -> dict:
+        out = str(work / f"{name}-np{processes}{'-one-thread' if one_thread else ''}")
+        settings = {"words": words, "max_len": max_len, "one_thread": one_thread}
         return child("spanlm", files=files, out=out, tokenizer=tokenizer, num_proc=processes, **settings)
 
     one = prepare_with(1)
@@ -378,10 +387,14 @@ def measure_size(files, tokenizer: str, work: Path, name: str, words: str, max_l
         row["run_mlm"] = child("run_mlm", files=files, tokenizer=tokenizer, out=str(work / f"{name}-run_mlm"))
         shutil.rmtree(work / f"{name}-run_mlm", ignore_errors=True)
         row["spanlm_vs_run_mlm"] = round(per_cpu(one) / per_cpu(row["run_mlm"]), 3)
+    single = prepare_with(1, one_thread=True)
+    shutil.rmtree(work / f"{name}-np1-one-thread", ignore_errors=True)
+    row["spanlm_np1_one_thread"] = single
     two = prepare_with(2)
     shutil.rmtree(work / f"{name}-np2", ignore_errors=True)
     row["spanlm_np2"] = two
     row["np2_wall_speedup"] = round(one["wall_s"] / two["wall_s"], 3)
+    row["np2_wall_speedup_over_one_thread"] = round(single["wall_s"] / two["wall_s"], 3)
     row["spanlm_tokens_per_cpu_s"] = round(per_cpu(one))
     row["temp_disk_ratio"] = round(one["disk_peak_mb"] / one["output_mb"], 3)
     row["startup"] = child("startup", prepared=str(work / f"{name}-np1" / "prepared"), max_len=max_len)

@@ -266,10 +266,10 @@ def test_worker_processes_are_used(tmp_path, monkeypatch):
     used = []
     original = prepare_module._encoded_batches
 
-    def counting(reader, tokenizer, tokenizer_dir, config, processes):
+    def counting(reader, tokenizer, config, processes):
         import multiprocessing
 
-        for batch in original(reader, tokenizer, tokenizer_dir, config, processes):
+        for batch in original(reader, tokenizer, config, processes):
             used.append(len(multiprocessing.active_children()))
             yield batch
 
@@ -280,6 +280,32 @@ def test_worker_processes_are_used(tmp_path, monkeypatch):
     used.clear()
     prepare(make_recipe(tmp_path / "few", {"a.txt": ENGLISH}, data={"num_proc": 2}), **QUIET)  # one batch: no workers
     assert max(used) == 0
+
+
+def test_a_worker_starts_without_transformers_and_encodes_as_the_main_process(tmp_path):
+    """A worker rebuilds the main process's backend from its JSON: importing transformers (and torch with
+    it) would cost each worker more than a batch of tokenizing."""
+    import subprocess
+    import sys
+
+    from spanlm.data.tokenizer import load_tokenizer
+    from spanlm.data.words import encode_sentences
+
+    tokenizer = load_tokenizer(fixed_tokenizer(tmp_path))
+    (tmp_path / "backend.json").write_text(tokenizer.backend_tokenizer.to_str(), encoding="utf-8")
+    texts = ENGLISH.splitlines()[:5] + ["a literal [MASK] and <s> are text"]
+    script = (
+        "import json, sys; from pathlib import Path\n"
+        "from spanlm.data.prepare import _encode_in_worker, _start_worker\n"
+        f"_start_worker(Path({str(tmp_path / 'backend.json')!r}).read_text(encoding='utf-8'), 'none', 'int64')\n"
+        f"encoded = _encode_in_worker({texts!r})\n"
+        "print(json.dumps({'arrays': [a.tolist() for a in encoded], "
+        "'imported': sorted({'torch', 'transformers'} & set(sys.modules))}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    worker = json.loads(done.stdout)
+    assert worker["imported"] == []
+    assert worker["arrays"] == [a.tolist() for a in encode_sentences(tokenizer, texts, "none")]
 
 
 def test_num_proc_defaults_to_every_core():

@@ -184,7 +184,7 @@ def prepare(
         if existing and existing.get("tokenizer_fingerprint") == new_tokenizer and (final / RUNS_FILE).is_file():
             shutil.copy2(final / RUNS_FILE, tmp / RUNS_FILE)  # the same ids: the runs still depend on it
         reader = CorpusReader(inputs, config)
-        meta = _write_arrays(reader, tokenizer, tmp / "tokenizer", config, tmp)
+        meta = _write_arrays(reader, tokenizer, config, tmp)
         write_block_index(tmp, config.max_len, tmp / block_index_file(config.max_len))
         meta.update(build_similar_words(tmp, tokenizer, config, log=log))
         meta.update(
@@ -296,8 +296,13 @@ def _sentence_batches(reader: CorpusReader):
 _worker_state: dict = {}
 
 
-def _start_worker(tokenizer_dir: str, words: str, dtype: str) -> None:
-    _worker_state.update(tokenizer=load_tokenizer(tokenizer_dir), words=words, dtype=np.dtype(dtype))
+def _start_worker(backend_json: str, words: str, dtype: str) -> None:
+    # The worker gets the main process's backend itself, serialized, rather than loading the tokenizer
+    # directory through transformers: the same tokenizer by construction, and a worker that starts
+    # without importing transformers (and torch with it), the main cost of a worker's start.
+    from tokenizers import Tokenizer
+
+    _worker_state.update(tokenizer=Tokenizer.from_str(backend_json), words=words, dtype=np.dtype(dtype))
 
 
 def _encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -305,7 +310,7 @@ def _encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndar
     return ids.astype(_worker_state["dtype"]), word_starts, lengths
 
 
-def _encoded_batches(reader: CorpusReader, tokenizer, tokenizer_dir: Path, config, processes: int):
+def _encoded_batches(reader: CorpusReader, tokenizer, config, processes: int):
     """``(document indices, (ids, word_starts, lengths))`` per batch of sentences, in corpus order.
 
     With several processes the reader stays here (its errors and document numbering are sequential)
@@ -332,7 +337,7 @@ def _encoded_batches(reader: CorpusReader, tokenizer, tokenizer_dir: Path, confi
         processes,
         multiprocessing.get_context("spawn"),
         initializer=_start_worker,
-        initargs=(str(tokenizer_dir), config.words, ids_dtype(len(tokenizer)).name),
+        initargs=(tokenizer.backend_tokenizer.to_str(), config.words, ids_dtype(len(tokenizer)).name),
     )
     pending = collections.deque()
     try:
@@ -348,7 +353,7 @@ def _encoded_batches(reader: CorpusReader, tokenizer, tokenizer_dir: Path, confi
         workers.shutdown(cancel_futures=True)
 
 
-def _write_arrays(reader: CorpusReader, tokenizer, tokenizer_dir: Path, config, out: Path) -> dict:
+def _write_arrays(reader: CorpusReader, tokenizer, config, out: Path) -> dict:
     """Tokenize the corpus straight into the .npy arrays of ``out``, one batch of sentences at a time;
     returns the counts for meta.json.
 
@@ -368,9 +373,7 @@ def _write_arrays(reader: CorpusReader, tokenizer, tokenizer_dir: Path, config, 
     last_document = -1
     try:
         arrays["sentence_offsets"].append(np.zeros(1))
-        for documents, (ids, word_starts, lengths) in _encoded_batches(
-            reader, tokenizer, tokenizer_dir, config, config.processes()
-        ):
+        for documents, (ids, word_starts, lengths) in _encoded_batches(reader, tokenizer, config, config.processes()):
             keep = lengths > 0  # a line of only unknown/removed characters tokenizes to nothing: not a sentence
             lengths, documents = lengths[keep], documents[keep]
             if not len(lengths):

@@ -142,7 +142,8 @@ def check_tokenizer(tokenizer, where: str) -> None:
 
 
 def encode_text(tokenizer, texts: list[str]) -> list:
-    """The backend's encodings of ``texts``: no special tokens added, and the *text* of a special token
+    """The backend's encodings of ``texts`` (``tokenizer``: a transformers fast tokenizer or its
+    ``tokenizers.Tokenizer`` backend): no special tokens added, and the *text* of a special token
     ("[MASK]", "<s>", "[PAD]") tokenized as ordinary text rather than turned into that token's id.
 
     Why: a corpus is text. Web text is full of "<s>" (an HTML tag) and "[SEP]"-like strings; read as
@@ -152,7 +153,7 @@ def encode_text(tokenizer, texts: list[str]) -> list:
     """
     if not texts:
         return []
-    backend = tokenizer.backend_tokenizer
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
     before = backend.encode_special_tokens
     backend.encode_special_tokens = True
     try:
