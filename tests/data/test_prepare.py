@@ -295,9 +295,9 @@ def test_a_worker_starts_without_transformers_and_encodes_as_the_main_process(tm
     (tmp_path / "backend.json").write_text(tokenizer.backend_tokenizer.to_str(), encoding="utf-8")
     texts = ENGLISH.splitlines()[:5] + ["a literal [MASK] and <s> are text"]
     script = (
-        "import json, sys; from pathlib import Path\n"
+        "import json, sys\n"
         "from spanlm.data.prepare import _encode_in_worker, _start_worker\n"
-        f"_start_worker(Path({str(tmp_path / 'backend.json')!r}).read_text(encoding='utf-8'), 'none', 'int64')\n"
+        f"_start_worker({str(tmp_path / 'backend.json')!r}, 'none', 'int64')\n"
         f"encoded = _encode_in_worker({texts!r})\n"
         "print(json.dumps({'arrays': [a.tolist() for a in encoded], "
         "'imported': sorted({'torch', 'transformers'} & set(sys.modules))}))\n"
@@ -306,6 +306,39 @@ def test_a_worker_starts_without_transformers_and_encodes_as_the_main_process(tm
     worker = json.loads(done.stdout)
     assert worker["imported"] == []
     assert worker["arrays"] == [a.tolist() for a in encode_sentences(tokenizer, texts, "none")]
+
+
+def test_a_worker_that_dies_starting_fails_the_prepare_instead_of_hanging(tmp_path):
+    """A script without a ``__main__`` guard runs its prepare again in each spawned worker, which then
+    dies before it reads what the main process sends it; a tokenizer larger than a pipe's buffer must not
+    leave the main process blocked on that write."""
+    import subprocess
+    import sys
+
+    holmes = (EMBEDDED_CORPUS / "adventures_of_sherlock_holmes.txt").read_text(encoding="utf-8")
+    big_vocab = make_recipe(tmp_path / "big-vocab", {"a.txt": holmes}, tokenizer={"vocab_size": 6000})
+    tokenizer = prepare(big_vocab, **QUIET) / "tokenizer"
+    assert (tokenizer / "tokenizer.json").stat().st_size > 1 << 17  # twice a pipe's default buffer
+    recipe = {
+        "data": {
+            "inputs": [str(EMBEDDED_CORPUS / "alice_in_wonderland.txt")],
+            "prepared_dir": str(tmp_path / "prepared"),
+            "num_proc": 2,
+        },
+        "tokenizer": {"path": str(tokenizer)},
+    }
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import spanlm.data.prepare as prepare_module\n"
+        "from spanlm.config import from_dict\n"
+        "from spanlm.pretrain.recipe import Recipe\n"
+        "prepare_module.ENCODE_BATCH_SENTENCES = 20\n"
+        f"prepare_module.prepare(from_dict(Recipe, {recipe!r}))\n",
+        encoding="utf-8",
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert not (tmp_path / "prepared").exists()
 
 
 def test_num_proc_defaults_to_every_core():

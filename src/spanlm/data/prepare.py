@@ -296,13 +296,13 @@ def _sentence_batches(reader: CorpusReader):
 _worker_state: dict = {}
 
 
-def _start_worker(backend_json: str, words: str, dtype: str) -> None:
-    # The worker gets the main process's backend itself, serialized, rather than loading the tokenizer
-    # directory through transformers: the same tokenizer by construction, and a worker that starts
-    # without importing transformers (and torch with it), the main cost of a worker's start.
+def _start_worker(backend_file: str, words: str, dtype: str) -> None:
+    # The worker loads the main process's backend itself, serialized, rather than the tokenizer directory
+    # through transformers: the same tokenizer by construction, and a worker that starts without importing
+    # transformers (and torch with it), the main cost of a worker's start.
     from tokenizers import Tokenizer
 
-    _worker_state.update(tokenizer=Tokenizer.from_str(backend_json), words=words, dtype=np.dtype(dtype))
+    _worker_state.update(tokenizer=Tokenizer.from_file(backend_file), words=words, dtype=np.dtype(dtype))
 
 
 def _encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -333,24 +333,31 @@ def _encoded_batches(reader: CorpusReader, tokenizer, config, processes: int):
     # An executor rather than a Pool: a worker that dies (killed for memory) fails the prepare instead
     # of leaving it waiting forever.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
-    workers = ProcessPoolExecutor(
-        processes,
-        multiprocessing.get_context("spawn"),
-        initializer=_start_worker,
-        initargs=(tokenizer.backend_tokenizer.to_str(), config.words, ids_dtype(len(tokenizer)).name),
-    )
-    pending = collections.deque()
-    try:
-        for documents, texts in itertools.chain(first, batches):
-            pending.append((documents, workers.submit(_encode_in_worker, texts)))
-            if len(pending) == 2 * processes:
+    # The backend goes to the workers as a file, not as an initializer argument: spawn writes a worker's
+    # arguments down a pipe while it still holds the pipe's other end, so a worker that dies before reading
+    # them (a script without a __main__ guard re-runs its prepare there) would block a write larger than
+    # the pipe's buffer forever, where a small one lets the executor see the dead worker and fail.
+    with tempfile.TemporaryDirectory(prefix="spanlm-prepare-") as shared:
+        backend_file = Path(shared) / "tokenizer.json"
+        backend_file.write_text(tokenizer.backend_tokenizer.to_str(), encoding="utf-8")
+        workers = ProcessPoolExecutor(
+            processes,
+            multiprocessing.get_context("spawn"),
+            initializer=_start_worker,
+            initargs=(str(backend_file), config.words, ids_dtype(len(tokenizer)).name),
+        )
+        pending = collections.deque()
+        try:
+            for documents, texts in itertools.chain(first, batches):
+                pending.append((documents, workers.submit(_encode_in_worker, texts)))
+                if len(pending) == 2 * processes:
+                    documents, result = pending.popleft()
+                    yield documents, result.result()
+            while pending:
                 documents, result = pending.popleft()
                 yield documents, result.result()
-        while pending:
-            documents, result = pending.popleft()
-            yield documents, result.result()
-    finally:
-        workers.shutdown(cancel_futures=True)
+        finally:
+            workers.shutdown(cancel_futures=True)
 
 
 def _write_arrays(reader: CorpusReader, tokenizer, config, out: Path) -> dict:
