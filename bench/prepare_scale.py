@@ -23,11 +23,13 @@ Rates are content tokens per CPU-second of the child and its worker processes (`
 machine is shared, so CPU time rather than wall time); the two-process speed-up is tokens per wall
 second, np=2 over np=1, and np=2 over the single-threaded process (how the workers scale: on a
 machine with two cores, a single process's thread pool already uses most of both). Memory: the peak,
-sampled every 20 ms over the child and its workers, of ``RssAnon`` (heap: what grows with the data
-held) and ``RssFile`` (file pages mapped or cached, which the kernel may drop) from /proc/PID/status.
-Temporary disk: the peak size of the output's parent directory while preparing, over the final
-output's size. ``heap_growth`` = peak heap at the largest size over the smallest; the extrapolation
-fits heap = a + b·MB through the two sizes.
+sampled every 20 ms over the child and its workers, of their proportional shares of heap pages
+(``Pss_Anon`` from /proc/PID/smaps_rollup: what grows with the data held; pages that processes share
+count once) and of ``RssFile`` (file pages mapped or cached, which the kernel may drop; shared libraries
+count in every process) from /proc/PID/status. Temporary disk: the peak size of
+the output's parent directory while preparing, over the final output's size. ``heap_growth`` = peak
+heap at the largest size over the smallest; the extrapolation fits heap = a + b·MB through the two
+sizes.
 
 Corpora: the English text under ``--data`` (default external/english_text of the repository
 root: Gutenberg books and tiny-shakespeare), split into paragraphs at blank lines and written again
@@ -136,6 +138,7 @@ def tree(pid: int) -> list[int]:
 
 
 def rss_kb(pid: int) -> tuple[int, int]:
+    """``(RssAnon, RssFile)`` of ``pid`` in KB: cheap to read."""
     anon = file = 0
     try:
         with open(f"/proc/{pid}/status") as handle:
@@ -147,6 +150,21 @@ def rss_kb(pid: int) -> tuple[int, int]:
     except (FileNotFoundError, ProcessLookupError):
         pass
     return anon, file
+
+
+def heap_share_kb(pid: int) -> int:
+    """``Pss_Anon`` of ``pid`` in KB: its proportional share of the heap pages it maps, so pages shared by
+    several processes of a tree count once in their sum. (``RssAnon`` counts a worker being spawned twice:
+    between its fork and its exec it shares all of its parent's heap.) Reading it walks every mapping of
+    the process, so it is read only when the cheap ``RssAnon`` sum could be a new peak."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as handle:
+            for line in handle:
+                if line.startswith("Pss_Anon:"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0
 
 
 def directory_bytes(path: Path) -> int:
@@ -171,8 +189,10 @@ class PeakSampler:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self, disk: bool) -> None:
-        sizes = [rss_kb(pid) for pid in tree(os.getpid())]
-        self.heap = max(self.heap, sum(a for a, _ in sizes) * 1024)
+        pids = tree(os.getpid())
+        sizes = [rss_kb(pid) for pid in pids]
+        if sum(a for a, _ in sizes) * 1024 > self.heap:  # Pss_Anon <= RssAnon: only then can the peak grow
+            self.heap = max(self.heap, sum(heap_share_kb(pid) for pid in pids) * 1024)
         self.file = max(self.file, sum(f for _, f in sizes) * 1024)
         if disk and self.watch is not None and self.watch.exists():
             self.disk = max(self.disk, directory_bytes(self.watch))

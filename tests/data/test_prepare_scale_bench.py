@@ -44,3 +44,30 @@ def test_the_scale_benchmark_small_mode(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["corpus-zh", "tokenizer", "tokenizer-sample", "zh-tokenizer"]
     )
+
+
+def test_the_heap_peak_counts_pages_a_forked_child_shares_once():
+    """A worker being spawned is a fork of its parent until it execs: its RssAnon is all of the parent's
+    heap, which a plain RssAnon sum would count twice."""
+    import importlib.util
+    import os
+    import time
+
+    import numpy as np
+
+    spec = importlib.util.spec_from_file_location("prepare_scale", REPO / "bench" / "prepare_scale.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    held = np.ones(64 << 20, dtype=np.uint8)  # 64 MB of heap, touched
+    own = bench.heap_share_kb(os.getpid()) * 1024
+    child = os.fork()
+    if child == 0:  # shares every heap page with the test process until it exits
+        time.sleep(1.0)
+        os._exit(0)
+    try:
+        with bench.PeakSampler() as peaks:
+            time.sleep(0.3)
+    finally:
+        os.waitpid(child, 0)
+    assert bench.rss_kb(os.getpid())[0] * 1024 > held.nbytes  # the heap is really there
+    assert peaks.heap < own + held.nbytes // 2
