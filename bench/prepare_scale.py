@@ -22,7 +22,9 @@ pretraining start-up on spanlm's output.
 Rates are content tokens per CPU-second of the child and its worker processes (``getrusage``: the
 machine is shared, so CPU time rather than wall time); the two-process speed-up is tokens per wall
 second, np=2 over np=1, and np=2 over the single-threaded process (how the workers scale: on a
-machine with two cores, a single process's thread pool already uses most of both). Memory: the peak,
+machine with two cores, a single process's thread pool already uses most of both); ``np2_main_cpu_share``
+is the main process's part of np=2's CPU (reading, handing out batches, writing: it bounds the workers
+one machine can keep busy at about its inverse). Memory: the peak,
 sampled every 20 ms over the child and its workers, of their proportional shares of heap pages
 (``Pss_Anon`` from /proc/PID/smaps_rollup: what grows with the data held; pages that processes share
 count once) and of ``RssFile`` (file pages mapped or cached, which the kernel may drop; shared libraries
@@ -214,18 +216,22 @@ class PeakSampler:
         self._sample(disk=True)
 
 
-def cpu_seconds() -> float:
+def cpu_seconds() -> tuple[float, float]:
+    """CPU seconds of this process and of its (finished) worker processes."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
 
 
 def measured(function, watch: Path | None = None) -> dict:
-    """Run ``function()`` (returning a dict with ``tokens``), adding CPU and wall seconds and the peaks."""
-    cpu, wall = cpu_seconds(), time.perf_counter()
+    """Run ``function()`` (returning a dict with ``tokens``), adding CPU and wall seconds and the peaks.
+    ``main_cpu_s`` is this process's share of ``cpu_s``: with workers, the reader's and the writer's."""
+    (own, children), wall = cpu_seconds(), time.perf_counter()
     with PeakSampler(watch) as peaks:
         result = function()
+    own_after, children_after = cpu_seconds()
     result.update(
-        cpu_s=round(cpu_seconds() - cpu, 3),
+        cpu_s=round(own_after - own + children_after - children, 3),
+        main_cpu_s=round(own_after - own, 3),
         wall_s=round(time.perf_counter() - wall, 3),
         heap_peak_mb=round(peaks.heap / MB, 1),
         file_peak_mb=round(peaks.file / MB, 1),
@@ -415,6 +421,9 @@ def measure_size(files, tokenizer: str, work: Path, name: str, words: str, max_l
     row["spanlm_np2"] = two
     row["np2_wall_speedup"] = round(one["wall_s"] / two["wall_s"], 3)
     row["np2_wall_speedup_over_one_thread"] = round(single["wall_s"] / two["wall_s"], 3)
+    # With workers the main process only reads, hands batches out and writes: its share of the CPU bounds
+    # how many workers one machine can keep busy (about 1 / share).
+    row["np2_main_cpu_share"] = round(two["main_cpu_s"] / two["cpu_s"], 3)
     row["spanlm_tokens_per_cpu_s"] = round(per_cpu(one))
     row["temp_disk_ratio"] = round(one["disk_peak_mb"] / one["output_mb"], 3)
     row["startup"] = child("startup", prepared=str(work / f"{name}-np1" / "prepared"), max_len=max_len)

@@ -36,6 +36,7 @@ def test_the_scale_benchmark_small_mode(tmp_path):
         sides = ("bare", "run_mlm", "spanlm_np1_one_thread", "spanlm_np2")
         assert {row[side]["tokens"] for side in sides} == {row["tokens"]} and row["tokens"] > 0
         assert row["np2_wall_speedup_over_one_thread"] > 0
+        assert 0 < row["spanlm_np2"]["main_cpu_s"] < row["spanlm_np2"]["cpu_s"] and 0 < row["np2_main_cpu_share"] < 1
         assert 0 < row["temp_disk_ratio"] <= 1.3
         assert row["spanlm_np1"]["heap_peak_mb"] > 0 and row["spanlm_np1"]["file_peak_mb"] > 0
         assert row["startup"]["blocks"] > 0 and row["startup"]["startup_s"] >= 0
