@@ -3,13 +3,13 @@ and transformers' run_mlm data pipeline.
 
 What is measured, for each corpus size (default 50 and 200 MB), each side in a child process of its own
 (so its peak memory is its own) and in this order: spanlm with one process, bare `encode_batch`, the
-run_mlm pipeline, spanlm with one single-threaded process, spanlm with two processes, then the
-pretraining start-up on spanlm's output.
+run_mlm pipeline, spanlm with one single-threaded process, spanlm with two processes (or each count
+of ``--processes``), then the pretraining start-up on spanlm's output.
 
     spanlm      ``spanlm.data.prepare.prepare`` with ``tokenizer.path`` (trained once, untimed, on the first
-                megabytes), ``data.num_proc`` 1 and 2. With one process the tokenizer runs on its own thread
-                pool (``TOKENIZERS_PARALLELISM=true``, what ``prepare`` does); each of the two workers runs
-                it on one thread. The single-threaded arm is one process confined to one thread as a worker
+                megabytes), ``data.num_proc`` 1 and 2 (``--processes``). With one process the tokenizer
+                runs on its own thread pool (``TOKENIZERS_PARALLELISM=true``, what ``prepare`` does); each
+                worker runs it on one thread. The single-threaded arm is one process confined to one thread as a worker
                 is (``TOKENIZERS_PARALLELISM=false``): the unit that ``num_proc`` multiplies.
     bare        ``tokenizer.backend_tokenizer.encode_batch(lines, add_special_tokens=False)`` over the
                 same lines, 1000 at a time: the tokenizer's own work and nothing else.
@@ -39,7 +39,7 @@ and again, the paragraphs reshuffled per copy (``np.random.default_rng([seed, co
 at most 25 MB in a temporary directory; ``--chinese MB`` adds a corpus of the Chinese novels under
 ``--chinese-data`` prepared with ``data.words=jieba`` at 1 and 2 processes. Prints one JSON line.
 
-    python bench/prepare_scale.py [--sizes 50 200] [--chinese 10] [--small]
+    python bench/prepare_scale.py [--sizes 50 200] [--chinese 10] [--processes 2 4 8] [--small]
 """
 
 from __future__ import annotations
@@ -73,6 +73,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--no-run-mlm", action="store_true", help="leave out the run_mlm peer (its caches take ~4× the corpus)"
     )
     parser.add_argument("--max-len", type=int, default=128)
+    parser.add_argument(
+        "--processes",
+        type=int,
+        nargs="+",
+        default=[2],
+        help="data.num_proc values to measure against one process (e.g. 2 4 8 16 on a many-core machine)",
+    )
     parser.add_argument(
         "--small", action="store_true", help="tiny sizes (0.3 and 1 MB, 0.2 MB Chinese): a check that it runs"
     )
@@ -398,7 +405,9 @@ def per_cpu(result: dict) -> float:
     return result["tokens"] / max(result["cpu_s"], 1e-9)
 
 
-def measure_size(files, tokenizer: str, work: Path, name: str, words: str, max_len: int, peers: bool) -> dict:
+def measure_size(
+    files, tokenizer: str, work: Path, name: str, words: str, max_len: int, peers: tuple, processes: list[int]
+) -> dict:
     def prepare_with(processes: int, one_thread: bool = False) -> dict:
         out = str(work / f"{name}-np{processes}{'-one-thread' if one_thread else ''}")
         settings = {"words": words, "max_len": max_len, "one_thread": one_thread}
@@ -416,14 +425,15 @@ def measure_size(files, tokenizer: str, work: Path, name: str, words: str, max_l
     single = prepare_with(1, one_thread=True)
     shutil.rmtree(work / f"{name}-np1-one-thread", ignore_errors=True)
     row["spanlm_np1_one_thread"] = single
-    two = prepare_with(2)
-    shutil.rmtree(work / f"{name}-np2", ignore_errors=True)
-    row["spanlm_np2"] = two
-    row["np2_wall_speedup"] = round(one["wall_s"] / two["wall_s"], 3)
-    row["np2_wall_speedup_over_one_thread"] = round(single["wall_s"] / two["wall_s"], 3)
-    # With workers the main process only reads, hands batches out and writes: its share of the CPU bounds
-    # how many workers one machine can keep busy (about 1 / share).
-    row["np2_main_cpu_share"] = round(two["main_cpu_s"] / two["cpu_s"], 3)
+    for count in processes:
+        several = prepare_with(count)
+        shutil.rmtree(work / f"{name}-np{count}", ignore_errors=True)
+        row[f"spanlm_np{count}"] = several
+        row[f"np{count}_wall_speedup"] = round(one["wall_s"] / several["wall_s"], 3)
+        row[f"np{count}_wall_speedup_over_one_thread"] = round(single["wall_s"] / several["wall_s"], 3)
+        # With workers the main process only reads, hands batches out and writes: its share of the CPU
+        # bounds how many workers one machine can keep busy (about 1 / share).
+        row[f"np{count}_main_cpu_share"] = round(several["main_cpu_s"] / several["cpu_s"], 3)
     row["spanlm_tokens_per_cpu_s"] = round(per_cpu(one))
     row["temp_disk_ratio"] = round(one["disk_peak_mb"] / one["output_mb"], 3)
     row["startup"] = child("startup", prepared=str(work / f"{name}-np1" / "prepared"), max_len=max_len)
@@ -457,7 +467,9 @@ def main(argv=None) -> None:
         )
         peers = ("bare",) + (() if args.no_run_mlm else ("run_mlm",))
         result["english"] = {
-            f"{size:g}": measure_size(corpora[size], tokenizer, work, f"en-{size:g}", "none", args.max_len, peers)
+            f"{size:g}": measure_size(
+                corpora[size], tokenizer, work, f"en-{size:g}", "none", args.max_len, peers, args.processes
+            )
             for size in args.sizes
         }
         for size in args.sizes:
@@ -481,7 +493,7 @@ def main(argv=None) -> None:
                 )
                 / "tokenizer"
             )
-            row = measure_size(files, zh_tokenizer, work, "zh", "jieba", args.max_len, ())
+            row = measure_size(files, zh_tokenizer, work, "zh", "jieba", args.max_len, (), args.processes)
             english_rate = result["english"][f"{args.sizes[0]:g}"]["spanlm_tokens_per_cpu_s"]
             row["vs_english_per_cpu"] = round(row["spanlm_tokens_per_cpu_s"] / english_rate, 3)
             result["chinese_jieba"] = {f"{args.chinese:g}": row}
