@@ -9,8 +9,8 @@ of ``--processes``), then the pretraining start-up on spanlm's output.
     spanlm      ``spanlm.data.prepare.prepare`` with ``tokenizer.path`` (trained once, untimed, on the first
                 megabytes), ``data.num_proc`` 1 and 2 (``--processes``). With one process the tokenizer
                 runs on its own thread pool (``TOKENIZERS_PARALLELISM=true``, what ``prepare`` does); each
-                worker runs it on one thread. The single-threaded arm is one process confined to one thread as a worker
-                is (``TOKENIZERS_PARALLELISM=false``): the unit that ``num_proc`` multiplies.
+                worker runs it on one thread. The single-threaded arm is one process confined to one
+                thread as a worker is (``TOKENIZERS_PARALLELISM=false``): the unit ``num_proc`` multiplies.
     bare        ``tokenizer.backend_tokenizer.encode_batch(lines, add_special_tokens=False)`` over the
                 same lines, 1000 at a time: the tokenizer's own work and nothing else.
     run_mlm     bench/prepare.py's ``run_peer``: run_mlm.py's ``load_dataset("text")`` → ``map(tokenize)``
@@ -20,24 +20,23 @@ of ``--processes``), then the pretraining start-up on spanlm's output.
                 first epoch's order; and, separately, building the index of another ``max_len``.
 
 Rates are content tokens per CPU-second of the child and its worker processes (``getrusage``: the
-machine is shared, so CPU time rather than wall time); the two-process speed-up is tokens per wall
-second, np=2 over np=1, and np=2 over the single-threaded process (how the workers scale: on a
-machine with two cores, a single process's thread pool already uses most of both); ``np2_main_cpu_share``
-is the main process's part of np=2's CPU (reading, handing out batches, writing: it bounds the workers
-one machine can keep busy at about its inverse). Memory: the peak,
-sampled every 20 ms over the child and its workers, of their proportional shares of heap pages
-(``Pss_Anon`` from /proc/PID/smaps_rollup: what grows with the data held; pages that processes share
-count once) and of ``RssFile`` (file pages mapped or cached, which the kernel may drop; shared libraries
-count in every process) from /proc/PID/status. Temporary disk: the peak size of
-the output's parent directory while preparing, over the final output's size. ``heap_growth`` = peak
-heap at the largest size over the smallest; the extrapolation fits heap = a + b·MB through the two
-sizes.
+machine is shared, so CPU time rather than wall time); the speed-ups with N processes are tokens per
+wall second, np=N over np=1 and np=N over the single-threaded process (how the workers scale: on a
+machine with two cores, a single process's thread pool already uses most of both);
+``npN_main_cpu_share`` is the main process's part of np=N's CPU (reading, handing out batches, writing:
+it bounds the workers one machine can keep busy at about its inverse). Memory: the peak, sampled every
+20 ms over the child and its workers, of their proportional shares of heap pages (``Pss_Anon`` from
+/proc/PID/smaps_rollup: what grows with the data held; pages that processes share count once) and of
+``RssFile`` (file pages mapped or cached, which the kernel may drop; shared libraries count in every
+process) from /proc/PID/status. Temporary disk: the peak size of the output's parent directory while
+preparing, over the final output's size. ``heap_growth`` = peak heap at the largest size over the
+smallest; the extrapolation fits heap = a + b·MB through the two sizes.
 
 Corpora: the English text under ``--data`` (default external/english_text of the repository
 root: Gutenberg books and tiny-shakespeare), split into paragraphs at blank lines and written again
 and again, the paragraphs reshuffled per copy (``np.random.default_rng([seed, copy])``), into files of
 at most 25 MB in a temporary directory; ``--chinese MB`` adds a corpus of the Chinese novels under
-``--chinese-data`` prepared with ``data.words=jieba`` at 1 and 2 processes. Prints one JSON line.
+``--chinese-data`` prepared with ``data.words=jieba`` in the same arms. Prints one JSON line.
 
     python bench/prepare_scale.py [--sizes 50 200] [--chinese 10] [--processes 2 4 8] [--small]
 """
@@ -408,10 +407,10 @@ def per_cpu(result: dict) -> float:
 def measure_size(
     files, tokenizer: str, work: Path, name: str, words: str, max_len: int, peers: tuple, processes: list[int]
 ) -> dict:
-    def prepare_with(processes: int, one_thread: bool = False) -> dict:
-        out = str(work / f"{name}-np{processes}{'-one-thread' if one_thread else ''}")
+    def prepare_with(count: int, one_thread: bool = False) -> dict:
+        out = str(work / f"{name}-np{count}{'-one-thread' if one_thread else ''}")
         settings = {"words": words, "max_len": max_len, "one_thread": one_thread}
-        return child("spanlm", files=files, out=out, tokenizer=tokenizer, num_proc=processes, **settings)
+        return child("spanlm", files=files, out=out, tokenizer=tokenizer, num_proc=count, **settings)
 
     one = prepare_with(1)
     row = {"tokens": one["tokens"], "spanlm_np1": one}

@@ -496,6 +496,14 @@ def _spread(values: list[float]) -> dict:
     return {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0}
 
 
+def _comparison_cells(pretrained: dict, random: dict, gap: dict) -> list[str]:
+    """A table's two cells for one comparison: "pretrained / random" (mean ± sd each) and the gap."""
+    return [
+        f"{pretrained['mean']:.2f} ± {pretrained['sd']:.2f} / {random['mean']:.2f} ± {random['sd']:.2f}",
+        f"{gap['mean']:+.2f} ± {gap['sd']:.2f}",
+    ]
+
+
 def markdown_table(study: dict) -> str:
     lines = [
         "| objective | MLM acc (unigram) | F1 fine-tuned pretrained / random | gap mean ± sd "
@@ -505,12 +513,7 @@ def markdown_table(study: dict) -> str:
     for name, row in study["objectives"].items():
         cells = [name, f"{row['mlm_accuracy']:.3f} ({row['unigram_accuracy']:.3f})"]
         for arm in ARMS:
-            pretrained, random = row[f"pretrained_{arm}_spread"], row[f"random_{arm}_spread"]
-            gap = row[f"gap_{arm}"]
-            cells.append(
-                f"{pretrained['mean']:.2f} ± {pretrained['sd']:.2f} / {random['mean']:.2f} ± {random['sd']:.2f}"
-            )
-            cells.append(f"{gap['mean']:+.2f} ± {gap['sd']:.2f}")
+            cells += _comparison_cells(row[f"pretrained_{arm}_spread"], row[f"random_{arm}_spread"], row[f"gap_{arm}"])
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -525,12 +528,11 @@ def qa_markdown_table(study: dict) -> str:
         cells = [name, f"{row['mlm_accuracy']:.3f} ({row['unigram_accuracy']:.3f})"]
         for arm in ARMS:
             for metric in QA_METRICS:
-                pretrained, random = row[f"{metric}_pretrained_{arm}_spread"], row[f"{metric}_random_{arm}_spread"]
-                gap = row[f"gap_{metric}_{arm}"]
-                cells.append(
-                    f"{pretrained['mean']:.2f} ± {pretrained['sd']:.2f} / {random['mean']:.2f} ± {random['sd']:.2f}"
+                cells += _comparison_cells(
+                    row[f"{metric}_pretrained_{arm}_spread"],
+                    row[f"{metric}_random_{arm}_spread"],
+                    row[f"gap_{metric}_{arm}"],
                 )
-                cells.append(f"{gap['mean']:+.2f} ± {gap['sd']:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
