@@ -22,6 +22,7 @@ LAYERS = [
     ["spanlm.train"],  # the engine: loop, objective interface, checkpoints, distribution, logging
     ["spanlm.objectives", "spanlm.finetune"],  # pretraining objectives; the fine-tuning skeleton (encoder + task head)
     ["spanlm.pretrain", "spanlm.ner", "spanlm.qa"],  # the tasks the engine runs
+    ["spanlm.evaluate"],  # `spanlm eval`: runs the tasks' training commands, one process per cell
     ["spanlm.collators", "spanlm.demo"],  # the Hugging Face Trainer's collators; the demo
     ["spanlm.cli"],
     ["spanlm.__main__"],

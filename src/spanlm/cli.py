@@ -250,6 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
     from spanlm.ner.cli import add_ner_commands
 
     add_ner_commands(commands)
+
+    from spanlm.evaluate.cli import add_eval_command
+
+    add_eval_command(commands)
     return parser
 
 

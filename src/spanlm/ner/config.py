@@ -31,6 +31,7 @@ class NerDataConfig(ReadOptions):
     # Tokens shared by consecutive windows (the overlap; the step is the window's content minus it).
     stride: int = 64
     eval_docs: int = 1000  # dev documents scored at each periodic evaluation (0 = all)
+    train_docs: int = 0  # train on the first this many documents of data.train (0 = all): a few labels
     # A batch's windows in one token stream, each attending only to itself (spanlm.data.packing):
     # true / false, or "auto": per device what measured fastest (config.yaml records the choice).
     packing: bool | Literal["auto"] = "auto"
@@ -45,6 +46,8 @@ class NerDataConfig(ReadOptions):
             raise ValueError("stride must be at least 0")
         if self.eval_docs < 0:
             raise ValueError("eval_docs must be at least 0")
+        if self.train_docs < 0:
+            raise ValueError("train_docs must be at least 0")
         if self.tokens_per_batch and self.tokens_per_batch < self.max_len:
             raise ValueError(
                 f"tokens_per_batch must be 0 (off) or at least max_len ({self.max_len}), got {self.tokens_per_batch}"

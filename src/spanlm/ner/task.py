@@ -77,7 +77,8 @@ def ner_setup(recipe: NerRecipe, env, log=print, start: StartingPoint = Starting
     """
 
     data = recipe.data
-    train_docs = read_split(data.train, recipe, "train", data.labels, log)  # data errors first: reading is cheap
+    # data errors first: reading is cheap
+    train_docs = read_split(data.train, recipe, "train", data.labels, log)[: data.train_docs or None]
     labels = data.labels if data.labels is not None else label_set(train_docs)
     if not labels:
         raise InputError(f"{data.train}: no entity in the training file, so no label set; list them in data.labels")

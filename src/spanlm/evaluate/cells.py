@@ -1,0 +1,268 @@
+"""The cells of an evaluation: one fine-tuning run per (task, encoder, arm, seed), each exactly what
+``spanlm KIND train`` runs, in its own process.
+
+A cell's directory holds ``recipe.yaml`` (the task's recipe with the cell's encoder, arm, seed and output
+directory: the settings it runs with, whole), ``cell.json`` (their fingerprint, with the encoder's), the run
+itself and ``log.txt``. A cell whose fingerprint matches and whose run reached its last step with its final
+dev scores (``eval.json``) is finished and is never run again; a matching cell cut short continues from its
+last checkpoint (``--resume auto``); a changed setting or encoder starts its cells afresh, and only them.
+
+Cells run in parallel processes, each on its share of the cores (``OMP_NUM_THREADS``, unless set): tiny
+encoders on a CPU use one thread best, side by side. On a GPU they run one after another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from spanlm.config import save_config, to_dict
+from spanlm.errors import ConfigError, InputError
+from spanlm.evaluate.suite import Suite, Task
+
+RANDOM_PREFIX = "random:"  # NAME=random:DIR: DIR's architecture and tokenizer, freshly initialised
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoder:
+    name: str
+    path: Path
+    random: bool  # fresh weights of path's architecture (model.init=random)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({'random init of ' if self.random else ''}{self.path})"
+
+
+def parse_encoders(specs: list[str]) -> list[Encoder]:
+    """``NAME=DIR`` / ``NAME=random:DIR`` → encoders, each a Hugging Face encoder directory."""
+    encoders = []
+    for spec in specs:
+        name, equals, target = spec.partition("=")
+        if not (equals and name and target):
+            raise ConfigError(f"--encoders {spec}: expected NAME=DIR or NAME=random:DIR")
+        if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+            raise ConfigError(f"--encoders {spec}: a name is letters, digits, '-', '_' and '.' (it names folders)")
+        random = target.startswith(RANDOM_PREFIX)
+        path = Path(target.removeprefix(RANDOM_PREFIX))
+        if not path.is_dir():
+            raise InputError(f"--encoders {spec}: {path}: no such directory")
+        if not (path / "config.json").is_file():
+            raise InputError(f"--encoders {spec}: {path}: not a Hugging Face model directory (no config.json)")
+        encoders.append(Encoder(name, path, random))
+    names = [encoder.name for encoder in encoders]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ConfigError(f"--encoders: each encoder needs its own name, {repeated} repeat")
+    if not encoders:
+        raise ConfigError("--encoders: name one or more encoders, NAME=DIR or NAME=random:DIR")
+    return encoders
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    task: Task
+    encoder: Encoder
+    arm: str
+    seed: int
+    directory: Path
+
+    @property
+    def key(self) -> str:
+        return f"{self.task.name}/{self.encoder.name}/{self.arm}/seed-{self.seed}"
+
+    def recipe(self):
+        """The task's recipe for this cell: its encoder start, arm, seed and output directory."""
+        recipe = dataclasses.replace(
+            self.task.recipe,
+            seed=self.seed,
+            model=dataclasses.replace(
+                self.task.recipe.model,
+                path=str(self.encoder.path),
+                init="random" if self.encoder.random else "pretrained",
+                frozen=self.arm == "frozen",
+            ),
+            train=dataclasses.replace(self.task.recipe.train, output_dir=str(self.directory / "run")),
+            # the suite reports; the cell's run writes metrics.jsonl and its log alone
+            logging=dataclasses.replace(self.task.recipe.logging, report_to=[], progress=False),
+        )
+        return recipe
+
+    def fingerprint(self) -> str:
+        """What decides the cell's result: its whole recipe and the encoder directory's files (name, size and
+        modification time; random init reads the architecture and tokenizer only, but a changed directory may
+        have changed them)."""
+        digest = hashlib.sha256(json.dumps(to_dict(self.recipe()), sort_keys=True).encode())
+        for file in sorted(p for p in self.encoder.path.iterdir() if p.is_file()):
+            stat = file.stat()
+            digest.update(f"{file.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+        return digest.hexdigest()[:16]
+
+
+def plan_cells(suite: Suite, encoders: list[Encoder], seeds: tuple[int, ...], out: Path) -> list[Cell]:
+    """Every (task, encoder, arm, seed), the slowest-varying first: a suite stopped midway has whole tasks."""
+    return [
+        Cell(task, encoder, arm, seed, out / "cells" / task.name / encoder.name / arm / f"seed-{seed}")
+        for task in suite.tasks
+        for seed in seeds
+        for arm in task.arms
+        for encoder in encoders
+    ]
+
+
+def finished_scores(cell: Cell) -> dict | None:
+    """The final dev scores of a finished cell with the current settings, else None."""
+    from spanlm.train.checkpoint import latest_checkpoint, step_of
+
+    run = cell.directory / "run"
+    try:
+        recorded = json.loads((cell.directory / "cell.json").read_text(encoding="utf-8"))["fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if recorded != cell.fingerprint() or not (run / "eval.json").is_file():
+        return None
+    checkpoint = latest_checkpoint(run)
+    if checkpoint is None or step_of(checkpoint) < cell.task.recipe.train.max_steps:
+        return None  # stopped by a signal: its scores are those of a shorter run
+    return json.loads((run / "eval.json").read_text(encoding="utf-8"))
+
+
+def _ready(cell: Cell, force: bool) -> None:
+    """The cell's directory for a run: kept when its settings match (a cut-short run continues), else new."""
+    try:
+        recorded = json.loads((cell.directory / "cell.json").read_text(encoding="utf-8"))["fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError):
+        recorded = None
+    fingerprint = cell.fingerprint()
+    if force or recorded != fingerprint:
+        shutil.rmtree(cell.directory, ignore_errors=True)
+    cell.directory.mkdir(parents=True, exist_ok=True)
+    save_config(cell.recipe(), cell.directory / "recipe.yaml")
+    (run := cell.directory / "run").mkdir(exist_ok=True)
+    (cell.directory / "cell.json").write_text(
+        json.dumps({"cell": cell.key, "fingerprint": fingerprint, "encoder": str(cell.encoder.path)}) + "\n",
+        encoding="utf-8",
+    )
+    (run / "eval.json").unlink(missing_ok=True)  # written again at the run's end; its absence marks "not done"
+
+
+@dataclasses.dataclass
+class Outcome:
+    cell: Cell
+    scores: dict | None
+    seconds: float
+    skipped: bool = False
+    error: str | None = None
+
+
+class CellRunner:
+    """Runs cells in ``jobs`` processes; a signal stops new cells and passes itself to the running ones, which
+    finish their step and save (they continue on the next run)."""
+
+    def __init__(self, jobs: int, threads: int | None, log=print):
+        self.jobs, self.threads, self.log = jobs, threads, log
+        self.running: dict[int, subprocess.Popen] = {}
+        self.lock = threading.Lock()
+        self.stopped: str | None = None
+
+    def run(self, cells: list[Cell], force: bool) -> list[Outcome]:
+        outcomes, todo = [], []
+        for cell in cells:
+            scores = None if force else finished_scores(cell)
+            if scores is None:
+                todo.append(cell)
+            else:
+                outcomes.append(Outcome(cell, scores, 0.0, skipped=True))
+        if outcomes:
+            self.log(f"{len(outcomes)} of {len(cells)} cells already finished with these settings: kept")
+        if not todo:
+            return outcomes
+        self.log(f"running {len(todo)} cells, {self.jobs} at a time")
+        started, done = time.monotonic(), []
+        previous = {sig: signal.signal(sig, self._stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            with ThreadPoolExecutor(self.jobs) as pool:
+                for outcome in pool.map(lambda cell: self._run_one(cell, force), todo):
+                    outcomes.append(outcome)
+                    if outcome.error is None and outcome.scores is None:
+                        continue  # not started: the suite was stopped
+                    done.append(outcome)
+                    self._progress(outcome, len(done), len(todo), time.monotonic() - started)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return outcomes
+
+    def _progress(self, outcome: Outcome, done: int, total: int, elapsed: float) -> None:
+        left = total - done
+        eta = "" if not left else f" · about {elapsed / done * left / 60:.1f} min left"
+        if outcome.error is not None:
+            what = f"FAILED ({outcome.error})"
+        else:
+            what = f"{outcome.cell.task.metric} {outcome.cell.task.score(outcome.scores):.2f}"
+        self.log(f"[{done}/{total}] {outcome.cell.key}: {what} in {outcome.seconds:.0f} s{eta}")
+
+    def _stop(self, signum, frame) -> None:
+        self.stopped = signal.Signals(signum).name
+        with self.lock:
+            for process in self.running.values():
+                if process.poll() is None:
+                    process.send_signal(signal.SIGTERM)
+
+    def _run_one(self, cell: Cell, force: bool) -> Outcome:
+        if self.stopped:
+            return Outcome(cell, None, 0.0)
+        _ready(cell, force)
+        environment = dict(os.environ)
+        if self.threads is not None and "OMP_NUM_THREADS" not in os.environ:
+            environment["OMP_NUM_THREADS"] = str(self.threads)
+        command = [
+            sys.executable, "-m", "spanlm", cell.task.kind, "train", str(cell.directory / "recipe.yaml"),
+            "--resume", "auto",
+        ]  # fmt: skip
+        clock = time.monotonic()
+        with open(cell.directory / "log.txt", "a", encoding="utf-8") as log_file:
+            log_file.write(f"$ {' '.join(command)}\n")
+            log_file.flush()
+            with self.lock:
+                if self.stopped:
+                    return Outcome(cell, None, 0.0)
+                process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=environment)
+                self.running[process.pid] = process
+            returncode = process.wait()
+            with self.lock:
+                del self.running[process.pid]
+        seconds = time.monotonic() - clock
+        if returncode != 0:
+            return Outcome(cell, None, seconds, error=f"exit {returncode}: {_last_line(cell.directory / 'log.txt')}")
+        scores = finished_scores(cell)
+        if scores is None:
+            if self.stopped:
+                return Outcome(cell, None, seconds)
+            return Outcome(cell, None, seconds, error="the run ended before its last step")
+        return Outcome(cell, scores, seconds)
+
+
+def _last_line(log: Path) -> str:
+    lines = [line for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    return lines[-1].strip()[:300] if lines else "no output"
+
+
+def default_jobs() -> tuple[int, int | None]:
+    """(cells at a time, threads per cell): one cell on a GPU (it takes the whole device), else one per core."""
+    import torch
+
+    if torch.cuda.is_available():
+        return 1, None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cores, 1

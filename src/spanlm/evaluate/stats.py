@@ -1,0 +1,79 @@
+"""The verdict's arithmetic: mean and spread over seeds, and paired differences with a confidence interval.
+
+Two encoders fine-tuned with the same seed see the same data order and the same head initialisation, so their
+scores are paired: the difference per seed removes what the seed alone decides (which examples came first,
+where the head started), and the t-interval over those differences (Student's t with n − 1 degrees of
+freedom) is the interval of a paired t-test. With a single seed there is nothing to estimate a spread from,
+and no interval is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+
+
+@dataclasses.dataclass(frozen=True)
+class Spread:
+    """Mean ± sample standard deviation (0 for one value) over seeds."""
+
+    mean: float
+    std: float
+    n: int
+
+    @classmethod
+    def of(cls, values: list[float]) -> Spread:
+        if not values:
+            raise ValueError("no values")
+        return cls(statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0, len(values))
+
+
+@dataclasses.dataclass(frozen=True)
+class PairedDifference:
+    """``encoder − baseline`` over the seeds both have: the mean difference, its spread and its 95% interval.
+
+    ``low`` / ``high`` are None with a single pair; ``excludes_zero`` is then False.
+    """
+
+    mean: float
+    std: float
+    n: int
+    low: float | None
+    high: float | None
+    positive: int  # seeds where the encoder scored higher
+
+    @property
+    def excludes_zero(self) -> bool:
+        return self.low is not None and (self.low > 0 or self.high < 0)
+
+
+def t_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
+    """The two-sided ``confidence`` interval of the mean of ``values`` (Student's t), or None for one value."""
+    from scipy.stats import t
+
+    n = len(values)
+    if n < 2:
+        return None
+    mean, std = statistics.fmean(values), statistics.stdev(values)
+    half = float(t.ppf(0.5 + confidence / 2, n - 1)) * std / math.sqrt(n)
+    return mean - half, mean + half
+
+
+def paired_difference(scores: dict[int, float], baseline: dict[int, float], confidence: float = 0.95):
+    """``scores − baseline`` per seed over the seeds both have (a seed's scores are keyed by the seed), or None
+    when they share no seed."""
+    seeds = sorted(set(scores) & set(baseline))
+    if not seeds:
+        return None
+    differences = [scores[seed] - baseline[seed] for seed in seeds]
+    spread = Spread.of(differences)
+    interval = t_interval(differences, confidence)
+    return PairedDifference(
+        spread.mean,
+        spread.std,
+        spread.n,
+        None if interval is None else interval[0],
+        None if interval is None else interval[1],
+        sum(difference > 0 for difference in differences),
+    )

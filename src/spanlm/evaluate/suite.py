@@ -1,0 +1,178 @@
+"""An evaluation suite: the fine-tuning tasks that judge an encoder, fixed in one YAML file before any run.
+
+.. code-block:: yaml
+
+    # GermEval 2014 NER from 500 labelled sentences: ...   (the first line says what the suite is)
+    seeds: [0, 1, 2]
+    tasks:
+      - name: germeval2014
+        kind: ner                       # ner | qa: the `spanlm KIND train` that runs each cell
+        recipe: ner/germeval2014        # a shipped recipe's name, or a path to a YAML recipe
+        metric: f1                      # the score compared (ner: precision / recall / f1 / cluener_macro_f1;
+                                        # qa: em / f1), from the run's final dev evaluation (eval.json)
+        arms: [fine-tuned, frozen]      # fine-tuned: the whole encoder trains; frozen: the head alone
+        settings:                       # overrides of the recipe, as on the command line
+          train.max_steps: 300
+
+A suite's relative paths are relative to the working directory, as a recipe's; in a shipped suite (and in the
+shipped recipes it names) the paths into the embedded data (``data/…``) name the data this spanlm ships.
+Each task is resolved into its typed recipe here, before any cell runs, so an unknown key, a missing data file
+or an unknown task kind stops the suite with one line before anything is trained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from spanlm.errors import ConfigError, InputError
+
+ARMS = ("fine-tuned", "frozen")
+# kind → (its typed recipe's module and class, the scores its eval.json holds: metric → path into the file).
+TASK_KINDS = {
+    "ner": (
+        "spanlm.ner.config",
+        "NerRecipe",
+        {
+            "precision": ("micro", "precision"),
+            "recall": ("micro", "recall"),
+            "f1": ("micro", "f1"),
+            "cluener_macro_f1": ("cluener_macro_f1", "f1"),
+        },
+    ),
+    "qa": ("spanlm.qa.config", "QARecipe", {"em": ("em",), "f1": ("f1",)}),
+}
+SUITE_KEYS = {"seeds", "baseline", "tasks"}
+TASK_KEYS = {"name", "kind", "recipe", "metric", "arms", "settings"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    name: str
+    kind: str
+    metric: str
+    arms: tuple[str, ...]
+    recipe: Any  # the typed recipe with the suite's settings applied, before any encoder or seed
+    source: str  # what the suite named as the recipe
+
+    def score(self, eval_json: dict) -> float:
+        """The task's metric in a run's final dev scores."""
+        value = eval_json
+        for key in TASK_KINDS[self.kind][2][self.metric]:
+            value = value[key]
+        return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    path: Path
+    description: str
+    seeds: tuple[int, ...]
+    baseline: str | None
+    tasks: tuple[Task, ...]
+
+
+def load_suite(name_or_path: str) -> Suite:
+    """The suite at a path, or the shipped suite of that name (``demo``, ``eval/demo``)."""
+    from spanlm.recipes import describe, find_recipe, shipped_root, with_embedded_data_paths
+
+    path = Path(name_or_path)
+    if path.is_file():
+        text = path.read_text(encoding="utf-8")
+    elif path.suffix in (".yaml", ".yml") or path.is_dir():
+        raise InputError(f"{path}: no such suite file")
+    else:
+        name = name_or_path if name_or_path.startswith("eval/") else f"eval/{name_or_path}"
+        path = find_recipe(name).path
+        text = with_embedded_data_paths(path.read_text(encoding="utf-8"), shipped_root())
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise InputError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise InputError(f"{path}: a suite is a mapping with 'tasks' (and 'seeds', 'baseline')")
+    unknown = sorted(set(raw) - SUITE_KEYS)
+    if unknown:
+        raise ConfigError(f"{path}: unknown suite key(s) {unknown}; a suite has {sorted(SUITE_KEYS)}")
+    seeds = raw.get("seeds", [0])
+    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) and s >= 0 for s in seeds)):
+        raise ConfigError(f"{path}: seeds must be a list of one or more non-negative integers, got {seeds!r}")
+    if len(set(seeds)) < len(seeds):
+        raise ConfigError(f"{path}: seeds must be different, got {seeds}")
+    tasks = raw.get("tasks")
+    if not (isinstance(tasks, list) and tasks):
+        raise ConfigError(f"{path}: 'tasks' must list one or more tasks")
+    parsed = tuple(_task(path, index, entry) for index, entry in enumerate(tasks))
+    names = [task.name for task in parsed]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ConfigError(f"{path}: task names must be different, {repeated} repeat")
+    baseline = raw.get("baseline")
+    if baseline is not None and not isinstance(baseline, str):
+        raise ConfigError(f"{path}: baseline must be an encoder name, got {baseline!r}")
+    return Suite(path, describe(path), tuple(seeds), baseline, parsed)
+
+
+def _task(path: Path, index: int, entry: Any) -> Task:
+    import importlib
+
+    from spanlm.config import from_dict
+    from spanlm.recipes import find_recipe, shipped_root, with_embedded_data_paths
+
+    where = f"{path}: tasks[{index}]"
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where}: a task is a mapping with {sorted(TASK_KEYS)}")
+    unknown = sorted(set(entry) - TASK_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; a task has {sorted(TASK_KEYS)}")
+    missing = sorted({"name", "kind", "recipe", "metric"} - set(entry))
+    if missing:
+        raise ConfigError(f"{where}: missing {missing}")
+    name, kind = str(entry["name"]), entry["kind"]
+    where = f"{path}: task {name}"
+    if not name.replace("-", "").replace("_", "").isalnum():
+        raise ConfigError(f"{where}: a task name is letters, digits, '-' and '_' (it names folders)")
+    if kind not in TASK_KINDS:
+        raise ConfigError(f"{where}: unknown kind {kind!r}; one of {sorted(TASK_KINDS)}")
+    module, class_name, metrics = TASK_KINDS[kind]
+    if entry["metric"] not in metrics:
+        raise ConfigError(f"{where}: a {kind} task's metric is one of {sorted(metrics)}, got {entry['metric']!r}")
+    arms = entry.get("arms", ["fine-tuned"])
+    if not (isinstance(arms, list) and arms and set(arms) <= set(ARMS) and len(set(arms)) == len(arms)):
+        raise ConfigError(f"{where}: arms must list one or both of {list(ARMS)}, got {arms!r}")
+    settings = entry.get("settings") or {}
+    if not isinstance(settings, dict):
+        raise ConfigError(f"{where}: settings must map dotted keys to values, got {settings!r}")
+
+    source = str(entry["recipe"])
+    recipe_path = Path(source)
+    if recipe_path.is_file():
+        text = recipe_path.read_text(encoding="utf-8")
+    elif recipe_path.suffix in (".yaml", ".yml"):
+        raise InputError(f"{where}: recipe {source}: no such file")
+    else:
+        text = with_embedded_data_paths(find_recipe(source).path.read_text(encoding="utf-8"), shipped_root())
+    data = yaml.safe_load(text) or {}
+    for key, value in settings.items():
+        *sections, last = str(key).split(".")
+        node = data
+        for section in sections:
+            node = node.setdefault(section, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{where}: setting {key}: '{section}' is not a section")
+        node[last] = value
+    cls = getattr(importlib.import_module(module), class_name)
+    try:
+        recipe = from_dict(cls, data)
+    except (ConfigError, ValueError, TypeError) as error:
+        raise ConfigError(f"{where}: {error}") from None
+    for split in ("train", "dev"):
+        data = getattr(recipe.data, split)
+        if not data:
+            raise ConfigError(f"{where}: data.{split} is required: every cell is scored on its dev set")
+        if not data.startswith("hf:") and not Path(data).exists():
+            raise InputError(f"{where}: data.{split} {data}: no such file or directory")
+    return Task(name, kind, entry["metric"], tuple(arms), recipe, source)

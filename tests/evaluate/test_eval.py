@@ -1,0 +1,201 @@
+"""`spanlm eval`: a suite's cells run through `spanlm ner train`, kept when finished, judged with paired intervals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import scipy.stats
+import yaml
+
+from helpers import REPO
+from spanlm.cli import main
+from spanlm.evaluate.stats import paired_difference, t_interval
+from spanlm.evaluate.suite import load_suite
+
+FIXTURES = REPO / "tests" / "fixtures" / "ner"
+
+
+def test_the_interval_is_scipys_paired_t_interval():
+    pretrained = {0: 17.9, 1: 17.1, 2: 18.4, 3: 16.2}
+    random = {0: 16.5, 1: 17.3, 2: 16.0, 3: 15.1}
+    difference = paired_difference(pretrained, random)
+    oracle = scipy.stats.ttest_rel(list(pretrained.values()), list(random.values())).confidence_interval(0.95)
+    assert difference.low == pytest.approx(oracle.low) and difference.high == pytest.approx(oracle.high)
+    assert difference.mean == pytest.approx(sum(pretrained[s] - random[s] for s in random) / 4)
+    assert difference.positive == 3 and difference.n == 4
+    assert difference.excludes_zero == (oracle.low > 0 or oracle.high < 0)
+    assert t_interval([1.0, 2.0, 4.0], 0.9) == pytest.approx(
+        tuple(scipy.stats.ttest_1samp([1.0, 2.0, 4.0], 0).confidence_interval(0.9))
+    )
+
+
+def test_a_difference_pairs_seeds_and_one_seed_has_no_interval():
+    assert paired_difference({0: 3.0, 5: 9.0}, {5: 1.0, 7: 0.0}).mean == 8.0  # seed 5 alone is shared
+    single = paired_difference({0: 3.0}, {0: 1.0})
+    assert single.low is None and single.high is None and not single.excludes_zero
+    assert paired_difference({0: 3.0}, {1: 1.0}) is None
+    clear = paired_difference({0: 10.0, 1: 11.0, 2: 10.5}, {0: 1.0, 1: 1.2, 2: 0.9})
+    assert clear.excludes_zero and clear.low > 0
+
+
+def quick_suite(tmp_path: Path, **changes) -> Path:
+    suite = {
+        "seeds": [0, 1],
+        "tasks": [
+            {
+                "name": "wnut-mini",
+                "kind": "ner",
+                "recipe": str(REPO / "configs/ner/wnut17.yaml"),
+                "metric": "f1",
+                "arms": ["fine-tuned"],
+                "settings": {
+                    "data.train": str(FIXTURES / "wnut_train_mini.conll"),
+                    "data.dev": str(FIXTURES / "wnut_dev_mini.conll"),
+                    "data.max_len": 32,
+                    "data.stride": 8,
+                    "train.max_steps": 2,
+                    "train.batch_size": 4,
+                    "train.eval_every": 2,
+                    "train.save_every": 2,
+                    "train.log_every": 1,
+                    "train.num_workers": 0,
+                    "train.device": "cpu",
+                },
+            }
+        ],
+    }
+    suite["tasks"][0]["settings"].update(changes)
+    path = tmp_path / "suite.yaml"
+    path.write_text("# A quick suite: two NER steps\n" + yaml.safe_dump(suite), encoding="utf-8")
+    return path
+
+
+def run_eval(arguments: list[str], capsys) -> tuple[int, dict | None, str]:
+    code = main(["eval", *arguments])
+    captured = capsys.readouterr()
+    out = json.loads(captured.out) if captured.out.strip() else None
+    return code, out, captured.err
+
+
+@pytest.fixture(scope="module")
+def evaluated(tiny_encoder_dir, tmp_path_factory):
+    """One quick suite run: a tiny encoder against its random init, two seeds, two cells at a time."""
+    tmp_path = tmp_path_factory.mktemp("eval")
+    suite = quick_suite(tmp_path)
+    out = tmp_path / "out"
+    arguments = [
+        str(suite), "--encoders", f"tiny={tiny_encoder_dir}", f"random=random:{tiny_encoder_dir}",
+        "--out", str(out), "--jobs", "2",
+    ]  # fmt: skip
+    assert main(["eval", *arguments]) == 0
+    return suite, out, arguments
+
+
+def test_every_cell_runs_and_the_verdict_pairs_each_encoder_with_the_baseline(evaluated, tiny_encoder_dir):
+    suite, out, _ = evaluated
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert results["baseline"] == "random"  # the random: encoder, unless named
+    cells = {(c["task"], c["encoder"], c["arm"], c["seed"]) for c in results["cells"] if "score" in c}
+    assert cells == {("wnut-mini", e, "fine-tuned", s) for e in ("tiny", "random") for s in (0, 1)}
+    for cell in results["cells"]:
+        run = Path(cell["directory"]) / "run"
+        assert cell["score"] == json.loads((run / "eval.json").read_text(encoding="utf-8"))["micro"]["f1"]
+        recipe = yaml.safe_load((Path(cell["directory"]) / "recipe.yaml").read_text(encoding="utf-8"))
+        assert recipe["seed"] == cell["seed"] and recipe["model"]["path"] == str(tiny_encoder_dir)
+        assert recipe["model"]["init"] == ("random" if cell["encoder"] == "random" else "pretrained")
+        assert (run / "model").is_dir()  # the same model directory `spanlm ner train` exports
+    (arm,) = results["tasks"][0]["arms"]
+    rows = {row["encoder"]: row for row in arm["encoders"]}
+    scores = {name: {int(s): v for s, v in rows[name]["seeds"].items()} for name in rows}
+    assert rows["tiny"]["difference"]["mean"] == pytest.approx(
+        sum(scores["tiny"][s] - scores["random"][s] for s in (0, 1)) / 2
+    )
+    assert "difference" not in rows["random"]
+    assert set(results["overall"]["fine-tuned"]) == {"tiny", "random"}
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "wnut-mini (ner, f1), fine-tuned" in report and "| tiny |" in report
+    assert "<table>" in (out / "report.html").read_text(encoding="utf-8")
+
+
+def test_a_rerun_keeps_finished_cells_and_runs_only_what_changed(evaluated, capsys):
+    suite, out, arguments = evaluated
+    code, _, err = run_eval(arguments, capsys)
+    assert code == 0 and "4 of 4 cells already finished" in err and "running" not in err
+    # A cell stopped before its end (no final scores) runs again alone, continuing its run.
+    stopped = out / "cells/wnut-mini/tiny/fine-tuned/seed-1/run/eval.json"
+    stopped.unlink()
+    code, _, err = run_eval(arguments, capsys)
+    assert code == 0 and "3 of 4 cells already finished" in err and "[1/1] wnut-mini/tiny/fine-tuned/seed-1" in err
+    assert stopped.is_file()
+    # A new seed adds only its cells.
+    code, _, err = run_eval([*arguments, "--seeds", "0", "1", "2"], capsys)
+    assert code == 0 and "4 of 6 cells already finished" in err and "running 2 cells" in err
+
+
+def test_a_changed_setting_reruns_its_cells(evaluated, tmp_path, capsys):
+    suite, out, arguments = evaluated
+    changed = quick_suite(tmp_path, **{"train.lr": 1.23e-3})
+    code, _, err = run_eval([str(changed), *arguments[1:], "--seeds", "0"], capsys)
+    assert code == 0 and "running 2 cells" in err and "already finished" not in err
+
+
+def test_a_failing_cell_is_reported_and_the_others_go_on(tiny_encoder_dir, tmp_path, capsys):
+    suite = quick_suite(tmp_path)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}", encoding="utf-8")  # passes the check; training fails on it
+    code, out, err = run_eval(
+        [str(suite), "--encoders", f"tiny={tiny_encoder_dir}", f"broken={broken}", "--seeds", "0",
+         "--out", str(tmp_path / "out"), "--jobs", "1"],
+        capsys,
+    )  # fmt: skip
+    assert code == 1 and out["failed"] == 1
+    results = json.loads((tmp_path / "out/results.json").read_text(encoding="utf-8"))
+    statuses = {cell["encoder"]: cell.get("status", "scored") for cell in results["cells"]}
+    assert statuses == {"tiny": "scored", "broken": "failed"}
+    assert "FAILED" in err
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("unknown-kind", "unknown kind 'summarisation'"),
+        ("missing-encoder", "no such directory"),
+        ("same-name", "each encoder needs its own name"),
+        ("missing-data", "data.dev"),
+        ("unknown-setting", "unknown config key 'train.max_stepz'"),
+        ("unknown-baseline", "baseline 'nobody' is not among the encoders"),
+    ],
+)
+def test_bad_input_stops_before_any_cell_runs(case, expected, tiny_encoder_dir, tmp_path, capsys):
+    suite = quick_suite(tmp_path)
+    raw = yaml.safe_load(suite.read_text(encoding="utf-8"))
+    encoders = [f"tiny={tiny_encoder_dir}", f"random=random:{tiny_encoder_dir}"]
+    extra = []
+    if case == "unknown-kind":
+        raw["tasks"][0]["kind"] = "summarisation"
+    elif case == "missing-encoder":
+        encoders[1] = f"random=random:{tmp_path / 'nowhere'}"
+    elif case == "same-name":
+        encoders[1] = f"tiny=random:{tiny_encoder_dir}"
+    elif case == "missing-data":
+        raw["tasks"][0]["settings"]["data.dev"] = str(tmp_path / "dev.conll")
+    elif case == "unknown-setting":
+        raw["tasks"][0]["settings"]["train.max_stepz"] = 3
+    elif case == "unknown-baseline":
+        extra = ["--baseline", "nobody"]
+    suite.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    code, out, err = run_eval([str(suite), "--encoders", *encoders, "--out", str(tmp_path / "out"), *extra], capsys)
+    assert code == 2 and out is None
+    assert len(err.strip().splitlines()) == 1 and expected in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_shipped_demo_suite_is_the_demos_comparison():
+    suite = load_suite("demo")
+    (task,) = suite.tasks
+    assert task.kind == "ner" and task.arms == ("fine-tuned", "frozen") and task.metric == "f1"
+    assert task.recipe.data.train_docs == 500 and task.recipe.train.max_steps == 300
+    assert Path(task.recipe.data.train).is_file() and Path(task.recipe.data.train).is_absolute()
