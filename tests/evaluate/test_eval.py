@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import scipy.stats
 import yaml
 
 from helpers import REPO
 from spanlm.cli import main
-from spanlm.evaluate.stats import paired_difference, t_interval
-from spanlm.evaluate.suite import load_suite
+from spanlm.evaluate.stats import paired_bootstrap, paired_difference, t_interval
+from spanlm.evaluate.suite import TASK_KINDS, load_suite
 
 FIXTURES = REPO / "tests" / "fixtures" / "ner"
 
@@ -38,6 +39,34 @@ def test_a_difference_pairs_seeds_and_one_seed_has_no_interval():
     assert paired_difference({0: 3.0}, {1: 1.0}) is None
     clear = paired_difference({0: 10.0, 1: 11.0, 2: 10.5}, {0: 1.0, 1: 1.2, 2: 0.9})
     assert clear.excludes_zero and clear.low > 0
+
+
+def test_the_paired_bootstrap_is_scipys_on_a_mean():
+    generator = np.random.default_rng(1)
+    encoder = generator.normal(60, 20, 400)
+    baseline = encoder - generator.normal(2, 5, 400)  # paired: the same questions, mostly better
+    low, high = paired_bootstrap(
+        lambda sums, n: sums["f1"] / n, {"f1": encoder}, {"f1": baseline}, 20000, generator=generator
+    )
+    oracle = scipy.stats.bootstrap(
+        (encoder, baseline),
+        lambda a, b, axis: a.mean(axis) - b.mean(axis),
+        paired=True,
+        method="percentile",
+        n_resamples=20000,
+        rng=generator,
+    ).confidence_interval
+    assert low == pytest.approx(oracle.low, abs=0.05) and high == pytest.approx(oracle.high, abs=0.05)
+    assert 0 < low < 2 < high
+
+
+def test_ner_scores_follow_from_the_per_document_counts():
+    counts = {"tp": np.array([1, 0, 2]), "n_pred": np.array([2, 1, 2]), "n_gold": np.array([1, 1, 4])}
+    sums = {name: values.sum() for name, values in counts.items()}
+    metrics = TASK_KINDS["ner"][2]
+    assert metrics["f1"][1](sums, 3) == pytest.approx(2 * 3 / (5 + 6) * 100)
+    assert metrics["precision"][1](sums, 3) == pytest.approx(60.0) and metrics["recall"][1](sums, 3) == 50.0
+    assert metrics["precision"][1]({"tp": np.array(0), "n_pred": np.array(0)}, 3) == 0.0  # no prediction
 
 
 def quick_suite(tmp_path: Path, **changes) -> Path:
@@ -106,9 +135,13 @@ def test_every_cell_runs_and_the_verdict_pairs_each_encoder_with_the_baseline(ev
         assert recipe["seed"] == cell["seed"] and recipe["model"]["path"] == str(tiny_encoder_dir)
         assert recipe["model"]["init"] == ("random" if cell["encoder"] == "random" else "pretrained")
         assert (run / "model").is_dir()  # the same model directory `spanlm ner train` exports
+        per_document = json.loads((run / "per_example.json").read_text(encoding="utf-8"))
+        sums = {name: np.asarray(values).sum() for name, values in per_document.items()}
+        assert TASK_KINDS["ner"][2]["f1"][1](sums, len(per_document["tp"])) == pytest.approx(cell["score"])
     (arm,) = results["tasks"][0]["arms"]
     rows = {row["encoder"]: row for row in arm["encoders"]}
     scores = {name: {int(s): v for s, v in rows[name]["seeds"].items()} for name in rows}
+    assert rows["tiny"]["difference"]["interval"] == "t over 2 seeds"
     assert rows["tiny"]["difference"]["mean"] == pytest.approx(
         sum(scores["tiny"][s] - scores["random"][s] for s in (0, 1)) / 2
     )
@@ -139,6 +172,10 @@ def test_a_changed_setting_reruns_its_cells(evaluated, tmp_path, capsys):
     changed = quick_suite(tmp_path, **{"train.lr": 1.23e-3})
     code, _, err = run_eval([str(changed), *arguments[1:], "--seeds", "0"], capsys)
     assert code == 0 and "running 2 cells" in err and "already finished" not in err
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    tiny = next(row for row in results["tasks"][0]["arms"][0]["encoders"] if row["encoder"] == "tiny")
+    assert tiny["difference"]["interval"] == "paired bootstrap over the dev examples"
+    assert tiny["difference"]["low"] <= tiny["difference"]["mean"] <= tiny["difference"]["high"]
 
 
 def test_a_failing_cell_is_reported_and_the_others_go_on(tiny_encoder_dir, tmp_path, capsys):

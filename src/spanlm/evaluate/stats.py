@@ -3,8 +3,9 @@
 Two encoders fine-tuned with the same seed see the same data order and the same head initialisation, so their
 scores are paired: the difference per seed removes what the seed alone decides (which examples came first,
 where the head started), and the t-interval over those differences (Student's t with n − 1 degrees of
-freedom) is the interval of a paired t-test. With a single seed there is nothing to estimate a spread from,
-and no interval is given.
+freedom) is the interval of a paired t-test. With a single seed there is no spread over seeds to estimate;
+the interval then comes from a paired bootstrap over the dev examples (:func:`paired_bootstrap`), which
+measures how much the verdict depends on the dev set drawn, not on the seed.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+
+import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,3 +80,33 @@ def paired_difference(scores: dict[int, float], baseline: dict[int, float], conf
         None if interval is None else interval[1],
         sum(difference > 0 for difference in differences),
     )
+
+
+def paired_bootstrap(
+    score,
+    columns: dict[str, np.ndarray],
+    baseline_columns: dict[str, np.ndarray],
+    resamples: int = 1000,
+    confidence: float = 0.95,
+    generator: np.random.Generator | None = None,
+) -> tuple[float, float]:
+    """The percentile interval of ``score(encoder) − score(baseline)`` over dev sets resampled with replacement,
+    the same resample for both (the paired bootstrap of Koehn 2004 and Berg-Kirkpatrick et al. 2012).
+
+    ``columns``: per dev example, the counts or scores the metric is computed from (NER: tp, n_pred, n_gold
+    per document; QA: em, f1 per question); ``score(sums, n)`` turns their sums over a resample of ``n``
+    examples (arrays of shape (resamples,)) into the metric.
+    """
+    generator = generator if generator is not None else np.random.default_rng(0)
+    n = len(next(iter(columns.values())))
+    if any(len(values) != n for values in (*columns.values(), *baseline_columns.values())):
+        raise ValueError("the encoder and the baseline were scored on different dev sets")
+    rows = generator.integers(0, n, size=(resamples, n))  # (resamples, n): one resampled dev set per row
+
+    def resampled(table: dict[str, np.ndarray]) -> np.ndarray:
+        return score({name: np.asarray(values)[rows].sum(axis=1) for name, values in table.items()}, n)
+
+    differences = resampled(columns) - resampled(baseline_columns)
+    tail = 100 * (1 - confidence) / 2
+    low, high = np.percentile(differences, [tail, 100 - tail])
+    return float(low), float(high)

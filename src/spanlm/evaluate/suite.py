@@ -26,24 +26,37 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from spanlm.errors import ConfigError, InputError
 
 ARMS = ("fine-tuned", "frozen")
-# kind → (its typed recipe's module and class, the scores its eval.json holds: metric → path into the file).
+
+
+def _ratio(numerator, denominator):
+    """100 · numerator / denominator, 0 where the denominator is 0 (as the NER scores define it)."""
+    return np.divide(100.0 * numerator, denominator, out=np.zeros(np.shape(numerator)), where=denominator > 0)
+
+
+# kind → its typed recipe (module, class) and its metrics: the path of each in eval.json, and how it follows
+# from the sums of the run's per-example columns over n dev examples (per_example.json; None: no formula).
 TASK_KINDS = {
     "ner": (
         "spanlm.ner.config",
         "NerRecipe",
         {
-            "precision": ("micro", "precision"),
-            "recall": ("micro", "recall"),
-            "f1": ("micro", "f1"),
-            "cluener_macro_f1": ("cluener_macro_f1", "f1"),
+            "precision": (("micro", "precision"), lambda c, n: _ratio(c["tp"], c["n_pred"])),
+            "recall": (("micro", "recall"), lambda c, n: _ratio(c["tp"], c["n_gold"])),
+            "f1": (("micro", "f1"), lambda c, n: _ratio(2 * c["tp"], c["n_pred"] + c["n_gold"])),
+            "cluener_macro_f1": (("cluener_macro_f1", "f1"), None),
         },
     ),
-    "qa": ("spanlm.qa.config", "QARecipe", {"em": ("em",), "f1": ("f1",)}),
+    "qa": (
+        "spanlm.qa.config",
+        "QARecipe",
+        {"em": (("em",), lambda c, n: c["em"] / n), "f1": (("f1",), lambda c, n: c["f1"] / n)},
+    ),
 }
 SUITE_KEYS = {"seeds", "baseline", "tasks"}
 TASK_KEYS = {"name", "kind", "recipe", "metric", "arms", "settings"}
@@ -61,9 +74,14 @@ class Task:
     def score(self, eval_json: dict) -> float:
         """The task's metric in a run's final dev scores."""
         value = eval_json
-        for key in TASK_KINDS[self.kind][2][self.metric]:
+        for key in TASK_KINDS[self.kind][2][self.metric][0]:
             value = value[key]
         return float(value)
+
+    @property
+    def per_example_score(self):
+        """``score(sums, n)`` of the metric from per-example columns, for the bootstrap (None: not available)."""
+        return TASK_KINDS[self.kind][2][self.metric][1]
 
 
 @dataclasses.dataclass(frozen=True)

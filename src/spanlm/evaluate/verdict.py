@@ -12,16 +12,18 @@ import statistics
 from pathlib import Path
 
 from spanlm.evaluate.cells import Encoder, Outcome
-from spanlm.evaluate.stats import Spread, paired_difference
+from spanlm.evaluate.stats import Spread, paired_bootstrap, paired_difference
 from spanlm.evaluate.suite import Suite
 
 
 def verdict(suite: Suite, encoders: list[Encoder], baseline: str, seeds: tuple[int, ...], outcomes: list[Outcome]):
     """results.json's content: the cells, then per task and arm the spread and paired differences."""
     scores: dict = {}  # task → arm → encoder → seed → score
+    runs = {}  # (task, arm, encoder, seed) → the cell's run directory
     cells = []
     for outcome in sorted(outcomes, key=lambda o: o.cell.key):
         cell = outcome.cell
+        runs[cell.task.name, cell.arm, cell.encoder.name, cell.seed] = cell.directory / "run"
         record = {"task": cell.task.name, "encoder": cell.encoder.name, "arm": cell.arm, "seed": cell.seed}
         if outcome.scores is not None:
             score = cell.task.score(outcome.scores)
@@ -49,9 +51,7 @@ def verdict(suite: Suite, encoders: list[Encoder], baseline: str, seeds: tuple[i
                 if per_seed:
                     row["spread"] = dataclasses.asdict(Spread.of(list(per_seed.values())))
                 if encoder.name != baseline and per_seed:
-                    difference = paired_difference(per_seed, by_encoder.get(baseline, {}))
-                    if difference is not None:
-                        row["difference"] = dataclasses.asdict(difference) | {"excludes_zero": difference.excludes_zero}
+                    row["difference"] = _difference(task, arm, encoder.name, baseline, per_seed, by_encoder, runs)
                 rows.append(row)
             arms.append({"arm": arm, "encoders": rows})
         tasks.append({"task": task.name, "kind": task.kind, "metric": task.metric, "arms": arms})
@@ -81,6 +81,39 @@ def verdict(suite: Suite, encoders: list[Encoder], baseline: str, seeds: tuple[i
     }
 
 
+def _difference(task, arm: str, encoder: str, baseline: str, per_seed: dict, by_encoder: dict, runs: dict):
+    """The paired difference from the baseline, with its interval: over seeds, or for one seed a bootstrap over
+    the dev examples."""
+    baseline_scores = by_encoder.get(baseline, {})
+    difference = paired_difference(per_seed, baseline_scores)
+    if difference is None:
+        return None
+    interval = f"t over {difference.n} seeds" if difference.n > 1 else None
+    if difference.n == 1 and task.per_example_score is not None:
+        (seed,) = set(per_seed) & set(baseline_scores)
+        bounds = _bootstrap(task, runs[task.name, arm, encoder, seed], runs[task.name, arm, baseline, seed])
+        if bounds is not None:
+            difference = dataclasses.replace(difference, low=bounds[0], high=bounds[1])
+            interval = "paired bootstrap over the dev examples"
+    return dataclasses.asdict(difference) | {"excludes_zero": difference.excludes_zero, "interval": interval}
+
+
+def _bootstrap(task, run: Path, baseline_run: Path) -> tuple[float, float] | None:
+    """The paired bootstrap's 95% interval of one seed's difference, from both runs' per-example scores."""
+    import numpy as np
+
+    from spanlm.finetune.model import PER_EXAMPLE_FILE
+
+    try:
+        columns, baseline_columns = (
+            {name: np.asarray(values) for name, values in json.loads((r / PER_EXAMPLE_FILE).read_text()).items()}
+            for r in (run, baseline_run)
+        )
+    except (OSError, ValueError):
+        return None  # a run from before spanlm wrote per-example scores: no interval
+    return paired_bootstrap(task.per_example_score, columns, baseline_columns)
+
+
 def _number(value: float | None, digits: int = 2) -> str:
     return "–" if value is None else f"{value:+.{digits}f}"
 
@@ -92,7 +125,8 @@ def markdown(results: dict) -> str:
     lines = [f"# {results['description'] or results['suite']}", ""]
     lines.append(
         f"Seeds {results['seeds']}; differences are encoder − {baseline} over the same seeds, with the 95% "
-        "t-interval of the paired differences (✓: it excludes 0; one seed gives no interval)."
+        "t-interval of the paired differences (with one seed: the paired bootstrap over the dev examples); "
+        "✓: the interval excludes 0."
     )
     for task in results["tasks"]:
         for arm in task["arms"]:

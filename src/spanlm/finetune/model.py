@@ -20,6 +20,9 @@ from spanlm.train.checkpoint import latest_checkpoint, load_objective_weights
 from spanlm.train.objective import Objective
 
 TOKENIZER_FINGERPRINT_FILE = "tokenizer_fingerprint.txt"  # in a task model directory, beside the tokenizer files
+# In a fine-tuning run directory beside eval.json: the final dev evaluation per example (NER: per document, the
+# counts its micro scores sum; QA: per question, EM and F1), which a bootstrap over the dev set resamples.
+PER_EXAMPLE_FILE = "per_example.json"
 
 
 class EncoderTask(Objective):

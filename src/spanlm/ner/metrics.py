@@ -29,6 +29,21 @@ def span_prf(gold: Iterable[tuple], pred: Iterable[tuple]) -> dict:
     return _scores(set(gold), set(pred))
 
 
+def per_document_counts(gold: Iterable[tuple], pred: Iterable[tuple], documents: int) -> dict[str, list[int]]:
+    """Per document ``0 … documents − 1`` (the tuples' first field): exact matches, predicted and gold spans.
+
+    The micro scores are ratios of these counts' sums, so a bootstrap over documents resamples them
+    (F1 = 2·tp / (n_pred + n_gold)).
+    """
+    gold, pred = set(gold), set(pred)
+
+    def per_document(group: set) -> list[int]:
+        counts = Counter(t[0] for t in group)
+        return [counts[index] for index in range(documents)]
+
+    return {"tp": per_document(gold & pred), "n_pred": per_document(pred), "n_gold": per_document(gold)}
+
+
 def cluener_macro_f1(gold: Iterable[tuple], pred: Iterable[tuple], labels: Iterable[str] | None = None) -> dict:
     """CLUENER's official score over tuples ``(doc_id, label, entity_text)``.
 

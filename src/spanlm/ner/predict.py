@@ -181,14 +181,16 @@ def predict_documents(
     return spans_to_documents(flat_select(spans) if flat else spans, documents, labels)
 
 
+def entity_tuples(documents: list[NerDocument]) -> list[tuple]:
+    """(document index, label, start, end) of every entity: what the scores compare."""
+    return [(i, e.label, e.start, e.end) for i, d in enumerate(documents) for e in d.entities]
+
+
 def score_documents(gold: list[NerDocument], predicted: list[NerDocument], labels: list[str], cluener: bool) -> dict:
     """Micro / per-type P, R, F1 over (document, label, start, end); with ``cluener`` also CLUENER's
     official macro F1 over (document, label, entity text), averaged over every label of the model."""
 
-    def tuples(documents):
-        return [(i, e.label, e.start, e.end) for i, d in enumerate(documents) for e in d.entities]
-
-    scores = span_prf(tuples(gold), tuples(predicted))
+    scores = span_prf(entity_tuples(gold), entity_tuples(predicted))
     if cluener:
 
         def texts(documents):

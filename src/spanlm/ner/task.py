@@ -23,18 +23,20 @@ import torch.distributed as dist
 
 from spanlm.config import save_config
 from spanlm.errors import ConfigError, InputError
+from spanlm.files import write_text_atomically
 from spanlm.finetune.batches import held_out_batches
-from spanlm.finetune.model import export_task_model
+from spanlm.finetune.model import PER_EXAMPLE_FILE, export_task_model
 from spanlm.models.encoder import load_encoder
 from spanlm.models.packed import resolve_packing
 from spanlm.ner.config import NerRecipe
 from spanlm.ner.data import NerDocument, input_format, label_set, read_documents
-from spanlm.ner.metrics import format_table
+from spanlm.ner.metrics import format_table, per_document_counts
 from spanlm.ner.model import LABELS_FILE, RECIPE_FILE, NerObjective
 from spanlm.ner.predict import (
     NerModel,
     Spans,
     by_length,
+    entity_tuples,
     flat_select,
     merge,
     score_documents,
@@ -174,10 +176,13 @@ def train_ner(
         return run_dir, None
     model = NerModel(model_dir, device=recipe.train.device)
     dev = read_split(recipe.data.dev, recipe, "dev", recipe.data.labels, lambda *_: None)
-    scores, _ = evaluate_model(
+    scores, predicted = evaluate_model(
         model, dev, input_format(recipe.data.dev, recipe.data) == "cluener", recipe.train.batch_size
     )
+    counts = per_document_counts(entity_tuples(dev), entity_tuples([d for d, _ in predicted]), len(dev))
+    write_text_atomically(run_dir / PER_EXAMPLE_FILE, json.dumps(counts) + "\n")
     result = {"data": recipe.data.dev, **scores}
+    # eval.json last: its presence marks a finished run (spanlm eval keeps such a run)
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     log(format_table(scores))
     return run_dir, result

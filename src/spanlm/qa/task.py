@@ -17,14 +17,16 @@ import torch
 
 from spanlm.config import save_config
 from spanlm.errors import ConfigError, InputError
+from spanlm.files import write_text_atomically
 from spanlm.finetune.batches import held_out_batches
-from spanlm.finetune.model import export_task_model
+from spanlm.finetune.model import PER_EXAMPLE_FILE, export_task_model
 from spanlm.models.encoder import load_encoder
 from spanlm.models.packed import resolve_packing
 from spanlm.qa.config import QARecipe
 from spanlm.qa.data import QAExample, read_squad
+from spanlm.qa.metrics import question_scores
 from spanlm.qa.model import RECIPE_FILE, SETTINGS_FILE, QAObjective
-from spanlm.qa.predict import QAModel, evaluate_predictions, predict
+from spanlm.qa.predict import QAModel, evaluate_predictions, final_answer, predict
 from spanlm.qa.windows import encoder_featurizer, make_windows
 from spanlm.train.data import build_window_loader
 from spanlm.train.dist import is_main_process
@@ -121,7 +123,14 @@ def train_qa(
         model.threshold = metrics["best_f1_threshold"]
         write_threshold(model_dir, model.threshold)
         metrics = evaluate_predictions(predictions, dev, recipe, model.threshold)
+    answers = {p.id: final_answer(p, recipe.qa.no_answer, model.threshold) for p in predictions}
+    per_question = [question_scores(answers.get(e.id, ""), e.gold, recipe.qa.metric) for e in dev]
+    write_text_atomically(
+        run_dir / PER_EXAMPLE_FILE,
+        json.dumps({"em": [100 * em for em, _ in per_question], "f1": [100 * f1 for _, f1 in per_question]}) + "\n",
+    )
     result = {"data": recipe.data.dev, "metric": recipe.qa.metric, **metrics}
+    # eval.json last: its presence marks a finished run (spanlm eval keeps such a run)
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     log(f"dev {recipe.qa.metric}: EM {metrics['em']:.2f} F1 {metrics['f1']:.2f}")
     return run_dir, result
