@@ -230,6 +230,14 @@ def test_bad_input_stops_before_any_cell_runs(case, expected, tiny_encoder_dir, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("name", sorted(path.stem for path in (REPO / "configs/eval").glob("*.yaml")))
+def test_every_shipped_suite_reads_with_its_data_present(name, capsys):
+    suite = load_suite(name)
+    assert suite.description and suite.tasks
+    assert main(["recipes", "list"]) == 0
+    assert f"eval/{name} " in capsys.readouterr().out
+
+
 def test_the_shipped_demo_suite_is_the_demos_comparison():
     suite = load_suite("demo")
     (task,) = suite.tasks
