@@ -152,7 +152,7 @@ def test_every_cell_runs_and_the_verdict_pairs_each_encoder_with_the_baseline(ev
     assert "<table>" in (out / "report.html").read_text(encoding="utf-8")
 
 
-def test_a_rerun_keeps_finished_cells_and_runs_only_what_changed(evaluated, capsys):
+def test_a_rerun_keeps_finished_cells_and_runs_only_what_changed(evaluated, tmp_path, capsys):
     suite, out, arguments = evaluated
     code, _, err = run_eval(arguments, capsys)
     assert code == 0 and "4 of 4 cells already finished" in err and "running" not in err
@@ -162,37 +162,25 @@ def test_a_rerun_keeps_finished_cells_and_runs_only_what_changed(evaluated, caps
     code, _, err = run_eval(arguments, capsys)
     assert code == 0 and "3 of 4 cells already finished" in err and "[1/1] wnut-mini/tiny/fine-tuned/seed-1" in err
     assert stopped.is_file()
-    # A new seed adds only its cells.
-    code, _, err = run_eval([*arguments, "--seeds", "0", "1", "2"], capsys)
-    assert code == 0 and "4 of 6 cells already finished" in err and "running 2 cells" in err
-
-
-def test_a_changed_setting_reruns_its_cells(evaluated, tmp_path, capsys):
-    suite, out, arguments = evaluated
-    changed = quick_suite(tmp_path, **{"train.lr": 1.23e-3})
-    code, _, err = run_eval([str(changed), *arguments[1:], "--seeds", "0"], capsys)
+    # A changed setting reruns the cells it changes (here: every cell of seed 0, the seeds asked for).
+    changed = [str(quick_suite(tmp_path, **{"train.lr": 1.23e-3})), *arguments[1:], "--seeds", "0"]
+    code, _, err = run_eval(changed, capsys)
     assert code == 0 and "running 2 cells" in err and "already finished" not in err
     results = json.loads((out / "results.json").read_text(encoding="utf-8"))
     tiny = next(row for row in results["tasks"][0]["arms"][0]["encoders"] if row["encoder"] == "tiny")
-    assert tiny["difference"]["interval"] == "paired bootstrap over the dev examples"
+    assert tiny["difference"]["interval"] == "paired bootstrap over the dev examples"  # one seed
     assert tiny["difference"]["low"] <= tiny["difference"]["mean"] <= tiny["difference"]["high"]
-
-
-def test_a_failing_cell_is_reported_and_the_others_go_on(tiny_encoder_dir, tmp_path, capsys):
-    suite = quick_suite(tmp_path)
+    # A failing cell is reported, and the others go on (here: kept).
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text("{}", encoding="utf-8")  # passes the check; training fails on it
-    code, out, err = run_eval(
-        [str(suite), "--encoders", f"tiny={tiny_encoder_dir}", f"broken={broken}", "--seeds", "0",
-         "--out", str(tmp_path / "out"), "--jobs", "1"],
-        capsys,
-    )  # fmt: skip
-    assert code == 1 and out["failed"] == 1
-    results = json.loads((tmp_path / "out/results.json").read_text(encoding="utf-8"))
+    code, printed, err = run_eval([*changed, "--encoders", *arguments[2:4], f"broken={broken}"], capsys)
+    assert code == 1 and printed["failed"] == 1 and "2 of 3 cells already finished" in err and "FAILED" in err
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
     statuses = {cell["encoder"]: cell.get("status", "scored") for cell in results["cells"]}
-    assert statuses == {"tiny": "scored", "broken": "failed"}
-    assert "FAILED" in err
+    assert statuses == {"tiny": "scored", "random": "scored", "broken": "failed"}
+    failed = next(cell for cell in results["cells"] if cell["encoder"] == "broken")
+    assert (Path(failed["directory"]) / "log.txt").is_file() and failed["error"].startswith("exit ")
 
 
 @pytest.mark.parametrize(
