@@ -13,7 +13,10 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 # Only these files, so that nothing else lying in a working copy's configs/ or data/ is shipped.
-SHIPPED = {"configs": ["*/*.yaml"], "data": ["README.md", "corpus/*.txt", "ner/*/*.conll", "ner/*/*.txt.gz"]}
+SHIPPED = {
+    "configs": ["*/*.yaml"],
+    "data": ["README.md", "corpus/*.txt", "ner/*/*.conll", "ner/*/*.txt.gz", "qa/*/*.json"],
+}
 
 
 class BuildPyWithShippedFiles(build_py):
