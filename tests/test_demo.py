@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from spanlm.cli import main
-from spanlm.demo import EXAMPLES, FILL_MASK, QUICK, DemoPlan, run_demo
+from spanlm.demo import EXAMPLES, FILL_MASK, QUICK, DemoPlan, ner_run_dir, run_demo
 from spanlm.train.metrics import read_metrics
 
 
@@ -46,7 +46,7 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
         assert scores["seen"]["n_gold"] + scores["unseen"]["n_gold"] == micro["n_gold"] and scores["seen"]["n_gold"] > 0
         assert summary[f"ner_f1_{init.replace('-', '_')}"] == micro["f1"]
         # Both runs start with a step-0 evaluation of the same head on their own encoder.
-        assert [r["step"] for r in read_metrics(out / f"ner-{init}") if r["kind"] == "eval"] == [0, 6, 12]
+        assert [r["step"] for r in read_metrics(ner_run_dir(out, init, 0)) if r["kind"] == "eval"] == [0, 6, 12]
         assert len(summary["predictions"][init]) == len(EXAMPLES)
         for item in summary["predictions"][init]:
             for entity in item["entities"]:  # predicted offsets point at the predicted text
@@ -57,34 +57,28 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     run = summary["run"]
     assert run["seed"] == 0 and run["encoder_parameters"] > 0 and run["pretraining_blocks_seen"] == 12 * 16
     # NER learns from the first labelled_sentences sentences; pretraining reads all 24,000 without labels.
-    labelled = (out / "ner_train.conll").read_text(encoding="utf-8").strip().split("\n\n")
-    assert run["labelled_sentences"] == len(labelled) == QUICK.labelled_sentences < 3000
-    assert labelled[0].startswith("Schartau\tB-PER")
+    assert run["labelled_sentences"] == QUICK.labelled_sentences < 3000
     assert json.loads((out / "prepared" / "meta.json").read_text(encoding="utf-8"))["n_sentences"] == 24000
     for init in ("pretrained", "random"):  # the head and the encoder each at the plan's rate
-        recorded = yaml.safe_load((out / f"ner-{init}" / "config.yaml").read_text(encoding="utf-8"))["train"]
+        recorded = yaml.safe_load((ner_run_dir(out, init, 0) / "config.yaml").read_text(encoding="utf-8"))
+        assert recorded["data"]["train_docs"] == QUICK.labelled_sentences
+        recorded = recorded["train"]
         assert (recorded["lr"], recorded["encoder_lr"]) == (
             QUICK.ner_lr,
             QUICK.ner_encoder_lr,
         ) and QUICK.ner_encoder_lr < QUICK.ner_lr
-    assert set(run["wall_seconds"]) == {
-        "pretrain",
-        "ner_pretrained",
-        "ner_random",
-        "ner_pretrained-frozen",
-        "ner_random-frozen",
-        "total",
-    }
+    assert set(run["wall_seconds"]) == {"pretrain", "ner", "total"}
     # A frozen arm trains the head only: its exported encoder is the pretrained one, weight for weight.
     from safetensors.torch import load_file
 
     frozen, encoder = (
-        load_file(out / "ner-pretrained-frozen" / "model" / "model.safetensors"),
+        load_file(ner_run_dir(out, "pretrained-frozen", 0) / "model" / "model.safetensors"),
         load_file(out / "encoder" / "model.safetensors"),
     )
     assert frozen.keys() <= {name.removeprefix("bert.") for name in encoder}  # the export is BertForMaskedLM
     assert all(tensor.equal(encoder[f"bert.{name}"]) for name, tensor in frozen.items())
-    recorded = yaml.safe_load((out / "ner-random-frozen" / "config.yaml").read_text(encoding="utf-8"))["model"]
+    recorded = yaml.safe_load((ner_run_dir(out, "random-frozen", 0) / "config.yaml").read_text(encoding="utf-8"))
+    recorded = recorded["model"]
     assert (recorded["init"], recorded["frozen"]) == ("random", True)
 
     page = (out / "report.html").read_text(encoding="utf-8")
@@ -98,8 +92,9 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
         "Fill-mask",
         "Entities found in example sentences",
         "pretrain/report.html",
-        "ner-random/report.html",
-        "ner-pretrained-frozen/report.html",
+        "eval/cells/germeval2014/random/fine-tuned/seed-0/run/report.html",
+        "eval/cells/germeval2014/pretrained/frozen/seed-0/run/report.html",
+        "eval/report.html",
         "frozen (head only)",
     ):
         assert section in page, section
@@ -120,17 +115,18 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_sigterm_in_the_ner_stage_reports_the_steps_that_ran(tmp_path):
-    """SIGTERM once the first NER run has logged: it stops after that step, the random-init run is skipped,
-    and summary.json and the page say so with the steps that ran, not the planned ones."""
+    """SIGTERM once the first NER run has logged: the running NER cells stop after their step, the frozen arms
+    never start, and summary.json and the page say so with the steps that ran, not the planned ones."""
     out = tmp_path / "demo"
     planned = 2000  # far more than run before the signal lands
 
     def signal_when_training(line: str) -> None:
-        if line.startswith("[2/6]"):
+        if line.startswith("[2/3]"):
             threading.Thread(target=send_sigterm_after_first_record, daemon=True).start()
 
     def send_sigterm_after_first_record() -> None:
-        while not any(r["kind"] == "train" for r in read_metrics(out / "ner-pretrained")):
+        run = ner_run_dir(out, "pretrained", 0)
+        while not ((run / "metrics.jsonl").is_file() and any(r["kind"] == "train" for r in read_metrics(run))):
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -140,13 +136,14 @@ def test_sigterm_in_the_ner_stage_reports_the_steps_that_ran(tmp_path):
     assert summary["interrupted"] is True and stages["pretrain"] == {"planned": 4, "ran": 4, "complete": True}
     ran = stages["ner_pretrained"]["ran"]
     assert 10 <= ran < planned and stages["ner_pretrained"]["complete"] is False
-    assert stages["ner_random"] == {"planned": planned, "ran": 0, "complete": False}
-    assert stages["ner_random-frozen"] == {"planned": planned, "ran": 0, "complete": False}
-    assert summary["ner_f1_random"] is None and math.isfinite(summary["ner_f1_pretrained"])
+    assert stages["ner_random"]["ran"] < planned and stages["ner_random"]["complete"] is False  # ran beside it
+    for frozen in ("ner_pretrained-frozen", "ner_random-frozen"):
+        assert stages[frozen] == {"planned": planned, "ran": 0, "complete": False}
+    assert summary["ner_f1_random_frozen"] is None and math.isfinite(summary["ner_f1_pretrained"])
     assert json.loads((out / "summary.json").read_text(encoding="utf-8"))["stages"] == stages
     page = (out / "report.html").read_text(encoding="utf-8")
     assert "Interrupted run" in page and f"ner_pretrained: {ran} of {planned} steps" in page
-    assert f"{ran} of {planned} steps" in page and "ner_random: 0 of" in page
+    assert f"{ran} of {planned} steps" in page and "ner_random-frozen: 0 of" in page
 
 
 def test_a_plan_needs_labelled_sentences_the_data_has():

@@ -11,12 +11,14 @@ pretraining put into them) → dev scores of every arm, overall, per type and on
 training → fill-mask answers of the pretrained encoder, entities found in example sentences →
 ``report.html`` and ``summary.json``.
 
-Every stage is the same code the CLI runs (``spanlm pretrain``, ``spanlm export``, ``spanlm ner
-train``); the demo only chooses the budgets. ``--quick`` is a one-minute smoke version; ``--seeds 0 1 2``
-repeats the whole comparison per seed (each in ``OUT/seed-N``) and reports the mean and spread. A second
-run continues the pretraining run (``--resume auto``) and retrains the NER stage. SIGTERM / SIGINT stop the
-running stage after its current step (it saves and exports what it has) and skip the stages after it;
-the page and ``summary.json`` say which stages stopped early and at which step. The recipes and data come
+Every stage is the same code the CLI runs (``spanlm pretrain``, ``spanlm export``, then ``spanlm eval demo``
+with the pretrained encoder and its random initialisation: the four NER runs are the suite's cells, in
+``OUT/eval/cells/``, run side by side on a CPU); the demo only chooses the budgets. ``--quick`` is a
+one-minute smoke version; ``--seeds 0 1 2`` repeats the whole comparison per seed (each in ``OUT/seed-N``)
+and reports the mean and spread. A second run continues the pretraining run (``--resume auto``) and keeps
+the NER runs that finished with the same encoder and settings. SIGTERM / SIGINT stop the running stage
+after its current step (it saves and exports what it has) and skip the stages after it; the page and
+``summary.json`` say which stages stopped early and at which step. The recipes and data come
 from the package (:func:`spanlm.recipes.shipped_root`), so it runs from any directory.
 """
 
@@ -25,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import html
 import json
-import shutil
 import statistics
 import subprocess
 import time
@@ -176,8 +177,8 @@ def run_demo(
 # -- one seed -----------------------------------------------------------------------------------------
 def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
     from spanlm.config import load_config
+    from spanlm.evaluate import run_suite
     from spanlm.ner.config import NerRecipe
-    from spanlm.ner.task import train_ner
     from spanlm.pretrain.export import export_checkpoint
     from spanlm.pretrain.recipe import load_recipe
     from spanlm.pretrain.run import pretrain
@@ -191,10 +192,9 @@ def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
         root / NER_RECIPE, [f"data.train={data / 'train.conll'}", f"data.dev={data / 'dev.conll'}"], cls=NerRecipe
     )
     task_text = _unlabelled_text(base.data, out / "task_text" / "train_sentences.txt")
-    base.data.train = str(_labelled_subset(data / "train.conll", plan.labelled_sentences, out / "ner_train.conll"))
     stages, wall = {}, {}
 
-    log(f"[1/5] seed {seed}: pretraining a tiny SpanBERT encoder ({plan.pretrain_steps} steps) → {out / 'pretrain'}")
+    log(f"[1/3] seed {seed}: pretraining a tiny SpanBERT encoder ({plan.pretrain_steps} steps) → {out / 'pretrain'}")
     pretrain_recipe = load_recipe(
         root / "configs/pretrain/spanbert.yaml",
         [
@@ -211,35 +211,32 @@ def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
     write_report(out / "pretrain")
     encoder_dir = export_checkpoint(out / "pretrain", out / "encoder")
 
-    ner_recipes = {}
-    for index, arm in enumerate(ARMS):
-        if _stopped(stages, stop):
-            stages[f"ner_{arm}"] = {"planned": plan.ner_steps, "ran": 0, "complete": False}
-            continue
-        init, frozen = arm.removesuffix("-frozen"), arm.endswith("-frozen")
+    if not _stopped(stages, stop):
         log(
-            f"[{2 + index}/{len(ARMS) + 2}] seed {seed}: "
-            f"{'training the NER head on the frozen' if frozen else 'fine-tuning NER from the'} "
-            f"{init} encoder on {NER_NAME} ({plan.ner_steps} steps) → {out / f'ner-{arm}'}"
-        )
-        ner_dir = out / f"ner-{arm}"
-        if ner_dir.exists():  # the encoder above may have changed: fine-tune afresh
-            shutil.rmtree(ner_dir)
-        ner_recipes[arm] = load_config(
-            root / NER_RECIPE,
-            ner_overrides(plan, seed, encoder_dir, arm, base.data.train, base.data.dev, ner_dir),
-            cls=NerRecipe,
+            f"[2/3] seed {seed}: NER on {NER_NAME} from the pretrained and the randomly initialised encoder, each "
+            f"fine-tuned and frozen ({plan.ner_steps} steps) → {out / 'eval'}"
         )
         clock = time.monotonic()
-        train_ner(ner_recipes[arm], log=log)
-        wall[f"ner_{arm}"] = time.monotonic() - clock
-        stages[f"ner_{arm}"] = _stage(ner_dir, plan.ner_steps)
-        write_report(ner_dir)
+        results = run_suite(
+            "demo",
+            [f"pretrained={encoder_dir}", f"random=random:{encoder_dir}"],
+            out / "eval",
+            seeds=[seed],
+            log=log,
+            settings=ner_settings(plan),
+        )
+        wall["ner"] = time.monotonic() - clock
+        stop.received = stop.received or results["stopped"]
+    ran = []
+    for arm in ARMS:
+        run_dir = ner_run_dir(out, arm, seed)
+        stages[f"ner_{arm}"] = _stage(run_dir, plan.ner_steps)
+        if (run_dir / "eval.json").is_file():  # scored, if stopped early with what it had
+            write_report(run_dir)
+            ran.append(arm)
 
-    log(f"[{len(ARMS) + 2}/{len(ARMS) + 2}] seed {seed}: scoring, fill-mask, predictions → {out / 'report.html'}")
-    summary = _summarise(
-        out, plan, seed, stages, base.data, pretrain_recipe, encoder_dir, [a for a in ARMS if a in ner_recipes]
-    )
+    log(f"[3/3] seed {seed}: scoring, fill-mask, predictions → {out / 'report.html'}")
+    summary = _summarise(out, plan, seed, stages, base.data, pretrain_recipe, encoder_dir, ran)
     summary["run"]["wall_seconds"] = {
         **{k: round(v, 1) for k, v in wall.items()},
         "total": round(time.monotonic() - started, 1),
@@ -249,6 +246,29 @@ def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
     _write_page(out, summary)
     log(summary_table(summary))
     return summary
+
+
+def ner_settings(plan: DemoPlan) -> dict:
+    """The plan's NER budget and rates, as settings of the demo suite's task (configs/eval/demo.yaml)."""
+    return {
+        "data.train_docs": plan.labelled_sentences,
+        "data.eval_docs": plan.eval_docs,
+        "train.max_steps": plan.ner_steps,
+        "train.eval_every": plan.ner_eval_every,
+        "train.save_every": plan.ner_steps,
+        "train.warmup_steps": max(1, plan.ner_steps // 10),
+        "train.log_every": min(10, plan.ner_steps),
+        "train.lr": plan.ner_lr,
+        "train.encoder_lr": plan.ner_encoder_lr,
+    }
+
+
+def ner_run_dir(out: Path, arm: str, seed: int) -> Path:
+    """The NER run of an arm (``pretrained``, ``random-frozen``, …): its cell of the demo suite."""
+    init, frozen = arm.removesuffix("-frozen"), arm.endswith("-frozen")
+    return (
+        out / "eval" / "cells" / "germeval2014" / init / ("frozen" if frozen else "fine-tuned") / f"seed-{seed}" / "run"
+    )
 
 
 def _unlabelled_text(data, path: Path) -> Path:
@@ -291,12 +311,13 @@ def _summarise(
 
     evals = [r for r in read_metrics(out / "pretrain") if r.get("kind") == "eval"]
     pretrain_final = {k: v for k, v in (evals[-1] if evals else {}).items() if k not in ("kind", "time", "elapsed")}
-    train_docs, dev_docs = read_documents(data.train, data)[0], read_documents(data.dev, data)[0]
+    train_docs = read_documents(data.train, data)[0][: plan.labelled_sentences]
+    dev_docs = read_documents(data.dev, data)[0]
     seen_names = {document.text[e.start : e.end] for document in train_docs for e in document.entities}
     ner, predictions = {}, {}
     for init in inits:
-        model = NerModel(out / f"ner-{init}" / "model")
-        scores = json.loads((out / f"ner-{init}" / "eval.json").read_text(encoding="utf-8"))
+        model = NerModel(ner_run_dir(out, init, seed) / "model")
+        scores = json.loads((ner_run_dir(out, init, seed) / "eval.json").read_text(encoding="utf-8"))
         predicted = [document for document, _ in model.predict(dev_docs)]
         ner[init] = {
             "micro": scores["micro"],
@@ -532,7 +553,9 @@ def _plots(out: Path, summary: dict) -> None:
     figure, axis = plt.subplots(figsize=(6.4, 3.8), dpi=100)
     for init in summary["ner"]:
         points = [
-            (r["step"], r["f1"]) for r in read_metrics(out / f"ner-{init}") if r.get("kind") == "eval" and "f1" in r
+            (r["step"], r["f1"])
+            for r in read_metrics(ner_run_dir(out, init, summary["run"]["seed"]))
+            if r.get("kind") == "eval" and "f1" in r
         ]
         axis.plot(
             [p[0] for p in points],
@@ -647,7 +670,12 @@ def _write_page(out: Path, summary: dict) -> None:
         "copy (same architecture and tokenizer, same data order and head initialisation). Only the encoder's starting "
         "weights differ. Then both again with the encoder frozen: the head alone learns from the encoder's features, "
         "which shows what pretraining put into them. Run reports: <a href='pretrain/report.html'>pretraining</a>, "
-        + ", ".join(f"<a href='ner-{a}/report.html'>NER, {html.escape(_arm_label(a))}</a>" for a in summary["ner"])
+        + ", ".join(
+            f"<a href='{ner_run_dir(out, a, run['seed']).relative_to(out).as_posix()}/report.html'>"
+            f"NER, {html.escape(_arm_label(a))}</a>"
+            for a in summary["ner"]
+        )
+        + ", <a href='eval/report.html'>the verdict of <code>spanlm eval demo</code></a>"
         + ".</p>",
         "<h2>Summary</h2>",
         f"<pre>{html.escape(summary_table(summary))}</pre>",

@@ -18,17 +18,18 @@ def run_suite(
     jobs: int | None = None,
     force: bool = False,
     log=print,
+    settings: dict | None = None,
 ) -> dict:
     """Run every cell not yet finished, then write the verdict into ``out``; returns results.json's content.
 
     Everything is checked before the first cell runs: the suite, its recipes and data, the encoders, the
-    baseline and the seeds.
+    baseline and the seeds. ``settings`` (dotted keys) are added to every task's (the demo's budgets).
     """
     from spanlm.evaluate.cells import CellRunner, default_jobs, parse_encoders, plan_cells
     from spanlm.evaluate.suite import load_suite
     from spanlm.evaluate.verdict import markdown, verdict, write_report
 
-    suite = load_suite(suite_name)
+    suite = load_suite(suite_name, settings)
     encoders = parse_encoders(encoder_specs)
     seeds = tuple(seeds) if seeds else suite.seeds
     if len(set(seeds)) < len(seeds) or any(seed < 0 for seed in seeds):

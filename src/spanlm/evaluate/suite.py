@@ -93,8 +93,9 @@ class Suite:
     tasks: tuple[Task, ...]
 
 
-def load_suite(name_or_path: str) -> Suite:
-    """The suite at a path, or the shipped suite of that name (``demo``, ``eval/demo``)."""
+def load_suite(name_or_path: str, settings: dict | None = None) -> Suite:
+    """The suite at a path, or the shipped suite of that name (``demo``, ``eval/demo``); ``settings`` (dotted
+    keys) are added to every task's, after its own."""
     from spanlm.recipes import describe, find_recipe, shipped_root, with_embedded_data_paths
 
     path = Path(name_or_path)
@@ -123,6 +124,13 @@ def load_suite(name_or_path: str) -> Suite:
     tasks = raw.get("tasks")
     if not (isinstance(tasks, list) and tasks):
         raise ConfigError(f"{path}: 'tasks' must list one or more tasks")
+    if settings:
+        tasks = [
+            entry | {"settings": (entry.get("settings") or {}) | settings}
+            if isinstance(entry, dict) and isinstance(entry.get("settings") or {}, dict)
+            else entry  # its own error follows
+            for entry in tasks
+        ]
     parsed = tuple(_task(path, index, entry) for index, entry in enumerate(tasks))
     names = [task.name for task in parsed]
     repeated = sorted({name for name in names if names.count(name) > 1})
