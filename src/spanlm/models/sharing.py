@@ -79,9 +79,7 @@ def shared_tables(backbone: nn.Module) -> dict[str, nn.Module]:
     the family has one, the absolute position embedding."""
     tables = [backbone.get_input_embeddings(), getattr(getattr(backbone, "embeddings", None), POSITION_TABLE, None)]
     paths = {id(module): path for path, module in backbone.named_modules()}
-    return {
-        paths[id(module)]: module for module in tables if isinstance(module, (nn.Embedding, SharedEmbedding))
-    }
+    return {paths[id(module)]: module for module in tables if isinstance(module, (nn.Embedding, SharedEmbedding))}
 
 
 def share_embeddings(
