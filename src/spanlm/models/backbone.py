@@ -214,11 +214,6 @@ def _transformers_config(config: BackboneConfig, corpus: PreparedCorpus):
 
     special = corpus.special_ids
     max_positions = config.max_position_embeddings
-    if config.family == "eurobert" and config.hidden_dropout:
-        raise ConfigError(
-            f"model.hidden_dropout {config.hidden_dropout}: eurobert has no hidden dropout (only attention dropout); "
-            "set model.hidden_dropout: 0"
-        )
     if config.family == "roberta":
         # RobertaEmbeddings numbers positions padding_idx + 1, padding_idx + 2, ...; the table must hold
         # max_position_embeddings tokens after that offset (the 514 of roberta-base, for pad id 1).
@@ -263,7 +258,7 @@ def _modern_values(config: BackboneConfig, values: dict[str, Any], special: dict
             "attention_probs_dropout_prob": ("attention_dropout",),
             "layer_norm_eps": ("norm_eps",),
         },
-        # EuroBERT (Llama's layers) has no dropout but in its attention
+        # EuroBERT (Llama's layers) has no dropout but in its attention: hidden_dropout does not apply to it
         "eurobert": {"attention_probs_dropout_prob": ("attention_dropout",), "layer_norm_eps": ("rms_norm_eps",)},
     }[config.family]
     out = {
