@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from helpers import EMBEDDED_CORPUS
@@ -77,13 +78,16 @@ def stock_masked_lm(family: str, corpus: PreparedCorpus, directory: Path, seed: 
     return directory
 
 
-def recipe_for(prepared: Path, out: Path, family: str, objective: str = "mlm", path: str | None = None, **train):
+def recipe_for(
+    prepared: Path, out: Path, family: str, objective: str = "mlm", path: str | None = None, packing=False, **train
+):
     model = {"family": family, **TINY, "hidden_dropout": 0.0, "attention_dropout": 0.0}
     if family == "modernbert":
         model["local_attention"] = 8  # blocks of 32 tokens: the local layers see part of the block
     if path is not None:
         model["path"] = path
-    recipe = toy_recipe(prepared, out, None, model, objective=objective, batch_size=8, lr=1e-3, **train)
+    data = {"packing": packing}
+    recipe = toy_recipe(prepared, out, data, model, objective=objective, batch_size=8, lr=1e-3, **train)
     if objective == "spanbert":
         recipe.masking.scheme = "span"
     if objective == "electra":
@@ -176,17 +180,22 @@ def test_the_first_loss_on_a_continued_checkpoint_is_the_stock_masked_lm_loss(pr
 
 @pytest.mark.parametrize("family, objective", [("modernbert", "spanbert"), ("eurobert", "electra")])
 def test_resume_is_bit_exact_and_the_export_is_the_family_task_model(prepared, tmp_path, family, objective):
-    """2N = N + resume + N; the export loads in ``AutoModelForMaskedLM`` (ELECTRA: its generator) with the logits
+    """2N = N + resume + N, on packed batches; the export loads in ``AutoModelForMaskedLM`` (ELECTRA: its generator) with the logits
     spanlm computes at the masked positions, and in the token-classification / QA classes transformers has."""
     import transformers
 
-    full = pretrain(recipe_for(prepared, tmp_path / "full", family, objective, max_steps=4, save_every=2), **QUIET)
+    full = pretrain(
+        recipe_for(prepared, tmp_path / "full", family, objective, packing=True, max_steps=4, save_every=2), **QUIET
+    )
     resumed = pretrain(
-        recipe_for(prepared, tmp_path / "resumed", family, objective, max_steps=4, save_every=2, num_workers=1),
+        recipe_for(
+            prepared, tmp_path / "resumed", family, objective, packing=True, max_steps=4, save_every=2, num_workers=1
+        ),
         resume=str(ckpt.step_dir(full, 2)),
         **QUIET,
     )
     assert {s: v for s, v in losses(full).items() if s > 2} == losses(resumed)
+    assert yaml.safe_load((full / "config.yaml").read_text(encoding="utf-8"))["data"]["packing"] is True
     final_full = load_file(str(ckpt.step_dir(full, 4) / "model.safetensors"))
     final_resumed = load_file(str(ckpt.step_dir(resumed, 4) / "model.safetensors"))
     assert all(torch.equal(final_full[k], final_resumed[k]) for k in final_full)
