@@ -180,8 +180,9 @@ def test_the_first_loss_on_a_continued_checkpoint_is_the_stock_masked_lm_loss(pr
 
 @pytest.mark.parametrize("family, objective", [("modernbert", "spanbert"), ("eurobert", "electra")])
 def test_resume_is_bit_exact_and_the_export_is_the_family_task_model(prepared, tmp_path, family, objective):
-    """2N = N + resume + N, on packed batches; the export loads in ``AutoModelForMaskedLM`` (ELECTRA: its generator) with the logits
-    spanlm computes at the masked positions, and in the token-classification / QA classes transformers has."""
+    """2N = N + resume + N, on packed batches; the export loads in ``AutoModelForMaskedLM`` (ELECTRA: its
+    generator) with the logits spanlm computes at the masked positions, and in the token-classification / QA
+    classes transformers has."""
     import transformers
 
     full = pretrain(
