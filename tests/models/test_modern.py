@@ -219,3 +219,59 @@ def test_resume_is_bit_exact_and_the_export_is_the_family_task_model(prepared, t
     assert type(token_classes).__name__.startswith({"modernbert": "ModernBert", "eurobert": "EuroBert"}[family])
     if family == "modernbert":  # transformers has no EuroBertForQuestionAnswering
         transformers.AutoModelForQuestionAnswering.from_pretrained(out)
+
+
+@pytest.mark.parametrize("family", ["modernbert", "eurobert"])
+def test_ner_and_qa_fine_tune_and_predict_from_the_export(prepared, tmp_path, family, capsys):
+    import json
+
+    from helpers import REPO, write_wnut_recipe
+    from spanlm.cli import main
+
+    run = pretrain(recipe_for(prepared, tmp_path / "pretrain", family, max_steps=2), **QUIET)
+    export = export_checkpoint(ckpt.step_dir(run, 2), tmp_path / "export")
+    (tmp_path / "ner").mkdir()
+    ner = write_wnut_recipe(export, tmp_path / "ner" / "run", steps=2)
+    assert main(["ner", "train", str(ner)]) == 0, capsys.readouterr().err
+    model = tmp_path / "ner" / "run" / "model"
+    assert main(["ner", "predict", str(model), "--text", "Holmes met Watson in London .", "--threshold=-1e9"]) == 0
+    (line,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()[-1:]]
+    assert line["entities"]
+    squad = REPO / "tests" / "fixtures" / "qa" / "squad_v2_sample.json"
+    qa = tmp_path / "qa.yaml"
+    qa.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"path": str(export)},
+                "data": {
+                    "train": str(squad),
+                    "dev": str(squad),
+                    "max_length": 48,
+                    "doc_stride": 16,
+                    "max_query_length": 16,
+                },
+                "qa": {"metric": "squad", "no_answer": True},
+                "train": {
+                    "output_dir": str(tmp_path / "qa"),
+                    "max_steps": 2,
+                    "batch_size": 4,
+                    "warmup_steps": 0,
+                    "eval_every": 2,
+                    "num_workers": 0,
+                    "device": "cpu",
+                },
+                "logging": {"report_to": [], "progress": False},
+            }
+        )
+    )
+    assert main(["qa", "train", str(qa)]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["questions"] == 6
+
+
+def test_charbert_refuses_a_modern_backbone_in_one_line(prepared):
+    from spanlm.models.charbert import CharChannelConfig, DualChannel
+
+    corpus = PreparedCorpus(prepared)
+    backbone = build_backbone(BackboneConfig(family="modernbert", **TINY), corpus)
+    with pytest.raises(InputError, match="CharBERT runs over bert, roberta, electra backbones, not 'modernbert'"):
+        DualChannel(backbone, CharChannelConfig(char_vocab_size=50, hidden_size=32))
