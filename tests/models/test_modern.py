@@ -237,6 +237,14 @@ def test_ner_and_qa_fine_tune_and_predict_from_the_export(prepared, tmp_path, fa
     assert main(["ner", "predict", str(model), "--text", "Holmes met Watson in London .", "--threshold=-1e9"]) == 0
     (line,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()[-1:]]
     assert line["entities"]
+    from spanlm.models.hf_model import EncoderConfig, load_hf_model
+
+    tuned = load_hf_model(export, EncoderConfig(path=str(export), dropout=0.2)).config  # the family's own dropouts
+    names = {
+        "modernbert": ("embedding_dropout", "mlp_dropout", "attention_dropout"),
+        "eurobert": ("attention_dropout",),
+    }
+    assert all(getattr(tuned, name) == 0.2 for name in names[family])
     squad = REPO / "tests" / "fixtures" / "qa" / "squad_v2_sample.json"
     qa = tmp_path / "qa.yaml"
     qa.write_text(
