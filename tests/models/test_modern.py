@@ -215,6 +215,15 @@ def test_resume_is_bit_exact_and_the_export_is_the_family_task_model(prepared, t
         ours = spanlm_objective.mlm_head(hidden.flatten(0, 1)[batch["target_index"]])
         theirs = stock(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"].long()).logits
     torch.testing.assert_close(ours, theirs.flatten(0, 1)[batch["target_index"]], rtol=1e-5, atol=1e-5)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(masked_lm_dir)  # fill-mask gives spanlm's guesses
+    fill = transformers.pipeline("fill-mask", model=stock, tokenizer=tokenizer, top_k=3)
+    text = f"alice was not a {tokenizer.mask_token} surprised"
+    encoded = tokenizer(text, return_tensors="pt")
+    at = int((encoded["input_ids"][0] == tokenizer.mask_token_id).nonzero())
+    with torch.no_grad():
+        hidden = backbone(**encoded).last_hidden_state[0, at : at + 1]
+        ours = spanlm_objective.mlm_head(hidden)[0].topk(3).indices.tolist()
+    assert [guess["token"] for guess in fill(text)] == ours
     token_classes = transformers.AutoModelForTokenClassification.from_pretrained(out, num_labels=3)
     assert type(token_classes).__name__.startswith({"modernbert": "ModernBert", "eurobert": "EuroBert"}[family])
     if family == "modernbert":  # transformers has no EuroBertForQuestionAnswering
