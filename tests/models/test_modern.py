@@ -29,18 +29,18 @@ QUIET = {"log": lambda *_: None}
 TINY = {"hidden_size": 32, "num_layers": 3, "num_heads": 2, "intermediate_size": 48, "max_position_embeddings": 64}
 
 
+def similar_words(prepared: Path) -> dict:
+    """MacBERT's similar-word table from a few synonyms (the data settings every recipe here repeats)."""
+    synonyms = prepared.parent / "synonyms.tsv"
+    return {"similar_words": "synonyms", "similar_words_file": str(synonyms), "similar_words_min_count": 1}
+
+
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Path:
-    recipe = from_dict(
-        Recipe,
-        {
-            "data": {
-                "inputs": [str(EMBEDDED_CORPUS / "alice_in_wonderland.txt")],
-                "prepared_dir": str(tmp_path_factory.mktemp("modern") / "prepared"),
-            },
-            "tokenizer": {"vocab_size": 500},
-        },
-    )
+    out = tmp_path_factory.mktemp("modern") / "prepared"
+    (out.parent / "synonyms.tsv").write_text("said\treplied\nqueen\tking\nlittle\tsmall\n", encoding="utf-8")
+    data = {"inputs": [str(EMBEDDED_CORPUS / "alice_in_wonderland.txt")], "prepared_dir": str(out)}
+    recipe = from_dict(Recipe, {"data": {**data, **similar_words(out)}, "tokenizer": {"vocab_size": 500}})
     return prepare(recipe, **QUIET)
 
 
@@ -86,10 +86,9 @@ def recipe_for(
         model["local_attention"] = 8  # blocks of 32 tokens: the local layers see part of the block
     if path is not None:
         model["path"] = path
-    data = {"packing": packing}
+    data = {"packing": packing, **similar_words(prepared)}
     recipe = toy_recipe(prepared, out, data, model, objective=objective, batch_size=8, lr=1e-3, **train)
-    if objective == "spanbert":
-        recipe.masking.scheme = "span"
+    recipe.masking.scheme = {"spanbert": "span", "macbert": "ngram"}.get(objective, recipe.masking.scheme)
     if objective == "electra":
         recipe.objective.electra.generator_width, recipe.objective.electra.generator_depth = 1.0, 0.5
         recipe.objective.electra.sharing = "gdes"
@@ -159,7 +158,7 @@ def test_the_first_loss_on_a_continued_checkpoint_is_the_stock_masked_lm_loss(pr
 
     corpus = PreparedCorpus(prepared)
     path = stock_masked_lm(family, corpus, tmp_path / family)
-    for objective_name in ("mlm", "spanbert"):
+    for objective_name in ("mlm", "spanbert", "macbert"):
         objective = build_objective(recipe_for(prepared, tmp_path / "run", family, objective_name, str(path)), corpus)
         assert objective.head_report["mlm_head"].startswith("loaded")
         if objective_name == "spanbert":
