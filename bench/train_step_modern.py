@@ -23,6 +23,7 @@ scores anyway). ``ratio`` = spanlm ÷ peer tokens/s (median step times, steps al
 ``flops_ratio_vs_bert`` = spanlm-ModernBERT ÷ spanlm-BERT executed FLOP/s.
 
     python bench/train_step_modern.py [--seq 128] [--steps 10] [--warmup 2] [--batch 16] [--data data/corpus]
+                                      [--objective spanbert|mlm]   # mlm: spanlm's MLM objective, the peer's work
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--window", type=int, default=64, help="ModernBERT's local_attention")
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--rate", type=float, default=0.3)
+    parser.add_argument(
+        "--objective", choices=("spanbert", "mlm"), default="spanbert", help="mlm: the peer's own work, no SBO head"
+    )
     parser.add_argument("--data", default="data/corpus")
     parser.add_argument("--work", default=str(REPO / "runs" / "bench" / "train_step_modern"))
     parser.add_argument("--seed", type=int, default=0)
@@ -83,8 +87,10 @@ def recipe_dict(args, inputs: list[str], work: Path, family: str) -> dict:
         "data": {"inputs": inputs, "prepared_dir": str(work / "prepared"), "max_len": args.seq},
         "tokenizer": {"kind": "wordpiece", "vocab_size": args.vocab, "min_frequency": 1, "lowercase": True},
         "model": model,
-        "masking": {"scheme": "span", "span": {"rate": args.rate}},
-        "objective": {"name": "spanbert"},
+        "masking": {"scheme": "span", "span": {"rate": args.rate}}
+        if args.objective == "spanbert"
+        else {"scheme": "mlm", "mlm": {"rate": args.rate}},
+        "objective": {"name": args.objective},
         "train": {"batch_size": args.batch, "max_grad_norm": 1.0},
     }
 
@@ -220,6 +226,7 @@ def main(argv=None) -> None:
         json.dumps(
             {
                 "bench": "train_step_modern",
+                "objective": args.objective,
                 "seq": args.seq,
                 "batch": args.batch,
                 "full_blocks": full,
