@@ -261,6 +261,19 @@ def _(ctx: Ctx):
     return ["pretrain", ctx.pretrain_recipe(), schedule], ["rate_schedule.steps", "5 after 10"]
 
 
+@case("pretrain_window_the_family_lacks")
+def _(ctx: Ctx):
+    return ["pretrain", ctx.pretrain_recipe(), "model.local_attention=64"], [
+        "local_attention is a setting of the modernbert family",
+        "family bert has none",
+    ]
+
+
+@case("pretrain_unknown_family")
+def _(ctx: Ctx):
+    return ["pretrain", ctx.pretrain_recipe(), "model.family=modernbert2"], ["model.family", "one of"]
+
+
 @case("pretrain_wsd_unknown_shape")
 def _(ctx: Ctx):
     return ["pretrain", ctx.pretrain_recipe(), "train.schedule=wsd", "train.decay_shape=sqrt"], [
