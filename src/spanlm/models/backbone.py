@@ -11,7 +11,7 @@ Two ways to get one, chosen by ``BackboneConfig.path``:
   makes sure the checkpoint can read the prepared token ids.
 
 Either way the model is the bare encoder (``BertModel``, ``RobertaModel``, ``ElectraModel``,
-``DebertaV2Model``) without a pooler: pretraining heads live in :mod:`spanlm.heads`, and a pooler that
+``DebertaV2Model``, ``ModernBertModel``, ``EuroBertModel``) without a pooler: pretraining heads live in :mod:`spanlm.heads`, and a pooler that
 no loss reaches would be an unused parameter under DDP.
 """
 
