@@ -291,3 +291,26 @@ def test_charbert_refuses_a_modern_backbone_in_one_line(prepared):
     backbone = build_backbone(BackboneConfig(family="modernbert", **TINY), corpus)
     with pytest.raises(InputError, match="CharBERT runs over bert, roberta, electra backbones, not 'modernbert'"):
         DualChannel(backbone, CharChannelConfig(char_vocab_size=50, hidden_size=32))
+
+
+@pytest.mark.parametrize("family", ["modernbert", "eurobert"])
+def test_the_cpu_backend_computes_the_same_losses_padded_and_packed(prepared, tmp_path, family):
+    """``spanlm.accel`` as the Trainer applies it (FastDropout's SDPA, the fused cross-entropy, the tied gradient)
+    keeps ModernBERT's window and EuroBERT's untied decoder: the same losses as the model as built."""
+    import copy
+
+    from spanlm import accel
+    from spanlm.data.packing import pack_masked
+
+    corpus = PreparedCorpus(prepared)
+    plain = build_objective(recipe_for(prepared, tmp_path / "run", family, "spanbert"), corpus)
+    fast = copy.deepcopy(plain)
+    accel.apply(fast, torch.device("cpu"))
+    plain.eval(), fast.eval()
+    blocks = BlockDataset(corpus, 32)
+    masked = plain.masker(collate_blocks([blocks[i] for i in range(6)], 0), np.random.default_rng(3))
+    for batch in (masked.to_torch(), pack_masked(masked, corpus.special_ids["pad"]).to_torch()):
+        with torch.no_grad():
+            ours, theirs = fast(batch), plain(batch)
+        for part in ("mlm_loss", "sbo_loss"):
+            torch.testing.assert_close(ours[part], theirs[part], rtol=1e-5, atol=1e-5)
