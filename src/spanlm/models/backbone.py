@@ -11,8 +11,8 @@ Two ways to get one, chosen by ``BackboneConfig.path``:
   makes sure the checkpoint can read the prepared token ids.
 
 Either way the model is the bare encoder (``BertModel``, ``RobertaModel``, ``ElectraModel``,
-``DebertaV2Model``, ``ModernBertModel``, ``EuroBertModel``) without a pooler: pretraining heads live in :mod:`spanlm.heads`, and a pooler that
-no loss reaches would be an unused parameter under DDP.
+``DebertaV2Model``, ``ModernBertModel``, ``EuroBertModel``) without a pooler: pretraining heads live in
+:mod:`spanlm.heads`, and a pooler that no loss reaches would be an unused parameter under DDP.
 """
 
 from __future__ import annotations
