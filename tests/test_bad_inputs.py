@@ -249,6 +249,39 @@ for kind, command in (("pretrain", ["pretrain"]), ("ner", ["ner", "train"]), ("q
     case(f"{kind}_recipe_binary")(build_binary)
 
 
+@case("pretrain_rate_schedule_rate_out_of_range")
+def _(ctx: Ctx):
+    schedule = "masking.rate_schedule={kind: linear, steps: [0, 10], rates: [0.3, 1.2]}"
+    return ["pretrain", ctx.pretrain_recipe(), schedule], ["rate_schedule.rates", "(0, 1)", "1.2"]
+
+
+@case("pretrain_rate_schedule_steps_backwards")
+def _(ctx: Ctx):
+    schedule = "masking.rate_schedule={kind: piecewise, steps: [0, 10, 5], rates: [0.3, 0.15, 0.05]}"
+    return ["pretrain", ctx.pretrain_recipe(), schedule], ["rate_schedule.steps", "5 after 10"]
+
+
+@case("pretrain_window_the_family_lacks")
+def _(ctx: Ctx):
+    return ["pretrain", ctx.pretrain_recipe(), "model.local_attention=64"], [
+        "local_attention is a setting of the modernbert family",
+        "family bert has none",
+    ]
+
+
+@case("pretrain_unknown_family")
+def _(ctx: Ctx):
+    return ["pretrain", ctx.pretrain_recipe(), "model.family=modernbert2"], ["model.family", "one of"]
+
+
+@case("pretrain_wsd_unknown_shape")
+def _(ctx: Ctx):
+    return ["pretrain", ctx.pretrain_recipe(), "train.schedule=wsd", "train.decay_shape=sqrt"], [
+        "train.decay_shape",
+        "one of",
+    ]
+
+
 @case("pretrain_dropout_one")
 def _(ctx):
     return ["pretrain", ctx.pretrain_recipe(), "model.hidden_dropout=1.0"], ["hidden_dropout", "[0, 1)"]

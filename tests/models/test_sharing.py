@@ -25,8 +25,16 @@ def corpus(embedded_prepared) -> PreparedCorpus:
 
 
 def pair(corpus, mode: str, family: str = "electra", generator_hidden: int = 16):
-    """A generator narrower than its discriminator (hidden 16 vs 32), both with 32-wide embeddings."""
+    """A generator narrower than its discriminator (hidden 16 vs 32), both with 32-wide embeddings (the modern
+    families have no embedding projection: both 32 wide, the generator shallower)."""
     torch.manual_seed(0)
+    if family in ("modernbert", "eurobert"):
+        generator = build_backbone(BackboneConfig(family=family, hidden_size=32, **TINY), corpus)
+        discriminator = build_backbone(
+            BackboneConfig(family=family, hidden_size=32, **{**TINY, "num_layers": 2}), corpus
+        )
+        share_embeddings(generator, discriminator, mode)
+        return generator, discriminator
     generator = build_backbone(
         BackboneConfig(family=family, hidden_size=generator_hidden, embedding_size=32, **TINY), corpus
     )
@@ -49,25 +57,31 @@ def mlm_only(generator) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    "family, tables", [("electra", {"word_embeddings", "position_embeddings"}), ("deberta-v2", {"word_embeddings"})]
+    "family, tables",
+    [
+        ("electra", {"embeddings.word_embeddings", "embeddings.position_embeddings"}),
+        ("deberta-v2", {"embeddings.word_embeddings"}),
+        ("modernbert", {"embeddings.tok_embeddings"}),
+        ("eurobert", {"embed_tokens"}),
+    ],
 )  # DeBERTa-V3: relative positions only
 def test_gdes_starts_as_exactly_the_generator_embedding(corpus, family, tables):
     generator, discriminator = pair(corpus, "gdes", family)
     shared = shared_tables(discriminator)
     assert set(shared) == tables and all(isinstance(m, SharedEmbedding) for m in shared.values())
     for name, module in shared.items():
-        assert torch.equal(module.weight, getattr(generator.embeddings, name).weight)
+        assert torch.equal(module.weight, generator.get_submodule(name).weight)
         assert not module.delta.any()
     # Same lookups, so the embedding output (before D's own LayerNorm) matches G's exactly.
-    assert torch.equal(discriminator.embeddings.word_embeddings(ids()), generator.embeddings.word_embeddings(ids()))
+    assert torch.equal(discriminator.get_input_embeddings()(ids()), generator.get_input_embeddings()(ids()))
 
 
-@pytest.mark.parametrize("family", ["electra", "deberta-v2"])
+@pytest.mark.parametrize("family", ["electra", "deberta-v2", "modernbert", "eurobert"])
 def test_gdes_rtd_loss_trains_only_the_delta(corpus, family):
     generator, discriminator = pair(corpus, "gdes", family)
     rtd_only(discriminator).backward()
     for name, module in shared_tables(discriminator).items():
-        source = getattr(generator.embeddings, name).weight
+        source = generator.get_submodule(name).weight
         assert source.grad is None or not source.grad.any(), f"RTD loss reached E_G ({name})"
         assert module.delta.grad is not None and module.delta.grad.abs().sum() > 0, f"E_Δ ({name}) got no gradient"
 
@@ -85,7 +99,7 @@ def test_es_rtd_loss_reaches_the_generator_embedding(corpus):
     generator, discriminator = pair(corpus, "es")
     rtd_only(discriminator).backward()
     for name in shared_tables(discriminator):
-        assert getattr(generator.embeddings, name).weight.grad.abs().sum() > 0
+        assert generator.get_submodule(name).weight.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("mode", ["es", "gdes"])
@@ -93,7 +107,7 @@ def test_the_generator_embedding_is_not_a_discriminator_parameter(corpus, mode):
     generator, discriminator = pair(corpus, mode)
     own = {id(p) for p in discriminator.parameters()}
     for name in shared_tables(discriminator):
-        assert id(getattr(generator.embeddings, name).weight) not in own
+        assert id(generator.get_submodule(name).weight) not in own
     deltas = {id(m.delta) for m in shared_tables(discriminator).values() if mode == "gdes"}
     assert deltas <= own
     # The rest of the embedding stays D's own: its LayerNorm and the projection to D's width.
@@ -158,5 +172,5 @@ def test_continuing_keeps_the_discriminators_own_embedding(corpus):
 def test_tables_of_different_widths_cannot_be_shared(corpus):
     generator = build_backbone(BackboneConfig(family="electra", hidden_size=16, **TINY), corpus)  # 16-wide embedding
     discriminator = build_backbone(BackboneConfig(family="electra", hidden_size=32, **TINY), corpus)
-    with pytest.raises(ValueError, match="cannot share word_embeddings"):
+    with pytest.raises(ValueError, match="cannot share embeddings.word_embeddings"):
         share_embeddings(generator, discriminator, "gdes")

@@ -125,3 +125,45 @@ def test_encoder_lr_gives_the_encoder_its_own_peak_rate_under_the_same_schedule(
         build_optimizer(_model_with_gradients(1.0), config)
     with pytest.raises(ValueError, match="encoder_lr"):
         TrainConfig(encoder_lr=0.0)
+
+
+@pytest.mark.parametrize("shape", ["linear", "cosine", "1-sqrt"])
+def test_wsd_is_warmup_then_the_peak_then_the_decay_shape_to_zero(shape):
+    """Warmup-stable-decay (Hu et al. 2024; Hägele et al. 2024): against its closed form at chosen steps."""
+    import math
+
+    from spanlm.train.optim import build_scheduler, lr_factor
+
+    config = TrainConfig(max_steps=100, warmup_steps=10, schedule="wsd", decay_share=0.2, decay_shape=shape)
+    decay = {
+        "linear": lambda p: 1 - p,
+        "cosine": lambda p: 0.5 * (1 + math.cos(math.pi * p)),
+        "1-sqrt": lambda p: 1 - math.sqrt(p),
+    }[shape]
+    expected = {0: 0.1, 4: 0.5, 9: 1.0, 10: 1.0, 50: 1.0, 79: 1.0, 80: 1.0}
+    expected.update({step: decay((step - 80) / 20) for step in (85, 90, 99)})
+    expected[100] = 0.0
+    for step, factor in expected.items():
+        assert lr_factor(step, config) == pytest.approx(factor, abs=1e-12), step
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    scheduler = build_scheduler(optimizer, config)
+    rates = []
+    for _ in range(100):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert rates[90] == pytest.approx(0.5 * decay(0.5)) and rates[60] == 0.5
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [({"decay_share": 0.0}, r"decay_share must be in \(0, 1\]"), ({"decay_shape": "sqrt"}, "decay_shape")],
+)
+def test_bad_wsd_settings_are_one_line_config_errors(settings, message):
+    from spanlm.config import from_dict
+    from spanlm.errors import ConfigError
+    from spanlm.pretrain.recipe import Recipe
+
+    with pytest.raises(ConfigError, match=message):
+        from_dict(Recipe, {"train": {"schedule": "wsd", **settings}})

@@ -84,6 +84,24 @@ def test_a_restored_sampler_continues_exactly_from_any_position(tokens):
         make().load_state_dict({"epoch": 0, "batch": 10**6})
 
 
+@pytest.mark.parametrize("tokens", [0, 120])
+def test_a_keys_batch_number_counts_the_batches_before_it_on_every_rank(tokens):
+    """``number(epoch, batch)``: how many batches came before, across epochs of different lengths (token
+    batches), the same on every rank, and the same from a fresh sampler (a DataLoader worker's copy)."""
+    train, _ = split_blocks(400, 8, seed=0)
+    lengths = np.random.default_rng(1).integers(3, 33, size=400)
+    samplers = [
+        BatchKeySampler(train, 16, seed=2, rank=rank, world_size=2, lengths=lengths, tokens_per_batch=tokens)
+        for rank in range(2)
+    ]
+    per_epoch = [samplers[0].batches_per_epoch(epoch) for epoch in range(3)]
+    assert tokens == 0 or len(set(per_epoch)) > 1  # token batches: epochs of different lengths
+    for sampler in samplers:
+        keys = [key for _, key in zip(range(sum(per_epoch)), iter(sampler))]
+        fresh = BatchKeySampler(train, 16, seed=2, rank=0, world_size=2, lengths=lengths, tokens_per_batch=tokens)
+        assert [fresh.number(epoch, batch) for epoch, batch, _ in reversed(keys)] == list(range(len(keys)))[::-1]
+
+
 def test_a_loader_position_round_trips_each_ranks_starts():
     train, _ = split_blocks(400, 8, seed=0)
     lengths = np.random.default_rng(1).integers(3, 33, size=400)

@@ -80,6 +80,19 @@ MLM_HEADS = {
         "cls.predictions.transform.LayerNorm",
         "cls.predictions.bias",
     ),
+    # ModernBertPredictionHead (dense, GeLU, LayerNorm; biases only where its config has them) and the decoder;
+    # EuroBERT's lm_head alone (its weight only when untied from the input embedding, a bias only with mlp_bias).
+    "modernbert": TaskHead(
+        "ModernBertForMaskedLM",
+        {
+            "dense.weight": "head.dense.weight",
+            "dense.bias": "head.dense.bias",
+            "layer_norm.weight": "head.norm.weight",
+            "layer_norm.bias": "head.norm.bias",
+            "decoder.bias": "decoder.bias",
+        },
+    ),
+    "eurobert": TaskHead("EuroBertForMaskedLM", {"decoder.weight": "lm_head.weight", "decoder.bias": "lm_head.bias"}),
 }
 _DEBERTA_NON_LEGACY = _mlm(
     "DebertaV2ForMaskedLM",
@@ -118,7 +131,11 @@ def task_head(kind: str, head: nn.Module, config) -> TaskHead | None:
     if kind == "mlm" and type(head) is MLMHead:
         if model_type == "deberta-v2" and not getattr(config, "legacy", True):
             return _DEBERTA_NON_LEGACY
-        return MLM_HEADS.get(model_type)
+        spec = MLM_HEADS.get(model_type)
+        if spec is None:
+            return None
+        own = head.state_dict()  # the modern families' heads leave out the tensors their config lacks
+        return TaskHead(spec.task_class, {ours: theirs for ours, theirs in spec.names.items() if ours in own})
     if kind == "rtd" and type(head) is ElectraRTDHead:
         return RTD_HEADS.get(model_type)
     return None

@@ -51,33 +51,69 @@ class TiedDecoder(nn.Module):
         return f"in_features={width}, out_features={vocab}, tied to the input embedding"
 
 
+class OwnDecoder(nn.Module):
+    """A projection onto the vocabulary with its own weight (V, E) — an untied output embedding, as EuroBERT's
+    ``lm_head`` — under the same interface as :class:`TiedDecoder` (``weight``, ``bias``)."""
+
+    def __init__(self, vocab_size: int, width: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, width))
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return F.linear(hidden, self.weight, self.bias)  # (N, E) → (N, V)
+
+
 class MLMHead(nn.Module):
     """BERT's MLM head: dense + GeLU + LayerNorm, then the tied vocabulary projection.
 
     ``hidden_size`` is the encoder's output width H; the transform maps to the embedding width E (= H in
     BERT; E < H only for an ELECTRA-style factorised embedding, where ELECTRA's generator head likewise
     maps H→E before the tied decoder).
+
+    The modern families' heads are variants of it (``spanlm.models.backbone.mlm_head`` picks them): ModernBERT's
+    ``ModernBertPredictionHead`` is the same transform without the dense and norm biases (``bias=False``);
+    EuroBERT's ``lm_head`` has no transform (``transform=False``) and an untied, bias-free decoder
+    (``tied=False, decoder_bias=False``). A missing bias is a zero buffer, so every decoder has one to add.
     """
 
     def __init__(
-        self, hidden_size: int, embedding: nn.Embedding, layer_norm_eps: float = 1e-12, initializer_range: float = 0.02
+        self,
+        hidden_size: int,
+        embedding: nn.Embedding,
+        layer_norm_eps: float = 1e-12,
+        initializer_range: float = 0.02,
+        *,
+        bias: bool = True,
+        transform: bool = True,
+        tied: bool = True,
+        decoder_bias: bool = True,
     ):
         super().__init__()
         width = embedding.embedding_dim
-        self.dense = nn.Linear(hidden_size, width)
-        self.activation = nn.GELU()  # exact (erf) GeLU, as BERT's `gelu`
-        self.layer_norm = nn.LayerNorm(width, eps=layer_norm_eps)
-        self.decoder = TiedDecoder(embedding)
+        self.transform = transform
+        if transform:
+            self.dense = nn.Linear(hidden_size, width, bias=bias)
+            self.activation = nn.GELU()  # exact (erf) GeLU, as BERT's `gelu` and ModernBERT's
+            self.layer_norm = nn.LayerNorm(width, eps=layer_norm_eps, bias=bias)
+        self.decoder = TiedDecoder(embedding) if tied else OwnDecoder(embedding.num_embeddings, width)
+        if not decoder_bias:  # a constant zero: not trained, not saved
+            del self.decoder.bias
+            self.decoder.register_buffer("bias", torch.zeros(embedding.num_embeddings), persistent=False)
         self.initializer_range = initializer_range
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         # BERT's init_bert_weights: N(0, 0.02) weights, zero biases, LayerNorm γ = 1 and β = 0. The tied
         # weight belongs to (and is initialised by) the backbone.
-        nn.init.normal_(self.dense.weight, mean=0.0, std=self.initializer_range)
-        nn.init.zeros_(self.dense.bias)
-        nn.init.ones_(self.layer_norm.weight)
-        nn.init.zeros_(self.layer_norm.bias)
+        if self.transform:
+            nn.init.normal_(self.dense.weight, mean=0.0, std=self.initializer_range)
+            nn.init.ones_(self.layer_norm.weight)
+            for bias in (self.dense.bias, self.layer_norm.bias):
+                if bias is not None:
+                    nn.init.zeros_(bias)
+        if isinstance(self.decoder, OwnDecoder):
+            nn.init.normal_(self.decoder.weight, mean=0.0, std=self.initializer_range)
         nn.init.zeros_(self.decoder.bias)
 
     @property
@@ -87,6 +123,8 @@ class MLMHead(nn.Module):
 
     def features(self, hidden_at_targets: Tensor) -> Tensor:
         """``hidden_at_targets`` (N, H) → the transformed rows (N, E) the decoder projects."""
+        if not self.transform:
+            return hidden_at_targets
         return self.layer_norm(self.activation(self.dense(hidden_at_targets)))
 
     def forward(self, hidden_at_targets: Tensor) -> Tensor:

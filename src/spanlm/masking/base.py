@@ -26,6 +26,7 @@ noise      :class:`NoiseConfig`         character noise + NLM + whole-word MLM (
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -198,10 +199,61 @@ class NoiseConfig:
 
 
 @dataclasses.dataclass
+class RateSchedule:
+    """The masking rate by optimiser step, in place of the scheme's own ``rate`` (CharBERT: its MLM's rate).
+
+    ``constant``: the scheme's rate throughout. ``piecewise``: ``rates[i]`` from ``steps[i]`` until
+    ``steps[i + 1]`` (mmBERT's phases: 30% → 15% → 5%). ``linear``: interpolated between the points
+    (ModernBERT's Chinese recipe: 30% → 15% over the run). Before the first point the first rate holds,
+    after the last point the last. The step is the batch key's (``spanlm.train.data``), so a batch stays a
+    pure function of its key and a resumed run masks as the uninterrupted one. Held-out batches use the
+    last rate, the one the run ends on.
+    """
+
+    kind: Literal["constant", "piecewise", "linear"] = "constant"
+    steps: list[int] = dataclasses.field(default_factory=list)
+    rates: list[float] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.kind == "constant":
+            if self.steps or self.rates:
+                raise ValueError("rate_schedule.kind constant takes no steps or rates (the scheme's rate holds)")
+            return
+        if not self.rates or len(self.steps) != len(self.rates):
+            raise ValueError(
+                f"rate_schedule needs as many steps as rates, at least one: got {len(self.steps)} steps, "
+                f"{len(self.rates)} rates"
+            )
+        for rate in self.rates:
+            _check_rate(rate, "rate_schedule.rates")
+        if self.steps[0] < 0:
+            raise ValueError(f"rate_schedule.steps must not be negative, got {self.steps[0]}")
+        for before, after in zip(self.steps, self.steps[1:]):
+            if after <= before:
+                raise ValueError(f"rate_schedule.steps must increase, got {after} after {before}")
+
+    @property
+    def active(self) -> bool:
+        return self.kind != "constant"
+
+    def rate_at(self, step: int) -> float:
+        """The rate at optimiser ``step`` (only for a piecewise or linear schedule)."""
+        if self.kind == "linear":
+            return float(np.interp(step, self.steps, self.rates))
+        phase = max(int(np.searchsorted(self.steps, step, side="right")) - 1, 0)
+        return float(self.rates[phase])
+
+    @property
+    def final_rate(self) -> float:
+        return float(self.rates[-1])
+
+
+@dataclasses.dataclass
 class MaskingConfig:
     """Which masker a run uses (``scheme``) and every scheme's settings."""
 
     scheme: Literal["mlm", "wwm", "span", "ngram", "noise"] = "mlm"
+    rate_schedule: RateSchedule = dataclasses.field(default_factory=RateSchedule)
     mlm: MlmConfig = dataclasses.field(default_factory=MlmConfig)
     wwm: WholeWordConfig = dataclasses.field(default_factory=WholeWordConfig)
     span: SpanConfig = dataclasses.field(default_factory=SpanConfig)
@@ -335,6 +387,18 @@ def build_masker(config: MaskingConfig, corpus: PreparedCorpus) -> Masker:
     module, name = MASKERS[config.scheme]
     masker_class = getattr(importlib.import_module(module), name)
     return masker_class.from_corpus(getattr(config, config.scheme), corpus)
+
+
+def with_rate(masker: Masker, rate: float) -> Masker:
+    """A shallow copy of ``masker`` whose budget is ``rate`` (for a :class:`RateSchedule`); CharBERT's noise masker
+    takes it as its whole-word MLM's rate (its noise probability is not a masking budget)."""
+    scheduled = copy.copy(masker)
+    config = masker.config
+    if isinstance(config, NoiseConfig):
+        scheduled.config = dataclasses.replace(config, mlm=dataclasses.replace(config.mlm, rate=rate))
+    else:
+        scheduled.config = dataclasses.replace(config, rate=rate)
+    return scheduled
 
 
 def make_rng(seed: int, *stream: int) -> np.random.Generator:

@@ -11,8 +11,8 @@ Two ways to get one, chosen by ``BackboneConfig.path``:
   makes sure the checkpoint can read the prepared token ids.
 
 Either way the model is the bare encoder (``BertModel``, ``RobertaModel``, ``ElectraModel``,
-``DebertaV2Model``) without a pooler: pretraining heads live in :mod:`spanlm.heads`, and a pooler that
-no loss reaches would be an unused parameter under DDP.
+``DebertaV2Model``, ``ModernBertModel``, ``EuroBertModel``) without a pooler: pretraining heads live in
+:mod:`spanlm.heads`, and a pooler that no loss reaches would be an unused parameter under DDP.
 """
 
 from __future__ import annotations
@@ -26,13 +26,19 @@ from torch import nn
 
 from spanlm.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from spanlm.errors import ConfigError, InputError
+from spanlm.heads.mlm import MLMHead
 
 if TYPE_CHECKING:  # transformers is imported lazily: reading a recipe must not pay for it
     from transformers import PreTrainedModel
 
     from spanlm.data.shards import PreparedCorpus
 
-Family = Literal["bert", "roberta", "electra", "deberta-v2"]
+Family = Literal["bert", "roberta", "electra", "deberta-v2", "modernbert", "eurobert"]
+
+# The modern encoders (Warner et al. 2024, ModernBERT, arXiv 2412.13663; Boizard et al. 2025, EuroBERT, arXiv
+# 2503.05500): rotary positions (no position table), no biases, pre-norm layers with a final norm; ModernBERT
+# alternates sliding-window and global attention. Their own settings are BackboneConfig fields below.
+MODERN_FAMILIES = ("modernbert", "eurobert")
 
 # Attention implementation per family. BERT, RoBERTa and ELECTRA set `_supports_sdpa = True` in
 # transformers 5.23, so attention runs through torch.nn.functional.scaled_dot_product_attention
@@ -41,7 +47,14 @@ Family = Literal["bert", "roberta", "electra", "deberta-v2"]
 # DisentangledSelfAttention, which only has the eager path, and `from_config(attn_implementation="sdpa")`
 # raises a ValueError. tests/models/test_backbone.py checks this table against `_supports_sdpa`, so a
 # transformers upgrade that adds SDPA to DeBERTa fails loudly instead of leaving speed on the table.
-ATTENTION = {"bert": "sdpa", "roberta": "sdpa", "electra": "sdpa", "deberta-v2": "eager"}
+ATTENTION = {
+    "bert": "sdpa",
+    "roberta": "sdpa",
+    "electra": "sdpa",
+    "deberta-v2": "eager",
+    "modernbert": "sdpa",
+    "eurobert": "sdpa",
+}
 
 # Models without a pooler argument (ELECTRA and DeBERTa-V2 never build one).
 _HAS_POOLER = {"bert", "roberta"}
@@ -93,6 +106,18 @@ _RESERVED_EXTRA_KEYS = {
     "embedding_size",
     "layer_norm_eps",
     "initializer_range",
+    # the modern families' named fields (or the corpus's special ids)
+    "norm_eps",
+    "rms_norm_eps",
+    "attention_dropout",
+    "embedding_dropout",
+    "mlp_dropout",
+    "local_attention",
+    "layer_types",
+    "rope_parameters",
+    "cls_token_id",
+    "sep_token_id",
+    "mask_token_id",
 }
 
 
@@ -122,6 +147,15 @@ class BackboneConfig:
     embedding_size: int | None = None
     layer_norm_eps: float | None = None  # None = the family's default (BERT 1e-12, DeBERTa-V3 1e-7)
     initializer_range: float = 0.02
+    # ModernBERT only (None: the family's default, ModernBertConfig's: a 128-token window, every third layer
+    # global): the sliding window of its local layers in tokens (``local_attention``, half on each side) and
+    # which layers attend globally (every ``global_attention_every``-th, the first included).
+    local_attention: int | None = None
+    global_attention_every: int | None = None
+    # RoPE base (modernbert: of its global layers, default 160k; eurobert: of every layer, default 10k) and
+    # ModernBERT's local layers' base (default 10k). None: the family's default.
+    rope_theta: float | None = None
+    local_rope_theta: float | None = None
     # Any other key of the family's transformers config, applied last (e.g. {"relative_attention": false}
     # for a DeBERTa-V2-style model with absolute positions). Unknown keys are rejected at build time.
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -142,6 +176,21 @@ class BackboneConfig:
                 )
             if self.embedding_size < 1:
                 raise ValueError("embedding_size must be positive")
+        modern = {"local_attention": ("modernbert",), "global_attention_every": ("modernbert",)}
+        modern |= {"rope_theta": MODERN_FAMILIES, "local_rope_theta": ("modernbert",)}
+        for name, families in modern.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if self.family not in families:
+                raise ValueError(
+                    f"{name} is a setting of the {' and '.join(families)} famil{'ies' if len(families) > 1 else 'y'}; "
+                    f"family {self.family} has none"
+                )
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if self.local_attention is not None and self.local_attention % 2:
+            raise ValueError(f"local_attention must be even (half a window on each side), got {self.local_attention}")
         reserved = sorted(_RESERVED_EXTRA_KEYS & set(self.extra))
         if reserved:
             raise ValueError(f"extra may not set {', '.join(reserved)} (set by the prepared corpus or a named field)")
@@ -194,9 +243,48 @@ def _transformers_config(config: BackboneConfig, corpus: PreparedCorpus):
         values["embedding_size"] = config.embedding_size
     if config.layer_norm_eps is not None:
         values["layer_norm_eps"] = config.layer_norm_eps
+    if config.family in MODERN_FAMILIES:
+        values = _modern_values(config, values, special)
     _check_extra(config)
     values.update(config.extra)
     return AutoConfig.for_model(config.family, **values)
+
+
+def _modern_values(config: BackboneConfig, values: dict[str, Any], special: dict[str, int]) -> dict[str, Any]:
+    """The BERT-named ``values`` under ModernBERT's / EuroBERT's config names, with their own settings."""
+    renamed = {
+        "modernbert": {
+            "hidden_dropout_prob": ("embedding_dropout", "mlp_dropout"),
+            "attention_probs_dropout_prob": ("attention_dropout",),
+            "layer_norm_eps": ("norm_eps",),
+        },
+        # EuroBERT (Llama's layers) has no dropout but in its attention: hidden_dropout does not apply to it
+        "eurobert": {"attention_probs_dropout_prob": ("attention_dropout",), "layer_norm_eps": ("rms_norm_eps",)},
+    }[config.family]
+    out = {
+        key: value
+        for key, value in values.items()
+        if key not in ("hidden_dropout_prob", "attention_probs_dropout_prob")
+    }
+    out.pop("layer_norm_eps", None)
+    for old, new_names in renamed.items():
+        if old in values:
+            out.update({new: values[old] for new in new_names})
+    if config.family == "modernbert":
+        out.update(cls_token_id=special["cls"], sep_token_id=special["sep"])
+        if config.local_attention is not None:
+            out["local_attention"] = config.local_attention
+        if config.global_attention_every is not None:
+            out["global_attn_every_n_layers"] = config.global_attention_every
+        if config.rope_theta is not None:
+            out["global_rope_theta"] = config.rope_theta
+        if config.local_rope_theta is not None:
+            out["local_rope_theta"] = config.local_rope_theta
+    else:
+        out["mask_token_id"] = special["mask"]
+        if config.rope_theta is not None:
+            out["rope_parameters"] = {"rope_type": "default", "rope_theta": config.rope_theta}
+    return out
 
 
 def _check_extra(config: BackboneConfig) -> None:
@@ -338,14 +426,46 @@ def hidden_size(model: PreTrainedModel) -> int:
 
 
 def backbone_layers(backbone) -> list:
-    """The encoder's transformer layers (empty for a model without ``encoder.layer``)."""
+    """The encoder's transformer layers (``encoder.layer``; the modern families' ``layers``; else empty)."""
     encoder = getattr(backbone, "encoder", None)
-    return list(getattr(encoder, "layer", []))
+    if encoder is not None:
+        return list(getattr(encoder, "layer", []))
+    return list(getattr(backbone, "layers", []))
 
 
 def layer_norm_eps(backbone) -> float:
     """The epsilon of the encoder's layer norms, which spanlm's heads use too."""
-    return float(getattr(backbone.config, "layer_norm_eps", 1e-12))
+    config = backbone.config
+    for name in ("layer_norm_eps", "norm_eps", "rms_norm_eps"):
+        if hasattr(config, name):
+            return float(getattr(config, name))
+    return 1e-12
+
+
+def mlm_head(backbone, initializer_range: float | None = None) -> MLMHead:
+    """The MLM head of the backbone's family, over its input embedding: BERT's (dense, GeLU, LayerNorm, tied
+    decoder with a bias) for the BERT-like families, ``ModernBertForMaskedLM``'s (the same, biases as its config
+    says), ``EuroBertForMaskedLM``'s (the decoder alone, tied only where its config ties it)."""
+    config = backbone.config
+    std = float(config.initializer_range) if initializer_range is None else initializer_range
+    options: dict[str, Any] = {}
+    if config.model_type == "modernbert":
+        options = {"bias": bool(config.classifier_bias) and bool(config.norm_bias), "decoder_bias": config.decoder_bias}
+        if config.classifier_bias != config.norm_bias or config.classifier_activation != "gelu":
+            raise InputError(
+                f"ModernBERT with classifier_bias {config.classifier_bias}, norm_bias {config.norm_bias}, "
+                f"classifier_activation {config.classifier_activation}: spanlm's MLM head takes both biases or "
+                "neither and GeLU"
+            )
+    elif config.model_type == "eurobert":
+        options = {"transform": False, "tied": bool(config.tie_word_embeddings), "decoder_bias": bool(config.mlp_bias)}
+    return MLMHead(
+        hidden_size(backbone),
+        input_embeddings(backbone),
+        layer_norm_eps=layer_norm_eps(backbone),
+        initializer_range=std,
+        **options,
+    )
 
 
 def shortest_position_table(module: nn.Module) -> int | None:

@@ -29,12 +29,20 @@ class EncoderConfig:
             raise ValueError("dropout must be in [0, 1)")
 
 
+# The config fields of every dropout of the families whose names are not BERT's (EuroBERT has only its attention's).
+DROPOUTS = {
+    "modernbert": ("embedding_dropout", "mlp_dropout", "attention_dropout"),
+    "eurobert": ("attention_dropout",),
+}
+
+
 def load_hf_model(directory: Path, config: EncoderConfig):
     from transformers import AutoConfig, AutoModel
 
     model_config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
     if config.dropout is not None:
-        model_config.hidden_dropout_prob = model_config.attention_probs_dropout_prob = config.dropout
+        for name in DROPOUTS.get(model_config.model_type, ("hidden_dropout_prob", "attention_probs_dropout_prob")):
+            setattr(model_config, name, config.dropout)
     attention = ATTENTION.get(model_config.model_type, "eager")
     kwargs = {"add_pooling_layer": False} if model_config.model_type in ("bert", "roberta") else {}
     try:

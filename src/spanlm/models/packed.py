@@ -47,12 +47,14 @@ from spanlm.errors import ConfigError
 
 # One copy of the bounds' derivation: the CharBERT modeling file, which imports nothing of spanlm, holds it.
 from spanlm.models.modeling_charbert import varlen_arguments
+from spanlm.models.packed_modern import modern_states
 
 VARLEN_ATTENTION = "spanlm_varlen"
 # transformers' implementations that take cu_seq_lens_q / k themselves.
 NATIVE_VARLEN = ("flash_attention_2", "flash_attention_3")
 VARLEN_FAMILIES = ("bert", "roberta", "electra")  # their models pass the varlen arguments to the attention
-PACKABLE_FAMILIES = (*VARLEN_FAMILIES, "deberta-v2")  # DeBERTa-V2: run padded inside the encoder
+MODERN_FAMILIES = ("modernbert", "eurobert")  # their own varlen path: spanlm.models.packed_modern
+PACKABLE_FAMILIES = (*VARLEN_FAMILIES, "deberta-v2", *MODERN_FAMILIES)  # DeBERTa-V2: run padded inside the encoder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,6 +254,8 @@ def encoder_states(
     extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
     if position_ids is None or position_ids.numel() == 0:
         return model(input_ids=input_ids, attention_mask=attention_mask.long(), **extra).last_hidden_state
+    if model.config.model_type in MODERN_FAMILIES:
+        return modern_states(model, input_ids, attention_mask, position_ids, cu_seq_lens, max_seq_len)
     if model.config.model_type not in VARLEN_FAMILIES:
         return repadded_states(model, input_ids, attention_mask, position_ids, token_type_ids)
     use_varlen_attention(model)

@@ -12,7 +12,9 @@ Three modes (He et al. 2021, DeBERTa-V3, arXiv 2111.09543, §3):
 Shared tables: the word embedding and the *absolute* position embedding where the backbone has one
 (BERT, RoBERTa, ELECTRA; DeBERTa-V3 has none: ``position_biased_input: false``) — never the relative
 embeddings of DeBERTa's attention, nor the embedding LayerNorm, nor the token-type table (as in the
-DeBERTa-V3 code; pretraining blocks are single-segment, so only one type row is ever read).
+DeBERTa-V3 code; pretraining blocks are single-segment, so only one type row is ever read). ModernBERT and
+EuroBERT number positions by rotation (RoPE), which has no table: they share the word embedding alone
+(``embeddings.tok_embeddings`` / ``embed_tokens``), not ModernBERT's embedding LayerNorm.
 
 :class:`SharedEmbedding` replaces D's table and computes its weight on every call from G's live table
 (read from G's module at call time, so it survives ``.to()``, loading and FSDP's parameter swaps). G's
@@ -29,8 +31,8 @@ from torch.nn import functional as F
 
 Sharing = Literal["none", "es", "gdes"]
 
-# Attribute names, on the backbone's `embeddings` module, of the tables that are shared.
-SHARED_TABLES = ("word_embeddings", "position_embeddings")
+# The absolute position table, on the backbone's `embeddings` module, where the family has one.
+POSITION_TABLE = "position_embeddings"
 
 
 class SharedEmbedding(nn.Module):
@@ -73,13 +75,11 @@ class SharedEmbedding(nn.Module):
 
 
 def shared_tables(backbone: nn.Module) -> dict[str, nn.Module]:
-    """The backbone's shareable tables by attribute name: word and (if any) absolute position embeddings."""
-    embeddings = backbone.embeddings
-    return {
-        name: module
-        for name in SHARED_TABLES
-        if isinstance(module := getattr(embeddings, name, None), (nn.Embedding, SharedEmbedding))
-    }
+    """The backbone's shareable tables by module path: the word embedding (the model's input embedding) and, if
+    the family has one, the absolute position embedding."""
+    tables = [backbone.get_input_embeddings(), getattr(getattr(backbone, "embeddings", None), POSITION_TABLE, None)]
+    paths = {id(module): path for path, module in backbone.named_modules()}
+    return {paths[id(module)]: module for module in tables if isinstance(module, (nn.Embedding, SharedEmbedding))}
 
 
 def share_embeddings(
@@ -107,7 +107,7 @@ def share_embeddings(
                 f"the discriminator's {tuple(own.weight.shape)}"
             )
         delta = (own.weight - source.weight) if keep_discriminator and mode == "gdes" else None
-        setattr(discriminator.embeddings, name, SharedEmbedding(source, mode, delta))
+        discriminator.set_submodule(name, SharedEmbedding(source, mode, delta))
 
 
 @torch.no_grad()
@@ -116,5 +116,5 @@ def materialised_state_dict(backbone: nn.Module) -> dict[str, Tensor]:
     weight under ``embeddings.<table>.weight`` (E_G + E_Δ for GDES, E_G for ES) and no ``delta``."""
     state = {name: tensor for name, tensor in backbone.state_dict().items() if not name.endswith(".delta")}
     for name, module in shared_tables(backbone).items():
-        state[f"embeddings.{name}.weight"] = module.weight.detach().clone()
+        state[f"{name}.weight"] = module.weight.detach().clone()
     return state

@@ -34,11 +34,10 @@ from spanlm.data.chars import CharVocab, Spelling, build_char_vocab, char_stream
 from spanlm.errors import ConfigError, InputError
 from spanlm.heads.hf import HEADS_FILE
 from spanlm.heads.losses import TokenLoss, VocabTarget, vocab_cross_entropies
-from spanlm.heads.mlm import MLMHead
 from spanlm.heads.nlm import NLMHead
 from spanlm.masking.base import MaskedBatch
 from spanlm.masking.noise import NoiseMasker
-from spanlm.models.backbone import build_backbone, input_embeddings, layer_norm_eps
+from spanlm.models.backbone import build_backbone, layer_norm_eps, mlm_head
 from spanlm.models.charbert import (
     CharChannelConfig,
     DualChannel,
@@ -123,7 +122,7 @@ class CharBERT(Objective):
         eps = layer_norm_eps(model.backbone)
         hidden = model.config.hidden_size
         std = float(model.backbone.config.initializer_range)
-        self.mlm_head = MLMHead(hidden, input_embeddings(model.backbone), layer_norm_eps=eps, initializer_range=std)
+        self.mlm_head = mlm_head(model.backbone, initializer_range=std)
         self.nlm_head = NLMHead(hidden, len(masker.terms), layer_norm_eps=eps, initializer_range=std)
 
     @property

@@ -40,7 +40,6 @@ import torch
 from spanlm.data.tokenizer import save_tokenizer
 from spanlm.errors import ConfigError, InputError
 from spanlm.heads.losses import VocabTarget, masked_lm_loss, span_bert_loss, vocab_cross_entropies
-from spanlm.heads.mlm import MLMHead
 from spanlm.heads.rtd import RTD_HEADS, DebertaV3RTDHead, gumbel_max_sample, replace_tokens, rtd_loss
 from spanlm.heads.sbo import MAX_TARGETS, SBOHead
 from spanlm.masking.base import MaskedBatch, build_masker
@@ -51,6 +50,7 @@ from spanlm.models.backbone import (
     hidden_size,
     input_embeddings,
     layer_norm_eps,
+    mlm_head,
 )
 from spanlm.models.packed import packed_block_starts
 from spanlm.models.sharing import materialised_state_dict, share_embeddings
@@ -132,9 +132,7 @@ class Electra(Objective):
         self.batch_fields = (*MLM_FIELDS, "sample_seed", *(SBO_FIELDS if settings.generator_head == "sbo" else ()))
         std = float(generator.config.initializer_range)
         embedding = input_embeddings(generator)  # E_G: the generator's heads decode through it
-        self.mlm_head = MLMHead(
-            hidden_size(generator), embedding, layer_norm_eps=layer_norm_eps(generator), initializer_range=std
-        )
+        self.mlm_head = mlm_head(generator, initializer_range=std)
         self.sbo_head = None
         if settings.generator_head == "sbo":
             self.sbo_head = SBOHead(

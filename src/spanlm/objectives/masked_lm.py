@@ -17,9 +17,8 @@ from pathlib import Path
 import torch
 
 from spanlm.heads.losses import VocabTarget, masked_lm_loss, vocab_cross_entropies
-from spanlm.heads.mlm import MLMHead
 from spanlm.masking.base import build_masker
-from spanlm.models.backbone import backbone_layers, build_backbone, hidden_size, input_embeddings, layer_norm_eps
+from spanlm.models.backbone import backbone_layers, build_backbone, layer_norm_eps, mlm_head
 from spanlm.objectives import register
 from spanlm.objectives.masked_batch import MLM_FIELDS, encode, gather_rows
 from spanlm.objectives.pretrained_heads import export_with_heads, load_heads_if_present
@@ -35,7 +34,7 @@ class MaskedLM(Objective):
         self.name = name
         self.backbone = backbone
         self.masker = masker
-        self.mlm_head = MLMHead(hidden_size(backbone), input_embeddings(backbone), layer_norm_eps=layer_norm_eps)
+        self.mlm_head = mlm_head(backbone, initializer_range=0.02)  # the family's head; eps from the backbone
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         hidden = encode(self.backbone, batch)  # (B, L, H)

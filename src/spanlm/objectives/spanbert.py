@@ -13,10 +13,16 @@ from pathlib import Path
 import torch
 
 from spanlm.heads.losses import VocabTarget, span_bert_loss, vocab_cross_entropies
-from spanlm.heads.mlm import MLMHead
 from spanlm.heads.sbo import SBOHead
 from spanlm.masking.base import build_masker
-from spanlm.models.backbone import backbone_layers, build_backbone, hidden_size, input_embeddings, layer_norm_eps
+from spanlm.models.backbone import (
+    backbone_layers,
+    build_backbone,
+    hidden_size,
+    input_embeddings,
+    layer_norm_eps,
+    mlm_head,
+)
 from spanlm.objectives import register
 from spanlm.objectives.masked_batch import MLM_FIELDS, SBO_FIELDS, encode, gather_rows
 from spanlm.objectives.pretrained_heads import export_with_heads, load_heads_if_present
@@ -34,7 +40,7 @@ class SpanBERT(Objective):
         self.masker = masker
         self.sbo_weight = sbo_weight
         embedding = input_embeddings(backbone)
-        self.mlm_head = MLMHead(hidden_size(backbone), embedding, layer_norm_eps=eps)
+        self.mlm_head = mlm_head(backbone, initializer_range=0.02)
         self.sbo_head = SBOHead(hidden_size(backbone), embedding, max_targets=max_targets, layer_norm_eps=eps)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -52,8 +52,18 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
     )
     recipe.data.packing = resolve_packing(recipe.data.packing, objective, env.device)  # config.yaml records the choice
     fields = objective.batch_fields
+    schedule = recipe.masking.rate_schedule
     loader = build_train_loader(
-        blocks, train_blocks, objective.masker, recipe.train, recipe.seed, env.rank, env.world_size, recipe.data, fields
+        blocks,
+        train_blocks,
+        objective.masker,
+        recipe.train,
+        recipe.seed,
+        env.rank,
+        env.world_size,
+        recipe.data,
+        fields,
+        schedule,
     )
     return TrainingSetup(
         objective,
@@ -68,6 +78,7 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
             env.world_size,
             recipe.data,
             fields,
+            schedule,
         ),
         tokenizer_fingerprint=corpus.meta["tokenizer_fingerprint"],
         keep_with_run=functools.partial(keep_tokenizer, corpus),

@@ -24,7 +24,11 @@ class TrainConfig:
     eps: float = 1e-6
     weight_decay: float = 0.01  # not applied to biases and LayerNorm weights
     warmup_steps: int = 20
-    schedule: Literal["linear", "cosine", "constant"] = "linear"  # decay after warmup
+    schedule: Literal["linear", "cosine", "constant", "wsd"] = "linear"  # decay after warmup
+    # wsd (warmup-stable-decay; Hu et al. 2024, MiniCPM; Hägele et al. 2024): the peak rate until the last
+    # ``decay_share`` of max_steps, then down to 0 in that ``decay_shape`` (1-sqrt: Hägele et al.'s cooldown).
+    decay_share: float = 0.1
+    decay_shape: Literal["linear", "cosine", "1-sqrt"] = "1-sqrt"
     max_grad_norm: float = 1.0  # 0 disables clipping
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16 = autocast; weights and optimiser stay fp32
     compile: bool = False  # torch.compile the objective's forward
@@ -60,6 +64,8 @@ class TrainConfig:
             raise ValueError(f"eps must be a positive finite number, got {self.eps}")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise ValueError(f"weight_decay must not be negative, got {self.weight_decay}")
+        if not 0 < self.decay_share <= 1:
+            raise ValueError(f"decay_share must be in (0, 1], got {self.decay_share}")
         if not math.isfinite(self.max_grad_norm):
             raise ValueError(f"max_grad_norm must be finite, got {self.max_grad_norm}")
         if len(self.betas) != 2:

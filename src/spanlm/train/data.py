@@ -18,6 +18,7 @@ from spanlm.data.block_index import ConcatenatedIndex
 from spanlm.data.blocks import BlockDataset, BlockSampler, KeyedPermutation, collate_blocks
 from spanlm.data.packing import pack_masked
 from spanlm.errors import ConfigError, InputError
+from spanlm.masking.base import with_rate
 from spanlm.train.dist import uses_cuda
 
 HELD_OUT_KEY = 7919  # the RNG key of the held-out draw: never an epoch's
@@ -212,6 +213,17 @@ class BatchKeySampler:
             count += 1
         return count
 
+    def number(self, epoch: int, batch: int) -> int:
+        """How many batches this rank takes before ``batch`` of ``epoch`` (the same on every rank): a function of
+        the key alone, which a masking-rate schedule turns into the optimiser step."""
+        if not self.tokens_per_batch:
+            return epoch * (len(self.order) // self.batch_size) + batch
+        if not hasattr(self, "_epoch_firsts"):
+            self._epoch_firsts = [0]  # batches before each epoch, extended as epochs are reached
+        while len(self._epoch_firsts) <= epoch:
+            self._epoch_firsts.append(self._epoch_firsts[-1] + self.batches_per_epoch(len(self._epoch_firsts) - 1))
+        return self._epoch_firsts[epoch] + batch
+
     def following(self, position: dict) -> dict:
         """The position after ``position``."""
         epoch, batch = position["epoch"], position["batch"]
@@ -250,12 +262,26 @@ class BatchKeySampler:
             self.starts = self._walk(self.epoch, self.batch)
 
 
+class ScheduledRate:
+    """The masking rate of a training batch from its key: the key's batch number (:meth:`BatchKeySampler.number`)
+    → its optimiser step (``grad_accum`` micro-batches a step) → ``schedule.rate_at(step)``."""
+
+    def __init__(self, schedule, sampler: BatchKeySampler, grad_accum: int):
+        self.schedule, self.sampler, self.grad_accum = schedule, sampler, grad_accum
+
+    def __call__(self, epoch: int, batch: int) -> float:
+        if epoch == EVAL_EPOCH:
+            return self.schedule.final_rate
+        return self.schedule.rate_at(self.sampler.number(epoch, batch) // self.grad_accum)
+
+
 class MaskedBatches(torch.utils.data.Dataset):
     """Map-style dataset keyed by batch: key → masked batch as a dict of tensors.
 
     ``packed``: the masked blocks one after another in one stream (:mod:`spanlm.data.packing`), with the
     stream's segment bounds and longest segment, computed here so the model reads neither from the device.
     Masking comes first, on one block per row, so a key gives the same masks packed or not.
+    ``rate``: (epoch, batch) → the masking rate of that batch (a :class:`ScheduledRate`); None: the masker's own.
     """
 
     def __init__(
@@ -267,16 +293,19 @@ class MaskedBatches(torch.utils.data.Dataset):
         rank: int,
         packed: bool = False,
         fields: tuple[str, ...] | None = None,
+        rate=None,
     ):
         self.blocks, self.masker, self.pad_id, self.seed, self.rank = blocks, masker, pad_id, seed, rank
         self.packed = packed
         self.fields = fields  # the arrays the objective reads (Objective.batch_fields); None: all
+        self.rate = rate
 
     def __getitem__(self, key) -> dict[str, torch.Tensor | int]:
         epoch, batch, indices = key
         block_batch = collate_blocks([self.blocks[int(i)] for i in indices], self.pad_id)
         rng = np.random.default_rng([self.seed, self.rank, epoch, batch])
-        masked = self.masker(block_batch, rng)
+        masker = self.masker if self.rate is None else with_rate(self.masker, self.rate(epoch, batch))
+        masked = masker(block_batch, rng)
         if self.packed:
             masked = pack_masked(masked, self.pad_id, getattr(self.masker, "packing_gap", 0))
         return masked.to_torch() if self.fields is None else masked.to_torch(self.fields)
@@ -362,14 +391,17 @@ def build_train_loader(
     world_size: int,
     data=None,
     fields: tuple[str, ...] | None = None,
+    rate_schedule=None,
 ) -> KeyedLoader:
     """The resumable pretraining loader; ``data`` (DataConfig, its ``packing`` resolved) packs batches and sets a
-    token budget; ``fields``: the batch arrays the objective reads (None: all)."""
+    token budget; ``fields``: the batch arrays the objective reads (None: all); ``rate_schedule``: the masking
+    rate by step (a :class:`~spanlm.masking.base.RateSchedule`; None or constant: the masker's own)."""
     tokens = data.tokens_per_batch if data is not None else 0
     sampler = BatchKeySampler(
         train_blocks, config.batch_size, seed, rank, world_size, lengths=BlockLengths(blocks), tokens_per_batch=tokens
     )
-    dataset = MaskedBatches(blocks, masker, blocks.corpus.special_ids["pad"], seed, rank, packs(data), fields)
+    rate = ScheduledRate(rate_schedule, sampler, config.grad_accum) if rate_schedule and rate_schedule.active else None
+    dataset = MaskedBatches(blocks, masker, blocks.corpus.special_ids["pad"], seed, rank, packs(data), fields, rate)
     return KeyedLoader(dataset, sampler, config.num_workers, seed, pin_memory=uses_cuda(config.device))
 
 
@@ -415,12 +447,16 @@ def eval_batches(
     world_size: int,
     data=None,
     fields: tuple[str, ...] | None = None,
+    rate_schedule=None,
 ):
     """This rank's held-out blocks, masked with fixed RNGs so every evaluation sees the same batches.
 
     Every rank gets the same number of batches (the held-out set is trimmed to a multiple of the
-    world size), so the metrics can be reduced across ranks.
+    world size), so the metrics can be reduced across ranks. Under a masking-rate schedule they are masked at
+    its last rate, so every evaluation of the run is scored on the same targets.
     """
+    if rate_schedule is not None and rate_schedule.active:
+        masker = with_rate(masker, rate_schedule.final_rate)
     dataset = MaskedBatches(blocks, masker, blocks.corpus.special_ids["pad"], seed, rank, packs(data), fields)
     mine = eval_blocks[: len(eval_blocks) - len(eval_blocks) % world_size][rank::world_size]
     for number, start in enumerate(range(0, len(mine), batch_size)):

@@ -153,12 +153,26 @@ def clip_gradients(
     return total.full_tensor() if hasattr(total, "full_tensor") else total
 
 
+def decay_steps(config: TrainConfig) -> int:
+    """The steps of a wsd schedule's decay: the last ``decay_share`` of max_steps, at least one."""
+    return max(1, round(config.decay_share * config.max_steps))
+
+
 def lr_factor(step: int, config: TrainConfig) -> float:
-    """Linear warmup to the peak, then linear or cosine decay to 0 at max_steps (or constant)."""
+    """Linear warmup to the peak, then linear or cosine decay to 0 at max_steps (or constant); wsd: the peak
+    until the last ``decay_steps``, then down to 0 in ``decay_shape``."""
     if config.warmup_steps and step < config.warmup_steps:
         return (step + 1) / config.warmup_steps
     if config.schedule == "constant":
         return 1.0
+    if config.schedule == "wsd":
+        decay = decay_steps(config)
+        progress = min(max((step - (config.max_steps - decay)) / decay, 0.0), 1.0)
+        if config.decay_shape == "linear":
+            return 1.0 - progress
+        if config.decay_shape == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0 - math.sqrt(progress)
     progress = (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps)
     progress = min(max(progress, 0.0), 1.0)
     return 1.0 - progress if config.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))

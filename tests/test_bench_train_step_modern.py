@@ -1,0 +1,27 @@
+"""bench/train_step_modern.py runs: a one-step run on the embedded books prints one JSON line with the ratios."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+from helpers import REPO
+
+SCRIPT = REPO / "bench" / "train_step_modern.py"
+
+
+def test_a_one_step_run_prints_the_ratio_against_the_peer_and_bert(tmp_path):
+    command = [sys.executable, str(SCRIPT), "--seq", "32", "--steps", "1", "--warmup", "0", "--batch", "2"]
+    command += ["--batches", "1", "--data", "data/corpus", "--work", str(tmp_path), "--vocab", "2000"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (line,) = result.stdout.splitlines()
+    output = json.loads(line)
+    assert output["bench"] == "train_step_modern" and output["ratio"] > 0 and output["flops_ratio_vs_bert"] > 0
+    runs = output["results"]
+    assert (
+        runs["modernbert"]["targets_sbo"] > 0 and runs["peer"]["targets_sbo"] == 0 and runs["peer"]["targets_mlm"] > 0
+    )
+    assert all(math.isfinite(loss) for side in runs.values() for loss in side["loss_first_last"])
