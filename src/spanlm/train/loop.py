@@ -393,12 +393,14 @@ class Trainer:
         batches = iter(self.loader)
         window, started, skipped = _Window(env.device), time.perf_counter(), 0
         self.objective.train()
-        if config.eval_at_start and self.step == 0:
-            evaluation = self.evaluate()
-            if logger and evaluation:
-                logger.log({"kind": "eval", "step": 0, **self._clock(), **evaluation})
+        # From the first evaluation to the last save, a stop signal only sets a flag: an evaluation runs to its
+        # end, the step after it too, then the run saves; a save under way completes.
         try:
             with StopSignal() as stop:
+                if config.eval_at_start and self.step == 0:
+                    evaluation = self.evaluate()
+                    if logger and evaluation:
+                        logger.log({"kind": "eval", "step": 0, **self._clock(), **evaluation})
                 while self.step < config.max_steps:
                     self._step(batches, window)
                     progress.update(1)
@@ -429,8 +431,8 @@ class Trainer:
                     if self.step % config.save_every == 0 and self.step < config.max_steps:
                         self._check_finite(window)
                         self.save()
-            self._check_finite(window)
-            self.save()
+                self._check_finite(window)
+                self.save()
             return self.output_dir
         finally:
             progress.close()
