@@ -300,12 +300,28 @@ def load_objective_weights(objective, path: Path) -> None:
 
 
 def load_file(path: Path) -> dict:
+    """A checkpoint's ``.pt`` file, loaded weights-only; a file that is not what spanlm wrote is a DamagedCheckpoint.
+
+    Why not torch's message: for a file whose pickle names something beyond tensors and plain data, it says
+    that loading with ``weights_only=False`` "will likely succeed" — wrong for a corrupt file, and for a
+    tampered one the way to run its code. spanlm's checkpoints hold nothing that needs it.
+    """
+    import pickle
+
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise DamagedCheckpoint(f"{path}: missing from the checkpoint") from None
+    except pickle.UnpicklingError as error:  # weights-only loading refused it: nothing of it ran
+        found = re.search(r"GLOBAL ([\w.]+)", str(error))
+        what = found.group(1) if found else "objects"
+        raise DamagedCheckpoint(
+            f"{path}: damaged or not a spanlm checkpoint file (it holds {what}, which spanlm never saves; "
+            "refused without running anything)"
+        ) from None
     except Exception as error:  # a corrupt file raises several types
-        raise DamagedCheckpoint(f"{path}: unreadable checkpoint file ({error})".split("\n")[0]) from None
+        reason = str(error).split("\n")[0].split(". ")[0]  # the cause, without torch's advice
+        raise DamagedCheckpoint(f"{path}: damaged or not a spanlm checkpoint file ({reason})") from None
 
 
 def check_same_tokenizer(path: Path, trainer_state: dict, fingerprint: str | None, recipe) -> None:
