@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from spanlm.cli_support import add_training_command, log, number
+from spanlm.cli_support import add_training_command, log, number, set_library_progress_bars
 
 
 def _prepare(args: argparse.Namespace) -> int:
@@ -16,6 +16,7 @@ def _prepare(args: argparse.Namespace) -> int:
     from spanlm.pretrain.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
+    set_library_progress_bars(recipe.logging.progress)
     directory = prepare(recipe, force=args.force, log=log, shard=_shard(args.shard))
     meta = read_meta(directory)
     summary = {

@@ -14,6 +14,21 @@ def log(message: str) -> None:
     print(message, file=sys.stderr)
 
 
+def set_library_progress_bars(enabled: bool) -> None:
+    """``logging.progress: false`` silences the libraries' progress bars too (transformers' loading and saving,
+    huggingface_hub's, datasets' map and load), not only spanlm's: a batch job's log stays lines, not bars."""
+    if enabled:
+        return
+    import os
+
+    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # read when datasets is imported
+    if "datasets" in sys.modules:  # already imported: its switch
+        sys.modules["datasets"].disable_progress_bars()
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # transformers' bars and huggingface_hub's
+
+
 def add_training_command(
     actions,
     name: str,

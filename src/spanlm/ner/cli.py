@@ -65,7 +65,7 @@ def _read(model, path: str, fmt: str | None, on_bad_record: str | None, split: s
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from spanlm.ner.data import write_jsonl
+    from spanlm.ner.data import document_record
     from spanlm.ner.metrics import format_table
     from spanlm.ner.predict import NerModel
     from spanlm.ner.task import evaluate_model
@@ -87,7 +87,9 @@ def _eval(args: argparse.Namespace) -> int:
     )
     output.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     if args.predictions:
-        write_jsonl(args.predictions, [d for d, _ in predicted])
+        # The lines `ner predict` writes, each entity with its score
+        lines = [json.dumps(document_record(d, scores), ensure_ascii=False) + "\n" for d, scores in predicted]
+        write_lines_or_stdout(lines, args.predictions, "documents")
     print(format_table(scores) if args.noise is None else format_comparison(scores, attacked, args.noise))
     log(f"wrote {output}")
     return 0

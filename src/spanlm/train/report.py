@@ -13,7 +13,7 @@ from spanlm.train.metrics import NOT_METRICS, read_metrics
 # Which columns go on which figure; a figure is drawn when the run logged any of its columns.
 PLOTS = {
     "loss.png": ("Training loss", lambda key: key == "loss" or key.endswith("_loss"), "train"),
-    "lr.png": ("Learning rate", lambda key: key == "lr", "train"),
+    "lr.png": ("Learning rate", lambda key: key == "lr" or key.startswith("lr_"), "train"),
     "throughput.png": ("Throughput (tokens/s)", lambda key: key == "tokens_per_s", "train"),
     "grad_norm.png": ("Gradient norm", lambda key: key == "grad_norm", "train"),
     "eval.png": ("Held-out evaluation", lambda key: key not in NOT_METRICS, "eval"),
