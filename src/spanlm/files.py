@@ -228,3 +228,16 @@ def files_of(directory: str | Path) -> list[Path]:
     must not overwrite, though an output may go beside them."""
     directory = Path(directory)
     return [path for path in directory.iterdir() if path.is_file()] if directory.is_dir() else []
+
+
+def refused_pickle(error: Exception) -> str:
+    """Why ``torch.load(..., weights_only=True)`` did not load a file, without torch's advice that loading it with
+    ``weights_only=False`` "will likely succeed": wrong for a corrupt file, and for a tampered one the way to run
+    its code. Nothing of the file ran: weights-only loading refuses before it builds anything."""
+    import pickle
+
+    if isinstance(error, pickle.UnpicklingError):
+        found = re.search(r"GLOBAL ([\w.]+)", str(error))
+        held = found.group(1) if found else "objects"
+        return f"it holds {held}, beyond tensors and plain data; refused without running anything"
+    return str(error).split("\n")[0].split(". ")[0]  # the cause, without torch's advice

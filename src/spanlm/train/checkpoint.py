@@ -43,7 +43,7 @@ import torch
 
 from spanlm.config import to_dict
 from spanlm.errors import InputError
-from spanlm.files import fsync_directory, fsync_tree, out_of_space, replace_directory
+from spanlm.files import fsync_directory, fsync_tree, out_of_space, refused_pickle, replace_directory
 from spanlm.models.hf_model import check_safetensors
 from spanlm.processes import process_alive
 from spanlm.train.kept_tokenizer import checkpoint_tokenizer_dir
@@ -306,22 +306,12 @@ def load_file(path: Path) -> dict:
     that loading with ``weights_only=False`` "will likely succeed" — wrong for a corrupt file, and for a
     tampered one the way to run its code. spanlm's checkpoints hold nothing that needs it.
     """
-    import pickle
-
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise DamagedCheckpoint(f"{path}: missing from the checkpoint") from None
-    except pickle.UnpicklingError as error:  # weights-only loading refused it: nothing of it ran
-        found = re.search(r"GLOBAL ([\w.]+)", str(error))
-        what = found.group(1) if found else "objects"
-        raise DamagedCheckpoint(
-            f"{path}: damaged or not a spanlm checkpoint file (it holds {what}, which spanlm never saves; "
-            "refused without running anything)"
-        ) from None
-    except Exception as error:  # a corrupt file raises several types
-        reason = str(error).split("\n")[0].split(". ")[0]  # the cause, without torch's advice
-        raise DamagedCheckpoint(f"{path}: damaged or not a spanlm checkpoint file ({reason})") from None
+    except Exception as error:  # a corrupt file raises several types; a tampered one, UnpicklingError
+        raise DamagedCheckpoint(f"{path}: damaged or not a spanlm checkpoint file ({refused_pickle(error)})") from None
 
 
 def check_same_tokenizer(path: Path, trainer_state: dict, fingerprint: str | None, recipe) -> None:
