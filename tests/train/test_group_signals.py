@@ -213,3 +213,41 @@ def test_a_signal_to_a_torchrun_group_saves_every_rank(prepared, tmp_path):
     while group_members(process.pid) and time.time() < deadline:
         time.sleep(0.1)
     assert not group_members(process.pid)
+
+
+def test_a_signal_to_the_group_saves_a_qa_run(tiny_encoder_dir, tmp_path):
+    import yaml
+
+    run = tmp_path / "qa"
+    recipe = tmp_path / "qa.yaml"
+    squad = REPO / "tests" / "fixtures" / "qa" / "squad_v2_sample.json"
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"path": str(tiny_encoder_dir)},
+                "data": {
+                    "train": str(squad),
+                    "dev": str(squad),
+                    "max_length": 48,
+                    "doc_stride": 16,
+                    "max_query_length": 16,
+                },
+                "qa": {"metric": "squad", "no_answer": True},
+                "train": {
+                    "output_dir": str(run),
+                    "max_steps": 100000,
+                    "batch_size": 4,
+                    "eval_every": 0,
+                    "save_every": 100000,
+                    "log_every": 1,
+                    "num_workers": 2,
+                    "device": "cpu",
+                },
+                "logging": {"report_to": [], "progress": False},
+            }
+        ),
+        encoding="utf-8",
+    )
+    process = start_in_new_group(["qa", "train", str(recipe)])
+    wait_for(lambda: train_records(run) >= 2, process, seconds=300)
+    assert saved_step(run, signal_group_and_finish(process, signal.SIGTERM)) >= 2
