@@ -1401,7 +1401,7 @@ NUMERIC_OPTIONS = [
     (["ner", "eval", "MODEL", "--data", "x.conll", "--noise", "1.5"], "--noise: 1.5 must be in [0, 1]"),
     (["ner", "eval", "MODEL", "--data", "x.conll", "--noise-seed", "-1"], "--noise-seed: -1 must be at least 0"),
     (["ner", "predict", "MODEL", "--text", "x", "--threshold", "inf"], "--threshold: 'inf' is not a finite number"),
-    (["preview", "recipe.yaml", "--n", "0"], "--n: 0 must be at least 1"),
+    (["preview", "recipe.yaml", "--n", "-1"], "--n: -1 must be at least 0"),
     (["preview", "recipe.yaml", "--stats-blocks", "-1"], "--stats-blocks: -1 must be at least 1"),
     (["demo", "--seeds", "0", "-2"], "--seeds: -2 must be at least 0"),
 ]

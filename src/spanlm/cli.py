@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
         "recipe", help="a YAML recipe (data, tokenizer and masking sections), e.g. configs/masking/spanbert.yaml"
     )
     preview.add_argument("overrides", nargs="*", help="dotted overrides, e.g. masking.span.p=0.3 data.max_len=256")
-    preview.add_argument("--n", type=number(int, minimum=1), default=4, help="blocks to show (default 4)")
+    preview.add_argument("--n", type=number(int, minimum=0), default=4, help="blocks to show (default 4)")
     preview.add_argument(
         "--stats-blocks", type=number(int, minimum=1), default=256, help="blocks the statistics cover (default 256)"
     )
