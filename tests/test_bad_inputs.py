@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -1050,6 +1051,345 @@ def test_ner_crlf_files_read_as_lf(tmp_path):
     assert document.text == text and [text[e.start : e.end] for e in document.entities] == ["Holmes", "London"]
 
 
+# ---- round two: damaged metadata, outputs onto inputs, special files, the other subcommands ----------------
+
+
+@case("prepare_meta_json_not_json")
+def _(ctx):
+    recipe = ctx.pretrain_recipe()
+    meta = ctx.tmp / "prepared" / "meta.json"
+    meta.write_text('{"format_version": ', encoding="utf-8")
+    return ["prepare", recipe], [str(meta), "not valid JSON", "--force"]
+
+
+@case("pretrain_meta_json_not_utf8")
+def _(ctx):
+    recipe = ctx.pretrain_recipe()
+    meta = ctx.tmp / "prepared" / "meta.json"
+    meta.write_bytes(b"\xff\xfe{}")
+    return ["pretrain", recipe], [str(meta), "not UTF-8", "--force"]
+
+
+@case("pretrain_meta_json_a_list")
+def _(ctx):
+    recipe = ctx.pretrain_recipe()
+    meta = ctx.tmp / "prepared" / "meta.json"
+    meta.write_text("[]", encoding="utf-8")
+    return ["pretrain", recipe], [str(meta), "a mapping expected"]
+
+
+@case("pretrain_prepared_tokenizer_without_meta_json")
+def _(ctx):
+    recipe = ctx.pretrain_recipe()
+    (ctx.tmp / "prepared" / "meta.json").unlink()
+    return ["pretrain", recipe], [str(ctx.tmp / "prepared"), "no meta.json", "--force"]
+
+
+@case("prepare_tokenizer_json_not_a_tokenizer")
+def _(ctx):
+    recipe = ctx.pretrain_recipe()
+    tokenizer = ctx.copy("prepared", "other") / "tokenizer"
+    (tokenizer / "tokenizer.json").write_text('{"version": "1.0"}', encoding="utf-8")
+    data = yaml.safe_load(recipe.read_text(encoding="utf-8"))
+    data["tokenizer"] = {"path": str(tokenizer)}
+    data["data"]["prepared_dir"] = str(ctx.tmp / "new")
+    return ["prepare", ctx.recipe(data, "tok.yaml")], [str(tokenizer / "tokenizer.json"), "not a tokenizer"]
+
+
+@case("pretrain_runs_txt_not_utf8")
+def _(ctx):
+    recipe = ctx.pretrain_recipe(max_steps=1)
+    ctx.file("prepared/runs.txt", b"/some/run\n\xff\xfe\n")
+    return ["pretrain", recipe], [str(ctx.tmp / "prepared" / "runs.txt"), "not UTF-8"]
+
+
+@case("pretrain_resume_trackers_json_not_utf8")
+def _(ctx):
+    run, _ = run_copy(ctx)
+    prepared = ctx.copy("prepared")
+    (prepared / "runs.txt").write_text(f"{run.resolve()}\n", encoding="utf-8")  # as training on it records
+    recipe = pretrain_recipe(prepared, run)
+    recipe["data"]["inputs"] = [str(ctx.fixture("prepared").parent / "in" / "english.txt")]
+    recipe["train"]["max_steps"] = 2
+    (run / "trackers.json").write_bytes(b'{"mlflow": "\xff"}')
+    return ["pretrain", ctx.recipe(recipe), "--resume", "auto"], [str(run / "trackers.json"), "not UTF-8"]
+
+
+@case("ner_model_tokenizer_json_not_a_tokenizer")
+def _(ctx):
+    model = ctx.copy("ner_model", "model")
+    (model / "tokenizer.json").write_text('{"truncation": null}', encoding="utf-8")
+    return ner_eval(model), [str(model / "tokenizer.json"), "not a tokenizer"]
+
+
+@case("qa_model_tokenizer_config_not_json")
+def _(ctx):
+    model = ctx.copy("qa_model", "model")
+    (model / "tokenizer_config.json").write_text("{'single': 'quotes'}", encoding="utf-8")
+    path = ctx.file("questions.jsonl", '{"question": "Who?", "context": "Holmes did."}\n')
+    return ["qa", "predict", model, "--input", path], [str(model / "tokenizer_config.json"), "not valid JSON"]
+
+
+def texts_file(ctx) -> Path:
+    return ctx.file("texts.jsonl", '{"text": "Holmes met Watson in London ."}\n')
+
+
+@case("ner_predict_output_is_the_input")
+def _(ctx):
+    path = texts_file(ctx)
+    return ["ner", "predict", ctx.copy("ner_model", "model"), "--input", path, "--output", path], [
+        "--output is the input",
+        str(path),
+    ]
+
+
+@case("ner_predict_output_is_a_link_to_the_input")
+def _(ctx):
+    path = texts_file(ctx)
+    link = ctx.tmp / "link.jsonl"
+    link.symlink_to(path)
+    return ["ner", "predict", ctx.copy("ner_model", "model"), "--input", path, "--output", link], [
+        "--output is the input"
+    ]
+
+
+@case("ner_predict_output_is_a_hard_link_to_the_input")
+def _(ctx):
+    path = texts_file(ctx)
+    link = ctx.tmp / "other-name.jsonl"
+    link.hardlink_to(path)
+    return ["ner", "predict", ctx.copy("ner_model", "model"), "--input", path, "--output", link], [
+        "--output is the input"
+    ]
+
+
+@case("ner_predict_output_onto_the_model")
+def _(ctx):
+    model = ctx.copy("ner_model", "model")
+    return ["ner", "predict", model, "--input", texts_file(ctx), "--output", model / "config.json"], [
+        str(model / "config.json"),
+        "--output is the input",
+    ]
+
+
+@case("ner_eval_predictions_onto_the_data")
+def _(ctx):
+    data = ctx.file("dev.conll", CONLL_DEV.read_text(encoding="utf-8"))
+    model = ctx.copy("ner_model", "model")
+    return ["ner", "eval", model, "--data", data, "--predictions", data], ["--predictions is the input", str(data)]
+
+
+@case("ner_eval_output_onto_the_data")
+def _(ctx):
+    data = ctx.file("dev.conll", CONLL_DEV.read_text(encoding="utf-8"))
+    return ["ner", "eval", ctx.copy("ner_model", "model"), "--data", data, "--output", data], ["--output is the input"]
+
+
+@case("ner_eval_output_onto_the_labels")
+def _(ctx):
+    model = ctx.copy("ner_model", "model")
+    return ["ner", "eval", model, "--data", CONLL_DEV, "--output", model / "labels.json"], [
+        str(model / "labels.json"),
+        "--output is the input",
+    ]
+
+
+@case("qa_predict_output_is_the_input")
+def _(ctx):
+    path = ctx.file("questions.jsonl", '{"question": "Who?", "context": "Holmes did."}\n')
+    return ["qa", "predict", ctx.copy("qa_model", "model"), "--input", path, "--output", path], [
+        "--output is the input"
+    ]
+
+
+@case("qa_eval_predictions_onto_the_data")
+def _(ctx):
+    data = ctx.file("dev.json", SQUAD.read_text(encoding="utf-8"))
+    return ["qa", "eval", ctx.copy("qa_model", "model"), "--data", data, "--predictions", data], [
+        "--predictions is the input"
+    ]
+
+
+@case("qa_eval_predictions_onto_the_model_weights")
+def _(ctx):
+    model = ctx.copy("qa_model", "model")
+    return ["qa", "eval", model, "--data", SQUAD, "--predictions", model / "model.safetensors"], [
+        "--predictions is the input"
+    ]
+
+
+@case("export_out_is_the_run_directory")
+def _(ctx):
+    run, _ = run_copy(ctx)
+    return ["export", run, "--out", run], [str(run), "--out is the input"]
+
+
+@case("export_out_is_the_checkpoint")
+def _(ctx):
+    _, checkpoint = run_copy(ctx)
+    return ["export", checkpoint, "--out", checkpoint], ["--out is the input", str(checkpoint)]
+
+
+@case("export_out_inside_the_checkpoint")
+def _(ctx):
+    _, checkpoint = run_copy(ctx)
+    return ["export", checkpoint, "--out", checkpoint / "hf"], ["--out is inside the input", str(checkpoint)]
+
+
+@case("export_out_holds_the_run")
+def _(ctx):
+    run, _ = run_copy(ctx)
+    (run.parent / "config.json").write_text("{}")  # looks like an earlier export: only the input check refuses
+    return ["export", run, "--out", run.parent], ["--out holds the input"]
+
+
+@case("prepare_into_the_inputs_directory")
+def _(ctx):
+    text = ctx.file("corpus/english.txt", "Holmes met Watson.\n" * 20)
+    recipe = ctx.recipe({"data": {"inputs": [str(text)], "prepared_dir": str(text.parent)}})
+    return ["prepare", recipe], ["data.prepared_dir holds the input", str(text)]
+
+
+@case("prepare_onto_an_input_file")
+def _(ctx):
+    text = ctx.file("english.txt", "Holmes met Watson.\n" * 20)
+    recipe = ctx.recipe({"data": {"inputs": [str(text)], "prepared_dir": str(text)}})
+    return ["prepare", recipe], ["data.prepared_dir is the input", str(text)]
+
+
+@case("compare_out_onto_a_runs_metrics")
+def _(ctx):
+    run, _ = run_copy(ctx)
+    return ["compare", run, "--metric", "loss", "--out", run / "metrics.jsonl"], [
+        str(run / "metrics.jsonl"),
+        "--out is the input",
+    ]
+
+
+@case("preview_jsonl_onto_the_recipe")
+def _(ctx):
+    recipe = ctx.pretrain_recipe()
+    return ["preview", recipe, "--jsonl", recipe], ["--jsonl is the input", str(recipe)]
+
+
+@case("preview_jsonl_onto_an_input")
+def _(ctx):
+    text = ctx.file("english.txt", "Holmes met Watson.\n" * 20)
+    recipe = ctx.recipe({"data": {"inputs": [str(text)], "prepared_dir": str(ctx.tmp / "p")}})
+    return ["preview", recipe, "--jsonl", text], ["--jsonl is the input"]
+
+
+def fifo(ctx, name: str) -> Path:
+    path = ctx.tmp / name
+    os.mkfifo(path)
+    return path
+
+
+@case("prepare_input_is_a_fifo")
+def _(ctx):
+    path = fifo(ctx, "stream.txt")
+    return ["prepare", prepare_recipe(ctx, path)], [str(path), "named pipe", "not a regular file"]
+
+
+@case("prepare_input_is_a_device")
+def _(ctx):
+    return ["prepare", prepare_recipe(ctx, Path("/dev/null"))], ["/dev/null", "character device"]
+
+
+@case("pretrain_recipe_is_a_fifo")
+def _(ctx):
+    path = fifo(ctx, "recipe.yaml")
+    return ["pretrain", path], [str(path), "named pipe"]
+
+
+@case("ner_predict_input_is_a_fifo")
+def _(ctx):
+    path = fifo(ctx, "texts.jsonl")
+    return ["ner", "predict", ctx.copy("ner_model", "model"), "--input", path], [str(path), "named pipe"]
+
+
+@case("ner_eval_data_is_a_fifo")
+def _(ctx):
+    path = fifo(ctx, "dev.conll")
+    return ner_eval(ctx.copy("ner_model", "model"), path), [str(path), "named pipe"]
+
+
+@case("ner_train_data_is_a_fifo")
+def _(ctx):
+    path = fifo(ctx, "train.conll")
+    return ["ner", "train", ctx.ner_recipe(train=path)], [str(path), "named pipe"]
+
+
+@case("qa_predict_input_is_a_fifo")
+def _(ctx):
+    path = fifo(ctx, "questions.jsonl")
+    return ["qa", "predict", ctx.copy("qa_model", "model"), "--input", path], [str(path), "named pipe"]
+
+
+@case("qa_train_data_is_a_fifo")
+def _(ctx):
+    path = fifo(ctx, "train.json")
+    return ["qa", "train", ctx.qa_recipe(train=str(path))], [str(path), "named pipe"]
+
+
+@case("ner_genia_archive_is_a_fifo")
+def _(ctx):
+    path = fifo(ctx, "GENIAcorpus3.02.xml")
+    splits = ctx.tmp / "splits"
+    ctx.file("splits/train.txt", "123\n")
+    return ["ner", "genia", path, "--splits", splits, "--out", ctx.tmp / "out"], [str(path), "named pipe"]
+
+
+@case("report_run_missing")
+def _(ctx):
+    return ["report", ctx.tmp / "nothing"], [str(ctx.tmp / "nothing")]
+
+
+@case("report_metrics_broken")
+def _(ctx):
+    run, _ = run_copy(ctx)
+    with open(run / "metrics.jsonl", "a", encoding="utf-8") as handle:
+        handle.write('{"kind": "train", "step": \n{"kind": "train", "step": 9, "loss": 1.0}\n')
+    return ["report", run], [f"{run / 'metrics.jsonl'}:", "not valid JSON"]
+
+
+@case("compare_second_run_missing")
+def _(ctx):
+    run, _ = run_copy(ctx)
+    return ["compare", run, ctx.tmp / "other", "--metric", "loss", "--kind", "train", "--out", ctx.tmp / "c.png"], [
+        f"{ctx.tmp / 'other'}: no such run directory"
+    ]
+
+
+@case("recipes_copy_unknown_name")
+def _(ctx):
+    return ["recipes", "copy", "pretrain/nonexistent", ctx.tmp / "r.yaml"], ["pretrain/nonexistent"]
+
+
+@case("recipes_copy_onto_an_existing_file")
+def _(ctx):
+    dest = ctx.file("mine.yaml", "train: {max_steps: 3}\n")
+    return ["recipes", "copy", "pretrain/spanbert", dest], [str(dest), "--force"]
+
+
+@case("demo_out_is_a_file")
+def _(ctx):
+    out = ctx.file("demo", "keep me")
+    return ["demo", "--quick", "--out", out], [str(out)]
+
+
+@case("preview_recipe_missing")
+def _(ctx):
+    return ["preview", ctx.tmp / "nope.yaml"], [str(ctx.tmp / "nope.yaml"), "does not exist"]
+
+
+@case("preview_input_missing")
+def _(ctx):
+    path = ctx.tmp / "missing.txt"
+    recipe = ctx.recipe({"data": {"inputs": [str(path)], "prepared_dir": str(ctx.tmp / "p")}})
+    return ["preview", recipe], [str(path)]
+
+
 # ---- the table ----------------------------------------------------------------------------------------------
 
 
@@ -1067,7 +1407,7 @@ def ctx(request, tmp_path) -> Ctx:
 
 
 def test_table_is_large_enough():
-    assert len(CASES) >= 60 and len({c.name for c in CASES}) == len(CASES)
+    assert len(CASES) >= 100 and len({c.name for c in CASES}) == len(CASES)
 
 
 @pytest.mark.parametrize("bad", CASES, ids=[c.name for c in CASES])
@@ -1083,3 +1423,27 @@ def test_bad_input(bad: Case, ctx: Ctx, capsys):
         assert needle in errors[0], (needle, errors[0])
     after = snapshot(ctx.tmp)
     assert {k: after.get(k) for k in before} == before, "a file written before changed or went"
+
+
+NUMERIC_OPTIONS = [
+    (["ner", "eval", "MODEL", "--data", "x.conll", "--batch-size", "0"], "--batch-size: 0 must be at least 1"),
+    (["ner", "predict", "MODEL", "--text", "x", "--batch-size", "-3"], "--batch-size: -3 must be at least 1"),
+    (["qa", "predict", "MODEL", "--input", "q.jsonl", "--batch-size", "0"], "--batch-size: 0 must be at least 1"),
+    (["qa", "eval", "MODEL", "--data", "d.json", "--batch-size", "2.5"], "--batch-size: '2.5' is not an integer"),
+    (["ner", "eval", "MODEL", "--data", "x.conll", "--noise", "nan"], "--noise: 'nan' is not a finite number"),
+    (["ner", "eval", "MODEL", "--data", "x.conll", "--noise", "1.5"], "--noise: 1.5 must be in [0, 1]"),
+    (["ner", "eval", "MODEL", "--data", "x.conll", "--noise-seed", "-1"], "--noise-seed: -1 must be at least 0"),
+    (["ner", "predict", "MODEL", "--text", "x", "--threshold", "inf"], "--threshold: 'inf' is not a finite number"),
+    (["preview", "recipe.yaml", "--n", "-1"], "--n: -1 must be at least 0"),
+    (["preview", "recipe.yaml", "--stats-blocks", "-1"], "--stats-blocks: -1 must be at least 1"),
+    (["demo", "--seeds", "0", "-2"], "--seeds: -2 must be at least 0"),
+]
+
+
+@pytest.mark.parametrize("argv, expected", NUMERIC_OPTIONS, ids=[" ".join(a[:2] + a[-2:]) for a, _ in NUMERIC_OPTIONS])
+def test_numeric_options_are_checked_like_their_config_keys(argv, expected, capsys):
+    """A bad number is refused by the argument parser (exit 2, the option named), before any file is read."""
+    with pytest.raises(SystemExit) as error:
+        main(argv)
+    err = capsys.readouterr().err
+    assert error.value.code == 2 and expected in err and "Traceback" not in err, err

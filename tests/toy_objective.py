@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -60,9 +61,15 @@ class Toy(Objective):
         self.decoder.weight = self.embedding.weight  # tied, as real MLM heads are
         self.nan_after = int(os.environ.get("TOY_NAN_AFTER", "0"))  # inject a NaN loss after this many forwards
         self.calls = 0
+        # A file to create at the first evaluation forward, after which evaluation forwards are slow: a test
+        # signals the run while it evaluates.
+        self.eval_mark = os.environ.get("TOY_EVAL_MARK")
 
     def forward(self, batch):
         self.calls += 1
+        if self.eval_mark and not self.training:
+            Path(self.eval_mark).touch()
+            time.sleep(0.2)
         hidden = self.embedding(batch["input_ids"])  # (B, L, H)
         for layer in self.layers:
             hidden = hidden + layer(hidden)

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from spanlm.cli_support import add_training_command, log
+from spanlm.cli_support import add_training_command, log, number, set_library_progress_bars
 
 
 def _prepare(args: argparse.Namespace) -> int:
@@ -16,6 +16,7 @@ def _prepare(args: argparse.Namespace) -> int:
     from spanlm.pretrain.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
+    set_library_progress_bars(recipe.logging.progress)
     directory = prepare(recipe, force=args.force, log=log, shard=_shard(args.shard))
     meta = read_meta(directory)
     summary = {
@@ -66,8 +67,10 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
+    from spanlm.files import files_of, refuse_to_overwrite_inputs
     from spanlm.train.report import compare_runs
 
+    refuse_to_overwrite_inputs(args.out, [path for run in args.run_dirs for path in files_of(run)], "--out")
     print(json.dumps({"plot": str(compare_runs(args.run_dirs, args.metric, args.out, args.kind))}))
     return 0
 
@@ -77,6 +80,10 @@ def _preview(args: argparse.Namespace) -> int:
     from spanlm.pretrain.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
+    if args.jsonl:
+        from spanlm.files import refuse_to_overwrite_inputs
+
+        refuse_to_overwrite_inputs(args.jsonl, [args.recipe, *recipe.data.inputs], "--jsonl")
     preview(recipe, n=args.n, stats_blocks=args.stats_blocks, jsonl=args.jsonl, log=log)
     return 0
 
@@ -166,8 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
         "recipe", help="a YAML recipe (data, tokenizer and masking sections), e.g. configs/masking/spanbert.yaml"
     )
     preview.add_argument("overrides", nargs="*", help="dotted overrides, e.g. masking.span.p=0.3 data.max_len=256")
-    preview.add_argument("--n", type=int, default=4, help="blocks to show (default 4)")
-    preview.add_argument("--stats-blocks", type=int, default=256, help="blocks the statistics cover (default 256)")
+    preview.add_argument("--n", type=number(int, minimum=0), default=4, help="blocks to show (default 4)")
+    preview.add_argument(
+        "--stats-blocks", type=number(int, minimum=1), default=256, help="blocks the statistics cover (default 256)"
+    )
     preview.add_argument(
         "--jsonl", default=None, metavar="FILE", help="also write the raw masked batches, one JSON line per batch"
     )
@@ -214,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--quick", action="store_true", help="the one-minute smoke version (a few steps per stage)")
     demo.add_argument(
         "--seeds",
-        type=int,
+        type=number(int, minimum=0, setting="seed"),
         nargs="+",
         default=[0],
         metavar="SEED",

@@ -3,6 +3,8 @@ command, the commands on an exported model, and where their output goes."""
 
 from __future__ import annotations
 
+import argparse
+import math
 import sys
 from collections.abc import Callable
 
@@ -10,6 +12,21 @@ from collections.abc import Callable
 def log(message: str) -> None:
     """Progress and notices go to stderr; stdout carries only the command's JSON result."""
     print(message, file=sys.stderr)
+
+
+def set_library_progress_bars(enabled: bool) -> None:
+    """``logging.progress: false`` silences the libraries' progress bars too (transformers' loading and saving,
+    huggingface_hub's, datasets' map and load), not only spanlm's: a batch job's log stays lines, not bars."""
+    if enabled:
+        return
+    import os
+
+    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # read when datasets is imported
+    if "datasets" in sys.modules:  # already imported: its switch
+        sys.modules["datasets"].disable_progress_bars()
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # transformers' bars and huggingface_hub's
 
 
 def add_training_command(
@@ -43,15 +60,51 @@ def add_training_command(
     return command
 
 
+def number(kind: type, minimum: float | None = None, maximum: float | None = None, setting: str | None = None):
+    """An argparse ``type`` for a numeric option: a finite ``kind`` (int or float) in [minimum, maximum], the
+    same bounds as the config key it stands for (``setting``), so a bad value is a usage error naming the
+    option rather than a ZeroDivisionError deep in the command (argparse exits 2)."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+            bounds = f"in [{minimum:g}, {maximum:g}]" if maximum is not None else f"at least {minimum:g}"
+            raise argparse.ArgumentTypeError(f"{text} must be {bounds}" + (f", as {setting}" if setting else ""))
+        return value
+
+    return parse
+
+
 def add_model_command(actions, name: str, help: str, task: str, run: Callable):
     """A ``NAME MODEL [--batch-size N] [--device D]`` subcommand on an exported fine-tuned model (``ner`` / ``qa``
     ``eval`` and ``predict``); the caller adds the command's own arguments."""
     command = actions.add_parser(name, help=help)
     command.add_argument("model", help=f"the model/ directory of a `spanlm {task} train` run")
-    command.add_argument("--batch-size", type=int, default=32, help="windows per forward pass (default 32)")
+    command.add_argument(
+        "--batch-size",
+        type=number(int, minimum=1, setting="train.batch_size"),
+        default=32,
+        help="windows per forward pass (default 32)",
+    )
     command.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     command.set_defaults(run=run)
     return command
+
+
+def refuse_outputs_onto_inputs(outputs: dict[str, str | None], data: str | None, model: str) -> None:
+    """A command on an exported model writes none of ``outputs`` (option → path, None: not given) onto its
+    ``data`` file or a file of the ``model`` directory (its own earlier ``eval-*.json`` results aside)."""
+    from spanlm.files import files_of, refuse_to_overwrite_inputs
+
+    inputs = [data, *(path for path in files_of(model) if not path.name.startswith("eval-"))]
+    for option, path in outputs.items():
+        if path:
+            refuse_to_overwrite_inputs(path, inputs, option)
 
 
 def write_lines_or_stdout(lines: list[str], output: str | None, what: str) -> None:

@@ -17,7 +17,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from spanlm.errors import ConfigError
+from spanlm.errors import ConfigError, InputError, require_file
 
 
 def _type_name(tp: Any) -> str:
@@ -130,8 +130,12 @@ def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"recipe {path} is a directory, not a YAML file")
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"recipe {path} does not exist")
+    try:
+        require_file(path)
+    except InputError as error:
+        raise ConfigError(f"recipe {error}") from None
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as error:

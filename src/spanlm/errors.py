@@ -20,15 +20,33 @@ class InputError(SpanlmError):
     """Bad input data; the message names the file and, where it applies, the line."""
 
 
-def require_file(path) -> None:
-    """An :class:`InputError` unless ``path`` is a file: a directory is named as one, not as a missing file."""
+def require_file(path, setting: str | None = None) -> None:
+    """An :class:`InputError` unless ``path`` is a regular file (or a link to one): a directory, a named pipe, a
+    socket or a device is named as what it is, not as a missing file. ``setting``: the option or key that
+    gave the path, said in the error."""
+    import stat
     from pathlib import Path
 
     path = Path(path)
-    if path.is_dir():
-        raise InputError(f"{path}: is a directory, not a file")
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
+    given = f" ({setting})" if setting else ""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file{given}") from None
+    except OSError as error:  # a path through a file, a loop of links, no permission
+        raise InputError(f"{path}: cannot be read{given} ({error.strerror or error})") from None
+    if stat.S_ISDIR(mode):
+        raise InputError(f"{path}: is a directory, not a file{given}")
+    if not stat.S_ISREG(mode):
+        # spanlm reads an input more than once (its fingerprint, then its text): a stream cannot be read again.
+        raise InputError(f"{path}: is {_special_kind(mode)}, not a regular file{given}; save its content to a file")
+
+
+def _special_kind(mode: int) -> str:
+    import stat
+
+    kinds = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"))
+    return next((name for test, name in kinds if test(mode)), "a block device" if stat.S_ISBLK(mode) else "no file")
 
 
 def read_text(path) -> str:

@@ -1,4 +1,5 @@
-"""Writing files and directories so that a crash or a full disk never leaves them half-written.
+"""Writing files and directories so that a crash or a full disk never leaves them half-written, and reading
+back the metadata files spanlm keeps beside its data so that damage is never taken for absence.
 
 Every durable write of spanlm goes through here: a file is written beside its final name and renamed
 over it; a directory is filled under a temporary sibling, fsynced and swapped into place. Running out of
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import re
 import shutil
@@ -16,6 +18,7 @@ import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from spanlm.errors import InputError
 
@@ -127,3 +130,114 @@ def write_directory(out: Path, fill: Callable[[Path], None]) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def read_metadata(path: str | Path, remedy: str, expect: type = dict) -> Any:
+    """The content of a metadata file (meta.json, manifest.json, trackers.json, config.yaml, a tokenizer's
+    JSON files, runs.txt), parsed by its suffix (.json: JSON, .yaml / .yml: YAML, else the text), or None when
+    there is no such file.
+
+    A file that is there but cannot be read, is not UTF-8, does not parse or is not the ``expect``-ed kind
+    (a JSON object for most) is a one-line :class:`InputError` naming it and saying what to do
+    (``remedy``). Why never None: a caller reads "absent" as "build it afresh", and a prepared corpus
+    rebuilt for a damaged meta.json gets a new tokenizer.
+    """
+    path = Path(path)
+    if not os.path.lexists(path):
+        return None
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, not a file; {remedy}")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError(f"{path}: damaged (not UTF-8 text at byte {error.start}); {remedy}") from None
+    except OSError as error:
+        raise InputError(f"{path}: cannot be read ({error.strerror or error}); {remedy}") from None
+    if path.suffix == ".json":
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as error:
+            where = f"line {error.lineno} column {error.colno}"
+            raise InputError(f"{path}: damaged (not valid JSON: {error.msg} at {where}); {remedy}") from None
+    elif path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            problem = getattr(error, "problem", None) or "unparsable"
+            raise InputError(f"{path}: damaged (not valid YAML: {problem}{where}); {remedy}") from None
+    else:
+        value = text
+    if not isinstance(value, expect):
+        wanted = {dict: "a mapping", list: "a list", str: "text"}.get(expect, expect.__name__)
+        raise InputError(f"{path}: damaged ({wanted} expected, found {type(value).__name__}); {remedy}")
+    return value
+
+
+TOKENIZER_DAMAGED = (
+    "restore the tokenizer files from where they were saved (a pretraining run keeps a copy in tokenizers/)"
+)
+
+
+def check_tokenizer_files(directory: Path) -> None:
+    """The JSON files of a tokenizer directory, each whole and of its kind, with an error naming the damaged one.
+
+    Why: transformers reports a tokenizer.json that is JSON but not a tokenizer's by the first key it misses
+    (``'added_tokens'``), and a damaged tokenizer_config.json by a JSON position, naming neither file.
+    """
+    for name in ("tokenizer_config.json", "special_tokens_map.json", "config.json"):
+        read_metadata(directory / name, TOKENIZER_DAMAGED)
+    serialized = read_metadata(directory / "tokenizer.json", TOKENIZER_DAMAGED)
+    if serialized is not None:
+        missing = [key for key in ("model", "added_tokens") if key not in serialized]
+        if missing or not isinstance(serialized["model"], dict):
+            raise InputError(
+                f"{directory / 'tokenizer.json'}: JSON but not a tokenizer (no {' or '.join(missing) or 'model'} "
+                f"section, which the `tokenizers` library writes); {TOKENIZER_DAMAGED}"
+            )
+
+
+def refuse_to_overwrite_inputs(
+    output: str | Path, inputs, option: str, replaces_directory: bool = False, enters: bool = False
+) -> None:
+    """An :class:`InputError` when writing ``output`` (given as ``option``) would overwrite one of ``inputs``.
+
+    Overwriting is: the same file (a symbolic or hard link included); with ``replaces_directory`` (the output
+    is a directory swapped in whole), an input inside it; with ``enters``, the output inside an input
+    directory (a checkpoint, whose files a manifest vouches for). Why: a command reads its inputs before it
+    writes, so it would succeed — and the only copy of the input would be gone.
+    """
+    out = Path(output).resolve()
+    for given in inputs:
+        if given is None:
+            continue
+        source = Path(given).resolve()
+        same = out == source or (out.exists() and source.exists() and os.path.samefile(out, source))
+        if same or (replaces_directory and source.is_relative_to(out)) or (enters and out.is_relative_to(source)):
+            what = "is" if same else ("holds" if replaces_directory and source.is_relative_to(out) else "is inside")
+            raise InputError(
+                f"{output}: {option} {what} the input {given}; write it elsewhere (the input is untouched)"
+            )
+
+
+def files_of(directory: str | Path) -> list[Path]:
+    """The files directly in ``directory`` (none when it is not one): a model directory's files, which an output
+    must not overwrite, though an output may go beside them."""
+    directory = Path(directory)
+    return [path for path in directory.iterdir() if path.is_file()] if directory.is_dir() else []
+
+
+def refused_pickle(error: Exception) -> str:
+    """Why ``torch.load(..., weights_only=True)`` did not load a file, without torch's advice that loading it with
+    ``weights_only=False`` "will likely succeed": wrong for a corrupt file, and for a tampered one the way to run
+    its code. Nothing of the file ran: weights-only loading refuses before it builds anything."""
+    import pickle
+
+    if isinstance(error, pickle.UnpicklingError):
+        found = re.search(r"GLOBAL ([\w.]+)", str(error))
+        held = found.group(1) if found else "objects"
+        return f"it holds {held}, beyond tensors and plain data; refused without running anything"
+    return str(error).split("\n")[0].split(". ")[0]  # the cause, without torch's advice

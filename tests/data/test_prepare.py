@@ -361,3 +361,51 @@ def test_temporary_disk_is_the_output(tmp_path, monkeypatch):
     out = prepare(make_recipe(tmp_path, {"a.txt": ENGLISH}), **QUIET)
     assert seen == sorted([f"{name}.npy" for name in ARRAYS] + ["block_index-128.npy", "tokenizer"])
     assert sorted(p.name for p in out.iterdir()) == sorted(seen + ["config.yaml", "meta.json"])
+
+
+def tree_bytes(directory) -> dict:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [b'{"format_version": 3, "fingerprint": "ab', b"\xff\xfe not utf-8", b"[1, 2]", None],
+    ids=["cut-short", "not-utf8", "not-a-mapping", "deleted"],
+)
+def test_a_damaged_meta_json_is_named_and_the_tokenizer_kept_without_force(tmp_path, damage):
+    """Damage is never read as "no corpus here": that would rebuild the directory with a new tokenizer."""
+    recipe = make_recipe(tmp_path, {"a.txt": ENGLISH})
+    out = prepare(recipe, **QUIET)
+    if damage is None:
+        (out / "meta.json").unlink()
+    else:
+        (out / "meta.json").write_bytes(damage)
+    before = tree_bytes(out)
+    with pytest.raises(InputError, match=r"meta\.json.*--force") as error:
+        prepare(recipe, **QUIET)
+    assert "\n" not in str(error.value) and tree_bytes(out) == before
+    messages = []
+    assert read_meta(prepare(recipe, force=True, log=messages.append))["n_sentences"] > 0
+    if damage is not None:
+        assert any("meta.json: damaged; rebuilding" in m for m in messages)
+
+
+def test_a_tokenizer_json_that_is_json_but_not_a_tokenizer_says_so(tmp_path):
+    from spanlm.data.tokenizer import load_tokenizer
+
+    tokenizer = prepare(make_recipe(tmp_path, {"a.txt": ENGLISH}), **QUIET) / "tokenizer"
+    (tokenizer / "tokenizer.json").write_text('{"version": "1.0"}', encoding="utf-8")
+    with pytest.raises(InputError, match=r"tokenizer\.json: JSON but not a tokenizer \(no model or added_tokens"):
+        load_tokenizer(tokenizer)
+    (tokenizer / "tokenizer_config.json").write_text("{", encoding="utf-8")
+    with pytest.raises(InputError, match=r"tokenizer_config\.json: damaged \(not valid JSON"):
+        load_tokenizer(tokenizer)
+
+
+def test_a_damaged_runs_txt_is_named(tmp_path):
+    from spanlm.data.prepare import RUNS_FILE, dependent_runs
+
+    out = prepare(make_recipe(tmp_path, {"a.txt": ENGLISH}), **QUIET)
+    (out / RUNS_FILE).write_bytes(b"/a/run\n\xff\n")
+    with pytest.raises(InputError, match=r"runs\.txt: damaged \(not UTF-8"):
+        dependent_runs(out)

@@ -79,8 +79,9 @@ def test_preview_is_reproducible(recipe_file, capsys):
 def test_preview_errors_are_one_line(recipe_file, capsys):
     assert main(["preview", str(recipe_file), "masking.span.geometric_p=0.3"]) == 2
     assert "unknown config key 'masking.span.geometric_p'" in capsys.readouterr().err
-    assert main(["preview", str(recipe_file), "--n", "-1"]) == 2
-    assert "--n >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as error:  # the argument parser's check, the same bound as preview()'s
+        main(["preview", str(recipe_file), "--n", "-1"])
+    assert error.value.code == 2 and "argument --n: -1 must be at least 0" in capsys.readouterr().err
 
 
 def test_masking_recipes_load():

@@ -251,4 +251,4 @@ def test_cli_eval_noise(tiny_model, capsys, tmp_path):
     assert "attacked" not in capsys.readouterr().out and "attacked" not in json.loads(metrics.read_text())
     with pytest.raises(SystemExit) as error:
         main(["ner", "eval", str(tiny_model), "--data", data, "--noise", "2"])
-    assert error.value.code == 2 and "not a rate in [0, 1]" in capsys.readouterr().err
+    assert error.value.code == 2 and "argument --noise: 2 must be in [0, 1]" in capsys.readouterr().err

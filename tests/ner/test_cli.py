@@ -32,8 +32,8 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
 
 def test_train_eval_predict(trained, capsys, tmp_path):
     out, recipe = trained
-    code, stdout, _ = run_cli(capsys, "ner", "train", str(recipe), "train.eval_every=3")
-    assert code == 0
+    code, stdout, stderr = run_cli(capsys, "ner", "train", str(recipe), "train.eval_every=3")
+    assert code == 0 and "encoder: pretrained weights loaded from" in stderr and ", fine-tuned" in stderr
     summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["model_dir"] == str(out / "model") and all(
         math.isfinite(summary[k]) for k in ("precision", "recall", "f1")
@@ -62,7 +62,10 @@ def test_train_eval_predict(trained, capsys, tmp_path):
     assert code == 0 and "micro" in stdout
     scores = json.loads(metrics.read_text())
     assert scores["micro"]["n_gold"] == 39 and math.isfinite(scores["micro"]["f1"]) and scores["records"] == 40
-    assert len((tmp_path / "pred.jsonl").read_text().splitlines()) == 40
+    predictions = [json.loads(line) for line in (tmp_path / "pred.jsonl").read_text().splitlines()]
+    assert len(predictions) == 40
+    entities = [e for p in predictions for e in p["entities"]]
+    assert entities and all(set(e) == {"start", "end", "label", "text", "score"} for e in entities)
 
     code, stdout, _ = run_cli(
         capsys, "ner", "predict", str(out / "model"), "--text", "Holmes met Watson in London .", "--threshold=-1e9"
@@ -141,3 +144,18 @@ def test_recipes_load(name):
     recipe = load_config(Path(__file__).resolve().parents[2] / "configs" / "ner" / f"{name}.yaml", cls=NerRecipe)
     assert recipe.data.train and recipe.data.dev and recipe.model.path
     assert recipe.data.stride < recipe.data.max_len - 2 and recipe.ner.head.head_size == 64
+
+
+@pytest.mark.parametrize("settings", [["train.encoder_lr=0.0001"], ["model.frozen=true"], []], ids=str)
+def test_metrics_log_the_encoder_and_head_rates_by_name(tiny_encoder_dir, tmp_path, capsys, settings):
+    recipe = write_wnut_recipe(tiny_encoder_dir, tmp_path / "run", steps=2)
+    code, _, stderr = run_cli(capsys, "ner", "train", str(recipe), "train.log_every=1", "data.dev=", *settings)
+    assert code == 0, stderr
+    assert ("frozen (model.frozen" in stderr) == ("model.frozen=true" in settings)
+    assert "Loading weights" not in stderr and "it/s]" not in stderr  # logging.progress=false: no library bars
+    first = next(json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+    # Both at the same point of the schedule (no warm-up; linear decay): the peak rates' ratio
+    head = first["lr_head"]
+    ratio = {"train.encoder_lr=0.0001": 0.1, "model.frozen=true": 0.0}.get(next(iter(settings), ""), 1.0)
+    assert 0 < head <= 0.001 and first["lr_encoder"] == pytest.approx(ratio * head)
+    assert first["lr"] == pytest.approx(first["lr_encoder"] or head)  # the first group's, as before

@@ -303,3 +303,32 @@ def test_resume_weights_only_starts_a_new_run_from_the_weights(prepared, tmp_pat
     assert code == 0 and ckpt.latest_checkpoint(tmp_path / "cli") is not None
     assert main(["pretrain", str(recipe), "seed=3", "--resume", "auto"]) == 2
     assert "resuming with changed settings would not continue the same run (seed: 0 → 3)" in capsys.readouterr().err
+
+
+class _RunsCode:
+    """What a tampered checkpoint could hold: unpickling it would call ``marker.touch()``."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+@pytest.mark.parametrize("damage", ["tampered", "corrupt"])
+def test_a_tampered_or_corrupt_state_file_is_refused_without_torchs_unsafe_hint(prepared, tmp_path, capsys, damage):
+    """torch says re-loading with weights_only=False "will likely succeed": wrong for a corrupt file and, for a
+    tampered one, the way to run its code. spanlm names the file as damaged or not its own."""
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), **QUIET)
+    state, marker = ckpt.step_dir(run, 2) / "trainer_state.pt", tmp_path / "code-ran"
+    if damage == "tampered":
+        torch.save({"step": 2, "payload": _RunsCode(marker)}, state)
+    else:
+        state.write_bytes(b"PK\x03\x04" + b"\x00" * 200)
+    with pytest.raises(ckpt.DamagedCheckpoint) as error:
+        ckpt.load_file(state)
+    message = str(error.value)
+    assert message.startswith(f"{state}: damaged or not a spanlm checkpoint file")
+    assert "weights_only" not in message and "succeed" not in message and not marker.exists()
+    if damage == "tampered":
+        assert "builtins.open" in message or "io.open" in message, message

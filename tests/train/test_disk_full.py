@@ -76,6 +76,28 @@ def test_a_checkpoint_on_a_full_disk(prepared, tmp_path):
     assert leftovers(run) == []
 
 
+def test_after_a_full_disk_resume_auto_continues_from_the_last_whole_checkpoint(prepared, tmp_path):
+    """The disk fills during the step-4 save; once there is space again, `--resume auto` continues from step 2
+    and the run is the one an uninterrupted run would have been (the same losses, the same weights)."""
+    from safetensors.torch import load_file
+
+    from toy_objective import losses
+
+    quiet = {"log": lambda *_: None}
+    whole = pretrain(toy_recipe(prepared, tmp_path / "whole", max_steps=6, save_every=2), **quiet)
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2, save_every=2), **quiet)
+    full = limited("pretrain", str(run / "config.yaml"), "train.max_steps=6", "--resume", "auto", cwd=tmp_path)
+    one_line_error(full, "step-0000002", "could not write the checkpoint", "is intact")
+    assert ckpt.latest_checkpoint(run) == ckpt.step_dir(run, 2) and leftovers(run) == []
+
+    messages = []  # space again: the same command
+    pretrain(toy_recipe(prepared, run, max_steps=6, save_every=2), resume="auto", log=messages.append)
+    assert any(f"resumed from {ckpt.step_dir(run, 2)} at step 2" in m for m in messages)
+    assert losses(run) == losses(whole)
+    final, expected = (load_file(ckpt.step_dir(r, 6) / "model.safetensors") for r in (run, whole))
+    assert final.keys() == expected.keys() and all((final[k] == expected[k]).all() for k in final)
+
+
 def test_a_prepared_corpus_on_a_full_disk(prepared, tmp_path):
     import shutil
 

@@ -24,12 +24,20 @@ from spanlm.config import save_config
 from spanlm.data.block_index import write_block_index
 from spanlm.data.corpus import CorpusReader, Input, resolve_inputs
 from spanlm.data.hf_datasets import DatasetSplit, file_sha256
-from spanlm.data.shards import FORMAT_VERSION, NpyAppender, block_index_file, ids_dtype, read_meta, shard_directory
+from spanlm.data.shards import (
+    FORMAT_VERSION,
+    REBUILD,
+    NpyAppender,
+    block_index_file,
+    ids_dtype,
+    read_meta,
+    shard_directory,
+)
 from spanlm.data.similar_words import build_similar_words
 from spanlm.data.tokenizer import load_tokenizer, save_tokenizer, tokenizer_fingerprint, train_tokenizer
 from spanlm.data.words import encode_sentences
 from spanlm.errors import ConfigError, InputError
-from spanlm.files import out_of_space, replace_directory
+from spanlm.files import out_of_space, read_metadata, refuse_to_overwrite_inputs, replace_directory
 
 
 def input_fingerprint(recipe, inputs: list[Input], by_content: bool = False) -> str:
@@ -134,8 +142,10 @@ def prepare(
     if shard is not None:
         inputs = shard_inputs(inputs, *shard, tokenizer_given=bool(recipe.tokenizer.path))
         final = shard_directory(final, *shard)
+    # Replaced whole at the end: an input inside it would be read, then deleted with the old directory.
+    refuse_to_overwrite_inputs(final, _input_files(inputs), "data.prepared_dir", replaces_directory=True)
     fingerprint = input_fingerprint(recipe, inputs)
-    existing = read_meta(final)
+    existing = _existing_meta(final, force, log)
     if existing and not force and existing.get("fingerprint") == fingerprint:
         log(f"{final}: up to date with its inputs, reusing it")
         return final
@@ -208,6 +218,35 @@ def prepare(
     return final
 
 
+def _input_files(inputs: list[Input]) -> list[Path]:
+    """The files ``inputs`` are read from: a text file itself, a dataset split's Arrow files."""
+    return [
+        path
+        for source in inputs
+        for path in (
+            [source] if isinstance(source, Path) else [Path(e["filename"]) for e in source.dataset.cache_files]
+        )
+    ]
+
+
+def _existing_meta(final: Path, force: bool, log) -> dict | None:
+    """The metadata of the prepared directory about to be reused or rebuilt (None: there is none).
+
+    A damaged meta.json, or a tokenizer without one (a copy cut short, a meta.json deleted), cannot be checked
+    against the inputs or the new tokenizer: refused unless ``force``, never rebuilt as if there were nothing.
+    """
+    try:
+        existing = read_meta(final)
+    except InputError:
+        if not force:
+            raise
+        log(f"{final / 'meta.json'}: damaged; rebuilding {final} (--force), with a new tokenizer unless tokenizer.path")
+        return None
+    if existing is None and not force and (final / "tokenizer").exists():
+        raise InputError(f"{final}: holds a tokenizer but no meta.json; {REBUILD}")
+    return existing
+
+
 RUNS_FILE = "runs.txt"  # the run directories pretrained on this corpus, one a line (see record_run)
 
 
@@ -231,7 +270,8 @@ def record_run(prepared_dir: str | Path, run_dir: str | Path, log=print) -> None
 def dependent_runs(prepared_dir: str | Path) -> list[str]:
     """The recorded runs trained on ``prepared_dir`` that still exist."""
     path = Path(prepared_dir) / RUNS_FILE
-    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    text = read_metadata(path, "it lists the runs trained on this corpus, one a line: repair or delete it", str)
+    lines = (text or "").splitlines()
     return [line for line in dict.fromkeys(lines) if line and Path(line).is_dir()]
 
 

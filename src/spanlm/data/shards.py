@@ -22,7 +22,6 @@ directory that is renamed into place, so nothing half-written ever looks complet
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import struct
@@ -32,6 +31,7 @@ import numpy as np
 
 from spanlm.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from spanlm.errors import InputError
+from spanlm.files import read_metadata
 
 FORMAT_VERSION = 1  # of the arrays on disk (a change of what they hold alone does not force a rebuild)
 ARRAYS = ("ids", "word_starts", "sentence_offsets", "document_offsets", "token_counts")
@@ -86,15 +86,14 @@ class NpyAppender:
         self.handle.close()
 
 
+# What to do about a prepared directory's damaged metadata: it cannot be checked against its inputs or tokenizer.
+REBUILD = "restore it, or prepare the corpus again with `spanlm prepare RECIPE --force` (which replaces its tokenizer)"
+
+
 def read_meta(directory: str | Path) -> dict | None:
-    """The metadata of a complete prepared directory, or None when there is none."""
-    path = Path(directory) / "meta.json"
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
+    """The metadata of a complete prepared directory, or None when there is none; a damaged meta.json is an
+    InputError (read as none, the directory would be rebuilt, with a new tokenizer)."""
+    return read_metadata(Path(directory) / "meta.json", REBUILD)
 
 
 class PreparedCorpus:

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from spanlm.data.tokenizer import encode_text
-from spanlm.errors import InputError
+from spanlm.errors import InputError, require_file
 
 TABLE_FILE = "similar_words.npz"
 MAX_SOURCES = 100_000  # most frequent words that get neighbours (bounds the build on large corpora)
@@ -298,8 +298,7 @@ def build_similar_words(directory: Path, tokenizer, config, log=print) -> dict:
         neighbours_of = lambda t: by_key.get(int(key_of_type[t]), [])  # noqa: E731
     else:
         path = Path(config.similar_words_file)
-        if not path.is_file():
-            raise InputError(f"{path}: data.similar_words_file does not exist")
+        require_file(path, "data.similar_words_file")
         if config.similar_words == "synonyms":
             by_word = _synonym_neighbours(path, tokenizer)
         else:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from spanlm.errors import InputError
+from spanlm.files import check_tokenizer_files
 
 # Special tokens per family, in id order, named after the models that use each family:
 # WordPiece like BERT/ELECTRA, byte-level BPE like RoBERTa, Unigram like DeBERTa-V3 (SentencePiece).
@@ -125,6 +126,7 @@ def load_tokenizer(path: str | Path):
     path = Path(path)
     if not path.is_dir():
         raise InputError(f"{path}: tokenizer directory does not exist")
+    check_tokenizer_files(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as error:  # transformers raises OSError/ValueError/... for unusable directories

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from spanlm.errors import InputError
+from spanlm.files import refused_pickle
 from spanlm.heads.mlm import MLMHead
 from spanlm.heads.rtd import ElectraRTDHead
 
@@ -255,7 +256,7 @@ def checkpoint_tensors(directory: Path, names: list[str]) -> dict[str, torch.Ten
             state = torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True, mmap=True)
         except Exception as error:  # a pickle with code in it, or a damaged file
             raise InputError(
-                f"{directory / 'pytorch_model.bin'}: cannot be read safely ({error})".split("\n")[0]
+                f"{directory / 'pytorch_model.bin'}: damaged or not a weights file ({refused_pickle(error)})"
             ) from None
         return {name: state[name] for name in names if name in state}
     else:

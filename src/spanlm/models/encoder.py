@@ -85,6 +85,16 @@ class Encoder(nn.Module):
         return list(getattr(encoder, "layer", []))
 
 
+def describe_start(config: EncoderConfig) -> str:
+    """The line a fine-tuning run logs about its encoder: its weights loaded or drawn afresh, and frozen or not."""
+    start = (
+        f"encoder: pretrained weights loaded from {config.path}"
+        if config.init == "pretrained"
+        else f"encoder: randomly initialised (model.init=random; the architecture and tokenizer of {config.path})"
+    )
+    return start + (", frozen (model.frozen: only the head trains)" if config.frozen else ", fine-tuned")
+
+
 def load_encoder(config: EncoderConfig) -> nn.Module:
     """The encoder (with ``.tokenizer``, ``.hidden_size``, ``forward(batch)``) in ``config.path``."""
     if not config.path:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from spanlm.errors import InputError
+from spanlm.files import check_tokenizer_files
 from spanlm.models.backbone import ATTENTION, quiet_load_report
 
 
@@ -102,6 +103,7 @@ def load_fast_tokenizer(directory: Path):
     """The directory's tokenizer; it must be a fast one (character offsets come from it)."""
     from transformers import AutoTokenizer
 
+    check_tokenizer_files(Path(directory))
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError, json.JSONDecodeError) as error:

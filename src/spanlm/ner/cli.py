@@ -7,7 +7,14 @@ import json
 import re
 from pathlib import Path
 
-from spanlm.cli_support import add_model_command, add_training_command, log, write_lines_or_stdout
+from spanlm.cli_support import (
+    add_model_command,
+    add_training_command,
+    log,
+    number,
+    refuse_outputs_onto_inputs,
+    write_lines_or_stdout,
+)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -58,11 +65,12 @@ def _read(model, path: str, fmt: str | None, on_bad_record: str | None, split: s
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from spanlm.ner.data import write_jsonl
+    from spanlm.ner.data import document_record
     from spanlm.ner.metrics import format_table
     from spanlm.ner.predict import NerModel
     from spanlm.ner.task import evaluate_model
 
+    refuse_outputs_onto_inputs({"--output": args.output, "--predictions": args.predictions}, args.data, args.model)
     model = NerModel(args.model, device=args.device)
     fmt = _format(args.data, args.format, model.recipe.data.format)
     documents, report = _read(model, args.data, fmt, args.on_bad_record, args.split)
@@ -79,7 +87,9 @@ def _eval(args: argparse.Namespace) -> int:
     )
     output.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     if args.predictions:
-        write_jsonl(args.predictions, [d for d, _ in predicted])
+        # The lines `ner predict` writes, each entity with its score
+        lines = [json.dumps(document_record(d, scores), ensure_ascii=False) + "\n" for d, scores in predicted]
+        write_lines_or_stdout(lines, args.predictions, "documents")
     print(format_table(scores) if args.noise is None else format_comparison(scores, attacked, args.noise))
     log(f"wrote {output}")
     return 0
@@ -97,17 +107,6 @@ def _data_name(data: str, fmt: str | None, split: str) -> str:
     return re.sub(r"[^\w.-]+", "_", f"{Path(parts.name).name}-{parts.split or split}")  # a sliced split has [ : %
 
 
-def _rate(value: str) -> float:
-    """--noise: a probability (argparse turns the error into a one-line usage message)."""
-    try:
-        rate = float(value)
-    except ValueError:
-        rate = float("nan")
-    if not 0.0 <= rate <= 1.0:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a rate in [0, 1]")
-    return rate
-
-
 def _texts(args: argparse.Namespace):
     from spanlm.ner.data import NerDocument, read_texts
 
@@ -120,6 +119,7 @@ def _predict(args: argparse.Namespace) -> int:
     from spanlm.ner.data import document_record
     from spanlm.ner.predict import NerModel
 
+    refuse_outputs_onto_inputs({"--output": args.output}, args.input, args.model)
     documents = _texts(args)  # before the model loads: a bad input fails at once
     model = NerModel(args.model, device=args.device)
     flat = True if args.flat else None
@@ -139,6 +139,11 @@ def _genia(args: argparse.Namespace) -> int:
     names = [name for name in ("train", "dev", "test") if (splits / f"{name}.txt").is_file()]
     if not names:
         raise InputError(f"{splits}: no train.txt, dev.txt or test.txt (files of MEDLINE ids, one per line)")
+    from spanlm.files import refuse_to_overwrite_inputs
+
+    sources = [args.archive, *(splits / f"{name}.txt" for name in names)]
+    for name in names:
+        refuse_to_overwrite_inputs(Path(args.out) / f"{name}.jsonlines", sources, "--out")
     corpus = read_genia(args.archive)  # read once for every split
     log(f"read {len(corpus)} articles from {args.archive}")
     summary = {}
@@ -197,14 +202,18 @@ def add_ner_commands(commands) -> None:
     evaluate.add_argument("--predictions", default=None, metavar="FILE", help="also write the predictions as JSONL")
     evaluate.add_argument(
         "--noise",
-        type=_rate,
+        type=number(float, minimum=0.0, maximum=1.0),
         default=None,
         metavar="RATE",
         help="also score a copy whose ASCII words are misspelt with probability RATE "
         "(drop / add / swap / keyboard typo, as CharBERT's robustness test)",
     )
     evaluate.add_argument(
-        "--noise-seed", type=int, default=0, metavar="N", help="seed of the --noise attack (default 0)"
+        "--noise-seed",
+        type=number(int, minimum=0),
+        default=0,
+        metavar="N",
+        help="seed of the --noise attack (default 0)",
     )
 
     predict = add_model_command(
@@ -222,7 +231,9 @@ def add_ner_commands(commands) -> None:
     predict.add_argument(
         "--flat", action="store_true", help="non-overlapping entities (highest score first) instead of nested"
     )
-    predict.add_argument("--threshold", type=float, default=None, help="logit threshold (default: the recipe's, 0)")
+    predict.add_argument(
+        "--threshold", type=number(float), default=None, help="logit threshold (default: the recipe's, 0)"
+    )
 
     genia = actions.add_parser(
         "genia",

@@ -51,7 +51,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
-from spanlm.errors import InputError, read_text
+from spanlm.errors import InputError, read_text, require_file
 
 XML_NAME = "GENIAcorpus3.02.xml"
 # yhcc's filter_annotations: re.match('G#(DNA|RNA|cell_line|cell_type|protein).*'), then everything
@@ -91,8 +91,7 @@ class SplitSummary:
 def read_genia(archive: str | Path) -> dict[str, list[Sentence]]:
     """Every article of the GENIA 3.02 archive (a .tgz, or the bare XML) as MEDLINE id → sentences."""
     archive = Path(archive)
-    if not archive.is_file():
-        raise InputError(f"{archive}: no such file")
+    require_file(archive)
     if archive.suffix.lower() == ".xml":
         with open(archive, "rb") as handle:
             return _parse_xml(handle, str(archive))

@@ -26,7 +26,7 @@ from spanlm.errors import ConfigError, InputError
 from spanlm.files import write_text_atomically
 from spanlm.finetune.batches import held_out_batches
 from spanlm.finetune.model import PER_EXAMPLE_FILE, export_task_model
-from spanlm.models.encoder import load_encoder
+from spanlm.models.encoder import describe_start, load_encoder
 from spanlm.models.packed import resolve_packing
 from spanlm.ner.config import NerRecipe
 from spanlm.ner.data import NerDocument, input_format, label_set, read_documents
@@ -87,6 +87,7 @@ def ner_setup(recipe: NerRecipe, env, log=print, start: StartingPoint = Starting
     data.labels = list(labels)
     torch.manual_seed(recipe.seed)  # the same seed on every rank gives identical head weights
     encoder = load_encoder(recipe.model)
+    log(describe_start(recipe.model))
     if data.max_len > encoder.max_length():
         raise ConfigError(
             f"data.max_len {data.max_len} exceeds the {encoder.max_length()} positions of {recipe.model.path}"

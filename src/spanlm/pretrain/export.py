@@ -13,7 +13,7 @@ from spanlm.config import save_config
 from spanlm.data.shards import PreparedCorpus, read_meta
 from spanlm.data.tokenizer import save_tokenizer
 from spanlm.errors import InputError
-from spanlm.files import write_directory
+from spanlm.files import refuse_to_overwrite_inputs, write_directory
 from spanlm.models.backbone import shortest_position_table
 from spanlm.objectives import build_objective
 from spanlm.pretrain.recipe import load_recipe
@@ -58,6 +58,7 @@ def _corpus_of(checkpoint: Path, prepared: Path, fingerprint: str | None):
 def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
 
     checkpoint, out = Path(checkpoint), Path(out)
+    given = checkpoint
     check_replaceable(out)
     if not checkpoint.exists():
         raise InputError(f"{checkpoint}: no such checkpoint or run directory")
@@ -66,6 +67,9 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
         if not complete:
             raise InputError(f"{checkpoint}: not a complete checkpoint nor a run directory with one")
         checkpoint = complete[-1]
+    # The new export replaces --out whole: it must neither hold nor be the run's checkpoint, nor go inside it.
+    refuse_to_overwrite_inputs(out, [given, checkpoint.parent.parent], "--out", replaces_directory=True)
+    refuse_to_overwrite_inputs(out, [checkpoint], "--out", replaces_directory=True, enters=True)
     if (problem := missing_parts(checkpoint)) is not None:
         # An export is of the checkpoint asked for (a run's latest): never quietly of an older one.
         earlier = [

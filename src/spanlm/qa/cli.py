@@ -6,7 +6,13 @@ import argparse
 import json
 from pathlib import Path
 
-from spanlm.cli_support import add_model_command, add_training_command, log, write_lines_or_stdout
+from spanlm.cli_support import (
+    add_model_command,
+    add_training_command,
+    log,
+    refuse_outputs_onto_inputs,
+    write_lines_or_stdout,
+)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -25,6 +31,7 @@ def _eval(args: argparse.Namespace) -> int:
     from spanlm.qa.data import read_squad
     from spanlm.qa.predict import QAModel, final_answer
 
+    refuse_outputs_onto_inputs({"--predictions": args.predictions}, args.data, args.model)
     model = QAModel(args.model, device=args.device)
     examples, report = read_squad(
         args.data, model.recipe.data.repair_window, allow_impossible=model.recipe.qa.no_answer, for_training=False
@@ -54,6 +61,7 @@ def _predict(args: argparse.Namespace) -> int:
     from spanlm.qa.data import read_questions_jsonl
     from spanlm.qa.predict import QAModel
 
+    refuse_outputs_onto_inputs({"--output": args.output}, args.input, args.model)
     examples = read_questions_jsonl(args.input)  # before the model loads: a bad input fails at once
     if not examples:
         log(f"{args.input}: no questions")

@@ -20,7 +20,7 @@ from spanlm.errors import ConfigError, InputError
 from spanlm.files import write_text_atomically
 from spanlm.finetune.batches import held_out_batches
 from spanlm.finetune.model import PER_EXAMPLE_FILE, export_task_model
-from spanlm.models.encoder import load_encoder
+from spanlm.models.encoder import describe_start, load_encoder
 from spanlm.models.packed import resolve_packing
 from spanlm.qa.config import QARecipe
 from spanlm.qa.data import QAExample, read_squad
@@ -54,6 +54,7 @@ def qa_setup(recipe: QARecipe, env, log=print, start: StartingPoint = StartingPo
     data = recipe.data
     torch.manual_seed(recipe.seed)  # the same seed on every rank gives identical head weights
     encoder = load_encoder(recipe.model)
+    log(describe_start(recipe.model))
     if data.max_length > encoder.max_length():
         raise ConfigError(
             f"data.max_length {data.max_length} exceeds the {encoder.max_length()} positions of {recipe.model.path}"

@@ -43,7 +43,14 @@ import torch
 
 from spanlm.config import to_dict
 from spanlm.errors import InputError
-from spanlm.files import fsync_directory, fsync_tree, out_of_space, replace_directory
+from spanlm.files import (
+    fsync_directory,
+    fsync_tree,
+    out_of_space,
+    read_metadata,
+    refused_pickle,
+    replace_directory,
+)
 from spanlm.models.hf_model import check_safetensors
 from spanlm.processes import process_alive
 from spanlm.train.kept_tokenizer import checkpoint_tokenizer_dir
@@ -84,11 +91,11 @@ def missing_parts(path: Path) -> str | None:
     Checkpoints written before manifests were kept are checked for the files every checkpoint has.
     """
     try:
-        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        manifest = {name: None for name in ("model.safetensors", "optimizer.pt", "trainer_state.pt", "config.yaml")}
-    except (OSError, ValueError):
+        manifest = read_metadata(path / MANIFEST, "")
+    except InputError:  # damaged: the checkpoint cannot be vouched for
         return f"{MANIFEST} unreadable"
+    if manifest is None:
+        manifest = {name: None for name in ("model.safetensors", "optimizer.pt", "trainer_state.pt", "config.yaml")}
     problems = []
     for name, size in manifest.items():
         try:
@@ -300,12 +307,18 @@ def load_objective_weights(objective, path: Path) -> None:
 
 
 def load_file(path: Path) -> dict:
+    """A checkpoint's ``.pt`` file, loaded weights-only; a file that is not what spanlm wrote is a DamagedCheckpoint.
+
+    Why not torch's message: for a file whose pickle names something beyond tensors and plain data, it says
+    that loading with ``weights_only=False`` "will likely succeed" — wrong for a corrupt file, and for a
+    tampered one the way to run its code. spanlm's checkpoints hold nothing that needs it.
+    """
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise DamagedCheckpoint(f"{path}: missing from the checkpoint") from None
-    except Exception as error:  # a corrupt file raises several types
-        raise DamagedCheckpoint(f"{path}: unreadable checkpoint file ({error})".split("\n")[0]) from None
+    except Exception as error:  # a corrupt file raises several types; a tampered one, UnpicklingError
+        raise DamagedCheckpoint(f"{path}: damaged or not a spanlm checkpoint file ({refused_pickle(error)})") from None
 
 
 def check_same_tokenizer(path: Path, trainer_state: dict, fingerprint: str | None, recipe) -> None:
@@ -371,15 +384,14 @@ def check_same_settings(path: Path, trainer_state: dict, recipe, world_size: int
     batch size draws other batches; another schedule or model shape learns something else), and
     nothing in its metrics would say so. Every changed setting is listed, old → new.
     """
-    import yaml
 
     try:
-        saved = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as error:
-        raise DamagedCheckpoint(
-            f"{path / 'config.yaml'}: unreadable checkpoint file ({error})".split("\n")[0]
-        ) from None
-    old, new = _flatten(saved or {}), _flatten(to_dict(recipe))
+        saved = read_metadata(path / "config.yaml", "the checkpoint is damaged")
+    except InputError as error:  # named with an earlier checkpoint to resume instead (_naming_an_earlier_checkpoint)
+        raise DamagedCheckpoint(str(error)) from None
+    if saved is None:
+        raise DamagedCheckpoint(f"{path / 'config.yaml'}: missing from the checkpoint")
+    old, new = _flatten(saved), _flatten(to_dict(recipe))
     # Keys only one side has are settings an older or newer spanlm did not record: nothing to compare.
     changed = [
         f"{key}: {old[key]!r} → {new[key]!r}"

@@ -9,7 +9,9 @@ has to remember to resume exactly (:class:`KeyedLoader`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import signal
 
 import numpy as np
 import torch
@@ -326,6 +328,37 @@ def _single(batch):
     return batch
 
 
+# The signals that stop a run (spanlm.train.loop.StopSignal). A job scheduler (Slurm's scancel, `timeout`,
+# `docker stop`) and a terminal's Ctrl-C send them to the whole process group, DataLoader workers included.
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def leave_the_stop_to_the_main_process(worker_id: int) -> None:
+    """A DataLoader worker's ``worker_init_fn``: ignore the stop signals, which the main process acts on
+    (finish the step, save, exit), then take the ones it blocked while forking (:func:`stop_signals_held`).
+
+    A worker killed by them would end the main process with "DataLoader worker is killed by signal" instead
+    of a saved checkpoint. A worker still ends with the main process: the loader's shutdown sends it no more
+    work, and its watchdog notices when the main process is gone."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)  # set before unblocking: a signal already pending is discarded
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+@contextlib.contextmanager
+def stop_signals_held(workers: int):
+    """Block the stop signals while DataLoader workers are forked (they inherit the mask), so none arrives in a
+    worker before it ignores them; the main process gets any that arrived when they are unblocked."""
+    if workers == 0:
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
 class KeyedLoader:
     """A DataLoader over a keyed dataset (each sampler key is one whole batch), resumable with any
     number of workers.
@@ -355,6 +388,7 @@ class KeyedLoader:
             persistent_workers=num_workers > 0,
             prefetch_factor=4 if num_workers > 0 else None,
             pin_memory=pin_memory,  # page-locked batches: the loop's non_blocking copies to the GPU overlap compute
+            worker_init_fn=leave_the_stop_to_the_main_process if num_workers > 0 else None,
             # Its own generator: creating an iterator must not draw from the global torch RNG, which the
             # model's dropout uses and a resumed run restores (a draw there would break bit-exact resume).
             generator=torch.Generator().manual_seed(seed),
@@ -362,7 +396,9 @@ class KeyedLoader:
 
     def __iter__(self):
         self.sampler.load_state_dict(self.position)  # the workers are fed keys from here on
-        for batch in self.loader:
+        with stop_signals_held(self.loader.num_workers):  # the workers start here (persistent: the first time)
+            batches = iter(self.loader)
+        for batch in batches:
             self.position = self.sampler.following(self.position)
             yield batch
 

@@ -27,7 +27,7 @@ from spanlm.data.shards import PreparedCorpus, read_meta
 from spanlm.data.similar_words import TABLE_FILE
 from spanlm.data.tokenizer import save_tokenizer
 from spanlm.errors import InputError
-from spanlm.files import write_directory
+from spanlm.files import read_metadata, write_directory
 
 KEPT_ROOT = "tokenizers"
 
@@ -70,14 +70,21 @@ def keep_tokenizer(corpus: PreparedCorpus, run_dir: Path) -> Path:
     return write_directory(target, fill)
 
 
+COPY_DAMAGED = (
+    "the run's copy of its tokenizer is damaged: restore it from a backup, or use the corpus it was trained on"
+)
+
+
 class KeptTokenizer(PreparedCorpus):
     """A kept tokenizer read as a prepared corpus without its token arrays: enough to build a model
     (vocabulary size, special ids, token frequencies, tokenizer), not to train one."""
 
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
+        self.meta = read_metadata(self.directory / "meta.json", COPY_DAMAGED)
+        if self.meta is None:
+            raise InputError(f"{self.directory}: the run's copy of its tokenizer has no meta.json; {COPY_DAMAGED}")
         try:
-            self.meta = json.loads((self.directory / "meta.json").read_text(encoding="utf-8"))
             self.token_counts = np.load(self.directory / "token_counts.npy", mmap_mode="r")
         except (OSError, ValueError) as error:
             raise InputError(f"{self.directory}: the run's copy of its tokenizer is unreadable ({error})") from None

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from spanlm import accel
+from spanlm.cli_support import set_library_progress_bars
 from spanlm.config import save_config
 from spanlm.errors import ConfigError, SpanlmError
 from spanlm.train import checkpoint as ckpt
@@ -53,6 +54,23 @@ class StopSignal:
     def __exit__(self, *exc):
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+
+
+def _encoder_and_head_groups(objective: torch.nn.Module, optimizer) -> dict[str, int | None]:
+    """For a fine-tuning objective (one with an ``encoder``): the index of the first optimiser group holding
+    encoder parameters (``lr_encoder``) and of the first holding others, the head's (``lr_head``); None where
+    no group does (a frozen encoder). Empty for pretraining objectives."""
+    encoder = getattr(objective, "encoder", None)
+    if not isinstance(encoder, torch.nn.Module):
+        return {}
+    in_encoder = {id(p) for p in encoder.parameters()}
+    groups: dict[str, int | None] = {"lr_encoder": None, "lr_head": None}
+    for index, group in enumerate(optimizer.param_groups):
+        found = {id(p) in in_encoder for p in group["params"]}
+        for name, wanted in (("lr_encoder", True), ("lr_head", False)):
+            if wanted in found and groups[name] is None:
+                groups[name] = index
+    return groups
 
 
 @dataclasses.dataclass
@@ -183,6 +201,7 @@ class Trainer:
         self.trackers = trackers_to_start(recipe.logging)  # a tracker named but not installed: refused before any work
         self.output_dir = Path(self.config.output_dir)
 
+        set_library_progress_bars(recipe.logging.progress)  # before the setup loads a model or a dataset
         self.setup = build_setup(recipe, env, self.log, start)
         self.objective = self.setup.objective.to(env.device)
         # The device's speed backend, in place (spanlm.accel; on CPU its kernels are built now, not under the
@@ -192,6 +211,7 @@ class Trainer:
         self.model = self._wrap(self.objective)
         self.optimizer = build_optimizer(self.objective, self.config)
         self.scheduler = build_scheduler(self.optimizer, self.config)
+        self.rate_groups = _encoder_and_head_groups(self.objective, self.optimizer)
         self.loader = self.setup.loader
         torch.manual_seed(recipe.seed + env.rank)  # dropout differs across ranks, reproducibly
         self.step = 0
@@ -393,12 +413,14 @@ class Trainer:
         batches = iter(self.loader)
         window, started, skipped = _Window(env.device), time.perf_counter(), 0
         self.objective.train()
-        if config.eval_at_start and self.step == 0:
-            evaluation = self.evaluate()
-            if logger and evaluation:
-                logger.log({"kind": "eval", "step": 0, **self._clock(), **evaluation})
+        # From the first evaluation to the last save, a stop signal only sets a flag: an evaluation runs to its
+        # end, the step after it too, then the run saves; a save under way completes.
         try:
             with StopSignal() as stop:
+                if config.eval_at_start and self.step == 0:
+                    evaluation = self.evaluate()
+                    if logger and evaluation:
+                        logger.log({"kind": "eval", "step": 0, **self._clock(), **evaluation})
                 while self.step < config.max_steps:
                     self._step(batches, window)
                     progress.update(1)
@@ -429,8 +451,8 @@ class Trainer:
                     if self.step % config.save_every == 0 and self.step < config.max_steps:
                         self._check_finite(window)
                         self.save()
-            self._check_finite(window)
-            self.save()
+                self._check_finite(window)
+                self.save()
             return self.output_dir
         finally:
             progress.close()
@@ -512,7 +534,10 @@ class Trainer:
             )
         values = means.tolist()
         record = {"kind": "train", "step": self.step, **self._clock(), **dict(zip(keys, values[:-1]))}
-        record["lr"] = self.scheduler.get_last_lr()[0]
+        rates = self.scheduler.get_last_lr()
+        record["lr"] = rates[0]  # the first parameter group's (fine-tuning: the encoder's, or a frozen one's head's)
+        for name, group in self.rate_groups.items():  # fine-tuning: both, named (0.0: a frozen encoder)
+            record[name] = rates[group] if group is not None else 0.0
         record["tokens_per_s"] = values[-1] * env.world_size / max(time.perf_counter() - started, 1e-9)
         record["skipped_steps"] = skipped + int(window.skipped)
         return record

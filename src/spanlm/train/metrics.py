@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from spanlm.errors import ConfigError, InputError, SpanlmError
+from spanlm.files import read_metadata
 from spanlm.train.config import LoggingConfig
 
 IDS_FILE = "trackers.json"
@@ -287,13 +288,10 @@ def _close_quietly(tracker) -> None:
 
 def _read_ids(output_dir: Path) -> dict[str, str]:
     path = output_dir / IDS_FILE
-    if not path.is_file():
+    ids = read_metadata(path, "delete it to start new tracker runs")
+    if ids is None:
         return {}
-    try:
-        ids = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise InputError(f"{path}: not valid JSON ({error.msg}); delete it to start new tracker runs") from None
-    if not isinstance(ids, dict) or not all(isinstance(v, str) for v in ids.values()):
+    if not all(isinstance(v, str) for v in ids.values()):
         raise InputError(f"{path}: must map tracker names to run ids; delete it to start new tracker runs")
     return ids
 

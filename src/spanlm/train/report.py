@@ -7,12 +7,13 @@ import json
 from pathlib import Path
 
 from spanlm.errors import InputError
+from spanlm.files import read_metadata
 from spanlm.train.metrics import NOT_METRICS, read_metrics
 
 # Which columns go on which figure; a figure is drawn when the run logged any of its columns.
 PLOTS = {
     "loss.png": ("Training loss", lambda key: key == "loss" or key.endswith("_loss"), "train"),
-    "lr.png": ("Learning rate", lambda key: key == "lr", "train"),
+    "lr.png": ("Learning rate", lambda key: key == "lr" or key.startswith("lr_"), "train"),
     "throughput.png": ("Throughput (tokens/s)", lambda key: key == "tokens_per_s", "train"),
     "grad_norm.png": ("Gradient norm", lambda key: key == "grad_norm", "train"),
     "eval.png": ("Held-out evaluation", lambda key: key not in NOT_METRICS, "eval"),
@@ -57,7 +58,7 @@ def unigram_accuracy(run_dir: Path) -> float | None:
     if not kept:
         return None
     counts = np.load(kept[-1]).astype(np.float64)
-    meta = json.loads((kept[-1].parent / "meta.json").read_text(encoding="utf-8"))
+    meta = read_metadata(kept[-1].parent / "meta.json", "the run's copy of its tokenizer is damaged") or {}
     counts[[i for i in meta.get("all_special_ids", []) if i < len(counts)]] = 0
     return float(counts.max() / counts.sum()) if counts.sum() > 0 else None
 
@@ -156,10 +157,15 @@ def compare_runs(run_dirs: list[str | Path], metrics: list[str], out: str | Path
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    for run in map(Path, run_dirs):  # each run named, the first one missing or empty too
+        if not run.is_dir():
+            raise InputError(f"{run}: no such run directory" if not run.exists() else f"{run}: not a run directory")
+        if not (run / "metrics.jsonl").is_file():
+            raise InputError(f"{run}: not a run directory (no metrics.jsonl)")
     runs = {Path(d).name: [r for r in read_metrics(Path(d)) if r.get("kind", "train") == kind] for d in run_dirs}
-    for name, rows in runs.items():
-        if not rows:
-            raise InputError(f"{name}: no '{kind}' records in its metrics.jsonl")
+    for run in map(Path, run_dirs):
+        if not runs[run.name]:
+            raise InputError(f"{run}: no '{kind}' records in its metrics.jsonl")
     figure, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 3.6), dpi=100, squeeze=False)
     for axis, metric in zip(axes[0], metrics):
         drawn = 0

@@ -69,8 +69,11 @@ def kernels() -> ModuleType | None:
         build_directory = _build_directory(cpp_extension, name)
         with build_lock(build_directory):
             if not _built(build_directory, name):
+                # What it does and where, not a duration: a compile's time depends on the machine and its load
                 print(
-                    f"spanlm: building the native CPU kernels ({capability}; once per machine, ~30 s)", file=sys.stderr
+                    f"spanlm: compiling the native CPU kernels for {capability} with the C++ compiler into "
+                    f"{build_directory} (once per machine and torch build; later runs load them)",
+                    file=sys.stderr,
                 )
             started = time.perf_counter()
             with _ninja_on_path():
