@@ -105,3 +105,26 @@ def test_the_backward_pass_drops_what_the_forward_pass_dropped():
     torch.testing.assert_close(
         grad_value.float(), expected.permute(0, 2, 1, 3).reshape(grad_value.shape), rtol=2e-2, atol=2e-2
     )
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_the_path_compiles_as_one_graph_with_and_without_dropout(dropout):
+    """The trainer compiles the packed step: the flash kernel (its autograd function with dropout, PyTorch's varlen
+    op without) traces into one graph; without dropout it equals the eager path."""
+    generator = torch.Generator().manual_seed(4)
+    bounds = torch.tensor(BOUNDS, dtype=torch.int32, device=DEVICE)
+    query, key, value = (
+        torch.randn(122, 4, 64, generator=generator).to(DEVICE, torch.bfloat16).requires_grad_() for _ in range(3)
+    )
+    path = PACKED_PATHS[path_for(query)]
+
+    def attend(query, key, value, bounds):
+        return path(query, key, value, bounds, 64, dropout, 0.125)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")(query, key, value, bounds)
+    grads = torch.autograd.grad(compiled.float().square().sum(), (query, key, value))
+    assert compiled.shape == query.shape and all(torch.isfinite(g).all() for g in grads)
+    if dropout == 0.0:
+        eager = attend(query, key, value, bounds)
+        torch.testing.assert_close(compiled.float(), eager.float(), rtol=2e-2, atol=2e-2)
