@@ -216,8 +216,8 @@ def varlen_attention_cpu(batch: dict, heads: int, head_dim: int, args) -> dict:
     """Median ms of forward + backward of the attention over ``batch``'s blocks, each kept to itself, three ways."""
     import torch.nn.functional as F
 
+    from spanlm.accel.varlen import repadded_attention
     from spanlm.models.modeling_charbert import segment_bounds
-    from spanlm.models.packed import segments_padded_attention
 
     bounds = segment_bounds(batch["position_ids"], batch["attention_mask"])
     lengths = (bounds[1:] - bounds[:-1]).tolist()
@@ -248,7 +248,7 @@ def varlen_attention_cpu(batch: dict, heads: int, head_dim: int, args) -> dict:
         )
 
     def padded_again():
-        return segments_padded_attention(query, key, value, bounds, max(lengths), p, None)
+        return repadded_attention(query, key, value, bounds, max(lengths), p, None)
 
     def step(attention):
         def run():

@@ -11,9 +11,15 @@ from torch.nn import functional as F
 
 import spanlm.accel.attention as attention
 from spanlm import accel
-from spanlm.accel.attention import FUSED, _SelfAttention, _VarlenSelfAttention, use_fused_self_attention
+from spanlm.accel.attention import (
+    FUSED,
+    GROUP_PADDING,
+    _SelfAttention,
+    _VarlenSelfAttention,
+    segment_groups,
+    use_fused_self_attention,
+)
 from spanlm.accel.dropout import apply_dropout, dropout_stream
-from spanlm.models.packed import segment_groups
 
 STOCK = {fused: stock for stock, fused in FUSED.items()}
 
@@ -317,3 +323,19 @@ def test_heads_narrower_than_the_hidden_size_run_the_module_forward(calls):
     assert type(layer) in STOCK and layer.all_head_size == 28
     assert layer(torch.randn(2, 6, 30))[0].shape == (2, 6, 28)
     assert calls["n"] == 0
+
+
+def test_segment_groups_cover_every_token_once_with_little_padding():
+    lengths = torch.randint(1, 129, (40,), generator=torch.Generator().manual_seed(0))
+    bounds = [0, *torch.cumsum(lengths, 0).tolist()]
+    groups = segment_groups(bounds)
+    assert sorted(torch.cat([g.tokens for g in groups]).tolist()) == list(range(bounds[-1]))
+    assert 1 < len(groups) < len(lengths)  # fewer products than segments
+    for group in groups:
+        real = group.real.sum(1)
+        assert group.length == int(real.max()) and (real > 0).all()
+        assert group.count * group.length**2 - int((real**2).sum()) <= GROUP_PADDING
+        slots = group.slots.view(group.count, group.length)
+        assert (
+            slots == torch.where(group.real, slots, slots[:, :1])
+        ).all()  # padding slots read their segment's first token

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from torch.nn import functional as F
@@ -116,11 +115,59 @@ def test_an_empty_batch_is_zero_not_nan():
     assert float(loss.mean) == 0.0 and all(torch.isfinite(v.float()) for v in loss.metrics().values())
 
 
-def test_uniforms_are_splitmix64_words_of_the_seed():
-    from helpers import splitmix64_words
+def lowbias32(x: int) -> int:
+    """Wellons' lowbias32 on a Python int (uint32 arithmetic)."""
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def test_uniforms_are_hashes_of_the_seed_row_and_column():
     from spanlm.heads.rtd import uniforms
 
-    seed = 2**62 + 12345  # large enough that the int64 arithmetic wraps
-    words = splitmix64_words(seed, 12)
-    expected = torch.tensor(((words >> np.uint64(40)).astype(np.float64) + 0.5) * 2.0**-24, dtype=torch.float32)
-    assert torch.equal(uniforms(torch.tensor(seed), (3, 4), torch.device("cpu")), expected.view(3, 4))
+    seed = 2**62 + 12345  # both 32-bit halves matter
+    key = lowbias32((seed & 0xFFFFFFFF) ^ lowbias32(((seed >> 32) + 0x9E3779B9) & 0xFFFFFFFF))
+    expected = []
+    for row in range(3):
+        row_key = lowbias32((key + row * 0x9E3779B9) & 0xFFFFFFFF)
+        expected.append([((lowbias32(lowbias32(col) ^ row_key) >> 8) + 0.5) * 2.0**-24 for col in range(4)])
+    assert torch.equal(uniforms(torch.tensor(seed), (3, 4), torch.device("cpu")), torch.tensor(expected))
+
+
+def test_gumbel_max_samples_the_softmax_by_a_chi_square_test_in_bfloat16_too():
+    from scipy.stats import chisquare
+
+    probs = torch.tensor([0.4, 0.2, 0.15, 0.1, 0.08, 0.05, 0.02])
+    for dtype, seed in ((torch.float32, 0), (torch.bfloat16, 1)):
+        logits = probs.log().to(dtype).expand(50000, -1)
+        counts = torch.bincount(gumbel_max_sample(logits, 1.0, seeded(seed)), minlength=len(probs))
+        expected = torch.softmax(probs.log().to(dtype).double(), -1) * len(logits)  # the logits as given
+        assert chisquare(counts.numpy(), expected.numpy()).pvalue > 1e-3, counts
+
+
+def test_gumbel_max_makes_no_int64_and_no_float32_copy_of_the_logits():
+    """The noise is one float32 (N, V) buffer made from one int32 one: no int64 tensor of the logits' size (the
+    SplitMix64 counters this replaced) and the bfloat16 logits are never converted to a float32 copy."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self, logits):
+            super().__init__()
+            self.made, self.reading_logits, self.logits = [], [], logits.data_ptr()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if any(isinstance(a, torch.Tensor) and a.data_ptr() == self.logits for a in args):
+                self.reading_logits.append(str(func))
+            out = func(*args, **(kwargs or {}))
+            for tensor in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(tensor, torch.Tensor):
+                    self.made.append((str(func), tensor.dtype, tensor.numel()))
+            return out
+
+    logits = torch.randn(64, 500).to(torch.bfloat16)
+    with Record(logits) as record:
+        gumbel_max_sample(logits, 1.0, seeded(3))
+    assert not [m for m in record.made if m[1] == torch.int64 and m[2] >= logits.numel()], record.made
+    assert record.reading_logits == ["aten.add_.Tensor"]  # added into the float32 noise, in its own dtype

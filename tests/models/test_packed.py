@@ -11,16 +11,7 @@ from transformers import AutoConfig, AutoModel, DataCollatorWithFlattening
 from helpers import forbid_deriving_segment_bounds
 from spanlm.errors import ConfigError
 from spanlm.models.modeling_charbert import segment_bounds
-from spanlm.models.packed import (
-    GROUP_PADDING,
-    VARLEN_ATTENTION,
-    check_packable,
-    encoder_states,
-    resolve_packing,
-    segment_groups,
-    segments_padded_attention,
-    varlen_attention,
-)
+from spanlm.models.packed import VARLEN_ATTENTION, check_packable, encoder_states, resolve_packing
 
 SIZES = {
     "hidden_size": 32,
@@ -136,48 +127,35 @@ def test_an_unknown_family_is_refused_and_auto_pads_deberta():
         check_packable(model)
     deberta = model_of("deberta-v2", "eager")
     deberta.supports_packing = True
-    assert resolve_packing("auto", deberta, "cpu") is False  # no varlen path: padded is as fast
-    assert resolve_packing(True, deberta, "cpu") is True
+    assert resolve_packing("auto", deberta, packs_by_default=True) is False  # no varlen path: padded is as fast
+    assert resolve_packing(True, deberta, packs_by_default=False) is True
+    bert = model_of("bert", "sdpa")
+    bert.supports_packing = True
+    assert resolve_packing("auto", bert, packs_by_default=True) is True  # the device's choice (spanlm.accel)
+    assert resolve_packing("auto", bert, packs_by_default=False) is False
 
 
-def test_the_accelerator_path_pads_segments_again_and_equals_the_per_block_loop():
-    """segments_padded_attention (what an accelerator runs without a varlen kernel) against the CPU's per-block SDPA."""
-    generator = torch.Generator().manual_seed(0)
-    bounds = torch.tensor([0, 5, 6, 13, 16], dtype=torch.int32)
-    query, key, value = (torch.randn(1, 2, 16, 8, generator=generator, requires_grad=True) for _ in range(3))
-    padded, _ = varlen_attention(
-        None,
-        query,
-        key,
-        value,
-        None,
-        scaling=0.3,
-        cu_seq_lens_q=bounds,
-        cu_seq_lens_k=bounds,
-        max_length_q=7,
-        max_length_k=7,
-    )
-    tokens = [x.transpose(1, 2).reshape(16, 2, 8) for x in (query, key, value)]
-    again = segments_padded_attention(*tokens, bounds, 7, 0.0, 0.3).view(1, 16, 2, 8)
-    torch.testing.assert_close(again, padded)
-    weights = torch.linspace(-1, 1, padded.numel()).view_as(padded)
-    torch.testing.assert_close(
-        torch.autograd.grad((again * weights).sum(), (query, key, value)),
-        torch.autograd.grad((padded * weights).sum(), (query, key, value)),
-    )
-
-
-def test_segment_groups_cover_every_token_once_with_little_padding():
-    lengths = torch.randint(1, 129, (40,), generator=torch.Generator().manual_seed(0))
-    bounds = [0, *torch.cumsum(lengths, 0).tolist()]
-    groups = segment_groups(bounds)
-    assert sorted(torch.cat([g.tokens for g in groups]).tolist()) == list(range(bounds[-1]))
-    assert 1 < len(groups) < len(lengths)  # fewer products than segments
-    for group in groups:
-        real = group.real.sum(1)
-        assert group.length == int(real.max()) and (real > 0).all()
-        assert group.count * group.length**2 - int((real**2).sum()) <= GROUP_PADDING
-        slots = group.slots.view(group.count, group.length)
-        assert (
-            slots == torch.where(group.real, slots, slots[:, :1])
-        ).all()  # padding slots read their segment's first token
+def test_a_packed_deberta_runs_one_segment_per_row_without_reading_the_host(monkeypatch):
+    """DeBERTa has no varlen path: its stream is cut into the batch's segments (blocks and padding runs), each a row,
+    with the bounds and longest segment the batch carries: device operations only, and each block's own states."""
+    model = model_of("deberta-v2", "eager").eval()
+    sequences = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16]]
+    ids = torch.tensor([[*sequences[0], 0, *sequences[1], *sequences[2], 0, 0]])  # padding after the first block
+    real = (ids != 0).long()
+    positions = torch.tensor([[0, 1, 2, 3, 4, 1, 0, 1, 2, 0, 1, 2, 3, 1, 1]])
+    bounds = torch.tensor([0, 5, 6, 9, 13, 15], dtype=torch.int32)
+    with torch.no_grad():
+        alone = [
+            encoder_states(model, torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long))[0] for s in sequences
+        ]
+        forbid_deriving_segment_bounds(monkeypatch)
+        reads = []
+        for name in ("item", "tolist", "__bool__", "__int__", "__index__"):
+            original = getattr(torch.Tensor, name)
+            monkeypatch.setattr(
+                torch.Tensor, name, lambda t, *a, _n=name, _o=original, **k: reads.append(_n) or _o(t, *a, **k)
+            )
+        packed = encoder_states(model, ids, real, positions, cu_seq_lens=bounds, max_seq_len=5)[0]
+        monkeypatch.undo()
+    assert not reads
+    torch.testing.assert_close(packed[real[0].bool()], torch.cat(alone), rtol=1e-5, atol=1e-5)

@@ -1,15 +1,22 @@
 """Packed batches (spanlm.data.packing: one stream, variable-length attention) give every objective the padded
-batch's losses and gradients, and no information crosses the blocks sharing the stream."""
+batch's losses and gradients, and no information crosses the blocks sharing the stream. As the trainer runs them
+(the device's packed attention set by spanlm.accel before the first forward): one graph under torch.compile with
+no break, few recompiles over many batches of other widths, and no host read in a training step."""
 
 from __future__ import annotations
 
 import json
+import traceback
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounter
 
 from helpers import EMBEDDED_CORPUS, REPO
+from spanlm import accel
+from spanlm.accel import varlen
 from spanlm.data.blocks import BlockDataset, collate_blocks
 from spanlm.data.packing import pack_masked, stream_layout
 from spanlm.data.shards import PreparedCorpus
@@ -17,6 +24,7 @@ from spanlm.masking.base import MASK, MaskedBatch
 from spanlm.models.packed import encoder_states
 from spanlm.objectives import build_objective
 from spanlm.pretrain.recipe import load_recipe
+from spanlm.train.loop import compile_recurrent_layers
 
 INPUTS = [str(p) for p in sorted(EMBEDDED_CORPUS.glob("*.txt")) if "hongloumeng" not in p.name]  # as embedded_prepared
 MAX_LEN = 32
@@ -181,3 +189,95 @@ def test_no_information_crosses_blocks(corpus, tmp_path, family):
     assert not np.array_equal(blocks[int(short[1])].ids, blocks[int(short[2])].ids)  # block 2 did change
     torch.testing.assert_close(outputs[0][0], outputs[1][0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(outputs[0][1], outputs[1][1], rtol=1e-5, atol=1e-6)
+
+
+def packed_batch(objective, corpus, blocks, seed: int = 3) -> dict:
+    masked = objective.masker(collate_blocks(blocks, corpus.special_ids["pad"]), np.random.default_rng(seed))
+    packed = pack_masked(masked, corpus.special_ids["pad"], getattr(objective.masker, "packing_gap", 0))
+    return packed.to_torch(objective.batch_fields)
+
+
+def padded_batch(objective, corpus, blocks, seed: int = 3) -> dict:
+    masked = objective.masker(collate_blocks(blocks, corpus.special_ids["pad"]), np.random.default_rng(seed))
+    return masked.to_torch(objective.batch_fields)
+
+
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_training_step_compiles_as_one_graph_without_breaks(corpus, tmp_path, case, layout):
+    objective = build(corpus, tmp_path, case).train()
+    accel.apply(objective, torch.device("cpu"), "off", packed=layout == "packed")  # as the trainer does
+    batch = (packed_batch if layout == "packed" else padded_batch)(objective, corpus, mixed_blocks(corpus))
+    torch._dynamo.reset()
+    # The first call: nothing is switched inside the trace. CharBERT's BiGRU traced as one operator, as the loop
+    # compiles off the CPU (compile_recurrent_layers).
+    explanation = torch._dynamo.explain(compile_recurrent_layers(objective))(batch)
+    assert explanation.graph_break_count == 0, [reason.reason for reason in explanation.break_reasons]
+    assert explanation.graph_count == 1
+
+
+def test_a_hundred_packed_steps_of_other_widths_compile_at_most_three_times(corpus, tmp_path):
+    """Stream width, target counts, segment count and the longest segment change every batch: dynamo makes them
+    dynamic after the first change instead of compiling once per value (its limit is 8, then it falls back)."""
+    objective = build(corpus, tmp_path, "spanbert").train()
+    accel.apply(objective, torch.device("cpu"), "off", packed=True)
+    blocks = BlockDataset(corpus, MAX_LEN)
+    rng = np.random.default_rng(0)
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    step = torch.compile(objective, backend=counter)
+    widths = set()
+    for number in range(100):
+        picked = rng.choice(len(blocks), size=int(rng.integers(3, 9)), replace=False)
+        batch = packed_batch(objective, corpus, [blocks[int(i)] for i in picked], seed=number)
+        widths.add((batch["input_ids"].shape[1], batch["max_seq_len"]))
+        step(batch)["loss"].backward()
+    assert len(widths) > 20  # the batches did differ
+    assert counter.frame_count <= 3, counter.frame_count
+
+
+SYNCING = ("item", "__bool__", "__int__", "__float__", "__index__", "cpu", "tolist", "numpy", "nonzero")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_packed_training_step_reads_nothing_on_the_host(corpus, tmp_path, monkeypatch, case):
+    """As CUDA's sync debug mode would on a GPU: forward and backward of a packed batch on the accelerator's
+    path (here the segments padded again, which like flash's varlen kernel takes the bounds as a tensor and the
+    longest as the int the batch carries) read no tensor on the host — DeBERTa-V3's one-segment-per-row
+    encoder and ELECTRA's sampling included."""
+    objective = build(corpus, tmp_path, case).train()
+    accel.apply(objective, torch.device("cpu"), "off", packed=True)
+    batch = packed_batch(objective, corpus, mixed_blocks(corpus))
+    monkeypatch.setitem(varlen.DEVICE_PATHS, "cpu", "repadded")
+    reads = []
+    for name in SYNCING:
+        original = getattr(torch.Tensor, name)
+
+        def counted(tensor, *args, _name=name, _original=original, **kwargs):
+            caller = traceback.extract_stack(limit=2)[0]
+            reads.append(f"{_name} in {Path(caller.filename).name}:{caller.lineno}")
+            return _original(tensor, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    objective(batch)["loss"].backward()
+    monkeypatch.undo()
+    assert not reads, reads
+
+
+@pytest.mark.parametrize("case", ["spanbert", "deberta-v3-gdes"])
+def test_a_fullgraph_compiled_packed_step_equals_the_eager_one(corpus, tmp_path, case):
+    """torch.compile(fullgraph=True) of a packed training step (on the CPU: the segments padded again inside the
+    graph) gives the eager step's losses and gradients (the per-segment loop)."""
+    objective = build(corpus, tmp_path, case).train()
+    accel.apply(objective, torch.device("cpu"), "off", packed=True)
+    batch = packed_batch(objective, corpus, mixed_blocks(corpus))
+    eager_out, eager_grads = parameters_gradients(objective, batch)
+    torch._dynamo.reset()
+    compiled = torch.compile(objective, fullgraph=True, backend="aot_eager")
+    compiled_out, compiled_grads = parameters_gradients(compiled, batch)
+    compiled_grads = {name.removeprefix("_orig_mod."): grad for name, grad in compiled_grads.items()}
+    for key in eager_out:
+        torch.testing.assert_close(compiled_out[key].float(), eager_out[key].float(), rtol=1e-4, atol=1e-5)
+    assert compiled_grads.keys() == eager_grads.keys() and eager_grads
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-3, atol=1e-5, msg=name)

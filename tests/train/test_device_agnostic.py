@@ -213,3 +213,31 @@ def test_the_loader_sends_the_arrays_the_objective_reads_and_no_others(corpus, t
     assert {"sbo_left", "sbo_labels"} <= declared and "span_start" not in declared  # statistics stay in the worker
     assert set(next(iter(setup.loader))) == declared
     assert set(next(iter(setup.eval_batches()))) == declared
+
+
+@pytest.mark.parametrize("accel", ["auto", "off"])
+def test_a_compiled_packed_run_on_the_cpu_has_no_graph_break(corpus, tmp_path, monkeypatch, accel):
+    """`spanlm pretrain … train.compile=true` on the CPU: the packed attention is chosen before the first compiled
+    forward (no switch inside the trace) and traced as one graph (the segments padded again, not the per-segment
+    loop's host read); evaluation compiles once more (no grad), widths that change once more (dynamic)."""
+    from torch._dynamo.utils import counters
+
+    compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda function, **kwargs: compile(function, backend="aot_eager"))
+    config = embedded_recipe(
+        "spanbert",
+        corpus.directory,
+        tmp_path / "run",
+        f"train.accel={accel}",
+        "data.packing=true",
+        "train.compile=true",
+        "train.max_steps=4",
+        "train.eval_every=2",
+    )
+    torch._dynamo.reset()
+    counters.clear()
+    trainer = Trainer(config, init_distributed("cpu"), pretraining_setup, log=lambda *_: None)
+    trainer.run()
+    assert trainer.step == 4
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert 1 <= counters["stats"]["unique_graphs"] <= 3, dict(counters["stats"])

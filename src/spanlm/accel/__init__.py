@@ -12,6 +12,9 @@ train, as the recipe's ``train.accel`` says:
   (:mod:`spanlm.accel.tied_embedding`), freed host memory kept mapped (:mod:`spanlm.accel.host_memory`)
   and the clipping norm in one kernel call. Other devices get nothing: their plain PyTorch path
   (SDPA's fused kernels, fused AdamW, ``torch.compile``) is what runs fast there.
+* under either mode, a packed run's attention is the device's path over the stream (:mod:`spanlm.accel.varlen`:
+  per-segment SDPA on the CPU, FlashAttention's varlen kernel on CUDA), and whether ``data.packing: auto``
+  packs is this package's decision (:func:`packs_by_default`).
 * ``off`` — nothing: the model trains exactly as built, the same losses up to float rounding (and, with
   dropout on, other random draws).
 
@@ -40,8 +43,23 @@ def backend(device: torch.device, mode: Accel = "auto") -> str:
     return "cpu" if native.kernels() is not None else "off"  # not buildable here: warned once, with the reason
 
 
-def apply(model: nn.Module, device: torch.device, mode: Accel = "auto") -> str:
-    """Put the speed backend of ``device`` into ``model``, in place; returns its name (:func:`backend`)."""
+def packs_by_default(device: torch.device) -> bool:
+    """What ``data.packing: auto`` becomes on ``device`` (:mod:`spanlm.accel.varlen`)."""
+    from spanlm.accel.varlen import packs_by_default as device_packs
+
+    return device_packs(device)
+
+
+def apply(model: nn.Module, device: torch.device, mode: Accel = "auto", packed: bool = False) -> str:
+    """Put the speed backend of ``device`` into ``model``, in place; returns its name (:func:`backend`).
+
+    ``packed``: the run's batches are packed streams. Their attention is the device's path
+    (:mod:`spanlm.accel.varlen`) under either mode — it is which kernel computes the attention, as SDPA picks
+    one, not a change of the model — set here, before the first (maybe compiled) forward."""
+    if packed:
+        from spanlm.accel.varlen import use_packed_attention
+
+        use_packed_attention(model)
     name = backend(device, mode)
     if name != "cpu":
         return name

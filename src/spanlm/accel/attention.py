@@ -30,6 +30,8 @@ torch.compile; everything else runs the module's own forward.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
@@ -38,7 +40,57 @@ from transformers.models.electra.modeling_electra import ElectraSelfAttention
 from transformers.models.roberta.modeling_roberta import RobertaSelfAttention
 
 from spanlm.accel.dropout import apply_dropout, dropout_stream, fast_dropout_applies, kernels_for
-from spanlm.models.packed import segment_groups
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentGroup:
+    """Segments of similar length attended together: ``count`` rows of ``length`` slots, one segment a row.
+
+    ``start``: the first stream position of the group's first segment (a lone segment is a slice of the
+    stream); ``slots`` (count·length,): the stream position each slot reads (a padding slot repeats its
+    segment's first token; it is masked as a key and its query discarded); ``real`` (count, length): the
+    slot holds a token of its segment; ``real_slots``: the flat indices of those slots, ``tokens`` their
+    stream positions.
+    """
+
+    count: int
+    length: int
+    start: int
+    slots: Tensor
+    real: Tensor
+    real_slots: Tensor
+    tokens: Tensor
+
+
+# A group takes the next-longest segment while the scores (per head) its padding to the group's longest adds
+# stay within this budget: short segments share one product (each product, softmax and dropout call is a
+# parallel region of its own, a fixed cost that dominates short segments), long ones keep their own (their
+# padding would cost more than the call).
+GROUP_PADDING = 96 * 96
+
+
+def segment_groups(bounds: list[int], padding: int = GROUP_PADDING) -> list[SegmentGroup]:
+    """The segments ``[bounds[i], bounds[i + 1])`` of a stream in groups of similar length, longest first."""
+    lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:])]
+    members: list[list[int]] = []  # segment numbers per group, longest first (ties in stream order)
+    for segment in sorted(range(len(lengths)), key=lambda number: -lengths[number]):
+        group = members[-1] if members else []
+        area = sum(lengths[member] ** 2 for member in group) + lengths[segment] ** 2
+        if group and (len(group) + 1) * lengths[group[0]] ** 2 - area <= padding:
+            group.append(segment)
+        else:
+            members.append([segment])
+    groups = []
+    for group in members:
+        length = lengths[group[0]]
+        within = torch.arange(length)
+        real = within < torch.tensor([lengths[member] for member in group]).unsqueeze(1)  # (count, length)
+        slots = (
+            torch.tensor([bounds[member] for member in group]).unsqueeze(1) + torch.where(real, within, 0)
+        ).flatten()
+        real_slots = real.flatten().nonzero().flatten()
+        groups.append(SegmentGroup(len(group), length, bounds[group[0]], slots, real, real_slots, slots[real_slots]))
+    return groups
 
 
 def _project(
@@ -182,7 +234,7 @@ class _VarlenSelfAttention(torch.autograd.Function):
     ``[bounds[i], bounds[i + 1])`` of its flattened tokens attending only to itself; dropout ``p`` on the
     probabilities. transformers' varlen arguments give the bounds (``cu_seq_lens_q``, spanlm.models.packed).
 
-    Segments of similar length are attended together (:func:`spanlm.models.packed.segment_groups`): a
+    Segments of similar length are attended together (:func:`segment_groups`): a
     group's queries, keys and values are gathered into (heads·count, length, d) rows, its padding slots
     masked as keys, so each group is one product, one softmax and one dropout call (its own stream, drawn in
     (head, segment, query, key) order), as :class:`_SelfAttention` does for a padded batch. No (T, T) mask exists.

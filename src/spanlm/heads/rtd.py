@@ -29,37 +29,55 @@ def gumbel_max_sample(logits: Tensor, temperature: float, seed: Tensor) -> Tenso
 
     Gumbel-max: argmax(logits / T + g) with g = −log(E), E ~ Exp(1) — exactly a categorical sample
     (ELECTRA's ``sample_from_softmax``; DeBERTa-V3's multinomial draw has the same distribution).
-    All noise comes from ``seed`` (an int64 scalar tensor): element i of the (N, V) noise is drawn from
-    the i-th SplitMix64 word of the seed (:func:`uniforms`), so a sample is a function of its seed
-    on every device, and neither reading the seed into Python nor a ``torch.Generator`` is needed
-    (either would stall a GPU or break a compiled graph).
+    All noise comes from ``seed`` (an int64 scalar tensor): element (i, j) is drawn from a hash of the
+    seed, row i and column j (:func:`uniforms`), so a sample is a function of its seed and its row on every
+    device, and neither reading the seed into Python nor a ``torch.Generator`` is needed (either would stall a
+    GPU or break a compiled graph). The noise is one float32 (N, V) buffer, made in place from one int32 one;
+    ``logits`` is added into it in its own dtype, not copied to float32 first.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
     with torch.no_grad():
-        exponential = -uniforms(seed, logits.shape, logits.device).log()  # Exp(1)
-        return (logits.float() / temperature - exponential.log()).argmax(dim=-1)  # (N,)
+        noise = uniforms(seed, logits.shape, logits.device)
+        noise.log_().neg_().log_().neg_()  # Gumbel: −log(E), E = −log(U) ~ Exp(1)
+        return noise.add_(logits, alpha=1.0 / temperature).argmax(dim=-1)  # (N,)
 
 
-# SplitMix64 (Steele et al. 2014) in int64 tensor arithmetic, which wraps modulo 2⁶⁴ as uint64 does.
-_GAMMA = 0x9E3779B97F4A7C15 - 2**64
-_MIX1 = 0xBF58476D1CE4E5B9 - 2**64
-_MIX2 = 0x94D049BB133111EB - 2**64
+# A 32-bit integer hash (Wellons' "lowbias32": xorshift-multiply rounds, a bijection of 32-bit words) in int32
+# tensor arithmetic, which wraps modulo 2³² as uint32 does.
+_MIX1 = 0x7FEB352D
+_MIX2 = 0x846CA68B - 2**32
+_GOLDEN = 0x9E3779B9 - 2**32
 
 
 def _shift_right(z: Tensor, bits: int) -> Tensor:
-    """Logical right shift of int64 words (>> on int64 is arithmetic: clear the copied sign bits)."""
-    return (z >> bits) & ((1 << (64 - bits)) - 1)
+    """Logical right shift of int32 words (>> on int32 is arithmetic: clear the copied sign bits)."""
+    return (z >> bits) & ((1 << (32 - bits)) - 1)
+
+
+def _hash(z: Tensor) -> Tensor:
+    """lowbias32 of the int32 words ``z``, in place."""
+    z ^= _shift_right(z, 16)
+    z *= _MIX1
+    z ^= _shift_right(z, 15)
+    z *= _MIX2
+    z ^= _shift_right(z, 16)
+    return z
 
 
 def uniforms(seed: Tensor, shape: torch.Size | tuple[int, ...], device: torch.device) -> Tensor:
-    """float32 uniforms in (0, 1) of ``shape``: the top 24 bits of SplitMix64 outputs j = 0, 1, … from ``seed``."""
-    index = torch.arange(1, math.prod(shape) + 1, dtype=torch.int64, device=device).view(shape)
-    z = seed.to(device=device, dtype=torch.int64) + index * _GAMMA
-    z = (z ^ _shift_right(z, 30)) * _MIX1
-    z = (z ^ _shift_right(z, 27)) * _MIX2
-    z = z ^ _shift_right(z, 31)
-    return (_shift_right(z, 40).float() + 0.5) * 2.0**-24  # never 0 or 1: both logs stay finite
+    """float32 uniforms in (0, 1) of ``shape`` (..., V): element (i, j) is the top 24 bits of
+    hash(hash(j) xor key_i), with key_i a hash of the int64 ``seed`` and the row i (the leading dimensions
+    flattened). For a given row the V words are distinct (a xor and the hash are bijections); no tensor of
+    ``shape`` but the int32 words and the result is made."""
+    rows, width = math.prod(shape[:-1]), shape[-1]
+    seed = seed.to(device=device, dtype=torch.int64)
+    low, high = (seed & 0xFFFFFFFF).to(torch.int32), ((seed >> 32) & 0xFFFFFFFF).to(torch.int32)  # wrap to int32
+    key = _hash(low ^ _hash(high + _GOLDEN))  # () the seed's 64 bits in one word
+    row_keys = _hash(key + torch.arange(rows, dtype=torch.int32, device=device) * _GOLDEN)  # (rows,)
+    columns = _hash(torch.arange(width, dtype=torch.int32, device=device))  # (V,)
+    words = _hash(columns ^ row_keys.unsqueeze(1))  # (rows, V) int32
+    return (_shift_right(words, 8).float().add_(0.5).mul_(2.0**-24)).view(shape)  # never 0 or 1: both logs finite
 
 
 def replace_tokens(

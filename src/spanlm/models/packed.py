@@ -1,11 +1,14 @@
-"""Running a transformers encoder over a packed batch (:mod:`spanlm.data.packing`): variable-length attention.
+"""Running a transformers encoder over a packed batch (:mod:`spanlm.data.packing`): the layout, not the kernels.
 
 A packed batch is one stream of several blocks; each must attend only to itself and number its positions
 from the start. Everything but the attention works token by token, so :func:`encoder_states` runs the
 encoder on the stream as it is — no padding in the embeddings, linear layers and heads — and hands the
 block boundaries to the attention as transformers' variable-length (FlashAttention) arguments:
 ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (the cumulative lengths of the stream's segments) and
-``max_length_q`` / ``max_length_k``, with no attention mask.
+``max_length_q`` / ``max_length_k``, with no attention mask. This module holds that layout: the bounds
+(``varlen_arguments``), the positions as each family numbers them (RoBERTa from ``padding_idx + 1``), each
+token's block start (:func:`packed_block_starts`), the way back to one window per row (:func:`unpack_rows`),
+which families can be packed and what ``data.packing`` resolves to (:func:`resolve_packing`).
 
 The boundaries come with the batch: the data workers compute ``cu_seq_lens`` and the longest segment
 ``max_seq_len`` (a host ``int``) from the layout (:mod:`spanlm.data.packing`), and the model uses them as they
@@ -13,30 +16,25 @@ are, so a packed forward waits for the device nowhere. A caller that gives the p
 directly) has them derived from ``position_ids`` / ``attention_mask`` (``modeling_charbert.segment_bounds``): on a GPU
 that costs a ``nonzero`` and a read of the longest segment, host syncs the training and evaluation paths
 never make. BERT, RoBERTa and ELECTRA pass these keyword arguments from the model's forward down to their
-attention function, and
+attention function: transformers' ``flash_attention_2`` / ``flash_attention_3`` take them as they are, and any
+other implementation is switched to ``"spanlm_varlen"`` (registered with transformers' ``AttentionInterface``).
 
-* transformers' ``flash_attention_2`` / ``flash_attention_3`` take them as they are;
-* every other implementation is switched to ``"spanlm_varlen"`` (:func:`varlen_attention`, registered with
-  transformers' ``AttentionInterface``): per block, never through a (T, T) mask over the stream. On the CPU
-  one SDPA call per block on views of the stream (faster there than grouping blocks of similar length,
-  nested jagged tensors or padding the blocks again: BENCHMARKS.md);
-  on CUDA in half precision without dropout PyTorch's own varlen kernel (``torch.nn.attention.varlen``),
-  else one SDPA call over all blocks padded again to the longest (grouping would wait for the bounds on the
-  host). Padded batches take transformers' SDPA;
-* spanlm's fused CPU self-attention (:mod:`spanlm.accel.attention`) reads the same arguments, and attends
-  per group of blocks of similar length (:func:`segment_groups`).
+How ``"spanlm_varlen"`` computes the attention is the device's speed backend's business
+(:mod:`spanlm.accel.varlen`: per-segment SDPA on the CPU, FlashAttention's varlen kernel with dropout on CUDA,
+the segments padded again elsewhere; the trainer sets it before the first forward, and it also decides
+whether a device packs by default). Until a backend registers its own, the name means this module's portable
+:func:`varlen_attention`: one SDPA call per segment, exact on every device, the bounds read on the host.
+Padded batches take SDPA either way.
 
 Padding inside a stream (CharBERT's one pad between blocks) forms segments of its own, so no block sees it.
-Positions go to the embeddings as the family numbers them (RoBERTa from ``padding_idx + 1``).
 
 DeBERTa-V2 / V3 computes disentangled relative-position scores over a whole row and transformers has no
-variable-length path for it, so its packed batch is run padded: cut back into one block per row for the
-encoder, its states gathered back into the stream (exact, but no faster: ``data.packing: auto`` pads it).
+variable-length path for it, so its packed batch is run padded: cut back into one segment per row for the
+encoder, its states gathered back into the stream (exact and sync-free, but no faster: ``data.packing: auto``
+pads it).
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -57,64 +55,20 @@ MODERN_FAMILIES = ("modernbert", "eurobert")  # their own varlen path: spanlm.mo
 PACKABLE_FAMILIES = (*VARLEN_FAMILIES, "deberta-v2", *MODERN_FAMILIES)  # DeBERTa-V2: run padded inside the encoder
 
 
-@dataclasses.dataclass(frozen=True)
-class SegmentGroup:
-    """Segments of similar length attended together: ``count`` rows of ``length`` slots, one segment a row.
-
-    ``start``: the first stream position of the group's first segment (a lone segment is a slice of the
-    stream); ``slots`` (count·length,): the stream position each slot reads (a padding slot repeats its
-    segment's first token; it is masked as a key and its query discarded); ``real`` (count, length): the
-    slot holds a token of its segment; ``real_slots``: the flat indices of those slots, ``tokens`` their
-    stream positions.
-    """
-
-    count: int
-    length: int
-    start: int
-    slots: Tensor
-    real: Tensor
-    real_slots: Tensor
-    tokens: Tensor
-
-
-# A group takes the next-longest segment while the scores (per head) its padding to the group's longest adds
-# stay within this budget: short segments share one product (each product, softmax and dropout call is a
-# parallel region of its own, a fixed cost that dominates short segments), long ones keep their own (their
-# padding would cost more than the call).
-GROUP_PADDING = 96 * 96
-
-
-def segment_groups(bounds: list[int], padding: int = GROUP_PADDING) -> list[SegmentGroup]:
-    """The segments ``[bounds[i], bounds[i + 1])`` of a stream in groups of similar length, longest first."""
-    lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:])]
-    members: list[list[int]] = []  # segment numbers per group, longest first (ties in stream order)
-    for segment in sorted(range(len(lengths)), key=lambda number: -lengths[number]):
-        group = members[-1] if members else []
-        area = sum(lengths[member] ** 2 for member in group) + lengths[segment] ** 2
-        if group and (len(group) + 1) * lengths[group[0]] ** 2 - area <= padding:
-            group.append(segment)
-        else:
-            members.append([segment])
-    groups = []
-    for group in members:
-        length = lengths[group[0]]
-        within = torch.arange(length)
-        real = within < torch.tensor([lengths[member] for member in group]).unsqueeze(1)  # (count, length)
-        slots = (
-            torch.tensor([bounds[member] for member in group]).unsqueeze(1) + torch.where(real, within, 0)
-        ).flatten()
-        real_slots = real.flatten().nonzero().flatten()
-        groups.append(SegmentGroup(len(group), length, bounds[group[0]], slots, real, real_slots, slots[real_slots]))
-    return groups
-
-
-def torch_varlen_applies(query: Tensor, dropout: float) -> bool:
-    """Whether PyTorch's varlen kernel (FlashAttention, CUDA, half precision, no dropout) takes ``query``."""
-    return (
-        query.is_cuda
-        and query.dtype in (torch.float16, torch.bfloat16)
-        and dropout == 0.0
-        and not torch.compiler.is_compiling()
+def per_block_attention(
+    query: Tensor, key: Tensor, value: Tensor, bounds: Tensor, dropout: float, scale: float | None
+) -> Tensor:
+    """Attention within each segment of ``bounds`` (S + 1,) for token-major (T, heads, d) inputs: one SDPA call per
+    segment on (heads, n, d) views (split's backward writes each gradient in place). Returns (T, heads, d).
+    Portable and exact on every device; the bounds are read on the host (a wait for an accelerator)."""
+    lengths = (bounds[1:] - bounds[:-1]).tolist()
+    return torch.cat(
+        [
+            F.scaled_dot_product_attention(
+                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), dropout_p=dropout, scale=scale
+            ).transpose(0, 1)
+            for q, k, v in zip(query.split(lengths), key.split(lengths), value.split(lengths))
+        ]
     )
 
 
@@ -133,8 +87,9 @@ def varlen_attention(
     max_length_k: int | None = None,
     **kwargs,
 ):
-    """transformers' attention interface: ``query`` / ``key`` / ``value`` (R, heads, W, d) → (R, W, heads, d), no
-    weights. With ``cu_seq_lens_q`` (a packed stream) each segment attends only to itself; else SDPA as usual."""
+    """transformers' attention interface, the portable default of ``"spanlm_varlen"``: ``query`` / ``key`` /
+    ``value`` (R, heads, W, d) → (R, W, heads, d), no weights. With ``cu_seq_lens_q`` (a packed stream) each
+    segment attends only to itself (:func:`per_block_attention`); else SDPA as usual."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if cu_seq_lens_q is None:
@@ -144,63 +99,21 @@ def varlen_attention(
     rows, heads, width, head_dim = query.shape
     # (R, heads, W, d) → (R·W, heads, d): token-major, so a segment is a slice of rows
     query, key, value = (x.transpose(1, 2).reshape(rows * width, heads, x.shape[-1]) for x in (query, key, value))
-    if torch_varlen_applies(query, dropout):
-        from torch.nn.attention.varlen import varlen_attn
-
-        context = varlen_attn(
-            query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, scale=scaling
-        )
-    elif query.device.type == "cpu":  # the bounds are in host memory: nothing to wait for
-        lengths = (cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).tolist()
-        # One SDPA call per segment on (heads, n, d) views; split's backward writes each gradient in place.
-        context = torch.cat(
-            [
-                F.scaled_dot_product_attention(
-                    q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), dropout_p=dropout, scale=scaling
-                ).transpose(0, 1)
-                for q, k, v in zip(query.split(lengths), key.split(lengths), value.split(lengths))
-            ]
-        )  # (R·W, heads, d)
-    else:  # on an accelerator a loop would wait for the bounds: one SDPA call over the segments padded again
-        context = segments_padded_attention(query, key, value, cu_seq_lens_q, max_length_q, dropout, scaling)
+    context = per_block_attention(query, key, value, cu_seq_lens_q, dropout, scaling)  # (R·W, heads, d)
     return context.view(rows, width, heads, head_dim), None
 
 
-def segments_padded_attention(
-    query: Tensor, key: Tensor, value: Tensor, bounds: Tensor, longest: int, dropout: float, scaling: float | None
-) -> Tensor:
-    """Attention within each segment of ``bounds`` for token-major (T, heads, d) inputs, as one SDPA call over the
-    segments padded to ``longest`` with a key mask: only device operations, no host read. Returns (T, heads, d)."""
-    tokens, heads, head_dim = query.shape
-    bounds = bounds.long()
-    position = torch.arange(tokens, device=query.device)
-    segment = torch.searchsorted(bounds[1:], position, right=True)  # (T,) each token's segment
-    padded = segment * longest + position - bounds[segment]  # (T,) its place in the (S, longest) layout
-    segments = bounds.numel() - 1
-
-    def by_segment(x: Tensor) -> Tensor:  # (T, heads, d) → (S, heads, longest, d)
-        rows = x.new_zeros(segments * longest, heads, x.shape[-1]).index_copy(0, padded, x)
-        return rows.view(segments, longest, heads, -1).transpose(1, 2)
-
-    keys = torch.arange(longest, device=query.device) < (bounds[1:] - bounds[:-1]).unsqueeze(1)  # (S, longest)
-    context = F.scaled_dot_product_attention(
-        by_segment(query),
-        by_segment(key),
-        by_segment(value),
-        attn_mask=keys[:, None, None, :],
-        dropout_p=dropout,
-        scale=scaling,
-    )
-    return context.transpose(1, 2).reshape(segments * longest, heads, head_dim).index_select(0, padded)
-
-
 def register_varlen_attention() -> None:
-    """Make ``"spanlm_varlen"`` a transformers attention implementation (idempotent); its masks are SDPA's."""
+    """Make ``"spanlm_varlen"`` a transformers attention implementation, :func:`varlen_attention`, unless it is one
+    already: a device's speed backend (spanlm.accel.varlen) registers its own paths under the name, and that
+    registration stands. Its masks are SDPA's."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    AttentionInterface.register(VARLEN_ATTENTION, varlen_attention)
-    AttentionMaskInterface.register(VARLEN_ATTENTION, sdpa_mask)
+    if VARLEN_ATTENTION not in ALL_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(VARLEN_ATTENTION, varlen_attention)
+        AttentionMaskInterface.register(VARLEN_ATTENTION, sdpa_mask)
 
 
 def use_varlen_attention(model: PreTrainedModel) -> None:
@@ -257,7 +170,7 @@ def encoder_states(
     if model.config.model_type in MODERN_FAMILIES:
         return modern_states(model, input_ids, attention_mask, position_ids, cu_seq_lens, max_seq_len)
     if model.config.model_type not in VARLEN_FAMILIES:
-        return repadded_states(model, input_ids, attention_mask, position_ids, token_type_ids)
+        return repadded_states(model, input_ids, attention_mask, position_ids, token_type_ids, cu_seq_lens, max_seq_len)
     use_varlen_attention(model)
     return model(
         input_ids=input_ids,
@@ -268,33 +181,36 @@ def encoder_states(
 
 
 def repadded_states(
-    model, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, token_type_ids: Tensor | None = None
+    model,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    token_type_ids: Tensor | None = None,
+    cu_seq_lens: Tensor | None = None,
+    max_seq_len: int | None = None,
 ) -> Tensor:
-    """A packed stream's states (R, W, H) computed one block per row: for encoders without a varlen path."""
-    real = attention_mask.flatten().bool()  # (T,)
-    positions = position_ids.flatten()
-    block = torch.cumsum(real & (positions == 0), 0) - 1  # (T,) each token's block
-    stream = real.nonzero().flatten()  # (N,) the real tokens' stream positions
-    blocks, length = int(block[-1]) + 1, int(positions[stream].max()) + 1
-    padded = (block * length + positions)[stream]  # (N,) their flat positions in the (blocks, length) layout
+    """A packed stream's states (R, W, H) computed one segment per row: for encoders without a varlen path.
 
-    def one_block_per_row(values: Tensor, fill: int) -> Tensor:
-        return (
-            values.new_full((blocks * length,), fill)
-            .index_copy(0, padded, values.flatten()[stream])
-            .view(blocks, length)
-        )
+    The rows are the segments of ``cu_seq_lens`` (S + 1,), ``max_seq_len`` wide (the batch's, else derived from
+    the positions): S and the width are host values the batch carries, so the layout is device operations only,
+    no host read. A padding segment is a row of padding (its states are never read)."""
+    bounds = varlen_arguments(position_ids, attention_mask, cu_seq_lens, max_seq_len)
+    segments, length = bounds["cu_seq_lens_q"].long(), bounds["max_length_q"]
+    rows = segments.shape[0] - 1
+    position = torch.arange(input_ids.numel(), device=input_ids.device)  # (T,)
+    segment = torch.searchsorted(segments[1:], position, right=True)  # (T,) each token's segment
+    padded = segment * length + position - segments[segment]  # (T,) its flat position in the (S, length) layout
 
-    extra = {} if token_type_ids is None else {"token_type_ids": one_block_per_row(token_type_ids, 0)}
+    def one_segment_per_row(values: Tensor, fill: int) -> Tensor:
+        return values.new_full((rows * length,), fill).index_copy(0, padded, values.flatten()).view(rows, length)
+
+    extra = {} if token_type_ids is None else {"token_type_ids": one_segment_per_row(token_type_ids, 0)}
     hidden = model(
-        input_ids=one_block_per_row(input_ids, model.config.pad_token_id or 0),
-        attention_mask=one_block_per_row(attention_mask.long(), 0),
+        input_ids=one_segment_per_row(input_ids, model.config.pad_token_id or 0),
+        attention_mask=one_segment_per_row(attention_mask.long(), 0),
         **extra,
-    ).last_hidden_state  # (blocks, length, H)
-    states = hidden.new_zeros(real.numel(), hidden.shape[-1]).index_copy(
-        0, stream, hidden.flatten(0, 1).index_select(0, padded)
-    )
-    return states.view(*input_ids.shape, -1)
+    ).last_hidden_state  # (S, length, H)
+    return hidden.flatten(0, 1).index_select(0, padded).view(*input_ids.shape, -1)
 
 
 def unpack_rows(hidden: Tensor, unpack_index: Tensor) -> Tensor:
@@ -302,14 +218,11 @@ def unpack_rows(hidden: Tensor, unpack_index: Tensor) -> Tensor:
     return hidden.flatten(0, 1).index_select(0, unpack_index.flatten()).view(*unpack_index.shape, hidden.shape[-1])
 
 
-# Devices on which packed batches measured at least as fast as padded ones (bench/packing.py, BENCHMARKS.md):
-# what data.packing: auto becomes there.
-PACKED_BY_DEFAULT = {"cpu": True}  # not yet measured on a GPU: padded there until it is
-
-
-def resolve_packing(setting: bool | str, objective: torch.nn.Module, device: torch.device | str) -> bool:
-    """``data.packing`` as a run uses it. "auto" is the device's default (PACKED_BY_DEFAULT) where every encoder
-    has a varlen path, and false for an objective or encoder that cannot be packed; true for one is refused."""
+def resolve_packing(setting: bool | str, objective: torch.nn.Module, packs_by_default: bool) -> bool:
+    """``data.packing`` as a run uses it. "auto" is ``packs_by_default`` — the device's choice, which its speed
+    backend makes (spanlm.accel.varlen.packs_by_default, handed to the setups by the trainer) — where every
+    encoder has a varlen path, and false for an objective or encoder that cannot be packed; true for one is
+    refused."""
     if setting is False:
         return False
     encoders = [module for module in objective.modules() if isinstance(module, PreTrainedModel)]
@@ -328,4 +241,4 @@ def resolve_packing(setting: bool | str, objective: torch.nn.Module, device: tor
     if setting is True:
         return True
     varlen = all(encoder.config.model_type in VARLEN_FAMILIES for encoder in encoders)
-    return varlen and PACKED_BY_DEFAULT.get(torch.device(device).type, False)
+    return varlen and packs_by_default

@@ -219,7 +219,9 @@ class NerModel:
         data = self.recipe.data
         bare = [NerDocument(d.id, d.text, []) for d in documents]  # prediction needs no gold entities
         windows = make_windows(self.tokenizer, bare, self.labels, data.max_len, data.stride, self.featurizer)[0]
-        windows.packed = resolve_packing(data.packing, self.objective, self.device)
+        # The recipe records what training resolved data.packing to; "auto" outside the trainer (no speed
+        # backend to decide) pads.
+        windows.packed = resolve_packing(data.packing, self.objective, packs_by_default=False)
         return windows
 
     def predict(

@@ -98,7 +98,7 @@ def ner_setup(recipe: NerRecipe, env, log=print, start: StartingPoint = Starting
         log(line)
     log(f"{data.train}: " + json.dumps(report.summary()))
     objective = NerObjective(encoder, len(labels), recipe.ner)
-    data.packing = resolve_packing(data.packing, objective, env.device)  # config.yaml records the choice
+    data.packing = resolve_packing(data.packing, objective, env.packs_by_default)  # config.yaml records the choice
     train_windows.packed = data.packing
 
     loader = build_window_loader(

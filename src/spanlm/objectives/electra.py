@@ -18,7 +18,7 @@ hidden states"), projected to G's hidden size inside the model (``embedding_size
 deberta-v2 families).
 
 Randomness: the masker (in DataLoader workers, seeded by the batch key) also draws a 63-bit
-``sample_seed`` per batch; the Gumbel noise is drawn from it (:func:`~spanlm.heads.rtd.uniforms`). So the
+``sample_seed`` per batch; the Gumbel noise is hashed from it (:func:`~spanlm.heads.rtd.uniforms`). So the
 replacements are a function of the batch key, like the masks: independent of the global RNG, of the
 number of workers and ranks, and replayed exactly on resume.
 

@@ -50,7 +50,8 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
     check_max_len(
         objective, recipe.data.max_len, recipe.masking.noise.max_len if recipe.masking.scheme == "noise" else None
     )
-    recipe.data.packing = resolve_packing(recipe.data.packing, objective, env.device)  # config.yaml records the choice
+    # config.yaml records the choice; the device's default is the speed backend's (handed over by the trainer)
+    recipe.data.packing = resolve_packing(recipe.data.packing, objective, env.packs_by_default)
     fields = objective.batch_fields
     schedule = recipe.masking.rate_schedule
     loader = build_train_loader(

@@ -118,7 +118,9 @@ def predict(
             data.max_query_length,
             encoder_featurizer(model.encoder),
         )
-        windows.packed = resolve_packing(data.packing, model, device)
+        # The recipe records what training resolved data.packing to; "auto" outside the trainer (no speed
+        # backend to decide) pads.
+        windows.packed = resolve_packing(data.packing, model, packs_by_default=False)
     was_training = model.training
     model.eval()
     try:

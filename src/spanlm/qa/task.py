@@ -71,7 +71,7 @@ def qa_setup(recipe: QARecipe, env, log=print, start: StartingPoint = StartingPo
         tokenizer, dev_examples, data.max_length, data.doc_stride, data.max_query_length, featurizer
     )
     log(f"{len(train_windows)} training windows from {len(train_examples)} questions, {len(dev_windows)} dev windows")
-    data.packing = resolve_packing(data.packing, objective, env.device)  # config.yaml records the choice
+    data.packing = resolve_packing(data.packing, objective, env.packs_by_default)  # config.yaml records the choice
     train_windows.packed = dev_windows.packed = data.packing
 
     loader = build_window_loader(

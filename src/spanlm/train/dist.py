@@ -35,6 +35,9 @@ class DistEnv:
     host_group: object | None = None
     # The FSDP model's device mesh (one dimension: every rank), made when the model is sharded.
     mesh: DeviceMesh | None = None
+    # What data.packing: auto becomes on this device: the speed backend's decision, set by the trainer before
+    # the setup runs (spanlm.accel.packs_by_default); padded until then.
+    packs_by_default: bool = False
 
     @property
     def is_main(self) -> bool:

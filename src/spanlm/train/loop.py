@@ -202,11 +202,13 @@ class Trainer:
         self.output_dir = Path(self.config.output_dir)
 
         set_library_progress_bars(recipe.logging.progress)  # before the setup loads a model or a dataset
+        env.packs_by_default = accel.packs_by_default(env.device)  # what the setup resolves data.packing: auto to
         self.setup = build_setup(recipe, env, self.log, start)
         self.objective = self.setup.objective.to(env.device)
         # The device's speed backend, in place (spanlm.accel; on CPU its kernels are built now, not under the
-        # progress bar)
-        self.accel = accel.apply(self.objective, env.device, self.config.accel)
+        # progress bar), with a packed run's attention path
+        packed = getattr(getattr(recipe, "data", None), "packing", False) is True
+        self.accel = accel.apply(self.objective, env.device, self.config.accel, packed=packed)
         self.gradient_norm = accel.gradient_norm(self.accel, total_norm)
         self.model = self._wrap(self.objective)
         self.optimizer = build_optimizer(self.objective, self.config)
