@@ -325,8 +325,10 @@ def run_check(args) -> int:
         write()
 
         # 5. the GPU bench, in the time left.
+        # an arm starts only while --budget lasts, and one compiled BERT-base arm may take two minutes
         left = deadline - time.monotonic() - 10
         bench = [sys.executable, str(REPO / "bench" / "train_step_gpu.py"), "--work", str(prefix / "bench")]
+        bench += ["--budget", str(round(max(left - 120, 0)))]
         bench += ["--tiny", "--device", "cpu"] if args.device == "cpu" else []
         bench += args.bench_args
         log.say(f"bench: {' '.join(bench[1:])} ({left:.0f} s left)")
