@@ -12,26 +12,29 @@ Two commands, both run with the Python of the machine they are for (standard lib
 ``python3 tools/gpu_check.py run --out DIR [--wheels WHEELS] [--device cuda|cpu]``
     On the GPU machine, from a checkout of this repository (the tests and the bench come from it), with no
     network: uses this Python and its torch as they are and never creates an environment that could pull
-    torch. It installs spanlm from the checkout with ``pip install --no-deps --no-build-isolation --no-index``
-    into a prefix of its own (a temporary folder put on PYTHONPATH; the Python's own environment is left
+    torch. It installs spanlm from the checkout with ``pip install --no-deps --no-build-isolation
+    --no-index`` (where this Python cannot build it, lacking setuptools: WHEELS' spanlm wheel) into a
+    prefix of its own, a temporary folder put on PYTHONPATH (the Python's own environment is left
     untouched), then each requirement of spanlm this Python lacks, one at a time, from WHEELS
     (``--no-index --find-links``); one that cannot be installed is recorded, and the tests that need it
     skip. Then ``pytest -m gpu`` on every test file that has gpu tests, then bench/train_step_gpu.py.
     Writes DIR/gpu_check.json (the environment: GPU, Python, torch / CUDA / transformers versions; what was
-    installed; every test's outcome and time; the bench's JSON line; wall times) and DIR/gpu_check.log
-    (everything the steps printed). Exit status 0 when every test passed and the bench printed its line.
-    ``--device cpu`` is the rehearsal where no GPU is at hand: the same steps with
-    ``SPANLM_GPU_TESTS_DEVICE=cpu`` and the bench's ``--tiny --device cpu`` dry run. (``make gpu-check``
-    runs this.)
+    installed; every test's outcome and time; the bench's JSON line; wall times), DIR/gpu_check.log
+    (everything the steps printed) and pytest's DIR/pytest-gpu.xml. Exit status 0 when no test failed and
+    the bench printed its line. ``--device cpu`` is the rehearsal where no GPU is at hand: the same steps
+    with ``SPANLM_GPU_TESTS_DEVICE=cpu`` and the bench's ``--tiny --device cpu`` dry run. (``make
+    gpu-check`` runs this.)
 
-A machine that receives a working tree and a few carried folders (no index there), for example::
+On a GPU machine that receives a working tree and a few carried folders but reaches no index, prepare the
+folder here and keep it small with ``--skip`` (what that machine has), for example::
 
-    python3 tools/gpu_check.py wheels --out .whl --python-version 3.12     # here, with an index
-    # there, in the checkout, with .whl carried along:
+    python3 tools/gpu_check.py wheels --out .whl --python-version 3.12 \
+        --skip transformers,tokenizers,numpy,safetensors,pyarrow,pyyaml,regex,tqdm,pytest,pluggy,iniconfig
+    # there, in the checkout, with .whl carried along (or lying untracked in the tree):
     python3 tools/gpu_check.py run --wheels .whl --out "$OUT"
 
-The whole run (tests and bench, install not counted) is bounded by ``--budget`` seconds (480 by default:
-what one H100 check may take); the bench gets what the tests left, less a margin.
+The tests and the bench together are bounded by ``--budget`` seconds (480 by default: what one H100 check
+may take; installing is not counted); the bench gets what the tests left and starts no arm after that.
 """
 
 from __future__ import annotations
@@ -265,6 +268,12 @@ def run_check(args) -> int:
         log.say(f"installing spanlm from {REPO} into {prefix} (pip --no-deps --no-build-isolation --no-index)")
         install = ["--no-deps", "--no-build-isolation", "--no-index", "--prefix", str(prefix)]
         code, _, _ = log.run(pip("install", "--no-warn-script-location", *install, str(REPO)), env=env)
+        report["spanlm_from"] = "checkout"
+        built = sorted(Path(args.wheels).glob("spanlm-*.whl")) if args.wheels else []
+        if code != 0 and built:  # no setuptools >= 68 in this Python to build with: the folder's wheel
+            log.say(f"building from the checkout failed; installing {built[-1].name} (built from its checkout)")
+            code, _, _ = log.run(pip("install", "--no-warn-script-location", *install, str(built[-1])), env=env)
+            report["spanlm_from"] = built[-1].name
         if code != 0:
             report["error"] = f"pip could not install spanlm from the checkout (exit {code}): see gpu_check.log"
             return finish(report, write, log, 1)
