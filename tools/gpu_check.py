@@ -72,25 +72,25 @@ class Log:
         self.file.flush()
 
     def run(self, command: list[str], env: dict | None = None, timeout: float | None = None, **kwargs):
-        """Run ``command``; its stdout and stderr go to the log. Returns (exit status, stdout, seconds)."""
+        """Run ``command``, its stderr written to the log as it comes (a check cut short still shows how far
+        it got), its stdout captured and then logged. Returns (exit status or "timeout", stdout, seconds)."""
         shown = [f"<{len(arg.splitlines())} lines>" if "\n" in arg else arg for arg in command]
         self.file.write(f"$ {' '.join(shown)}\n")
         self.file.flush()
         started = time.monotonic()
+        process = subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=self.file, text=True, errors="replace", **kwargs
+        )
         try:
-            result = subprocess.run(
-                command, env=env, timeout=timeout, capture_output=True, text=True, errors="replace", **kwargs
-            )
-            code, out, err = result.returncode, result.stdout, result.stderr
-        except subprocess.TimeoutExpired as timeout_error:
-            code, out, err = "timeout", _text(timeout_error.stdout), _text(timeout_error.stderr)
-        self.file.write(out + err + f"[exit {code}]\n")
+            out, _ = process.communicate(timeout=timeout)
+            code = process.returncode
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, _ = process.communicate()
+            code = "timeout"
+        self.file.write(out + f"[exit {code}]\n")
         self.file.flush()
         return code, out, time.monotonic() - started
-
-
-def _text(data) -> str:
-    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
 
 
 def pip(*args: str) -> list[str]:
