@@ -210,7 +210,8 @@ def build_peer(corpus, recipe_dict: dict, size: Size, device: torch.device, seed
         pad_token_id=corpus.special_ids["pad"],
     )
     torch.manual_seed(seed)
-    dtype = {"torch_dtype": torch.bfloat16} if attention == "flash_attention_2" else {}  # flash-attn's check
+    # flash-attn's check at init wants a half-precision model; the weights then go back to fp32, as in every arm
+    dtype = {"dtype": torch.bfloat16} if attention == "flash_attention_2" else {}
     model = AutoModelForMaskedLM.from_config(config, attn_implementation=attention, **dtype).float().to(device)
     model.train()
     # Trainer.get_decay_parameter_names + create_optimizer with the default optim (adamw_torch_fused).
