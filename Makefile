@@ -7,7 +7,7 @@ CONSTRAINTS ?= constraints.txt
 PIP_CONSTRAINT_FLAG = $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 BIN = $(VENV)/bin
 
-.PHONY: demo test gpu-check venv clean
+.PHONY: demo test gpu-check gpu-wheels venv clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,16 +26,27 @@ demo: venv
 	$(BIN)/spanlm demo --out runs/demo
 
 test: venv
-	$(BIN)/ruff check src tests bench docs/results
-	$(BIN)/ruff format --check src tests bench docs/results
+	$(BIN)/ruff check src tests bench tools docs/results
+	$(BIN)/ruff format --check src tests bench tools docs/results
 	$(BIN)/python -m pytest -q
 
-# On a machine with a CUDA GPU (install a CUDA torch: CONSTRAINTS= make gpu-check): the GPU tests (pytest -m gpu:
-# per objective a bf16 step, save -> resume, export; NER / QA one step), then bench/train_step_gpu.py's JSON line.
-gpu-check: venv
-	$(BIN)/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make gpu-check: no CUDA device')"
-	$(BIN)/python -m pytest -q -m gpu -rs tests
-	$(BIN)/python bench/train_step_gpu.py
+# The offline GPU check (tools/gpu_check.py --help). On the GPU machine, in this checkout, with its own CUDA torch
+# and no network: installs spanlm beside that torch (pip --no-deps --no-build-isolation, into a temporary prefix)
+# and what $(PYTHON) lacks from WHEELS, runs pytest -m gpu and bench/train_step_gpu.py, writes OUT/gpu_check.json
+# and OUT/gpu_check.log. Creates no venv.
+OUT ?= runs/gpu-check
+WHEELS ?=
+gpu-check:
+	$(PYTHON) tools/gpu_check.py run --out $(OUT) $(if $(WHEELS),--wheels $(WHEELS),)
+
+# On a machine with an index: the wheels of spanlm's dependencies but torch (and pytest's) for the GPU machine's
+# Python and platform, leaving out the packages named in SKIP (comma-separated: what that machine has), and spanlm's.
+PYTHON_VERSION ?= 3.12
+PLATFORM ?= manylinux_2_28_x86_64
+SKIP ?=
+gpu-wheels:
+	$(PYTHON) tools/gpu_check.py wheels --out $(or $(WHEELS),wheels) --python-version $(PYTHON_VERSION) \
+		--platform $(PLATFORM) --skip "$(SKIP)"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

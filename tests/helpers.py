@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from pathlib import Path
 
 from spanlm.config import from_dict
@@ -45,6 +46,13 @@ def external_data(name: str) -> Path:
     keep one copy beside their checkouts (``../shared/data``), used when ``external/`` lacks it."""
     local = REPO / "external" / name
     return local if local.exists() else REPO.parent / "shared" / "data" / name
+
+
+def measured(value) -> bool:
+    """A measured figure (a timing, a rate, a ratio or an MFU) as a bench script prints it: computed and
+    well-formed, a finite number >= 0. Never more: on a busy machine a timing may round to 0.0, and a test
+    must not depend on how fast it ran."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 NER_FIXTURES = REPO / "tests" / "fixtures" / "ner"

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from helpers import REPO
+from helpers import REPO, measured
 
 SCRIPT = REPO / "bench" / "train_step_gpu.py"
 
@@ -19,48 +20,44 @@ def test_help_names_the_comparison_and_options():
         [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60, check=True
     )
     assert "BertForMaskedLM" in result.stdout and all(
-        f"--{o}" in result.stdout for o in ("device", "tiny", "seqs", "compile")
+        f"--{o}" in result.stdout for o in ("device", "tiny", "arms", "seq", "budget")
     )
 
 
-def test_a_tiny_cpu_dry_run_prints_one_json_line_with_ratio_and_mfu(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--device",
-            "cpu",
-            "--tiny",
-            "--seqs",
-            "64,32",
-            "--batch",
-            "2",
-            "--steps",
-            "2",
-            "--warmup",
-            "1",
-            "--peak-size",
-            "128",
-            "--work",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def test_a_tiny_cpu_dry_run_prints_one_json_line_with_every_arms_figures(tmp_path):
+    arms = ["spanbert-packed-eager", "spanbert-padded-eager", "peer-sdpa-eager", "peer-sdpa-compiled"]
+    arms += ["peer-flash-flattened", "gdes-packed-eager"]
+    command = [sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--arms", ",".join(arms), "--steps", "2"]
+    command += ["--warmup", "1", "--batches", "2", "--peak-size", "128", "--work", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
     assert len(lines) == 1
     output = json.loads(lines[0])
     assert output["bench"] == "train_step_gpu" and output["device"] == "cpu (dry run)"
-    assert set(output["ratio"]) == set(output["mfu"]) == {"64", "32"}
-    assert output["peak_bf16_tflops"] > 0 and len(output["peak_samples_tflops"]) == 3
-    for run in output["results"]:
-        assert run["tokens_per_step"] == 2 * run["seq"]  # full-length blocks, no padding
-        for side in ("spanlm", "peer"):
-            assert run[side]["tokens_per_s"] > 0 and 0 < run[side]["mfu"] and len(run[side]["step_ms"]) == 2
-        assert run["ratio"] == round(run["spanlm"]["tokens_per_s"] / run["peer"]["tokens_per_s"], 3)
-        assert run["spanlm"]["targets_mlm"] > 0 and run["spanlm"]["targets_sbo"] > 0
+    assert list(output["arms"]) == arms
+    assert measured(output["peak_bf16_tflops"]) and len(output["peak_samples_tflops"]) == 2
+    # without flash-attn (and without CUDA) the flattened peer says why it did not run
+    assert "flash" in output["arms"].pop("peer-flash-flattened")["skipped"]
+    for name, arm in output["arms"].items():
+        assert measured(arm["tokens_per_s"]) and measured(arm["mfu"]) and measured(arm["step_ms"]), name
+        assert all(math.isfinite(loss) for loss in arm["loss_first_last"]), name
+        assert arm["host_syncs"] is None and isinstance(arm["attention_kernels"], list)  # syncs: counted on CUDA
+        assert output["mfu"][name] == arm["mfu"] and output["tokens_per_s"][name] == arm["tokens_per_s"]
+    # SDPA's kernel as the profiler names it on the CPU
+    assert any("scaled_dot_product" in k for k in output["arms"]["peer-sdpa-eager"]["attention_kernels"])
+    dynamo = output["arms"]["peer-sdpa-compiled"]["dynamo"]
+    assert dynamo["graph_breaks"] >= 0 and dynamo["compiled_frames"] >= 1 and dynamo["recompiles"] >= 0
+    assert measured(output["ratio_packed_vs_padded_eager"])
+    assert output["ratio_packed_compiled_vs_peer_eager"] is None  # its arm did not run
+    assert 0 <= output["padding_share"] < 1 and output["tokens_per_step"] > 0
+
+
+def test_an_unknown_arm_is_named(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--arms", "spanbert-packed-eager,fast"], capture_output=True, text=True
+    )
+    assert result.returncode == 2 and "unknown arm(s) fast" in result.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -90,6 +91,79 @@ def test_two_processes_resume_exactly(prepared, tmp_path, strategy, settings):
     assert state["world_size"] == 2 and len(state["loaders"]) == 2
     assert (ckpt.step_dir(tmp_path / "full", 6) / "rng-rank1.pt").is_file()
     assert any(r["kind"] == "eval" for r in read_metrics(tmp_path / "full"))
+
+
+def two_nodes(recipe_path: Path, *extra: str) -> None:
+    """``torchrun --nnodes 2`` twice, as two machines would start it: node ranks 0 and 1, one process each,
+    meeting at the first node's address (127.0.0.1 here; gloo on CPU); both must exit 0."""
+    with socket.socket() as probe:  # a free port for the rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
+    launchers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--node_rank",
+                str(node),
+                "--nproc_per_node",
+                "1",
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                str(port),
+                str(REPO / "tests" / "launch_toy.py"),
+                "pretrain",
+                str(recipe_path),
+                *extra,
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
+    outputs = []
+    try:
+        for launcher in launchers:
+            outputs.append(launcher.communicate(timeout=300))
+    finally:
+        for launcher in launchers:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.wait()
+    for node, (launcher, (_, stderr)) in enumerate(zip(launchers, outputs)):
+        assert launcher.returncode == 0, f"node {node}: {stderr[-3000:]}"
+        assert "gloo threads still running at exit" not in stderr, stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_two_nodes_train_and_resume_exactly(prepared, tmp_path):
+    """The README's multi-node launch, rehearsed on one machine: two launchers of one process each."""
+
+    def recipe(name: str) -> Path:
+        path = tmp_path / f"{name}.yaml"
+        save_config(toy_recipe(prepared, tmp_path / name, max_steps=4, save_every=2, batch_size=8), path)
+        return path
+
+    two_nodes(recipe("full"))
+    two_nodes(recipe("resumed"), "--resume", str(ckpt.step_dir(tmp_path / "full", 2)))
+    full, resumed = losses(tmp_path / "full"), losses(tmp_path / "resumed")
+    assert sorted(full) == [1, 2, 3, 4] and {s: full[s] for s in (3, 4)} == resumed
+    a = load_file(str(ckpt.step_dir(tmp_path / "full", 4) / "model.safetensors"))
+    b = load_file(str(ckpt.step_dir(tmp_path / "resumed", 4) / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    state = torch.load(ckpt.step_dir(tmp_path / "full", 4) / "trainer_state.pt", weights_only=True)
+    assert state["world_size"] == 2 and len(state["loaders"]) == 2
 
 
 @pytest.mark.slow
