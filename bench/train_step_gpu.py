@@ -179,7 +179,7 @@ def choose_blocks(blocks, count: int, seed: int) -> list[np.ndarray]:
 # ---------------------------------------------------------------- models and steps
 
 
-def build_spanlm(recipe_dict: dict, corpus, device: torch.device, seed: int):
+def build_spanlm(recipe_dict: dict, corpus, device: torch.device, seed: int, packed: bool):
     from spanlm import accel
     from spanlm.config import from_dict
     from spanlm.objectives import build_objective
@@ -190,8 +190,9 @@ def build_spanlm(recipe_dict: dict, corpus, device: torch.device, seed: int):
     torch.manual_seed(seed)
     objective = build_objective(recipe, corpus).to(device)
     objective.train()
-    # As the trainer does (its CPU kernels are a CPU-only speed-up: a dry run stays on plain PyTorch)
-    accel.apply(objective, device, "auto" if device.type == "cuda" else "off")
+    # As the trainer does (its CPU kernels are a CPU-only speed-up: a dry run stays on plain PyTorch); a packed
+    # run's attention is the device's varlen path under either mode
+    accel.apply(objective, device, "auto" if device.type == "cuda" else "off", packed=packed)
     return objective, build_optimizer(objective, recipe.train)
 
 
@@ -253,7 +254,7 @@ def spanlm_arm(kind: str, packed: bool, compiled: bool, setting: dict) -> tuple[
     from spanlm.train.optim import clip_gradients
 
     recipe = setting["recipe"] if kind == "spanbert" else gdes_recipe(setting["recipe"])
-    objective, optimizer = build_spanlm(recipe, setting["corpus"], setting["device"], setting["seed"])
+    objective, optimizer = build_spanlm(recipe, setting["corpus"], setting["device"], setting["seed"], packed)
     data = MaskedBatches(
         setting["blocks"], objective.masker, setting["pad"], seed=setting["seed"], rank=0, packed=packed
     )

@@ -192,6 +192,8 @@ def test_a_rerun_keeps_finished_cells_and_runs_only_what_changed(evaluated, tmp_
         ("missing-data", "data.dev"),
         ("unknown-setting", "unknown config key 'train.max_stepz'"),
         ("unknown-baseline", "baseline 'nobody' is not among the encoders"),
+        ("out-is-an-encoder", "--out is the input"),
+        ("encoder-in-the-cells", "--out holds the input"),
     ],
 )
 def test_bad_input_stops_before_any_cell_runs(case, expected, tiny_encoder_dir, tmp_path, capsys):
@@ -211,11 +213,19 @@ def test_bad_input_stops_before_any_cell_runs(case, expected, tiny_encoder_dir, 
         raw["tasks"][0]["settings"]["train.max_stepz"] = 3
     elif case == "unknown-baseline":
         extra = ["--baseline", "nobody"]
+    elif case == "out-is-an-encoder":
+        extra = ["--out", str(tiny_encoder_dir)]
+    elif case == "encoder-in-the-cells":
+        inside = tmp_path / "out" / "cells" / "encoder"
+        inside.mkdir(parents=True)
+        (inside / "config.json").write_text("{}", encoding="utf-8")
+        encoders[1] = f"random=random:{inside}"
     suite.write_text(yaml.safe_dump(raw), encoding="utf-8")
     code, out, err = run_eval([str(suite), "--encoders", *encoders, "--out", str(tmp_path / "out"), *extra], capsys)
     assert code == 2 and out is None
     assert len(err.strip().splitlines()) == 1 and expected in err and "Traceback" not in err
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists() or case == "encoder-in-the-cells"
+    assert not list(tiny_encoder_dir.glob("results.json")) and not (tiny_encoder_dir / "cells").exists()
 
 
 @pytest.mark.parametrize("name", sorted(path.stem for path in (REPO / "configs/eval").glob("*.yaml")))

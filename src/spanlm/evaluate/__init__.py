@@ -28,6 +28,7 @@ def run_suite(
     from spanlm.evaluate.cells import CellRunner, default_jobs, parse_encoders, plan_cells
     from spanlm.evaluate.suite import load_suite
     from spanlm.evaluate.verdict import markdown, verdict, write_report
+    from spanlm.files import refuse_to_overwrite_inputs
 
     suite = load_suite(suite_name, settings)
     encoders = parse_encoders(encoder_specs)
@@ -44,6 +45,9 @@ def run_suite(
     runner = CellRunner(jobs or default, threads if jobs is None else max(1, default // jobs), log)
 
     out = Path(out)
+    # The cells' folders are replaced on a changed setting: no input may live in them, nor OUT in an input.
+    refuse_to_overwrite_inputs(out, [suite.path, *(e.path for e in encoders)], "--out", enters=True)
+    refuse_to_overwrite_inputs(out / "cells", [e.path for e in encoders], "--out", replaces_directory=True)
     cells = plan_cells(suite, encoders, seeds, out)
     log(
         f"{suite.path}: {len(suite.tasks)} task(s) × {len(encoders)} encoder(s) × arms × {len(seeds)} seed(s) = "

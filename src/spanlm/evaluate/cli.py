@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from spanlm.cli_support import log
+from spanlm.cli_support import log, number
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -46,13 +46,23 @@ def add_eval_command(commands) -> None:
         help="the encoders to compare: NAME=DIR (a Hugging Face encoder directory: a spanlm export, a hub "
         "checkpoint) or NAME=random:DIR (DIR's architecture and tokenizer, freshly initialised)",
     )
-    command.add_argument("--seeds", type=int, nargs="+", default=None, metavar="SEED", help="default: the suite's")
+    command.add_argument(
+        "--seeds",
+        type=number(int, minimum=0, setting="seed"),
+        nargs="+",
+        default=None,
+        metavar="SEED",
+        help="default: the suite's",
+    )
     command.add_argument(
         "--baseline", default=None, metavar="NAME", help="the encoder compared against (default: the first random:)"
     )
     command.add_argument("--out", default="runs/eval", help="output directory (default runs/eval)")
     command.add_argument(
-        "--jobs", type=int, default=None, help="cells at a time (default: one per core on a CPU, one on a GPU)"
+        "--jobs",
+        type=number(int, minimum=1),
+        default=None,
+        help="cells at a time (default: one per core on a CPU, one on a GPU)",
     )
     command.add_argument("--force", action="store_true", help="rerun every cell, finished or not")
     command.set_defaults(run=_eval)
