@@ -23,12 +23,23 @@ def tokens(seed: int = 0, dtype=torch.float64):
     return [torch.randn(sum(LENGTHS), 2, 8, generator=generator, dtype=dtype, requires_grad=True) for _ in range(3)]
 
 
-def per_block_reference(query, key, value, scale):
-    """Each segment on its own, in (1, heads, n, d) SDPA calls: the definition of packed attention."""
+def per_block_reference(query, key, value, scale, window=None):
+    """Each segment on its own, in (1, heads, n, d) SDPA calls: the definition of packed attention; with a
+    ``window``, each query sees the keys of its segment at distance ≤ window (a loop over pairs: the definition)."""
+
+    def band(n):
+        if window is None:
+            return None
+        return torch.tensor([[abs(i - j) <= window for j in range(n)] for i in range(n)])
+
     return torch.cat(
         [
             F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], scale=scale
+                q.transpose(0, 1)[None],
+                k.transpose(0, 1)[None],
+                v.transpose(0, 1)[None],
+                attn_mask=band(q.shape[0]),
+                scale=scale,
             )[0].transpose(0, 1)
             for q, k, v in zip(query.split(LENGTHS), key.split(LENGTHS), value.split(LENGTHS))
         ]
@@ -47,6 +58,18 @@ def test_every_path_equals_per_block_attention_forward_and_backward(name):
         torch.autograd.grad((context * weights).sum(), inputs),
         torch.autograd.grad((reference * weights).sum(), inputs),
     )
+
+
+@pytest.mark.parametrize("name", sorted(varlen.PACKED_PATHS))
+def test_every_path_keeps_a_sliding_window_inside_each_segment(name):
+    """ModernBERT's local layers: a query sees the keys of its own segment within the window, forward and backward
+    (on the CPU "flash" runs its fallback; the kernel's own window: tests/gpu/test_varlen.py)."""
+    inputs = tokens(1)
+    context = varlen.PACKED_PATHS[name](*inputs, BOUNDS, max(LENGTHS), 0.0, None, 2)
+    reference = per_block_reference(*inputs, None, window=2)
+    torch.testing.assert_close(context, reference)
+    torch.testing.assert_close(torch.autograd.grad(context.sum(), inputs), torch.autograd.grad(reference.sum(), inputs))
+    assert not torch.allclose(context, per_block_reference(*inputs, None))  # the window changed something
 
 
 def test_the_repadded_path_accepts_a_longest_rounded_up():
@@ -94,9 +117,9 @@ def test_each_device_takes_its_path_by_name_and_a_new_one_can_be_registered(monk
     assert varlen.path_for(torch.empty(0, device="meta")) == "repadded"  # a device without a path of its own
     calls = []
 
-    def mine(query, key, value, bounds, longest, dropout, scale):
+    def mine(query, key, value, bounds, longest, dropout, scale, window):
         calls.append(longest)
-        return varlen.repadded_attention(query, key, value, bounds, longest, dropout, scale)
+        return varlen.repadded_attention(query, key, value, bounds, longest, dropout, scale, window)
 
     varlen.register_path("mine", mine, device_type="cpu")
     inputs = [x.detach().view(1, -1, 2, 8).transpose(1, 2) for x in tokens()]

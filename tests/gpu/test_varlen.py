@@ -64,6 +64,48 @@ def test_each_segment_attends_to_itself_only_forward_and_backward(dtype):
         torch.testing.assert_close(packed.float(), reference.float(), **tolerance)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_sliding_window_stays_inside_each_segment_forward_and_backward(dtype):
+    """ModernBERT's local layers: ``sliding_window`` 9 (a query sees the keys at distance ≤ 8 in its own segment),
+    through the kernel's own window in half precision, a banded mask in float32; GQA keys repeated per head."""
+    generator = torch.Generator().manual_seed(1)
+    bounds = torch.tensor(BOUNDS, dtype=torch.int32, device=DEVICE)
+    query = torch.randn(1, 4, 122, 64, generator=generator).to(DEVICE, dtype).requires_grad_()
+    key, value = (torch.randn(1, 2, 122, 64, generator=generator).to(DEVICE, dtype).requires_grad_() for _ in "kv")
+    context, _ = packed_attention(
+        None,
+        query,
+        key,
+        value,
+        None,
+        scaling=0.125,
+        cu_seq_lens_q=bounds,
+        cu_seq_lens_k=bounds,
+        max_length_q=64,
+        max_length_k=64,
+        sliding_window=9,
+    )  # (1, T, heads, d)
+
+    def band(n):
+        within = torch.arange(n, device=DEVICE)
+        return (within[:, None] - within[None, :]).abs() <= 8
+
+    alone = torch.cat(
+        [
+            F.scaled_dot_product_attention(q, k, v, attn_mask=band(q.shape[2]), scale=0.125, enable_gqa=True)
+            for q, k, v in zip(query.split(LENGTHS, 2), key.split(LENGTHS, 2), value.split(LENGTHS, 2))
+        ],
+        2,
+    ).transpose(1, 2)
+    tolerance = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-4, "atol": 1e-5}
+    torch.testing.assert_close(context.float(), alone.float(), **tolerance)
+    for packed, reference in zip(
+        torch.autograd.grad(context.float().sum(), (query, key, value)),
+        torch.autograd.grad(alone.float().sum(), (query, key, value)),
+    ):
+        torch.testing.assert_close(packed.float(), reference.float(), **tolerance)
+
+
 def dropped_uniform_attention(p: float, seed: int, requires_grad: bool = False):
     """Attention of constant queries (uniform probabilities 1/n) onto one-hot values, dropout p: the context of
     a query is its row of dropped probabilities, each 0 or (1/n)/(1 − p). Returns (context, value), both

@@ -7,8 +7,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModel, DataCollatorWithFlattening
 
-from spanlm.models.packed import encoder_states, resolve_packing
-from spanlm.models.packed_modern import WINDOWED_VARLEN
+from spanlm.models.packed import VARLEN_ATTENTION, encoder_states, resolve_packing
 
 SIZES = {"vocab_size": 60, "hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4, "intermediate_size": 48}
 SEQUENCES = [list(range(5, 23)), [30, 31, 32], list(range(33, 45)), [50, 51, 52, 53, 54, 55, 56]]
@@ -46,7 +45,7 @@ def test_packed_blocks_equal_the_blocks_run_one_at_a_time(family, settings):
             cu_seq_lens=flat["cu_seq_lens_q"],
             max_seq_len=flat["max_length_q"],
         )[0]
-    assert model.config._attn_implementation == WINDOWED_VARLEN
+    assert model.config._attn_implementation == VARLEN_ATTENTION
     torch.testing.assert_close(packed, torch.cat(alone), rtol=1e-5, atol=1e-5)
     with torch.no_grad():  # and padded batches still take the model's own masks after the switch
         padded = torch.zeros(2, 18, dtype=torch.long)

@@ -39,17 +39,32 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from spanlm.models.packed import NATIVE_VARLEN, VARLEN_ATTENTION, VARLEN_FAMILIES, per_block_attention
+from spanlm.models.packed import (
+    ATTENTION_FAMILIES,
+    NATIVE_VARLEN,
+    VARLEN_ATTENTION,
+    expand_key_heads,
+    per_block_attention,
+)
 
-# (query, key, value (T, heads, d), bounds (S + 1,) int32, longest: int, dropout: float, scale) → (T, heads, d)
-PackedPath = Callable[[Tensor, Tensor, Tensor, Tensor, int, float, "float | None"], Tensor]
+# (query, key, value (T, heads, d), bounds (S + 1,) int32, longest: int, dropout: float, scale, window) →
+# (T, heads, d); window: a query sees the keys of its segment at distance ≤ window (None: all of them)
+PackedPath = Callable[[Tensor, Tensor, Tensor, Tensor, int, float, "float | None", "int | None"], Tensor]
 
 
 def repadded_attention(
-    query: Tensor, key: Tensor, value: Tensor, bounds: Tensor, longest: int, dropout: float, scale: float | None
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    bounds: Tensor,
+    longest: int,
+    dropout: float,
+    scale: float | None,
+    window: int | None = None,
 ) -> Tensor:
     """Attention within each segment of ``bounds`` for token-major (T, heads, d) inputs, as one SDPA call over the
-    segments padded to ``longest`` with a key mask: only device operations, no host read. Returns (T, heads, d)."""
+    segments padded to ``longest`` with a key mask (banded with a ``window``): only device operations, no host
+    read. Returns (T, heads, d)."""
     tokens, heads, head_dim = query.shape
     bounds = bounds.long()
     position = torch.arange(tokens, device=query.device)
@@ -61,12 +76,15 @@ def repadded_attention(
         rows = x.new_zeros(segments * longest, heads, x.shape[-1]).index_copy(0, padded, x)
         return rows.view(segments, longest, heads, -1).transpose(1, 2)
 
-    keys = torch.arange(longest, device=query.device) < (bounds[1:] - bounds[:-1]).unsqueeze(1)  # (S, longest)
+    within = torch.arange(longest, device=query.device)
+    allowed = (within < (bounds[1:] - bounds[:-1]).unsqueeze(1))[:, None, None, :]  # (S, 1, 1, longest): real keys
+    if window is not None:  # (S, 1, longest, longest): and near enough (a local layer never reaches the next block)
+        allowed = allowed & ((within[:, None] - within[None, :]).abs() <= window)
     context = F.scaled_dot_product_attention(
         by_segment(query),
         by_segment(key),
         by_segment(value),
-        attn_mask=keys[:, None, None, :],
+        attn_mask=allowed,
         dropout_p=dropout,
         scale=scale,
     )  # (S, heads, longest, d)
@@ -77,16 +95,29 @@ class _FlashVarlen(torch.autograd.Function):
     """FlashAttention-2's variable-length kernel with dropout, forward and backward (aten's own ops).
 
     The forward kernel draws its dropout mask from the CUDA generator's Philox stream and returns the
-    (seed, offset) it used; the backward kernel regenerates the same mask from them, so no mask is stored.
+    (seed, offset) it used; the backward kernel regenerates the same mask from them, so no mask is stored. A
+    ``window`` is the kernel's own sliding window (left and right), within each segment.
     """
 
     @staticmethod
-    def forward(ctx, query, key, value, bounds, longest: int, dropout: float, scale: float | None):
+    def forward(ctx, query, key, value, bounds, longest: int, dropout: float, scale: float | None, window):
         context, logsumexp, seed, offset, _ = torch.ops.aten._flash_attention_forward(
-            query, key, value, bounds, bounds, longest, longest, dropout, False, False, scale=scale
+            query,
+            key,
+            value,
+            bounds,
+            bounds,
+            longest,
+            longest,
+            dropout,
+            False,
+            False,
+            scale=scale,
+            window_size_left=window,
+            window_size_right=window,
         )
         ctx.save_for_backward(query, key, value, context, logsumexp, bounds, seed, offset)
-        ctx.longest, ctx.dropout, ctx.scale = longest, dropout, scale
+        ctx.longest, ctx.dropout, ctx.scale, ctx.window = longest, dropout, scale, window
         return context
 
     @staticmethod
@@ -108,8 +139,10 @@ class _FlashVarlen(torch.autograd.Function):
             seed,
             offset,
             scale=ctx.scale,
+            window_size_left=ctx.window,
+            window_size_right=ctx.window,
         )
-        return grad_query, grad_key, grad_value, None, None, None, None
+        return grad_query, grad_key, grad_value, None, None, None, None, None
 
 
 def flash_applies(query: Tensor) -> bool:
@@ -120,27 +153,41 @@ def flash_applies(query: Tensor) -> bool:
 
 
 def flash_attention(
-    query: Tensor, key: Tensor, value: Tensor, bounds: Tensor, longest: int, dropout: float, scale: float | None
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    bounds: Tensor,
+    longest: int,
+    dropout: float,
+    scale: float | None,
+    window: int | None = None,
 ) -> Tensor:
     """The varlen flash kernel (CUDA, half precision); anything it does not take runs :func:`repadded_attention`."""
     if not flash_applies(query):
-        return repadded_attention(query, key, value, bounds, longest, dropout, scale)
+        return repadded_attention(query, key, value, bounds, longest, dropout, scale, window)
     bounds = bounds.to(torch.int32)
-    if dropout == 0.0:
+    if dropout == 0.0 and window is None:
         from torch.nn.attention.varlen import varlen_attn
 
         return varlen_attn(query, key, value, bounds, bounds, longest, longest, scale=scale)
-    return _FlashVarlen.apply(query, key, value, bounds, longest, dropout, scale)
+    return _FlashVarlen.apply(query, key, value, bounds, longest, dropout, scale, window)
 
 
 def segments_attention(
-    query: Tensor, key: Tensor, value: Tensor, bounds: Tensor, longest: int, dropout: float, scale: float | None
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    bounds: Tensor,
+    longest: int,
+    dropout: float,
+    scale: float | None,
+    window: int | None = None,
 ) -> Tensor:
     """One SDPA call per segment (the bounds read on the host); under ``torch.compile``, which would stop at that
     read, :func:`repadded_attention`."""
     if torch.compiler.is_compiling():
-        return repadded_attention(query, key, value, bounds, longest, dropout, scale)
-    return per_block_attention(query, key, value, bounds, dropout, scale)
+        return repadded_attention(query, key, value, bounds, longest, dropout, scale, window)
+    return per_block_attention(query, key, value, bounds, dropout, scale, window)
 
 
 PACKED_PATHS: dict[str, PackedPath] = {
@@ -187,11 +234,14 @@ def packed_attention(
     cu_seq_lens_k: Tensor | None = None,
     max_length_q: int | None = None,
     max_length_k: int | None = None,
+    sliding_window: int | None = None,
     **kwargs,
 ):
-    """transformers' attention interface: ``query`` / ``key`` / ``value`` (R, heads, W, d) → (R, W, heads, d), no
-    weights. With ``cu_seq_lens_q`` (a packed stream) each segment attends only to itself, through the path of
-    the device (:func:`path_for`); a padded batch goes to SDPA."""
+    """transformers' attention interface: ``query`` (R, heads, W, d), ``key`` / ``value`` (R, key heads, W, d) →
+    (R, W, heads, d), no weights. With ``cu_seq_lens_q`` (a packed stream) each segment attends only to itself,
+    through the path of the device (:func:`path_for`), a ModernBERT local layer's ``sliding_window`` (its half
+    window + 1, FlashAttention's inclusive convention) within its segment; a padded batch goes to SDPA with the
+    model's own mask."""
     if cu_seq_lens_q is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -199,9 +249,11 @@ def packed_attention(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
     rows, heads, width, head_dim = query.shape
+    key, value = expand_key_heads(key, heads), expand_key_heads(value, heads)  # grouped-query attention (EuroBERT)
     # (R, heads, W, d) → (R·W, heads, d): token-major, so a segment is a slice of rows
     query, key, value = (x.transpose(1, 2).reshape(rows * width, heads, x.shape[-1]) for x in (query, key, value))
-    context = PACKED_PATHS[path_for(query)](query, key, value, cu_seq_lens_q, max_length_q, dropout, scaling)
+    window = None if sliding_window is None else sliding_window - 1
+    context = PACKED_PATHS[path_for(query)](query, key, value, cu_seq_lens_q, max_length_q, dropout, scaling, window)
     return context.view(rows, width, heads, head_dim), None
 
 
@@ -216,7 +268,7 @@ def register_packed_attention() -> None:
 
 
 def use_packed_attention(model: nn.Module) -> None:
-    """Set every encoder of ``model`` that takes packed streams (:data:`spanlm.models.packed.VARLEN_FAMILIES`) to
+    """Set every encoder of ``model`` that takes packed streams (:data:`spanlm.models.packed.ATTENTION_FAMILIES`) to
     ``"spanlm_varlen"`` unless it has a varlen implementation of its own (``flash_attention_2`` / ``_3``), in
     place: parameters, state-dict keys and the saved config are unchanged."""
     from transformers import PreTrainedModel
@@ -225,7 +277,7 @@ def use_packed_attention(model: nn.Module) -> None:
     for module in model.modules():
         if (
             isinstance(module, PreTrainedModel)
-            and module.config.model_type in VARLEN_FAMILIES
+            and module.config.model_type in ATTENTION_FAMILIES
             and module.config._attn_implementation not in (VARLEN_ATTENTION, *NATIVE_VARLEN)
         ):
             module.set_attn_implementation(VARLEN_ATTENTION)

@@ -45,27 +45,53 @@ from spanlm.errors import ConfigError
 
 # One copy of the bounds' derivation: the CharBERT modeling file, which imports nothing of spanlm, holds it.
 from spanlm.models.modeling_charbert import varlen_arguments
-from spanlm.models.packed_modern import modern_states
 
 VARLEN_ATTENTION = "spanlm_varlen"
 # transformers' implementations that take cu_seq_lens_q / k themselves.
 NATIVE_VARLEN = ("flash_attention_2", "flash_attention_3")
 VARLEN_FAMILIES = ("bert", "roberta", "electra")  # their models pass the varlen arguments to the attention
-MODERN_FAMILIES = ("modernbert", "eurobert")  # their own varlen path: spanlm.models.packed_modern
-PACKABLE_FAMILIES = (*VARLEN_FAMILIES, "deberta-v2", *MODERN_FAMILIES)  # DeBERTa-V2: run padded inside the encoder
+# Rotary positions from position_ids, the varlen arguments passed to the attention; ModernBERT's local layers add
+# their sliding window, which every packed path keeps inside its block.
+MODERN_FAMILIES = ("modernbert", "eurobert")
+ATTENTION_FAMILIES = (*VARLEN_FAMILIES, *MODERN_FAMILIES)  # their attention function gets the varlen arguments
+PACKABLE_FAMILIES = (*ATTENTION_FAMILIES, "deberta-v2")  # DeBERTa-V2: run padded inside the encoder
+
+
+def expand_key_heads(x: Tensor, heads: int) -> Tensor:
+    """Keys or values (R, key heads, W, d) of grouped-query attention (EuroBERT) repeated to ``heads``."""
+    return x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], dim=1)
 
 
 def per_block_attention(
-    query: Tensor, key: Tensor, value: Tensor, bounds: Tensor, dropout: float, scale: float | None
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    bounds: Tensor,
+    dropout: float,
+    scale: float | None,
+    window: int | None = None,
 ) -> Tensor:
     """Attention within each segment of ``bounds`` (S + 1,) for token-major (T, heads, d) inputs: one SDPA call per
-    segment on (heads, n, d) views (split's backward writes each gradient in place). Returns (T, heads, d).
-    Portable and exact on every device; the bounds are read on the host (a wait for an accelerator)."""
+    segment on (heads, n, d) views (split's backward writes each gradient in place), a query seeing the keys at
+    distance ≤ ``window`` when given. Returns (T, heads, d). Portable and exact on every device; the bounds are
+    read on the host (a wait for an accelerator)."""
     lengths = (bounds[1:] - bounds[:-1]).tolist()
+
+    def band(n: int) -> Tensor | None:  # (n, n): the keys a query of a segment of n tokens sees
+        if window is None:
+            return None
+        within = torch.arange(n, device=query.device)
+        return (within[:, None] - within[None, :]).abs() <= window
+
     return torch.cat(
         [
             F.scaled_dot_product_attention(
-                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), dropout_p=dropout, scale=scale
+                q.transpose(0, 1),
+                k.transpose(0, 1),
+                v.transpose(0, 1),
+                attn_mask=band(q.shape[0]),
+                dropout_p=dropout,
+                scale=scale,
             ).transpose(0, 1)
             for q, k, v in zip(query.split(lengths), key.split(lengths), value.split(lengths))
         ]
@@ -85,11 +111,13 @@ def varlen_attention(
     cu_seq_lens_k: Tensor | None = None,
     max_length_q: int | None = None,
     max_length_k: int | None = None,
+    sliding_window: int | None = None,
     **kwargs,
 ):
-    """transformers' attention interface, the portable default of ``"spanlm_varlen"``: ``query`` / ``key`` /
-    ``value`` (R, heads, W, d) → (R, W, heads, d), no weights. With ``cu_seq_lens_q`` (a packed stream) each
-    segment attends only to itself (:func:`per_block_attention`); else SDPA as usual."""
+    """transformers' attention interface, the portable default of ``"spanlm_varlen"``: ``query`` (R, heads, W, d),
+    ``key`` / ``value`` (R, key heads, W, d) → (R, W, heads, d), no weights. With ``cu_seq_lens_q`` (a packed
+    stream) each segment attends only to itself (:func:`per_block_attention`), a ModernBERT local layer's
+    ``sliding_window`` (half window + 1) within it; else SDPA as usual."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if cu_seq_lens_q is None:
@@ -97,9 +125,11 @@ def varlen_attention(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
     rows, heads, width, head_dim = query.shape
+    key, value = expand_key_heads(key, heads), expand_key_heads(value, heads)
     # (R, heads, W, d) → (R·W, heads, d): token-major, so a segment is a slice of rows
     query, key, value = (x.transpose(1, 2).reshape(rows * width, heads, x.shape[-1]) for x in (query, key, value))
-    context = per_block_attention(query, key, value, cu_seq_lens_q, dropout, scaling)  # (R·W, heads, d)
+    window = None if sliding_window is None else sliding_window - 1
+    context = per_block_attention(query, key, value, cu_seq_lens_q, dropout, scaling, window)  # (R·W, heads, d)
     return context.view(rows, width, heads, head_dim), None
 
 
@@ -167,11 +197,13 @@ def encoder_states(
     extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
     if position_ids is None or position_ids.numel() == 0:
         return model(input_ids=input_ids, attention_mask=attention_mask.long(), **extra).last_hidden_state
-    if model.config.model_type in MODERN_FAMILIES:
-        return modern_states(model, input_ids, attention_mask, position_ids, cu_seq_lens, max_seq_len)
-    if model.config.model_type not in VARLEN_FAMILIES:
+    if model.config.model_type not in ATTENTION_FAMILIES:
         return repadded_states(model, input_ids, attention_mask, position_ids, token_type_ids, cu_seq_lens, max_seq_len)
     use_varlen_attention(model)
+    if model.config.model_type == "eurobert":  # no token types
+        extra = {}
+    elif model.config.model_type == "modernbert":  # no token types; it builds a (T, T) mask per layer type unless
+        extra = {"attention_mask": {"full_attention": None, "sliding_attention": None}}  # handed the mapping
     return model(
         input_ids=input_ids,
         position_ids=encoder_positions(model, position_ids),
