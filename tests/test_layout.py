@@ -144,3 +144,12 @@ def test_the_cli_starts_without_torch():
     assert (
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
     )
+
+
+def test_no_source_file_cites_a_repository_file_a_wheel_lacks():
+    """Comments cite the papers and the code; docs/, bench/, BENCHMARKS.md and RESULTS.md are not in a wheel."""
+    import re
+
+    cites = re.compile(r"BENCHMARKS\.md|RESULTS\.md|\bdocs/[\w./-]+\.md|\bbench/\w+\.py")
+    citing = {name: cites.findall(path.read_text(encoding="utf-8")) for name, path in MODULES.items()}
+    assert {name: found for name, found in citing.items() if found} == {}

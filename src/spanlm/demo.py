@@ -71,7 +71,7 @@ class DemoPlan:
     ner_steps: int = 300
     # The new head learns at ner_lr, the encoder at ner_encoder_lr (train.encoder_lr; None: ner_lr too). A
     # tiny encoder fine-tuned for minutes needs far more than BERT-base's 2e-5..5e-5, but above 1e-3 a
-    # randomly initialised one sometimes never leaves the predict-nothing start (RESULTS.md).
+    # randomly initialised one sometimes never leaves the predict-nothing start.
     ner_lr: float = 3e-3
     ner_encoder_lr: float | None = 1e-3
     ner_eval_every: int = 50

@@ -3,7 +3,7 @@
 Why: on CPU, ``torch.nn.functional.dropout`` draws one Bernoulli sample per element from the serial
 Mersenne-Twister generator, and a BERT training step calls it on every layer's hidden states and attention
 probabilities (the latter grow with seq²): it is the most expensive non-matmul operation of a small
-model's step (BENCHMARKS.md). Here one 64-bit random word gives the keep decisions of four elements:
+model's step. Here one 64-bit random word gives the keep decisions of four elements:
 each 16-bit quarter is kept when it is at or above the drop threshold, so
 
     P(drop) = round(p · 2¹⁶) / 2¹⁶       (p = 0.1 → 0.1000061; |error| ≤ 2⁻¹⁷ for every p)
@@ -102,7 +102,7 @@ def _stream_key() -> int:
     """The key of one call's SplitMix64 stream of uniform 64-bit words: one draw of torch's default generator.
 
     Why not ``torch.Tensor.random_``: CPU torch draws from a serial Mersenne Twister, several times slower
-    per 64-bit word than the kernel's SplitMix64 loop (BENCHMARKS.md). Keying each call's stream with a
+    per 64-bit word than the kernel's SplitMix64 loop. Keying each call's stream with a
     draw from torch's generator keeps dropout reproducible from ``torch.manual_seed`` and from the RNG
     states a checkpoint restores, exactly as ``nn.Dropout``'s samples are. (Every stream is a stretch of
     SplitMix64's one 2⁶⁴-long cycle starting at its key, so over a long run two calls' stretches may

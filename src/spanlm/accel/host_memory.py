@@ -7,7 +7,7 @@ tied embedding's (V, H) gradients, attention probabilities (B·heads·L² floats
 temporaries — so every step touches tens of MB of brand-new pages, and the first touch of each 4 KB page
 is a page fault the kernel answers by zero-filling it. Keeping freed memory mapped removes nearly all of
 those faults at long sequences, for a somewhat higher peak resident size (glibc's heap keeps some
-fragmentation), which plateaus over steps of mixed lengths rather than growing (BENCHMARKS.md).
+fragmentation), which plateaus over steps of mixed lengths rather than growing.
 
 :func:`retain_freed_memory` switches both behaviours off for the rest of the process (``mallopt``:
 no mmap-served blocks, no heap trimming): freed memory stays mapped and is reused by the next

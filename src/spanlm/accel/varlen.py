@@ -9,7 +9,7 @@ the longest segment, the dropout and the scale, registered by name in :data:`PAC
 
 * ``"segments"`` — one SDPA call per segment on views of the stream (:func:`spanlm.models.packed.per_block_attention`,
   also the model's own portable default). The bounds are read on the host: free on the CPU, where the
-  bounds live in host memory, and faster there than one padded product (BENCHMARKS.md);
+  bounds live in host memory, and faster there than one padded product;
 * ``"flash"`` — FlashAttention-2's variable-length kernel on CUDA in half precision: with dropout through
   ``torch.ops.aten._flash_attention_forward`` / ``_backward`` (the kernel draws its dropout from the CUDA
   generator's Philox stream and returns the seed and offset it used, which the backward pass hands back to
@@ -198,7 +198,7 @@ PACKED_PATHS: dict[str, PackedPath] = {
 # The path each device type takes; any other device: "repadded".
 DEVICE_PATHS: dict[str, str] = {"cpu": "segments", "cuda": "flash"}
 
-# Devices on which data.packing: auto packs. The CPU: measured at least as fast as padded (bench/packing.py).
+# Devices on which data.packing: auto packs. The CPU: measured at least as fast as padded.
 # CUDA: the varlen flash kernel computes no padding at all, where a padded batch computes every row to its
 # longest block (the unpadding of MosaicBERT and ModernBERT: Portes et al. 2023, Warner et al. 2024).
 PACKED_BY_DEFAULT: dict[str, bool] = {"cpu": True, "cuda": True}

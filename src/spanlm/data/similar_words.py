@@ -10,7 +10,7 @@ at preparation time from one of three sources (``data.similar_words``):
 
 Whatever the source, a neighbour is kept only if it tokenizes to as many tokens as the word it
 replaces (so the replacement is a drop-in at the same positions; the paper leaves different lengths
-open — docs/objectives.md §4), contains no special or unknown token, differs from the word, and is a word
+open), contains no special or unknown token, differs from the word, and is a word
 exactly when the source is (has a letter or digit); the best ``data.similar_words_k`` are stored. A word
 with none falls back to random tokens at masking time.
 

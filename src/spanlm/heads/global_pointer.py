@@ -2,7 +2,7 @@
 
 GlobalPointer scores every (start, end) token pair for every entity type at once, so nested and
 overlapping entities need no special decoding: cell (α, i, j) > 0 means "tokens i..j are an entity of
-type α" (docs/objectives.md §8).
+type α".
 
 Standard GP (§3.1): one dense layer D → T·2d (with bias); for type α the first d columns are q_α and
 the last d are k_α (the per-type split of Su's bert4keras ``GlobalPointer``); RoPE on q and k; then

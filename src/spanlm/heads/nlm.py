@@ -1,6 +1,6 @@
 """CharBERT's noisy-LM head: the char channel's hidden state at a noised token → the original word.
 
-Ma et al. 2020, §3.3 (docs/objectives.md §7): every sub-word of a noised word predicts the original
+Ma et al. 2020, §3.3: every sub-word of a noised word predicts the original
 (lower-cased) word from a term vocabulary of the ~30k most frequent words of the corpus
 (:class:`spanlm.masking.noise.NoiseTables`). The head is the MLM head's shape — dense H→H, activation,
 LayerNorm — then a projection onto the term vocabulary with its own weights (terms are words, not

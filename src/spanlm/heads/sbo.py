@@ -15,7 +15,7 @@ bias. The relative position embedding p has its own width (200 in the authors' c
 Layout. The authors' ``BertPairTargetPredictionHead`` evaluates this for ``bs × n_pairs × max_targets``
 slots — every span padded to ``max_targets`` targets and every block to the largest pair count of the
 batch — and masks the padding out of the loss afterwards, so most rows through the vocabulary
-projection are padding (BENCHMARKS.md, "SBO head", measures what that costs). Here the caller
+projection are padding. Here the caller
 passes one row per *real* target (flat gather indices), so the head computes exactly the targets and
 nothing else; the values and gradients are those of the padded layout at its real slots
 (tests/heads/test_sbo.py checks both).

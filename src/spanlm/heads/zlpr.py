@@ -1,8 +1,7 @@
 """ZLPR ("zero-bounded log-sum-exp & pairwise rank-based") loss for GlobalPointer logits.
 
 Su et al. 2022 (arXiv 2208.02955) / kexue.fm/archives/7359: multi-label classification as "every
-positive above 0, every negative below 0". For one (row, type) with its candidate cells' scores s
-(docs/objectives.md §8)::
+positive above 0, every negative below 0". For one (row, type) with its candidate cells' scores s::
 
     L = log(1 + Σ_{neg} e^{s}) + log(1 + Σ_{pos} e^{-s})
 
@@ -11,7 +10,7 @@ and they drop out of both sums. The batch loss is the mean over the B·T (row, t
 ``global_pointer_crossentropy`` (mean over batch × heads).
 
 Dense form: a 0/1 label per cell, O(T·L²) labels per row. Sparse form (kexue.fm/archives/8888): only the
-positives' flat cell indices α·L² + i·L + j, O(#entities) labels. docs/objectives.md writes its negative term
+positives' flat cell indices α·L² + i·L + j, O(#entities) labels. The paper writes its negative term
 through the sum over *all* cells::
 
     a = log(1 + Σ_all e^{s}),  b = log Σ_pos e^{s},  log(1 + Σ_neg e^{s}) = a + log(1 - e^{b - a})
@@ -26,7 +25,7 @@ positive cells are set to e^{-∞} = 0 in that one buffer before the sum, giving
 (the positives' indices only) and one (B, T, L²) float32 buffer in forward and one in backward
 (:class:`_NegativeTerm`). Autograd's logsumexp plus a gather would allocate several L²-sized
 temporaries and a dense scatter for the positives' gradient; with this, head + loss peak at about two
-logits-sized tensors (bench/global_pointer.py). Positive cells must be unmasked, as in the dense form.
+logits-sized tensors. Positive cells must be unmasked, as in the dense form.
 """
 
 from __future__ import annotations

@@ -14,13 +14,13 @@ state gives the same batch, seed 0 included.
 Schemes and their configuration sections (``masking.<section>.<field>`` in a recipe):
 
 =========  ===========================  =====================================================
-scheme     section                      what is selected (docs/objectives.md)
+scheme     section                      what is selected (as the paper)
 =========  ===========================  =====================================================
-mlm        :class:`MlmConfig`           15% of tokens; 80/10/10 per token (BERT, §1)
-wwm        :class:`WholeWordConfig`     whole words up to 15% of tokens (§2)
-span       :class:`SpanConfig`          geometric word spans, SBO targets (SpanBERT, §3)
-ngram      :class:`NgramConfig`         1–4-gram words, similar-word correction (MacBERT, §4)
-noise      :class:`NoiseConfig`         character noise + NLM + whole-word MLM (CharBERT, §7)
+mlm        :class:`MlmConfig`           15% of tokens; 80/10/10 per token (BERT)
+wwm        :class:`WholeWordConfig`     whole words up to 15% of tokens (BERT-wwm)
+span       :class:`SpanConfig`          geometric word spans, SBO targets (SpanBERT)
+ngram      :class:`NgramConfig`         1–4-gram words, similar-word correction (MacBERT)
+noise      :class:`NoiseConfig`         character noise + NLM + whole-word MLM (CharBERT)
 =========  ===========================  =====================================================
 """
 

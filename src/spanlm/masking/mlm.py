@@ -1,4 +1,4 @@
-"""BERT masked language modelling (Devlin et al. 2019, §3.1; docs/objectives.md §1).
+"""BERT masked language modelling (Devlin et al. 2019, §3.1).
 
 Per block, ``round(0.15 × n)`` of its n non-special tokens are chosen uniformly without replacement
 (as BERT's create_pretraining_data.py does, rather than an independent coin per token), then each is

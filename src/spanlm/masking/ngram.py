@@ -1,4 +1,4 @@
-"""MacBERT N-gram masking with "MLM as correction" (Cui et al. 2020, §3.3; docs/objectives.md §4).
+"""MacBERT N-gram masking with "MLM as correction" (Cui et al. 2020, §3.3).
 
 Selection: 15% of a block's *words*, as n-grams of whole words with n = 1/2/3/4 drawn with
 probabilities 0.4/0.3/0.2/0.1, laid out left to right without overlap. Concretely, per block:

@@ -1,4 +1,4 @@
-"""CharBERT noisy LM (NLM) and its whole-word MLM (Ma et al. 2020, §3.3; docs/objectives.md §7).
+"""CharBERT noisy LM (NLM) and its whole-word MLM (Ma et al. 2020, §3.3).
 
 Per word, with probability 0.10: a word of fewer than 4 characters gets a random character inserted;
 a longer word loses one character or has two adjacent characters swapped (50/50, index in

@@ -1,4 +1,4 @@
-"""SpanBERT span masking and span-boundary (SBO) targets (Joshi et al. 2020, §3.1–3.2; docs/objectives.md §3).
+"""SpanBERT span masking and span-boundary (SBO) targets (Joshi et al. 2020, §3.1–3.2).
 
 The authors' masker (fairseq ``span_masking`` / ``PairWithSpanMaskingScheme.mask``) is a loop per block:
 

@@ -1,4 +1,4 @@
-"""Whole-word masking (docs/objectives.md §2): all pieces of a word are masked together.
+"""Whole-word masking (Cui et al. 2019, Chinese BERT-wwm): all pieces of a word are masked together.
 
 Words are the prepared shards' word starts — the fast tokenizer's pre-tokenized words, or jieba words
 for Chinese — so nothing is segmented here. The selection is BERT's create_pretraining_data.py with

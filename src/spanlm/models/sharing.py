@@ -1,4 +1,4 @@
-"""Embedding sharing between an ELECTRA-style generator G and discriminator D (docs/objectives.md §5–6).
+"""Embedding sharing between an ELECTRA-style generator G and discriminator D (Clark et al. 2020, §3.2).
 
 Three modes (He et al. 2021, DeBERTa-V3, arXiv 2111.09543, §3):
 

@@ -1,4 +1,4 @@
-"""GlobalPointer decoding: every cell above the threshold is an entity (docs/objectives.md §8).
+"""GlobalPointer decoding: every cell above the threshold is an entity (Su et al. 2022, arXiv 2208.03054).
 
 Cell (α, i, j) of the logits (B, T, L, L) scores tokens i..j (inclusive) as type α. With threshold 0 —
 the ZLPR loss's decision boundary — nested spans, overlapping spans and one span with several types

@@ -32,7 +32,7 @@ whitespace, then PTB-style punctuation rules (brackets, quotes, trailing , ; : ?
 sentence-final period, 's, n't, can|not, -- ; : inside a word) that were checked against yhcc's dev and
 test files, then a cut at every ``cons`` boundary inside a word ("PHA-activated" with the term "PHA" →
 "PHA" "-activated", as in yhcc's files). It reproduces the tokens of almost every yhcc dev and test
-sentence (docs/ner.md gives the share; tests/ner/test_genia.py keeps it from falling). The rest are
+sentence (a test keeps the share from falling). The rest are
 3.02p quirks: tokens with a space inside ("protein - RNA"), "p50" "/p65" where 3.02p has
 a term boundary that 3.02 lacks, "PDGF(B)" one token but "NF(P)" four, "23:00" split but
 "04:00-08:00" not. Every sentence still has exactly yhcc's mentions (types and texts), and the mention

@@ -1,7 +1,7 @@
 """NER scores: exact-match span P/R/F1 (micro and per type) and CLUENER's official macro F1.
 
 ``span_prf`` compares *sets* of (doc_id, label, start_char, end_char): a predicted span counts only
-if its document, type and both boundaries match a gold span exactly (docs/objectives.md §8), the usual
+if its document, type and both boundaries match a gold span exactly, the usual
 entity-level score (CoNLL's conlleval for flat data, and for nested data the same definition applied to
 every span). ``cluener_macro_f1`` is the CLUENER 2020 benchmark's own scoring
 (CLUEbenchmark/CLUENER2020, ``get_f1_score``): per label, the *entity strings* of each document are

@@ -5,7 +5,7 @@ metrics.jsonl, signals and distribution come from the engine), then on the main 
 ``<run>/model/`` from the final checkpoint, scores it on the whole ``data.dev`` and writes
 ``<run>/eval.json``.
 
-The model is the encoder + GlobalPointer (Su et al. 2022, arXiv 2208.03054; docs/objectives.md §8): every
+The model is the encoder + GlobalPointer (Su et al. 2022, arXiv 2208.03054): every
 (type, start, end) cell gets a logit, trained with the ZLPR multi-label loss (arXiv 2208.02955), so
 nested and multi-type entities need nothing special.
 """

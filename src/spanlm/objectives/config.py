@@ -8,7 +8,7 @@ from typing import Literal
 
 @dataclasses.dataclass
 class CharBertConfig:
-    """CharBERT's char channel and loss weight (docs/objectives.md §7; the term vocabulary is masking.noise's)."""
+    """CharBERT's char channel and loss weight (Ma et al. 2020; the term vocabulary is masking.noise's)."""
 
     char_vocab_size: int = 1000  # pad + the most frequent characters + unk (authors: 1001 for BERT)
     char_embedding_size: int = 256
@@ -24,7 +24,7 @@ class CharBertConfig:
 
 @dataclasses.dataclass
 class ElectraConfig:
-    """ELECTRA replaced-token detection and DeBERTa-V3 embedding sharing (docs/objectives.md §5–6).
+    """ELECTRA replaced-token detection and DeBERTa-V3 embedding sharing (Clark et al. 2020; He et al. 2021).
 
     The discriminator is ``model``; the generator is the same family scaled by the two ratios (hidden,
     heads and FFN width by ``generator_width``, layers by ``generator_depth``; the embedding keeps the

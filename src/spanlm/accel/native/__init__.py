@@ -8,7 +8,7 @@ draws them, in one pass, and its backward pass draws them again from the same ke
 stored mask (``x · m`` is linear in x). The clipping norm sums all gradients' squares in one call. The
 kernels (``kernels.cpp``) use ATen's own vector types (the same Sleef ``exp`` as ``torch.exp``) and
 PyTorch's own OpenMP threads, so they neither change the arithmetic beyond float rounding (dropout's
-decisions and results not at all) nor compete with PyTorch for the cores. (BENCHMARKS.md has what they gain.)
+decisions and results not at all) nor compete with PyTorch for the cores.
 
 The extension is compiled once per machine and instruction set (cached by
 ``torch.utils.cpp_extension`` under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``)
