@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -60,14 +61,26 @@ def pip_or_skip(command: list, what: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def target_python(tmp_path_factory) -> Path:
-    """A clean venv (once per session) with torch, transformers 5.17.0 and pytest, as pip installs them."""
-    venv = tmp_path_factory.mktemp("gpu_target") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    python = venv / "bin" / "python"
+def target_python() -> Path:
+    """A clean venv with torch, transformers 5.17.0 and pytest, as pip installs them: built once per machine and
+    versions in the user's cache (installing torch is most of the test's time), rebuilt when it does not answer.
+    The check never installs into it (spanlm goes to a temporary prefix), so a kept one stays clean."""
     torch_version = torch.__version__.split("+")[0]
+    python_version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "spanlm-tests"
+    venv = cache / f"gpu-target-py{python_version}-torch{torch_version}-transformers{TRANSFORMERS}"
+    python = venv / "bin" / "python"
+    ready = venv / "ready"
+    if (
+        ready.is_file()
+        and subprocess.run([str(python), "-c", "import torch, transformers"], timeout=120).returncode == 0
+    ):
+        return python
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     command = [str(python), "-m", "pip", "install", "-q", "-c", str(REPO / "constraints.txt")]
     pip_or_skip([*command, f"torch=={torch_version}", f"transformers=={TRANSFORMERS}", "pytest"], "the target")
+    ready.touch()
     return python
 
 
