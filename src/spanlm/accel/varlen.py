@@ -43,8 +43,8 @@ from spanlm.models.packed import (
     ATTENTION_FAMILIES,
     NATIVE_VARLEN,
     VARLEN_ATTENTION,
-    expand_key_heads,
     per_block_attention,
+    varlen_attention,
 )
 
 # (query, key, value (T, heads, d), bounds (S + 1,) int32, longest: int, dropout: float, scale, window) →
@@ -221,40 +221,12 @@ def packs_by_default(device: torch.device | str) -> bool:
     return PACKED_BY_DEFAULT.get(torch.device(device).type, False)
 
 
-def packed_attention(
-    module: nn.Module,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    attention_mask: Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    is_causal: bool | None = None,
-    cu_seq_lens_q: Tensor | None = None,
-    cu_seq_lens_k: Tensor | None = None,
-    max_length_q: int | None = None,
-    max_length_k: int | None = None,
-    sliding_window: int | None = None,
-    **kwargs,
-):
-    """transformers' attention interface: ``query`` (R, heads, W, d), ``key`` / ``value`` (R, key heads, W, d) →
-    (R, W, heads, d), no weights. With ``cu_seq_lens_q`` (a packed stream) each segment attends only to itself,
-    through the path of the device (:func:`path_for`), a ModernBERT local layer's ``sliding_window`` (its half
-    window + 1, FlashAttention's inclusive convention) within its segment; a padded batch goes to SDPA with the
-    model's own mask."""
-    if cu_seq_lens_q is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
-        )
-    rows, heads, width, head_dim = query.shape
-    key, value = expand_key_heads(key, heads), expand_key_heads(value, heads)  # grouped-query attention (EuroBERT)
-    # (R, heads, W, d) → (R·W, heads, d): token-major, so a segment is a slice of rows
-    query, key, value = (x.transpose(1, 2).reshape(rows * width, heads, x.shape[-1]) for x in (query, key, value))
-    window = None if sliding_window is None else sliding_window - 1
-    context = PACKED_PATHS[path_for(query)](query, key, value, cu_seq_lens_q, max_length_q, dropout, scaling, window)
-    return context.view(rows, width, heads, head_dim), None
+def packed_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask, **kwargs):
+    """transformers' attention interface for ``"spanlm_varlen"`` (:func:`spanlm.models.packed.varlen_attention`): a
+    packed stream through the path of the device (:func:`path_for`), a padded batch through SDPA."""
+    return varlen_attention(
+        module, query, key, value, attention_mask, path=lambda q: PACKED_PATHS[path_for(q)], **kwargs
+    )
 
 
 def register_packed_attention() -> None:

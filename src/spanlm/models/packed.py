@@ -112,12 +112,15 @@ def varlen_attention(
     max_length_q: int | None = None,
     max_length_k: int | None = None,
     sliding_window: int | None = None,
+    path=None,
     **kwargs,
 ):
     """transformers' attention interface, the portable default of ``"spanlm_varlen"``: ``query`` (R, heads, W, d),
     ``key`` / ``value`` (R, key heads, W, d) → (R, W, heads, d), no weights. With ``cu_seq_lens_q`` (a packed
-    stream) each segment attends only to itself (:func:`per_block_attention`), a ModernBERT local layer's
-    ``sliding_window`` (half window + 1) within it; else SDPA as usual."""
+    stream) each segment attends only to itself, a ModernBERT local layer's ``sliding_window`` (half window + 1,
+    FlashAttention's inclusive convention) within it; else SDPA with the model's own mask. ``path(query)`` picks
+    the function that attends over the stream (a device's, spanlm.accel.varlen): by default
+    :func:`per_block_attention`."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if cu_seq_lens_q is None:
@@ -125,12 +128,15 @@ def varlen_attention(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
     rows, heads, width, head_dim = query.shape
-    key, value = expand_key_heads(key, heads), expand_key_heads(value, heads)
+    key, value = expand_key_heads(key, heads), expand_key_heads(value, heads)  # grouped-query attention (EuroBERT)
     # (R, heads, W, d) → (R·W, heads, d): token-major, so a segment is a slice of rows
     query, key, value = (x.transpose(1, 2).reshape(rows * width, heads, x.shape[-1]) for x in (query, key, value))
     window = None if sliding_window is None else sliding_window - 1
-    context = per_block_attention(query, key, value, cu_seq_lens_q, dropout, scaling, window)  # (R·W, heads, d)
-    return context.view(rows, width, heads, head_dim), None
+    if path is None:
+        context = per_block_attention(query, key, value, cu_seq_lens_q, dropout, scaling, window)
+    else:
+        context = path(query)(query, key, value, cu_seq_lens_q, max_length_q, dropout, scaling, window)
+    return context.view(rows, width, heads, head_dim), None  # context (R·W, heads, d)
 
 
 def register_varlen_attention() -> None:
