@@ -5,7 +5,7 @@ tokenizer of 8,000 entries, blocks of ``max_len`` = each of ``--seqs``; a BERT M
 4 heads, intermediate 1024, dropout 0.1; ``--small``: hidden 32, 2 layers) trained with spanlm's own
 objective, fused AdamW, with the CPU backend as the trainer applies it (``--accel``, ``train.accel``). Both
 sides get the SAME blocks and masks: the batches of ``--batch`` blocks that
-``spanlm.train.data.MaskedBatches`` builds for the first batch keys of the run, once with one block per
+``spanlm.pretrain.batches.MaskedBatches`` builds for the first batch keys of the run, once with one block per
 row padded to the longest (``padded``), once packed into one stream (``packed``; the attention per block:
 spanlm's fused CPU self-attention under ``--accel auto``, one SDPA call per block under ``off``). Masking
 is outside the timed region.
@@ -172,8 +172,9 @@ def pretraining(corpus, seq: int, args) -> dict:
     from spanlm.config import from_dict
     from spanlm.data.blocks import BlockDataset
     from spanlm.objectives import build_objective
+    from spanlm.pretrain.batches import MaskedBatches
     from spanlm.pretrain.recipe import Recipe
-    from spanlm.train.data import BatchKeySampler, MaskedBatches
+    from spanlm.train.loader import BatchKeySampler
 
     recipe = from_dict(
         Recipe,
@@ -272,7 +273,7 @@ def ner(corpus, directory: Path, args) -> dict:
     from spanlm.ner.data import read_documents
     from spanlm.ner.model import NerObjective
     from spanlm.ner.windows import make_windows
-    from spanlm.train.data import BatchKeySampler
+    from spanlm.train.loader import BatchKeySampler
 
     max_len = 128
     torch.manual_seed(0)

@@ -339,7 +339,8 @@ def side_startup(prepared: str, max_len: int) -> dict:
     from spanlm.data.block_index import share_block_index
     from spanlm.data.blocks import BlockDataset
     from spanlm.data.shards import PreparedCorpus
-    from spanlm.train.data import BatchKeySampler, BlockLengths, split_blocks
+    from spanlm.pretrain.batches import BlockLengths, split_blocks
+    from spanlm.train.loader import BatchKeySampler
 
     start = time.perf_counter()
     blocks = BlockDataset(PreparedCorpus(prepared), max_len)

@@ -20,7 +20,8 @@ import numpy as np
 from spanlm.data.blocks import Block, collate_blocks
 from spanlm.masking.base import MlmConfig, Vocabulary
 from spanlm.masking.mlm import MlmMasker
-from spanlm.train.data import BatchKeySampler, split_blocks
+from spanlm.pretrain.batches import split_blocks
+from spanlm.train.loader import BatchKeySampler
 
 
 class ComputedLengths:

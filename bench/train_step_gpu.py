@@ -250,7 +250,7 @@ def to_device(batch: dict, device: torch.device) -> dict:
 
 
 def spanlm_arm(kind: str, packed: bool, compiled: bool, setting: dict) -> tuple[Callable, list[dict]]:
-    from spanlm.train.data import MaskedBatches
+    from spanlm.pretrain.batches import MaskedBatches
     from spanlm.train.optim import clip_gradients
 
     recipe = setting["recipe"] if kind == "spanbert" else gdes_recipe(setting["recipe"])

@@ -22,7 +22,7 @@ LAYERS = [
     ["spanlm.train"],  # the engine: loop, objective interface, checkpoints, distribution, logging
     ["spanlm.objectives", "spanlm.finetune"],  # pretraining objectives; the fine-tuning skeleton (encoder + task head)
     ["spanlm.pretrain", "spanlm.ner", "spanlm.qa"],  # the tasks the engine runs
-    ["spanlm.evaluate"],  # `spanlm eval`: runs the tasks' training commands, one process per cell
+    ["spanlm.evaluate", "spanlm.report"],  # `spanlm eval` (the tasks' training commands, a process per cell); plots
     ["spanlm.collators", "spanlm.demo"],  # the Hugging Face Trainer's collators; the demo
     ["spanlm.cli"],
     ["spanlm.__main__"],
@@ -95,6 +95,32 @@ def test_imports_go_down_the_layers():
         and LAYER[folder_of(target)] >= LAYER[folder_of(module)]
     )
     assert upward == []
+
+
+# The engine (torchtitan's trainer that knows only its spec): the loop, distribution, checkpoints, the optimiser and
+# schedule, metrics and the keyed loader. What a task is reaches it through TrainingSetup alone; the device's
+# speed backend it applies by name.
+ENGINE_IMPORTS = {
+    "spanlm",
+    "spanlm.errors",
+    "spanlm.files",
+    "spanlm.processes",
+    "spanlm.config",
+    "spanlm.cli_support",
+    "spanlm.data.blocks",  # the keyed permutation its sampler cuts batches from
+    "spanlm.accel",
+}
+
+
+def test_the_engine_knows_no_task_objective_or_masker():
+    outside = sorted(
+        f"{module} -> {target}"
+        for module, targets in GRAPH.items()
+        if folder_of(module) == "spanlm.train"
+        for target in targets
+        if folder_of(target) != "spanlm.train" and target not in ENGINE_IMPORTS
+    )
+    assert outside == []
 
 
 def test_standalone_modules_import_nothing_of_spanlm():

@@ -8,8 +8,8 @@ import numpy as np
 from spanlm.data.blocks import BlockDataset
 from spanlm.data.shards import PreparedCorpus
 from spanlm.masking.noise import NoiseMasker
+from spanlm.pretrain.batches import eval_batches, split_blocks
 from spanlm.pretrain.recipe import load_recipe
-from spanlm.train.data import eval_batches, split_blocks
 
 recipe = load_recipe(sys.argv[1])
 corpus = PreparedCorpus(recipe.data.prepared_dir)

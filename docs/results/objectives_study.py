@@ -487,7 +487,7 @@ def _final_eval(run_dir: Path) -> dict:
 
 
 def _unigram(run_dir: Path) -> float | None:
-    from spanlm.train.report import unigram_accuracy
+    from spanlm.report import unigram_accuracy
 
     return unigram_accuracy(run_dir)
 

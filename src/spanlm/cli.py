@@ -60,7 +60,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from spanlm.train.report import write_report
+    from spanlm.report import write_report
 
     print(json.dumps({"report": str(write_report(args.run_dir))}))
     return 0
@@ -68,7 +68,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from spanlm.files import files_of, refuse_to_overwrite_inputs
-    from spanlm.train.report import compare_runs
+    from spanlm.report import compare_runs
 
     refuse_to_overwrite_inputs(args.out, [path for run in args.run_dirs for path in files_of(run)], "--out")
     print(json.dumps({"plot": str(compare_runs(args.run_dirs, args.metric, args.out, args.kind))}))

@@ -182,7 +182,7 @@ def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
     from spanlm.pretrain.export import export_checkpoint
     from spanlm.pretrain.recipe import load_recipe
     from spanlm.pretrain.run import pretrain
-    from spanlm.train.report import write_report
+    from spanlm.report import write_report
 
     started = time.monotonic()
     root = shipped_root()  # the recipes and data installed with this spanlm, whatever the working directory
@@ -306,8 +306,8 @@ def _summarise(
 ) -> dict:
     from spanlm.ner.data import read_documents
     from spanlm.ner.predict import NerModel
+    from spanlm.report import unigram_accuracy
     from spanlm.train.metrics import read_metrics
-    from spanlm.train.report import unigram_accuracy
 
     evals = [r for r in read_metrics(out / "pretrain") if r.get("kind") == "eval"]
     pretrain_final = {k: v for k, v in (evals[-1] if evals else {}).items() if k not in ("kind", "time", "elapsed")}

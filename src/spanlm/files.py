@@ -241,3 +241,18 @@ def refused_pickle(error: Exception) -> str:
         held = found.group(1) if found else "objects"
         return f"it holds {held}, beyond tensors and plain data; refused without running anything"
     return str(error).split("\n")[0].split(". ")[0]  # the cause, without torch's advice
+
+
+def check_safetensors(path: Path) -> None:
+    """``path`` is a whole safetensors file whose floating-point tensors are all finite."""
+    import torch
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():
+                tensor = handle.get_tensor(name)
+                if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                    raise InputError(f"{path}: tensor {name} holds non-finite values (NaN or infinity)")
+    except SafetensorError as error:
+        raise InputError(f"{path}: not a whole safetensors file (truncated or corrupt: {error})") from None

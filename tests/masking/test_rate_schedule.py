@@ -10,8 +10,9 @@ from spanlm.data.blocks import BlockDataset
 from spanlm.errors import ConfigError
 from spanlm.masking.base import MaskingConfig, RateSchedule, build_masker, with_rate
 from spanlm.masking.ops import Words, ceil_budget, round_budget
+from spanlm.pretrain.batches import EVAL_EPOCH, MaskedBatches, ScheduledRate
 from spanlm.pretrain.recipe import Recipe
-from spanlm.train.data import EVAL_EPOCH, BatchKeySampler, MaskedBatches, ScheduledRate
+from spanlm.train.loader import BatchKeySampler
 
 
 def test_piecewise_and_linear_rates_at_chosen_steps():

@@ -145,6 +145,14 @@ def test_resume_is_exact(tiny_encoder_dir, sentences_file, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert (resumed / "config.yaml").read_text().count("- LOC") == 1  # the label order is part of the run's config
 
+    # The window settings change every batch: a resume with another one is refused, naming it.
+    with pytest.raises(InputError, match=r"data\.stride: 4 → 2"):
+        train_ner(
+            recipe(tiny_encoder_dir, sentences_file, tmp_path / "b", "train.max_steps=9", "data.stride=2"),
+            resume="auto",
+            log=lambda *_: None,
+        )
+
 
 def test_setup_errors(tiny_encoder_dir, sentences_file, tmp_path):
     empty = tmp_path / "empty.jsonl"

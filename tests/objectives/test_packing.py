@@ -24,7 +24,7 @@ from spanlm.masking.base import MASK, MaskedBatch
 from spanlm.models.packed import encoder_states
 from spanlm.objectives import build_objective
 from spanlm.pretrain.recipe import load_recipe
-from spanlm.train.loop import compile_recurrent_layers
+from spanlm.train.parallel import compile_recurrent_layers
 
 INPUTS = [str(p) for p in sorted(EMBEDDED_CORPUS.glob("*.txt")) if "hongloumeng" not in p.name]  # as embedded_prepared
 MAX_LEN = 32

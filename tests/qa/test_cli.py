@@ -65,6 +65,11 @@ def test_train_eval_predict(qa_encoder_dir, qa_fixtures, tmp_path, capsys):
     code, out, err = run(capsys, "qa", "train", str(recipe), "train.max_steps=4", "--resume", "auto")
     assert code == 0 and "resumed from" in err and "step 3" in err
     resumed = json.loads(out)
+    # The window settings change every batch: a resume with another one is refused, naming it.
+    code, out, err = run(
+        capsys, "qa", "train", str(recipe), "train.max_steps=6", "data.doc_stride=8", "--resume", "auto"
+    )
+    assert code == 2 and "data.doc_stride: " in err and "Traceback" not in err
 
     predictions = tmp_path / "predictions.json"
     code, out, err = run(

@@ -198,7 +198,7 @@ def test_the_hint_for_a_damaged_checkpoint_names_only_an_earlier_one(prepared, t
 def test_fewer_training_examples_than_processes_is_a_config_error():
     import numpy as np
 
-    from spanlm.train.data import BatchKeySampler
+    from spanlm.train.loader import BatchKeySampler
 
     with pytest.raises(ConfigError, match="1 blocks cannot be split over 2 processes"):
         BatchKeySampler(np.arange(1), batch_size=1, seed=0, rank=0, world_size=2)

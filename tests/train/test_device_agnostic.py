@@ -18,7 +18,9 @@ from spanlm.data.shards import PreparedCorpus
 from spanlm.objectives import build_objective
 from spanlm.pretrain.run import pretraining_setup
 from spanlm.train.dist import init_distributed
-from spanlm.train.loop import Trainer, _Window, compile_recurrent_layers
+from spanlm.train.loop import Trainer
+from spanlm.train.metrics import MetricsWindow
+from spanlm.train.parallel import compile_recurrent_layers
 
 # (recipe in configs/pretrain, overrides): every objective, ELECTRA with each sharing mode and the SBO generator
 OBJECTIVES = {
@@ -132,7 +134,7 @@ def test_a_non_logging_step_reads_the_host_only_in_the_encoders_batch_layout_che
     trainer = Trainer(config, init_distributed("cpu"), pretraining_setup, log=lambda *_: None)
     loader = iter(trainer.loader)
     batches = iter([next(loader) for _ in range(4)])  # masked before counting: the data loader is not the step
-    window = _Window(trainer.env.device)
+    window = MetricsWindow(trainer.env.device)
     trainer.objective.train()
     trainer._step(batches, window)  # first step: optimiser state created
     reads = HostReads(monkeypatch)
@@ -161,7 +163,7 @@ def test_packed_training_and_evaluation_never_derive_the_bounds_on_the_device(
     )
     trainer = Trainer(config, init_distributed("cpu"), pretraining_setup, log=lambda *_: None)
     forbid_deriving_segment_bounds(monkeypatch)
-    batches, window = iter(trainer.loader), _Window(trainer.env.device)
+    batches, window = iter(trainer.loader), MetricsWindow(trainer.env.device)
     trainer.objective.train()
     trainer._step(batches, window)
     metrics = trainer.evaluate()
@@ -173,7 +175,7 @@ def test_a_non_fused_optimiser_step_reads_the_non_finite_flag_once(corpus, tmp_p
     trainer = Trainer(config, init_distributed("cpu"), pretraining_setup, log=lambda *_: None)
     monkeypatch.setattr(Trainer, "_skips_on_device", lambda self: False)  # as for the foreach AdamW under FSDP, or LAMB
     batches = iter(trainer.loader)
-    window = _Window(trainer.env.device)
+    window = MetricsWindow(trainer.env.device)
     trainer.objective.train()
     trainer._step(batches, window)
     reads = HostReads(monkeypatch)
@@ -187,7 +189,7 @@ def test_a_non_finite_step_is_skipped_on_the_device_and_named_at_the_record(corp
     config = embedded_recipe("spanbert", corpus.directory, tmp_path / "run", "train.accel=off")
     trainer = Trainer(config, init_distributed("cpu"), pretraining_setup, log=lambda *_: None)
     batches = iter(trainer.loader)
-    window = _Window(trainer.env.device)
+    window = MetricsWindow(trainer.env.device)
     trainer.objective.train()
     trainer._step(batches, window)
     before = {name: p.detach().clone() for name, p in trainer.objective.named_parameters()}

@@ -170,7 +170,8 @@ def test_two_nodes_train_and_resume_exactly(prepared, tmp_path):
 def test_ranks_train_on_disjoint_blocks(prepared, tmp_path):
     from spanlm.data.blocks import BlockDataset
     from spanlm.data.shards import PreparedCorpus
-    from spanlm.train.data import BatchKeySampler, split_blocks
+    from spanlm.pretrain.batches import split_blocks
+    from spanlm.train.loader import BatchKeySampler
 
     train, _ = split_blocks(len(BlockDataset(PreparedCorpus(prepared), 32)), 8, 0)
     seen = []

@@ -115,7 +115,7 @@ def test_a_checkpoint_from_before_runs_kept_their_tokenizer_exports_as_before(tm
 
 def test_an_objective_that_needs_the_token_arrays_says_so(tmp_path):
     from spanlm.errors import InputError
-    from spanlm.train.kept_tokenizer import KeptTokenizer
+    from spanlm.pretrain.kept_tokenizer import KeptTokenizer
 
     prepared, run = tmp_path / "prepared", tmp_path / "run"
     assert main(["pretrain", str(tiny_recipe(tmp_path, "first", prepared, run))]) == 0

@@ -21,9 +21,9 @@ from spanlm.config import from_dict
 from spanlm.data.blocks import BlockDataset
 from spanlm.data.shards import PreparedCorpus
 from spanlm.masking.base import MaskingConfig
+from spanlm.pretrain.batches import build_train_loader, split_blocks
 from spanlm.pretrain.run import pretrain
 from spanlm.train import checkpoint as ckpt
-from spanlm.train.data import build_train_loader, split_blocks
 from spanlm.train.loop import TrainingHalted
 from spanlm.train.metrics import read_metrics
 from toy_objective import losses, toy_recipe

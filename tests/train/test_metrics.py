@@ -20,9 +20,9 @@ from spanlm.config import load_config, save_config
 from spanlm.errors import ConfigError, SpanlmError
 from spanlm.pretrain.recipe import load_recipe
 from spanlm.pretrain.run import pretrain
+from spanlm.report import PLOTS, compare_runs, write_report
 from spanlm.train import checkpoint as ckpt
 from spanlm.train.metrics import MetricsLogger, read_metrics
-from spanlm.train.report import PLOTS, compare_runs, write_report
 from toy_objective import toy_recipe
 
 QUIET = {"log": lambda *_: None}

@@ -14,10 +14,11 @@ from safetensors.torch import load_file
 from spanlm.data.blocks import BlockDataset
 from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import ConfigError
+from spanlm.pretrain.batches import BlockLengths, split_blocks
 from spanlm.pretrain.recipe import Recipe
 from spanlm.pretrain.run import pretrain
 from spanlm.train import checkpoint as ckpt
-from spanlm.train.data import BatchKeySampler, BlockLengths, split_blocks
+from spanlm.train.loader import BatchKeySampler
 from toy_objective import losses, toy_recipe
 
 QUIET = {"log": lambda *_: None}

@@ -1,6 +1,6 @@
 """The run report's figures: no panel mixes counts with losses, loss parts never share a panel."""
 
-from spanlm.train.report import panels
+from spanlm.report import panels
 
 
 def test_each_loss_has_its_own_panel_rates_share_one_and_counts_are_never_drawn():
@@ -32,7 +32,7 @@ def test_the_unigram_baseline_comes_from_the_runs_kept_corpus_counts_without_spe
 
     import numpy as np
 
-    from spanlm.train.report import unigram_accuracy, write_report
+    from spanlm.report import unigram_accuracy, write_report
 
     kept = tmp_path / "tokenizers" / "abc123"
     kept.mkdir(parents=True)

@@ -13,7 +13,8 @@ import pytest
 from spanlm.data.block_index import ConcatenatedIndex
 from spanlm.data.blocks import BlockSampler
 from spanlm.errors import InputError
-from spanlm.train.data import BatchKeySampler, BlockLengths, KeyedLoader, MaskedBatches, split_blocks
+from spanlm.pretrain.batches import BlockLengths, MaskedBatches, split_blocks
+from spanlm.train.loader import BatchKeySampler, KeyedLoader
 
 
 @pytest.mark.parametrize("n_blocks, eval_blocks", [(100_003, 64), (50, 64), (10, 0)])

@@ -13,8 +13,8 @@ import toy_objective
 from spanlm.errors import ConfigError
 from spanlm.pretrain.run import pretrain
 from spanlm.train import checkpoint as ckpt
-from spanlm.train.loop import checkpoint_layers, fsdp_precision
 from spanlm.train.objective import Objective
+from spanlm.train.parallel import checkpoint_layers, fsdp_precision
 from toy_objective import losses, toy_recipe
 
 

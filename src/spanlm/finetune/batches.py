@@ -1,4 +1,5 @@
-"""Batches of a fine-tuning task's windows outside the training loader."""
+"""Batches of a fine-tuning task's windows: the resumable training loader over them (keyed like pretraining's),
+and the held-out batches."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import numpy as np
 import torch
 
 from spanlm.data.packing import pack_encoder_inputs
+from spanlm.errors import ConfigError
+from spanlm.train.dist import uses_cuda
+from spanlm.train.loader import BatchKeySampler, KeyedLoader
 
 
 def to_device(batch: dict[str, torch.Tensor | int], device: torch.device) -> dict[str, torch.Tensor | int]:
@@ -39,3 +43,34 @@ def held_out_batches(windows, batch_size: int, rank: int, world_size: int) -> It
     mine = np.arange(len(windows) - len(windows) % world_size)[rank::world_size]
     for first in range(0, len(mine), batch_size):
         yield windows.batch(mine[first : first + batch_size])
+
+
+class WindowBatches(torch.utils.data.Dataset):
+    """Fine-tuning windows (NER, QA) keyed by batch like the pretraining batches: key → ``windows.batch(indices)``."""
+
+    def __init__(self, windows):
+        self.windows = windows
+
+    def __getitem__(self, key) -> dict[str, torch.Tensor | int]:
+        _, _, indices = key
+        return self.windows.batch(indices)
+
+
+def build_window_loader(
+    windows, config, seed: int, rank: int, world_size: int, tokens_per_batch: int = 0
+) -> KeyedLoader:
+    """The resumable training loader of a fine-tuning task over ``len(windows)`` windows (``windows.packed``
+    packs them), ``config.batch_size`` windows or ``tokens_per_batch`` tokens a batch."""
+    try:
+        sampler = BatchKeySampler(
+            np.arange(len(windows)),
+            config.batch_size,
+            seed,
+            rank,
+            world_size,
+            lengths=windows.attention_mask.sum(axis=1),
+            tokens_per_batch=tokens_per_batch,
+        )
+    except ConfigError as error:
+        raise ConfigError(f"data.train: {error}") from None
+    return KeyedLoader(WindowBatches(windows), sampler, config.num_workers, seed, pin_memory=uses_cuda(config.device))

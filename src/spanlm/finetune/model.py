@@ -14,8 +14,7 @@ from torch import nn
 
 from spanlm.data.tokenizer import tokenizer_fingerprint
 from spanlm.errors import InputError
-from spanlm.files import write_directory
-from spanlm.models.hf_model import check_safetensors
+from spanlm.files import check_safetensors, write_directory
 from spanlm.train.checkpoint import latest_checkpoint, load_objective_weights
 from spanlm.train.objective import Objective
 

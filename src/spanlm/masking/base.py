@@ -205,7 +205,7 @@ class RateSchedule:
     ``constant``: the scheme's rate throughout. ``piecewise``: ``rates[i]`` from ``steps[i]`` until
     ``steps[i + 1]`` (mmBERT's phases: 30% → 15% → 5%). ``linear``: interpolated between the points
     (ModernBERT's Chinese recipe: 30% → 15% over the run). Before the first point the first rate holds,
-    after the last point the last. The step is the batch key's (``spanlm.train.data``), so a batch stays a
+    after the last point the last. The step is the batch key's (``spanlm.train.loader``), so a batch stays a
     pure function of its key and a resumed run masks as the uninterrupted one. Held-out batches use the
     last rate, the one the run ends on.
     """

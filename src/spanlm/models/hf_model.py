@@ -8,11 +8,10 @@ import json
 from pathlib import Path
 from typing import Literal
 
-import torch
 from torch import nn
 
 from spanlm.errors import InputError
-from spanlm.files import check_tokenizer_files
+from spanlm.files import check_safetensors, check_tokenizer_files
 from spanlm.models.backbone import ATTENTION, quiet_load_report
 
 
@@ -83,20 +82,6 @@ def check_weights(directory: Path) -> None:
         )
     for path in files:
         check_safetensors(path)
-
-
-def check_safetensors(path: Path) -> None:
-    """``path`` is a whole safetensors file whose floating-point tensors are all finite."""
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            for name in handle.keys():
-                tensor = handle.get_tensor(name)
-                if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-                    raise InputError(f"{path}: tensor {name} holds non-finite values (NaN or infinity)")
-    except SafetensorError as error:
-        raise InputError(f"{path}: not a whole safetensors file (truncated or corrupt: {error})") from None
 
 
 def load_fast_tokenizer(directory: Path):

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from spanlm.config import save_config
 from spanlm.errors import ConfigError, InputError
 from spanlm.files import write_text_atomically
-from spanlm.finetune.batches import held_out_batches
+from spanlm.finetune.batches import build_window_loader, held_out_batches
 from spanlm.finetune.model import PER_EXAMPLE_FILE, export_task_model
 from spanlm.models.encoder import describe_start, load_encoder
 from spanlm.models.packed import resolve_packing
@@ -45,9 +45,11 @@ from spanlm.ner.predict import (
     window_spans,
 )
 from spanlm.ner.windows import make_windows
-from spanlm.train.data import build_window_loader
 from spanlm.train.dist import is_main_process
 from spanlm.train.loop import StartingPoint, TrainingSetup, train
+
+# The window settings and batch layout: another value changes every batch, so a resume must keep them.
+RESUME_KEEPS = ("data.max_len", "data.stride", "data.train_docs", "data.packing", "data.tokens_per_batch")
 
 
 def read_split(path: str, recipe: NerRecipe, name: str, labels: list[str] | None, log) -> list[NerDocument]:
@@ -105,7 +107,7 @@ def ner_setup(recipe: NerRecipe, env, log=print, start: StartingPoint = Starting
         train_windows, recipe.train, recipe.seed, env.rank, env.world_size, data.tokens_per_batch
     )
     if not data.dev:
-        return TrainingSetup(objective, loader, lambda: iter(()))
+        return TrainingSetup(objective, loader, lambda: iter(()), resume_keeps=RESUME_KEEPS)
 
     dev_docs = read_split(data.dev, recipe, "dev", labels, log)[: data.eval_docs or None]
     dev_format = input_format(data.dev, data)
@@ -138,7 +140,7 @@ def ner_setup(recipe: NerRecipe, env, log=print, start: StartingPoint = Starting
             metrics["cluener_macro_f1"] = scores["cluener_macro_f1"]["f1"]
         return metrics
 
-    return TrainingSetup(objective, loader, held_out, evaluate)
+    return TrainingSetup(objective, loader, held_out, evaluate, resume_keeps=RESUME_KEEPS)
 
 
 def export_model(run_dir: Path, recipe: NerRecipe) -> Path:

@@ -16,17 +16,16 @@ from spanlm.errors import InputError
 from spanlm.files import refuse_to_overwrite_inputs, write_directory
 from spanlm.models.backbone import shortest_position_table
 from spanlm.objectives import build_objective
+from spanlm.pretrain.kept_tokenizer import KeptTokenizer, check_same_tokenizer, checkpoint_tokenizer_dir
 from spanlm.pretrain.recipe import load_recipe
 from spanlm.train.checkpoint import (
     MARKER,
-    check_same_tokenizer,
     complete_checkpoints,
     load_file,
     load_objective_weights,
     missing_parts,
     step_of,
 )
-from spanlm.train.kept_tokenizer import KeptTokenizer, checkpoint_tokenizer_dir
 
 
 def check_replaceable(out: Path) -> None:

@@ -16,10 +16,13 @@ from spanlm.models.backbone import shortest_position_table
 from spanlm.models.packed import resolve_packing
 from spanlm.objectives import build_objective
 from spanlm.objectives.pretrained_heads import describe_heads
-from spanlm.train.data import build_train_loader, eval_batches, split_blocks
+from spanlm.pretrain.batches import build_train_loader, eval_batches, split_blocks
+from spanlm.pretrain.kept_tokenizer import check_same_tokenizer, checkpoint_tokenizer_dir, keep_tokenizer
 from spanlm.train.dist import DistEnv, barrier
-from spanlm.train.kept_tokenizer import checkpoint_tokenizer_dir, keep_tokenizer
 from spanlm.train.loop import StartingPoint, TrainingSetup, train
+
+# Block length, batch layout and size: another value changes every batch.
+RESUME_KEEPS = ("data.max_len", "data.packing", "data.tokens_per_batch")
 
 
 def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = StartingPoint()) -> TrainingSetup:
@@ -41,6 +44,8 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
     corpus = ShardedCorpus(shards) if shards else PreparedCorpus(recipe.data.prepared_dir)
     if env.is_main:
         corpus.tokenizer  # loaded (and checked against the shards) now: the run keeps the tokenizer it starts with
+    if start.checkpoint is not None:
+        check_same_tokenizer(start.checkpoint, start.trainer_state, corpus.meta["tokenizer_fingerprint"], recipe)
     blocks = BlockDataset(corpus, recipe.data.max_len)
     train_blocks, held_out = split_blocks(len(blocks), recipe.train.eval_blocks, recipe.seed)
     torch.manual_seed(recipe.seed)  # the same seed on every rank gives identical initial weights
@@ -83,6 +88,7 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
         ),
         tokenizer_fingerprint=corpus.meta["tokenizer_fingerprint"],
         keep_with_run=functools.partial(keep_tokenizer, corpus),
+        resume_keeps=RESUME_KEEPS,
     )
 
 

@@ -18,7 +18,7 @@ import torch
 from spanlm.config import save_config
 from spanlm.errors import ConfigError, InputError
 from spanlm.files import write_text_atomically
-from spanlm.finetune.batches import held_out_batches
+from spanlm.finetune.batches import build_window_loader, held_out_batches
 from spanlm.finetune.model import PER_EXAMPLE_FILE, export_task_model
 from spanlm.models.encoder import describe_start, load_encoder
 from spanlm.models.packed import resolve_packing
@@ -28,9 +28,11 @@ from spanlm.qa.metrics import question_scores
 from spanlm.qa.model import RECIPE_FILE, SETTINGS_FILE, QAObjective
 from spanlm.qa.predict import QAModel, evaluate_predictions, final_answer, predict
 from spanlm.qa.windows import encoder_featurizer, make_windows
-from spanlm.train.data import build_window_loader
 from spanlm.train.dist import is_main_process
 from spanlm.train.loop import StartingPoint, TrainingSetup, train
+
+# The window settings and batch layout: another value changes every batch, so a resume must keep them.
+RESUME_KEEPS = ("data.max_length", "data.doc_stride", "data.max_query_length", "data.packing", "data.tokens_per_batch")
 
 
 def read_split(path: str, recipe: QARecipe, name: str, log) -> list[QAExample]:
@@ -87,7 +89,7 @@ def qa_setup(recipe: QARecipe, env, log=print, start: StartingPoint = StartingPo
         predictions = predict(module, tokenizer, dev_examples, recipe, recipe.train.batch_size, env.device, dev_windows)
         return evaluate_predictions(predictions, dev_examples, recipe)
 
-    return TrainingSetup(objective, loader, held_out, evaluate)
+    return TrainingSetup(objective, loader, held_out, evaluate, resume_keeps=RESUME_KEEPS)
 
 
 def export_model(run_dir: Path, recipe: QARecipe, threshold: float = 0.0) -> Path:

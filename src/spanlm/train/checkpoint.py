@@ -10,9 +10,9 @@ A checkpoint directory ``step-000123/`` holds everything needed to continue exac
     manifest.json          every file above (and in subdirectories) with its size in bytes
     COMPLETE               written last
 
-Its trainer state names the tokenizer the weights read (fingerprint); the tokenizer itself is kept
-once per run in ``tokenizers/<fingerprint>/`` (:mod:`spanlm.train.kept_tokenizer`), written before
-the first checkpoint that names it.
+Its trainer state names the tokenizer the weights read (fingerprint); what else a checkpoint needs is
+kept once per run beside it by the task (``TrainingSetup.keep_with_run``: pretraining keeps its tokenizer),
+written before the first checkpoint that names it.
 
 Whole or absent: it is written into a temporary directory, marked COMPLETE there once every file and
 the manifest are fsynced, and renamed into place in one step. Rotation (``train.keep_last``) removes an
@@ -44,6 +44,7 @@ import torch
 from spanlm.config import to_dict
 from spanlm.errors import InputError
 from spanlm.files import (
+    check_safetensors,
     fsync_directory,
     fsync_tree,
     out_of_space,
@@ -51,9 +52,7 @@ from spanlm.files import (
     refused_pickle,
     replace_directory,
 )
-from spanlm.models.hf_model import check_safetensors
 from spanlm.processes import process_alive
-from spanlm.train.kept_tokenizer import checkpoint_tokenizer_dir
 
 MARKER = "COMPLETE"
 MANIFEST = "manifest.json"
@@ -321,32 +320,6 @@ def load_file(path: Path) -> dict:
         raise DamagedCheckpoint(f"{path}: damaged or not a spanlm checkpoint file ({refused_pickle(error)})") from None
 
 
-def check_same_tokenizer(path: Path, trainer_state: dict, fingerprint: str | None, recipe) -> None:
-    """Refuse a checkpoint whose token ids came from another tokenizer than the data's now.
-
-    Why: ``pretrain`` prepares the corpus again when its inputs or settings change (or with
-    ``--force``), which trains a new tokenizer — and the WordPiece / Unigram trainers of `tokenizers`
-    do not reproduce their vocabulary (tokens, numbering) from run to run. The weights would silently
-    read other tokens.
-    """
-    saved = trainer_state.get("tokenizer_fingerprint")
-    if saved is None or fingerprint is None or saved == fingerprint:
-        return
-
-    where = getattr(getattr(recipe, "data", None), "prepared_dir", "the data")
-    kept = checkpoint_tokenizer_dir(path, saved)
-    how = (
-        f"to continue it, prepare a corpus with its tokenizer: tokenizer.path={kept / 'tokenizer'}"
-        if kept is not None
-        else "restore the corpus it was trained on, or start a new run"
-    )
-    raise InputError(
-        f"{path} was trained on the ids of tokenizer {saved}, but {where} now holds tokenizer {fingerprint} "
-        f"(the corpus was prepared again: its inputs or settings changed, or --force). Its weights would read "
-        f"other tokens: {how}"
-    )
-
-
 # Settings a resume may change: they move where and how often the run reports, saves and evaluates, or
 # how fast it runs, not which batches it trains on, the model, or the optimisation. (retain_freed_memory:
 # what runs saved before train.accel took it over.)
@@ -368,16 +341,14 @@ HARMLESS_SETTINGS = {
         "nonfinite",
     )
 }
-# Sections checked elsewhere (the tokenizer and the corpus by check_same_tokenizer) or about reporting only.
+# Sections a task checks itself (pretraining: the tokenizer and the corpus it prepares) or about reporting only;
+# the data settings that change every batch are the task's to declare (TrainingSetup.resume_keeps).
 UNCHECKED_SECTIONS = ("logging.", "tokenizer.", "data.")
-CHECKED_DATA_SETTINGS = {
-    "data.max_len",
-    "data.packing",
-    "data.tokens_per_batch",
-}  # block length, batch layout and size: change every batch
 
 
-def check_same_settings(path: Path, trainer_state: dict, recipe, world_size: int) -> None:
+def check_same_settings(
+    path: Path, trainer_state: dict, recipe, world_size: int, kept_data_settings: tuple[str, ...] = ()
+) -> None:
     """Refuse to resume with settings that change the data order, the model or the optimisation.
 
     Why: such a resume runs without error but is no longer the run it continues (another seed or
@@ -398,7 +369,7 @@ def check_same_settings(path: Path, trainer_state: dict, recipe, world_size: int
         for key in sorted(old.keys() & new.keys())
         if old[key] != new[key]
         and key not in HARMLESS_SETTINGS
-        and (key in CHECKED_DATA_SETTINGS or not key.startswith(UNCHECKED_SECTIONS))
+        and (key in kept_data_settings or not key.startswith(UNCHECKED_SECTIONS))
     ]
     if trainer_state["world_size"] != world_size:
         # Every rank's data position is its own share of the batches: another count would repeat or skip data.

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import signal
 import time
 import traceback
@@ -24,12 +23,14 @@ import torch.distributed as dist
 from spanlm import accel
 from spanlm.cli_support import set_library_progress_bars
 from spanlm.config import save_config
-from spanlm.errors import ConfigError, SpanlmError
+from spanlm.errors import SpanlmError
 from spanlm.train import checkpoint as ckpt
-from spanlm.train.dist import DistEnv, all_reduce, any_rank, barrier, init_distributed, shutdown
-from spanlm.train.metrics import MetricsLogger, trackers_to_start
+from spanlm.train.checkpointer import Checkpointer, StartingPoint, starting_point
+from spanlm.train.dist import DistEnv, all_reduce, any_rank, init_distributed, shutdown
+from spanlm.train.metrics import MetricsLogger, MetricsWindow, trackers_to_start
 from spanlm.train.objective import Objective
 from spanlm.train.optim import build_optimizer, build_scheduler, clip_gradients, total_norm
+from spanlm.train.parallel import no_sync, wrap
 
 
 class TrainingHalted(SpanlmError):
@@ -78,7 +79,7 @@ class TrainingSetup:
     """What a task hands the loop: the seam between pretraining / fine-tuning data and the one loop.
 
     ``loader`` yields dicts of tensors (with ``attention_mask``, whose sum counts the tokens) forever
-    and is resumable (``state_dict`` / ``load_state_dict``, e.g. spanlm.train.data.KeyedLoader).
+    and is resumable (``state_dict`` / ``load_state_dict``, e.g. spanlm.train.loader.KeyedLoader).
     ``eval_batches()`` yields this rank's held-out batches, the same ones at every call; their mean
     output parts are the evaluation losses. ``evaluate(model)``, when given, adds task metrics computed
     by the task itself (e.g. NER F1), already reduced over ranks.
@@ -92,71 +93,11 @@ class TrainingSetup:
     # Checkpoints record it; resuming against data of another tokenizer is refused.
     tokenizer_fingerprint: str | None = None
     # Writes into the run directory what its checkpoints need besides their own files (pretraining:
-    # the tokenizer, see spanlm.train.kept_tokenizer); called on rank 0 before each checkpoint.
+    # the tokenizer); called on rank 0 before each checkpoint.
     keep_with_run: Callable[[Path], object] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class StartingPoint:
-    """Where a run starts: afresh, from a checkpoint (resume), or from a checkpoint's weights only
-    (``--resume-weights-only``). The checkpoint's trainer state is read once, here."""
-
-    checkpoint: Path | None = None
-    weights_only: bool = False
-    trainer_state: dict = dataclasses.field(default_factory=dict)
-
-    @property
-    def tokenizer_fingerprint(self) -> str | None:
-        """The tokenizer whose ids the checkpoint was trained on (None afresh, or for an older checkpoint)."""
-        return self.trainer_state.get("tokenizer_fingerprint")
-
-
-def starting_point(
-    output_dir: Path, resume: str | None, weights_from: str | None, env: DistEnv, log=print
-) -> StartingPoint:
-    """Resolve ``--resume`` / ``--resume-weights-only`` against ``output_dir`` once, before anything is built.
-
-    Rank 0 first removes what killed saves left. A run directory that already holds a run is refused
-    unless it is being resumed.
-    """
-    if env.is_main:
-        ckpt.remove_leftovers(output_dir, log)
-    if weights_from is not None and resume:
-        raise ConfigError("--resume and --resume-weights-only exclude each other: pass one")
-    checkpoint = ckpt.resolve_resume(weights_from or resume, output_dir, log)
-    existing = ckpt.latest_checkpoint(output_dir)
-    if existing is not None and (weights_from is not None or (checkpoint is None and resume != "auto")):
-        raise SpanlmError(
-            f"{output_dir} already holds a run (latest checkpoint {existing.name}); "
-            + (
-                "a run from another's weights starts at step 0: set another train.output_dir"
-                if weights_from is not None
-                else "pass --resume auto to continue it, or set another train.output_dir"
-            )
-        )
-    if checkpoint is None:
-        return StartingPoint()
-    with _naming_an_earlier_checkpoint(checkpoint):
-        state = ckpt.load_file(checkpoint / "trainer_state.pt")
-    return StartingPoint(checkpoint, weights_from is not None, state)
-
-
-@contextlib.contextmanager
-def _naming_an_earlier_checkpoint(path: Path):
-    """A damaged checkpoint's error names the latest earlier one that is whole, if any."""
-    try:
-        yield
-    except ckpt.DamagedCheckpoint as error:
-        earlier = [
-            p
-            for p in ckpt.complete_checkpoints(path.parent.parent)
-            if ckpt.step_of(p) < ckpt.step_of(path) and ckpt.missing_parts(p) is None
-        ]
-        if not earlier:
-            raise
-        raise ckpt.DamagedCheckpoint(
-            f"{error}; an earlier checkpoint may still be whole: --resume {earlier[-1]}"
-        ) from None
+    # The task's data settings a resume must keep, as recipe keys ("data.max_len"): they change every batch.
+    # The engine checks every other section itself (spanlm.train.checkpoint.check_same_settings).
+    resume_keeps: tuple[str, ...] = ()
 
 
 def train(
@@ -210,138 +151,27 @@ class Trainer:
         packed = getattr(getattr(recipe, "data", None), "packing", False) is True
         self.accel = accel.apply(self.objective, env.device, self.config.accel, packed=packed)
         self.gradient_norm = accel.gradient_norm(self.accel, total_norm)
-        self.model = self._wrap(self.objective)
+        self.model = wrap(self.objective, self.config, env)
         self.optimizer = build_optimizer(self.objective, self.config)
         self.scheduler = build_scheduler(self.optimizer, self.config)
         self.rate_groups = _encoder_and_head_groups(self.objective, self.optimizer)
         self.loader = self.setup.loader
+        self.checkpointer = Checkpointer(
+            self.model, self.objective, self.optimizer, self.scheduler, self.loader, self.setup, recipe, env
+        )
         torch.manual_seed(recipe.seed + env.rank)  # dropout differs across ranks, reproducibly
         self.step = 0
         self.elapsed_before = 0.0  # seconds trained before this process (a resumed checkpoint's); see elapsed()
         if env.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
 
-    # -- distribution ---------------------------------------------------------------------------
-    def _wrap(self, objective):
-        if self.config.activation_checkpointing:
-            checkpoint_layers(objective)
-        if self.config.compile:
-            compiled = torch.compile(objective.forward)
-            if self.env.device.type != "cpu":
-                compiled = compile_recurrent_layers(compiled)
-            objective.forward = compiled
-        if not self.env.enabled:
-            return objective
-        if self.config.distributed == "fsdp":
-            from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.fsdp import fully_shard
-
-            policy = fsdp_precision(self.config.precision)
-            self.env.mesh = mesh = init_device_mesh(self.env.device.type, (self.env.world_size,))
-            for unit in objective.shard_units():
-                fully_shard(unit, mesh=mesh, mp_policy=policy)
-            fully_shard(objective, mesh=mesh, mp_policy=policy)
-            return objective
-        from torch.nn.parallel import DistributedDataParallel
-
-        device_ids = [self.env.device.index] if self.env.device.type == "cuda" else None
-        # Gradients live in DDP's all-reduce buckets (no copy in or out of them each step). static_graph:
-        # the loop already needs every parameter used at every step (find_unused_parameters is off), so the
-        # graph never changes; DDP then overlaps reductions from the second step on by the recorded order.
-        # Not with micro-batches: DDP's reducer fails an internal assertion when its first backward pass
-        # runs under no_sync with a static graph.
-        return DistributedDataParallel(
-            objective, device_ids=device_ids, gradient_as_bucket_view=True, static_graph=self.config.grad_accum == 1
-        )
-
-    def _no_sync(self, last_micro_batch: bool):
-        if last_micro_batch or not self.env.enabled:
-            return contextlib.nullcontext()
-        if self.config.distributed == "fsdp":
-            self.objective.set_requires_gradient_sync(False)
-            return _RestoreGradientSync(self.objective)
-        return self.model.no_sync()
-
     def _autocast(self):
         if self.config.precision == "bf16":
             return torch.autocast(self.env.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    # -- checkpoints ------------------------------------------------------------------------------
-    def save(self) -> Path:
-        from safetensors.torch import save_file
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-            get_optimizer_state_dict,
-        )
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        weights = get_model_state_dict(self.model, options=options)
-        optimizer = get_optimizer_state_dict(self.model, self.optimizer, options=options)
-        rng, loader = ckpt.rng_state(), self.loader.state_dict()
-        if self.env.enabled:  # every rank's RNG and data position, written by rank 0
-            rngs, loaders = [None] * self.env.world_size, [None] * self.env.world_size
-            dist.all_gather_object(rngs, rng)
-            dist.all_gather_object(loaders, loader)
-        else:
-            rngs, loaders = [rng], [loader]
-        path = None
-        if self.env.is_main:
-            aliases = ckpt.alias_names(self.objective)  # tied weights (decoder = embedding) are stored once
-            tensors = {k: v.contiguous() for k, v in weights.items() if k not in aliases}
-            trainer_state = {
-                "step": self.step,
-                "scheduler": self.scheduler.state_dict(),
-                "loaders": loaders,
-                "world_size": self.env.world_size,
-                "seed": self.recipe.seed,
-                "elapsed": self.elapsed(),
-                "tokenizer_fingerprint": self.setup.tokenizer_fingerprint,
-            }
-
-            files = {
-                "model.safetensors": lambda p: save_file(tensors, str(p)),
-                "optimizer.pt": lambda p: torch.save(optimizer, p),
-                "trainer_state.pt": lambda p: torch.save(trainer_state, p),
-                "config.yaml": lambda p: save_config(self.recipe, p),
-            }
-            for rank, state in enumerate(rngs):
-                files[f"rng-rank{rank}.pt"] = lambda p, state=state: torch.save(state, p)
-            if self.setup.keep_with_run is not None:  # before the checkpoint: a COMPLETE one always has it
-                self.setup.keep_with_run(self.output_dir)
-            path = ckpt.write_checkpoint(self.output_dir, self.step, files, self.config.keep_last)
-        barrier(self.env)
-        return path
-
-    def load(self, start: StartingPoint) -> None:
-        """Load ``start``'s checkpoint: everything, or only the weights for a new run from them."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        path, trainer_state = start.checkpoint, start.trainer_state
-        with _naming_an_earlier_checkpoint(path):
-            ckpt.check_same_tokenizer(path, trainer_state, self.setup.tokenizer_fingerprint, self.recipe)
-            if not start.weights_only:
-                ckpt.check_same_settings(path, trainer_state, self.recipe, self.env.world_size)
-            weights = ckpt.load_weights(path / "model.safetensors", self.objective)
-            set_model_state_dict(self.model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
-            if start.weights_only:  # a new run from these weights: fresh optimiser, schedule, data position and step
-                return
-            set_optimizer_state_dict(
-                self.model,
-                self.optimizer,
-                ckpt.load_file(path / "optimizer.pt"),
-                options=StateDictOptions(full_state_dict=True),
-            )
-            self.scheduler.load_state_dict(trainer_state["scheduler"])
-            self.loader.load_state_dict(trainer_state["loaders"][self.env.rank])
-            ckpt.set_rng_state(ckpt.load_file(path / f"rng-rank{self.env.rank}.pt"))
-        self.step = int(trainer_state["step"])
-        self.elapsed_before = float(trainer_state.get("elapsed", 0.0))  # checkpoints written before it was kept: 0
+    def save(self) -> Path | None:
+        return self.checkpointer.save(self.step, self.elapsed())
 
     # -- evaluation -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -371,8 +201,8 @@ class Trainer:
     def run(self) -> Path:
         config, env, start = self.config, self.env, self.start
         self.started = time.monotonic()
-        if start.checkpoint is not None:
-            self.load(start)
+        if start.checkpoint is not None and (loaded := self.checkpointer.load(start)) is not None:
+            self.step, self.elapsed_before = loaded
         if start.weights_only:
             self.log(f"started from the weights of {start.checkpoint} (new optimiser, schedule and data position)")
         elif start.checkpoint is not None:
@@ -413,7 +243,7 @@ class Trainer:
         config, env = self.config, self.env
         progress = _progress_bar(config.max_steps, self.step, env.is_main and self.recipe.logging.progress)
         batches = iter(self.loader)
-        window, started, skipped = _Window(env.device), time.perf_counter(), 0
+        window, started, skipped = MetricsWindow(env.device), time.perf_counter(), 0
         self.objective.train()
         # From the first evaluation to the last save, a stop signal only sets a flag: an evaluation runs to its
         # end, the step after it too, then the run saves; a save under way completes.
@@ -435,7 +265,7 @@ class Trainer:
                         progress.set_postfix(
                             loss=f"{record.get('loss', float('nan')):.3f}", tok_s=f"{record['tokens_per_s']:.0f}"
                         )
-                        window, started = _Window(env.device), time.perf_counter()
+                        window, started = MetricsWindow(env.device), time.perf_counter()
                     if config.eval_every and (self.step % config.eval_every == 0 or self.step == config.max_steps):
                         self._check_finite(window)
                         evaluation = self.evaluate()
@@ -459,7 +289,7 @@ class Trainer:
         finally:
             progress.close()
 
-    def _step(self, batches, window: "_Window") -> None:
+    def _step(self, batches, window: "MetricsWindow") -> None:
         """One training step: forward/backward, the update unless a value is not finite, the schedule.
 
         At most one host read (none with fused AdamW): the metrics go to ``window``, on the device.
@@ -491,7 +321,7 @@ class Trainer:
         for micro in range(config.grad_accum):
             batch = _to(next(batches), self.env.device)
             tokens = tokens + batch["attention_mask"].sum()
-            with self._no_sync(micro == config.grad_accum - 1):
+            with no_sync(self.model, self.objective, config, self.env, micro == config.grad_accum - 1):
                 with self._autocast():
                     output = self.model(batch)
                 (output["loss"] / config.grad_accum).backward()
@@ -514,13 +344,13 @@ class Trainer:
     def _skips_on_device(self) -> bool:
         return isinstance(self.optimizer, torch.optim.AdamW) and bool(self.optimizer.defaults.get("fused"))
 
-    def _check_finite(self, window: "_Window") -> None:
+    def _check_finite(self, window: "MetricsWindow") -> None:
         """Under nonfinite=stop, halt (naming the step) before anything reads or keeps weights of a bad window."""
         if self.config.nonfinite == "stop" and bool(window.halted):
             step, values = window.first_bad_step()
             raise TrainingHalted(_nonfinite_message(step, values) + _STOPPED)
 
-    def _log_record(self, window: "_Window", started: float, skipped: int) -> dict:
+    def _log_record(self, window: "MetricsWindow", started: float, skipped: int) -> dict:
         """Means over the steps since the last record (skipped steps excluded), reduced over ranks."""
         env = self.env
         self._check_finite(window)
@@ -556,101 +386,12 @@ class Trainer:
         }
 
 
-def fsdp_precision(precision: str):
-    """FSDP2's policy for ``train.precision``: under bf16, layers all-gather and compute in bf16 (half the
-    traffic and memory of fp32) while gradients are reduced in fp32 and weights and optimiser stay fp32."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    if precision == "bf16":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    return MixedPrecisionPolicy()
-
-
-def checkpoint_layers(objective: Objective) -> None:
-    """Recompute each of ``objective.shard_units()`` (its transformer layers) in the backward pass.
-
-    The layer's forward is wrapped in place (not the module: parameter and state-dict names stay the
-    same); the non-reentrant checkpoint restores the RNG state, so the recomputed dropout is the
-    original's and the gradients are those without checkpointing.
-    """
-    from torch.utils.checkpoint import checkpoint
-
-    units = objective.shard_units()
-    if not units:
-        raise ConfigError(
-            f"train.activation_checkpointing: objective {type(objective).__name__} names no layers to checkpoint"
-        )
-    for unit in units:
-        unit.forward = functools.partial(checkpoint, unit.forward, use_reentrant=False)
-
-
 _STOPPED = "; stopped without updating the weights (nonfinite=skip skips such steps)"
 
 
 def _nonfinite_message(step: int, parts: dict[str, float | torch.Tensor]) -> str:
     values = ", ".join(f"{k}={float(v):.4g}" for k, v in sorted(parts.items()))
     return f"non-finite loss or gradient norm at step {step} ({values})"
-
-
-class _Window:
-    """The training metrics of the steps since the last record, kept on the device.
-
-    Why: reading a tensor's value on the host waits for the device to finish everything queued before
-    it; read every step, that keeps a GPU idle while Python prepares the next step. Here each step adds
-    to device tensors, and the record reads them all at once, every ``train.log_every`` steps.
-    """
-
-    def __init__(self, device: torch.device):
-        self.keys: list[str] = []  # the logged parts (the same every step), sorted
-        self.sums = torch.zeros(0, dtype=torch.float64, device=device)  # (K,) over the finite steps
-        self.counted = torch.zeros((), dtype=torch.int64, device=device)  # finite steps
-        self.skipped = torch.zeros((), dtype=torch.int64, device=device)  # non-finite steps
-        self.tokens = torch.zeros((), dtype=torch.int64, device=device)
-        self.bad_step = torch.full((), -1, dtype=torch.int64, device=device)  # the first non-finite step, or −1
-        self.bad_values = self.sums  # (K,) its parts
-
-    @property
-    def halted(self) -> torch.Tensor:
-        """A bool scalar on the device: some step of the window was not finite."""
-        return self.bad_step >= 0
-
-    def add(self, parts: dict[str, torch.Tensor], bad: torch.Tensor, tokens: torch.Tensor, step: int) -> None:
-        if not self.keys:
-            self.keys = sorted(parts)
-            self.sums = self.bad_values = self.sums.new_zeros(len(self.keys))
-        values = torch.stack([parts[key] for key in self.keys])  # (K,)
-        self.sums = self.sums + torch.where(bad, 0.0, values)  # NaN · 0 would be NaN: select instead
-        self.counted = self.counted + (~bad).long()
-        self.skipped = self.skipped + bad.long()
-        self.tokens = self.tokens + tokens
-        first = bad & (self.bad_step < 0)
-        self.bad_step = torch.where(first, step, self.bad_step)
-        self.bad_values = torch.where(first, values, self.bad_values)
-
-    def first_bad_step(self) -> tuple[int, dict[str, float]]:
-        """The first non-finite step and its parts (host reads: only when the window is known to hold one)."""
-        return int(self.bad_step), dict(zip(self.keys, self.bad_values.tolist()))
-
-
-def compile_recurrent_layers(function: Callable) -> Callable:
-    """``function`` traced with its recurrent layers (CharBERT's BiGRU) inside the graph, not around it.
-
-    Dynamo leaves ``nn.GRU`` out of the graph by default (a graph break before and after each call);
-    with ``allow_rnn`` it traces the layer as one recurrent operator, which is cuDNN's on a GPU. Not on
-    the CPU, where that operator decomposes into one step per character and compiling it takes minutes.
-    """
-    return torch._dynamo.config.patch(allow_rnn=True)(function)
-
-
-class _RestoreGradientSync:
-    def __init__(self, module):
-        self.module = module
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.module.set_requires_gradient_sync(True)
 
 
 def _to(batch: dict[str, torch.Tensor | int], device: torch.device) -> dict[str, torch.Tensor | int]:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
 import yaml
 
 from spanlm.errors import ConfigError, InputError, SpanlmError
@@ -332,3 +333,43 @@ def _lines_and_records(path: Path) -> list[tuple[str, dict]]:
             raise InputError(f"{path}:{number}: not valid JSON ({error.msg}); remove or repair that line") from None
         out.append((line, record))
     return out
+
+
+class MetricsWindow:
+    """The training metrics of the steps since the last record, kept on the device.
+
+    Why: reading a tensor's value on the host waits for the device to finish everything queued before
+    it; read every step, that keeps a GPU idle while Python prepares the next step. Here each step adds
+    to device tensors, and the record reads them all at once, every ``train.log_every`` steps.
+    """
+
+    def __init__(self, device: torch.device):
+        self.keys: list[str] = []  # the logged parts (the same every step), sorted
+        self.sums = torch.zeros(0, dtype=torch.float64, device=device)  # (K,) over the finite steps
+        self.counted = torch.zeros((), dtype=torch.int64, device=device)  # finite steps
+        self.skipped = torch.zeros((), dtype=torch.int64, device=device)  # non-finite steps
+        self.tokens = torch.zeros((), dtype=torch.int64, device=device)
+        self.bad_step = torch.full((), -1, dtype=torch.int64, device=device)  # the first non-finite step, or −1
+        self.bad_values = self.sums  # (K,) its parts
+
+    @property
+    def halted(self) -> torch.Tensor:
+        """A bool scalar on the device: some step of the window was not finite."""
+        return self.bad_step >= 0
+
+    def add(self, parts: dict[str, torch.Tensor], bad: torch.Tensor, tokens: torch.Tensor, step: int) -> None:
+        if not self.keys:
+            self.keys = sorted(parts)
+            self.sums = self.bad_values = self.sums.new_zeros(len(self.keys))
+        values = torch.stack([parts[key] for key in self.keys])  # (K,)
+        self.sums = self.sums + torch.where(bad, 0.0, values)  # NaN · 0 would be NaN: select instead
+        self.counted = self.counted + (~bad).long()
+        self.skipped = self.skipped + bad.long()
+        self.tokens = self.tokens + tokens
+        first = bad & (self.bad_step < 0)
+        self.bad_step = torch.where(first, step, self.bad_step)
+        self.bad_values = torch.where(first, values, self.bad_values)
+
+    def first_bad_step(self) -> tuple[int, dict[str, float]]:
+        """The first non-finite step and its parts (host reads: only when the window is known to hold one)."""
+        return int(self.bad_step), dict(zip(self.keys, self.bad_values.tolist()))

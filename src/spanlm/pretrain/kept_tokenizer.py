@@ -45,6 +45,32 @@ def checkpoint_tokenizer_dir(checkpoint: Path, fingerprint: str | None) -> Path 
     return kept if (kept / "meta.json").is_file() else None
 
 
+def check_same_tokenizer(path: Path, trainer_state: dict, fingerprint: str | None, recipe) -> None:
+    """Refuse a checkpoint whose token ids came from another tokenizer than the data's now.
+
+    Why: ``pretrain`` prepares the corpus again when its inputs or settings change (or with
+    ``--force``), which trains a new tokenizer — and the WordPiece / Unigram trainers of `tokenizers`
+    do not reproduce their vocabulary (tokens, numbering) from run to run. The weights would silently
+    read other tokens.
+    """
+    saved = trainer_state.get("tokenizer_fingerprint")
+    if saved is None or fingerprint is None or saved == fingerprint:
+        return
+
+    where = getattr(getattr(recipe, "data", None), "prepared_dir", "the data")
+    kept = checkpoint_tokenizer_dir(path, saved)
+    how = (
+        f"to continue it, prepare a corpus with its tokenizer: tokenizer.path={kept / 'tokenizer'}"
+        if kept is not None
+        else "restore the corpus it was trained on, or start a new run"
+    )
+    raise InputError(
+        f"{path} was trained on the ids of tokenizer {saved}, but {where} now holds tokenizer {fingerprint} "
+        f"(the corpus was prepared again: its inputs or settings changed, or --force). Its weights would read "
+        f"other tokens: {how}"
+    )
+
+
 def keep_tokenizer(corpus: PreparedCorpus, run_dir: Path) -> Path:
     """Copy ``corpus``'s tokenizer (and what building a model needs besides the token arrays) into the run.
 

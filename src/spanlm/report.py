@@ -52,7 +52,7 @@ def unigram_accuracy(run_dir: Path) -> float | None:
     """
     import numpy as np
 
-    from spanlm.train.kept_tokenizer import KEPT_ROOT
+    from spanlm.pretrain.kept_tokenizer import KEPT_ROOT
 
     kept = sorted((Path(run_dir) / KEPT_ROOT).glob("*/token_counts.npy"), key=lambda path: path.stat().st_mtime)
     if not kept:

@@ -1,10 +1,10 @@
-"""Training data: blocks → masked batches in DataLoader workers, deterministic and resumable.
+"""The engine's resumable loader: a sampler of batch *keys*, and a DataLoader that builds each batch from its key.
 
-Each batch is a pure function of (seed, rank, epoch, batch number): the sampler yields a *key* per
-batch, and the dataset builds the whole batch from it — reading the blocks, padding them, and masking
-them with ``np.random.default_rng([seed, rank, epoch, batch])``. So the masks do not depend on the
-number of workers or on prefetching, and the position of the next batch to hand out is all a loader
-has to remember to resume exactly (:class:`KeyedLoader`).
+Each batch is a pure function of (seed, rank, epoch, batch number): the sampler yields a key per batch, and the
+task's dataset builds the whole batch from it (pretraining: reads the blocks, pads and masks them with
+``np.random.default_rng([seed, rank, epoch, batch])``; fine-tuning: gathers its windows). So a batch does not
+depend on the number of workers or on prefetching, and the position of the next batch to hand out is all a
+loader has to remember to resume exactly (:class:`KeyedLoader`).
 """
 
 from __future__ import annotations
@@ -16,74 +16,8 @@ import signal
 import numpy as np
 import torch
 
-from spanlm.data.block_index import ConcatenatedIndex
-from spanlm.data.blocks import BlockDataset, BlockSampler, KeyedPermutation, collate_blocks
-from spanlm.data.packing import pack_masked
+from spanlm.data.blocks import BlockSampler
 from spanlm.errors import ConfigError, InputError
-from spanlm.masking.base import with_rate
-from spanlm.train.dist import uses_cuda
-
-HELD_OUT_KEY = 7919  # the RNG key of the held-out draw: never an epoch's
-
-
-def split_blocks(n_blocks: int, eval_blocks: int, seed: int) -> tuple[TrainingBlocks, np.ndarray]:
-    """A fixed held-out set of blocks (never trained on), sorted, and the training blocks (the rest).
-
-    The held-out blocks are the first positions of a keyed permutation, so drawing them costs memory for
-    them only, whatever ``n_blocks``.
-    """
-    eval_blocks = min(eval_blocks, n_blocks // 10)
-    draw = KeyedPermutation(n_blocks, np.random.default_rng([seed, HELD_OUT_KEY]))
-    held_out = np.sort(draw(np.arange(eval_blocks)))
-    return TrainingBlocks(n_blocks, held_out), held_out
-
-
-class TrainingBlocks:
-    """The blocks [0, n_blocks) less a few sorted ``held_out`` ones, indexed by position without listing them.
-
-    ``training[p]`` is the p-th block not held out (``p`` an int or an array of positions).
-    """
-
-    def __init__(self, n_blocks: int, held_out: np.ndarray):
-        self.n_blocks, self.held_out = n_blocks, np.asarray(held_out, dtype=np.int64)
-        self.kept_before = self.held_out - np.arange(len(self.held_out))  # training blocks before each held-out one
-
-    def __len__(self) -> int:
-        return self.n_blocks - len(self.held_out)
-
-    def __getitem__(self, positions):
-        positions = np.asarray(positions, dtype=np.int64)
-        if positions.size and (positions.min() < 0 or positions.max() >= len(self)):
-            raise IndexError(f"training block positions outside [0, {len(self)})")
-        # The p-th kept block comes after every held-out block with at most p kept blocks before it.
-        return positions + np.searchsorted(self.kept_before, positions, side="right")
-
-
-class BlockLengths:
-    """Tokens of blocks ([CLS] and [SEP] included), read from the memory-mapped block index on demand.
-
-    ``lengths[indices]`` for an array of block indices; ``max()`` is ``max_len``, the longest a block can be
-    (the index is not read whole to find the longest one).
-    """
-
-    def __init__(self, blocks: BlockDataset):
-        self.index, self.max_len = blocks.index, blocks.max_len
-
-    def __getitem__(self, indices) -> np.ndarray:
-        indices = np.asarray(indices, dtype=np.int64)
-        if isinstance(self.index, ConcatenatedIndex):  # rows of each shard's own index (offsets cancel out)
-            shard = np.searchsorted(self.index.block_starts, indices, side="right") - 1
-            lengths = np.empty(indices.shape, dtype=np.int64)
-            for number in np.unique(shard).tolist():
-                mine = shard == number
-                rows = self.index.parts[number][indices[mine] - self.index.block_starts[number]]
-                lengths[mine] = rows[..., 1] - rows[..., 0] + 2
-            return lengths
-        rows = self.index[indices]
-        return (rows[..., 1] - rows[..., 0] + 2).astype(np.int64)
-
-    def max(self) -> int:
-        return self.max_len
 
 
 class BatchKeySampler:
@@ -264,66 +198,6 @@ class BatchKeySampler:
             self.starts = self._walk(self.epoch, self.batch)
 
 
-class ScheduledRate:
-    """The masking rate of a training batch from its key: the key's batch number (:meth:`BatchKeySampler.number`)
-    → its optimiser step (``grad_accum`` micro-batches a step) → ``schedule.rate_at(step)``."""
-
-    def __init__(self, schedule, sampler: BatchKeySampler, grad_accum: int):
-        self.schedule, self.sampler, self.grad_accum = schedule, sampler, grad_accum
-
-    def __call__(self, epoch: int, batch: int) -> float:
-        if epoch == EVAL_EPOCH:
-            return self.schedule.final_rate
-        return self.schedule.rate_at(self.sampler.number(epoch, batch) // self.grad_accum)
-
-
-class MaskedBatches(torch.utils.data.Dataset):
-    """Map-style dataset keyed by batch: key → masked batch as a dict of tensors.
-
-    ``packed``: the masked blocks one after another in one stream (:mod:`spanlm.data.packing`), with the
-    stream's segment bounds and longest segment, computed here so the model reads neither from the device.
-    Masking comes first, on one block per row, so a key gives the same masks packed or not.
-    ``rate``: (epoch, batch) → the masking rate of that batch (a :class:`ScheduledRate`); None: the masker's own.
-    """
-
-    def __init__(
-        self,
-        blocks: BlockDataset,
-        masker,
-        pad_id: int,
-        seed: int,
-        rank: int,
-        packed: bool = False,
-        fields: tuple[str, ...] | None = None,
-        rate=None,
-    ):
-        self.blocks, self.masker, self.pad_id, self.seed, self.rank = blocks, masker, pad_id, seed, rank
-        self.packed = packed
-        self.fields = fields  # the arrays the objective reads (Objective.batch_fields); None: all
-        self.rate = rate
-
-    def __getitem__(self, key) -> dict[str, torch.Tensor | int]:
-        epoch, batch, indices = key
-        block_batch = collate_blocks([self.blocks[int(i)] for i in indices], self.pad_id)
-        rng = np.random.default_rng([self.seed, self.rank, epoch, batch])
-        masker = self.masker if self.rate is None else with_rate(self.masker, self.rate(epoch, batch))
-        masked = masker(block_batch, rng)
-        if self.packed:
-            masked = pack_masked(masked, self.pad_id, getattr(self.masker, "packing_gap", 0))
-        return masked.to_torch() if self.fields is None else masked.to_torch(self.fields)
-
-
-class WindowBatches(torch.utils.data.Dataset):
-    """Fine-tuning windows (NER, QA) keyed by batch like the pretraining batches: key → ``windows.batch(indices)``."""
-
-    def __init__(self, windows):
-        self.windows = windows
-
-    def __getitem__(self, key) -> dict[str, torch.Tensor | int]:
-        _, _, indices = key
-        return self.windows.batch(indices)
-
-
 def _single(batch):
     return batch
 
@@ -417,30 +291,6 @@ class KeyedLoader:
             self.position["starts"] = [int(start) for start in state["starts"]]
 
 
-def build_train_loader(
-    blocks: BlockDataset,
-    train_blocks: np.ndarray,
-    masker,
-    config,
-    seed: int,
-    rank: int,
-    world_size: int,
-    data=None,
-    fields: tuple[str, ...] | None = None,
-    rate_schedule=None,
-) -> KeyedLoader:
-    """The resumable pretraining loader; ``data`` (DataConfig, its ``packing`` resolved) packs batches and sets a
-    token budget; ``fields``: the batch arrays the objective reads (None: all); ``rate_schedule``: the masking
-    rate by step (a :class:`~spanlm.masking.base.RateSchedule`; None or constant: the masker's own)."""
-    tokens = data.tokens_per_batch if data is not None else 0
-    sampler = BatchKeySampler(
-        train_blocks, config.batch_size, seed, rank, world_size, lengths=BlockLengths(blocks), tokens_per_batch=tokens
-    )
-    rate = ScheduledRate(rate_schedule, sampler, config.grad_accum) if rate_schedule and rate_schedule.active else None
-    dataset = MaskedBatches(blocks, masker, blocks.corpus.special_ids["pad"], seed, rank, packs(data), fields, rate)
-    return KeyedLoader(dataset, sampler, config.num_workers, seed, pin_memory=uses_cuda(config.device))
-
-
 def packs(data) -> bool:
     """Whether batches are packed: ``data.packing``, which must be resolved to true / false by now."""
     if data is None or data.packing is False:
@@ -448,52 +298,3 @@ def packs(data) -> bool:
     if data.packing is not True:
         raise ValueError(f"data.packing must be resolved to true / false before batching, not {data.packing!r}")
     return True
-
-
-def build_window_loader(
-    windows, config, seed: int, rank: int, world_size: int, tokens_per_batch: int = 0
-) -> KeyedLoader:
-    """The resumable training loader of a fine-tuning task over ``len(windows)`` windows (``windows.packed``
-    packs them), ``config.batch_size`` windows or ``tokens_per_batch`` tokens a batch."""
-    try:
-        sampler = BatchKeySampler(
-            np.arange(len(windows)),
-            config.batch_size,
-            seed,
-            rank,
-            world_size,
-            lengths=windows.attention_mask.sum(axis=1),
-            tokens_per_batch=tokens_per_batch,
-        )
-    except ConfigError as error:
-        raise ConfigError(f"data.train: {error}") from None
-    return KeyedLoader(WindowBatches(windows), sampler, config.num_workers, seed, pin_memory=uses_cuda(config.device))
-
-
-EVAL_EPOCH = 2**31 - 1  # the RNG key of held-out batches: never a training epoch
-
-
-def eval_batches(
-    blocks: BlockDataset,
-    eval_blocks: np.ndarray,
-    masker,
-    batch_size: int,
-    seed: int,
-    rank: int,
-    world_size: int,
-    data=None,
-    fields: tuple[str, ...] | None = None,
-    rate_schedule=None,
-):
-    """This rank's held-out blocks, masked with fixed RNGs so every evaluation sees the same batches.
-
-    Every rank gets the same number of batches (the held-out set is trimmed to a multiple of the
-    world size), so the metrics can be reduced across ranks. Under a masking-rate schedule they are masked at
-    its last rate, so every evaluation of the run is scored on the same targets.
-    """
-    if rate_schedule is not None and rate_schedule.active:
-        masker = with_rate(masker, rate_schedule.final_rate)
-    dataset = MaskedBatches(blocks, masker, blocks.corpus.special_ids["pad"], seed, rank, packs(data), fields)
-    mine = eval_blocks[: len(eval_blocks) - len(eval_blocks) % world_size][rank::world_size]
-    for number, start in enumerate(range(0, len(mine), batch_size)):
-        yield dataset[(EVAL_EPOCH, number, mine[start : start + batch_size])]
