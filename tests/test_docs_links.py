@@ -11,6 +11,7 @@ from helpers import REPO
 PAGES = sorted(
     [REPO / "README.md", REPO / "RESULTS.md", REPO / "BENCHMARKS.md", REPO / "data" / "README.md"]
     + list((REPO / "docs").glob("*.md"))
+    + list((REPO / "examples").glob("*.md"))
 )
 LINK = re.compile(r"!?\[[^\]]*\]\(([^()\s]+)\)")
 
