@@ -26,8 +26,8 @@ demo: venv
 	$(BIN)/spanlm demo --out runs/demo
 
 test: venv
-	$(BIN)/ruff check src tests bench tools docs/results
-	$(BIN)/ruff format --check src tests bench tools docs/results
+	$(BIN)/ruff check src tests bench tools examples
+	$(BIN)/ruff format --check src tests bench tools examples
 	$(BIN)/python -m pytest -q
 
 # The offline GPU check (tools/gpu_check.py --help). On the GPU machine, in this checkout, with its own CUDA torch

@@ -27,7 +27,7 @@ TINY_ENCODER = [
 ]
 
 
-# Appended to a command of the README or a recipe of configs/: a one-layer encoder, two steps, no evaluation
+# Appended to a command of the docs or a recipe of configs/: a one-layer encoder, two steps, no evaluation
 TINY_RUN = [
     "model.hidden_size=32",
     "model.num_layers=1",
@@ -147,15 +147,15 @@ def embedded_recipe(name: str, prepared: Path, output_dir: Path, *overrides: str
     )
 
 
-def readme_section(title: str, language: str = "python") -> list[str]:
-    """The ``language`` code blocks under the README heading ``title`` (up to the next heading of its level or
-    above)."""
+def doc_section(page: str, title: str, language: str = "python") -> list[str]:
+    """The ``language`` code blocks under the heading ``title`` of the Markdown file ``page`` (relative to the
+    repository: ``README.md``, ``docs/pretrain.md``), up to the next heading of its level or above."""
     import re
 
-    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines(keepends=True)
+    lines = (REPO / page).read_text(encoding="utf-8").splitlines(keepends=True)
     heading = next((i for i, line in enumerate(lines) if re.fullmatch(rf"#+ {re.escape(title)}\n", line)), None)
     if heading is None:
-        raise AssertionError(f"README.md has no heading '{title}'")
+        raise AssertionError(f"{page} has no heading '{title}'")
     level = len(lines[heading]) - len(lines[heading].lstrip("#"))
     body, fenced = [], False
     for line in lines[heading + 1 :]:

@@ -160,12 +160,12 @@ def test_readme_puts_spanlm_on_path():
     import sys
     from pathlib import Path
 
-    from helpers import readme_section
+    from helpers import doc_section
 
     venv = Path(sys.prefix)
     if venv == Path(sys.base_prefix) or venv.name != ".venv":
         pytest.skip("the tests do not run in a .venv like the one make creates")
-    (block,) = [b for b in readme_section("Quickstart", language="bash") if "activate" in b]
+    (block,) = [b for b in doc_section("README.md", "Quickstart", language="bash") if "activate" in b]
     activate = next(line.split("#")[0].strip() for line in block.splitlines() if "activate" in line)
     found = subprocess.run(
         ["bash", "-c", f'{activate} && echo "$VIRTUAL_ENV" && command -v spanlm'],

@@ -1,4 +1,4 @@
-"""docs/results/objectives_study.py runs: --quick pretrains two objectives for a few steps, runs the four NER
+"""examples/objectives_study.py runs: --quick pretrains two objectives for a few steps, runs the four NER
 arms per seed through the spanlm CLI, and writes study.json and the markdown table from those runs."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from helpers import REPO, external_data
 
-SCRIPT = REPO / "docs" / "results" / "objectives_study.py"
+SCRIPT = REPO / "examples" / "objectives_study.py"
 
 
 @pytest.mark.slow

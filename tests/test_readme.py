@@ -1,29 +1,69 @@
-"""The README's Python examples run as written (after the commands they depend on, in small form)."""
+"""The README's first run works as written (each command made tiny), and the guides' Python examples run after
+it, on what it made: docs/pretrain.md's blocks and packed batches, docs/huggingface.md's loading of an export and
+docs/ner.md's Python API."""
 
-import re
+import json
+import shlex
 
-from helpers import REPO, TINY_RUN
+from helpers import REPO, TINY_RUN, doc_section
 from spanlm.cli import main
 
+TINY = {  # appended to the README's commands
+    ("prepare",): ["tokenizer.vocab_size=2000"],
+    ("pretrain",): TINY_RUN,
+    ("report",): [],
+    ("export",): [],
+    ("ner", "train"): [
+        "data.max_len=32",
+        "data.stride=8",
+        "ner.head.head_size=16",
+        "train.max_steps=2",
+        "train.batch_size=8",
+        "train.eval_every=0",
+        "train.save_every=2",
+        "train.num_workers=0",
+        "logging.progress=false",
+        "logging.report_to=[]",
+    ],
+    ("ner", "predict"): [],
+}
+# The sections whose Python blocks run after the README's commands, in this order.
+EXAMPLES = [
+    ("docs/pretrain.md", "Pretraining blocks"),  # with its "Packed batches" subsection
+    ("docs/huggingface.md", "Loading an export in transformers"),
+    ("docs/ner.md", "From Python"),
+]
 
-def test_readme_python_examples_run(tmp_path, monkeypatch, capsys):
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    readme = readme.split("## With Hugging Face\n")[0] + "## Development" + readme.split("\n## Development")[1]
-    examples = re.findall(r"```python\n(.*?)```", readme, flags=re.S)  # the HF section's run in their own tests
-    assert len(examples) >= 3
+
+def test_readme_first_run_then_the_guides_python_examples(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").symlink_to(REPO / "data")
     (tmp_path / "configs").symlink_to(REPO / "configs")
-    # the commands the examples rely on, as the README gives them (made tiny)
-    assert main(["prepare", str(REPO / "configs/prepare/english.yaml"), "tokenizer.vocab_size=2000"]) == 0
-    assert main(["pretrain", str(REPO / "configs/pretrain/spanbert.yaml"), *TINY_RUN]) == 0
-    assert main(["export", "runs/pretrain/spanbert", "--out", "runs/export/spanbert"]) == 0
+    (block,) = doc_section("README.md", "A first run", language="bash")
+    ran = []
+    for line in block.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        if not words:
+            continue
+        assert words[0] == "spanlm", line
+        argv = words[1:]
+        command = tuple(argv[:2]) if argv[0] == "ner" else tuple(argv[:1])
+        assert main([*argv, *TINY[command]]) == 0, f"{line}\n{capsys.readouterr().err[-3000:]}"
+        ran.append(command)
+    assert ran == list(TINY)
+    predicted = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"id"')]
+    assert [record["text"] for record in predicted] == ["Holmes took the train to London."]
+    assert (tmp_path / "runs/pretrain/spanbert/report.html").is_file()
+    assert (tmp_path / "runs/ner/wnut17/model/labels.json").is_file()
+
     # made tiny, the corpus is keyed by its smaller vocabulary; the examples name the recipe's own
     (tmp_path / "runs/prepared/english-wordpiece-8000").symlink_to(tmp_path / "runs/prepared/english-wordpiece-2000")
     namespace = {}
-    for code in examples:
-        exec(compile(code, "README.md", "exec"), namespace)
+    for page, title in EXAMPLES:
+        for code in doc_section(page, title):
+            exec(compile(code, page, "exec"), namespace)
     printed = capsys.readouterr().out
     assert "(8, " in printed  # the blocks example
+    assert "padded (16, " in printed and "packed (1, " in printed  # the packed batches example
     assert namespace["hidden"].shape[-1] == 32  # the transformers example
     assert "'f1': " in printed and (tmp_path / "runs/ner/wnut17-api/model/labels.json").is_file()  # the NER example

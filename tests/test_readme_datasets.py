@@ -1,4 +1,4 @@
-"""The README's "`datasets` inputs" snippets run as written, offline: the Hub datasets they name are small
+"""docs/huggingface.md's "`datasets` inputs" snippets run as written, offline: the Hub datasets they name are small
 stand-ins put into the datasets cache as an online load leaves it, and the NER run is made tiny."""
 
 import json
@@ -7,11 +7,13 @@ import shlex
 import datasets
 import pytest
 
-from helpers import ENGLISH, NER_FIXTURES, REPO, WNUT_TAGS, cache_like_the_hub, conll_dataset, readme_section
+from helpers import ENGLISH, NER_FIXTURES, REPO, WNUT_TAGS, cache_like_the_hub, conll_dataset, doc_section
 from spanlm.cli import main
 from spanlm.data.shards import read_meta
 
-TINY = {  # appended to the README's commands
+PAGE = "docs/huggingface.md"
+
+TINY = {  # appended to the guide's commands
     ("prepare",): ["tokenizer.vocab_size=500"],
     ("ner", "train"): [
         "data.max_len=32",
@@ -63,10 +65,10 @@ def test_the_datasets_inputs_snippets_run(tiny_encoder_dir, offline_datasets_cac
         tmp_path / "hub", "leondz/wnut_17", {"train": train, "validation": dev, "test": dev}, config="wnut_17"
     )
 
-    python_blocks = readme_section("`datasets` inputs")
-    bash_blocks = readme_section("`datasets` inputs", language="bash")
+    python_blocks = doc_section(PAGE, "`datasets` inputs")
+    bash_blocks = doc_section(PAGE, "`datasets` inputs", language="bash")
     assert len(python_blocks) == 1 and len(bash_blocks) == 2
-    exec(compile(python_blocks[0], "README.md", "exec"), {})
+    exec(compile(python_blocks[0], PAGE, "exec"), {})
     for block in bash_blocks:
         for environment, argv in commands(block):
             assert environment in ({}, {"HF_HUB_OFFLINE": "1"})  # the fixture has the Hub offline already

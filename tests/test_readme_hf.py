@@ -1,4 +1,4 @@
-"""The README's "With Hugging Face" snippets run as written (exports, continued pretraining, Trainer), in small form."""
+"""docs/huggingface.md's snippets run as written (exports, continued pretraining, Trainer), in small form."""
 
 from __future__ import annotations
 
@@ -7,13 +7,15 @@ import shlex
 
 import pytest
 
-from helpers import REPO, TINY_RUN, readme_section
+from helpers import REPO, TINY_RUN, doc_section
 from spanlm.cli import main
+
+PAGE = "docs/huggingface.md"
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    """A directory with the README's earlier commands run in it: prepare, a tiny SpanBERT, its export."""
+    """A directory with the guide's first commands run in it: a tiny SpanBERT, its export."""
     directory = tmp_path_factory.mktemp("readme_hf")
     (directory / "data").symlink_to(REPO / "data")
     (directory / "configs").symlink_to(REPO / "configs")
@@ -39,9 +41,9 @@ def commands(bash: str) -> list[list[str]]:
 
 def test_exports_load_with_their_heads(workdir, monkeypatch, capsys):
     monkeypatch.chdir(workdir)
-    (code,) = readme_section("Exports that transformers loads with their heads")
+    (code,) = doc_section(PAGE, "Exports that transformers loads with their heads")
     namespace = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, PAGE, "exec"), namespace)
     assert type(namespace["model"]).__name__ == "BertForMaskedLM"
     assert capsys.readouterr().out.startswith("[")  # the fill-mask guesses
 
@@ -67,7 +69,7 @@ def test_continued_pretraining_from_a_stock_checkpoint(workdir, monkeypatch, cap
     ).save_pretrained(str(checkpoint))
     tokenizer.save_pretrained(str(checkpoint))
     monkeypatch.setenv("CHECKPOINT", str(checkpoint))
-    (bash,) = readme_section("Continued pretraining from a Hugging Face checkpoint", language="bash")
+    (bash,) = doc_section(PAGE, "Continued pretraining from a Hugging Face checkpoint", language="bash")
     (command,) = commands(bash)
     assert command[:2] == ["spanlm", "pretrain"]
     assert main([*command[1:], *TINY_RUN]) == 0
@@ -83,9 +85,9 @@ def test_maskers_in_the_trainer(workdir, monkeypatch):
     from spanlm.pretrain.recipe import load_recipe
 
     monkeypatch.chdir(workdir)
-    (code,) = readme_section("spanlm's maskers in your own `Trainer`")
+    (code,) = doc_section(PAGE, "spanlm's maskers in your own `Trainer`")
     namespace = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, PAGE, "exec"), namespace)
     export = workdir / "runs/hf-trainer/export"
     assert {"model.safetensors", "heads.safetensors", "config.json"} <= {p.name for p in export.iterdir()}
     # spanlm continues the Trainer's model with both of its heads.

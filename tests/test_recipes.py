@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import REPO, readme_section
+from helpers import REPO, doc_section
 from spanlm.cli import main
 from spanlm.errors import InputError
 from spanlm.recipes import shipped_root, with_embedded_data_paths
@@ -132,7 +132,7 @@ def test_a_data_path_yaml_would_misread_is_refused(tmp_path, directory):
         with_embedded_data_paths("data:\n  inputs: [data/corpus/alice.txt]\n", root)
 
 
-# The README's commands, made small: the same tokenizer for both (so pretrain reuses the prepared corpus).
+# docs/recipes.md's commands, made small: the same tokenizer for both (so pretrain reuses the prepared corpus).
 TINY = {
     "prepare": ["tokenizer.vocab_size=500"],
     "pretrain": [
@@ -188,7 +188,7 @@ def wheel(tmp_path_factory) -> Path:
     return wheel
 
 
-def test_an_installed_wheel_runs_the_readme_commands_from_anywhere(wheel, tmp_path):
+def test_an_installed_wheel_runs_the_documented_commands_from_anywhere(wheel, tmp_path):
     site, work = tmp_path / "site", tmp_path / "work"
     work.mkdir()
     # -S: the venv's .pth files are not read, so the editable install's path to this checkout's src/ is not
@@ -212,14 +212,14 @@ def test_an_installed_wheel_runs_the_readme_commands_from_anywhere(wheel, tmp_pa
     assert "No module named 'spanlm'" in without_site.stderr  # nothing of the checkout is importable
 
     ran = []
-    for line in readme_section("Recipes from an installed package", language="bash")[0].splitlines():
+    for line in doc_section("docs/recipes.md", "Recipes from an installed package", language="bash")[0].splitlines():
         words = shlex.split(line, comments=True)
         if words == ["pip", "install", "spanlm"]:
             command = [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(site), str(wheel)]
         elif words[:1] == ["spanlm"]:
             command = [*python, "-m", "spanlm", *words[1:], *TINY.get(words[1], [])]
         else:
-            raise AssertionError(f"README: a command this test cannot run: {line}")
+            raise AssertionError(f"docs/recipes.md: a command this test cannot run: {line}")
         result = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, f"{line}\n{result.stderr[-3000:]}"
         ran.append((words[:2], result))

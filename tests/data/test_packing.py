@@ -89,12 +89,12 @@ def test_packed_targets_point_at_the_same_tokens(embedded_prepared, scheme):
         assert batch["cu_seq_lens"].dtype == torch.int32 and type(batch["max_seq_len"]) is int
 
 
-def test_the_readme_packing_example_runs(embedded_prepared, capsys):
-    from helpers import readme_section
+def test_the_documented_packing_example_runs(embedded_prepared, capsys):
+    from helpers import doc_section
 
-    (code,) = readme_section("Packed batches")
+    (code,) = doc_section("docs/pretrain.md", "Packed batches")
     code = code.replace('"runs/prepared/english-wordpiece-8000"', repr(str(embedded_prepared)))
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, "docs/pretrain.md", "exec"), {})
     padded, starts = capsys.readouterr().out.splitlines()
     assert padded.startswith("padded (16, ") and "packed (1, " in padded
     starts = json.loads(starts)

@@ -113,14 +113,18 @@ def test_bad_shard_arguments_are_one_line_errors(sharded, tmp_path, capsys, shar
     assert not (tmp_path / "out").exists()
 
 
-def test_the_readme_job_array_commands(tmp_path, monkeypatch):
+def test_the_documented_job_array_commands(tmp_path, monkeypatch):
     import gzip
     import shlex
 
-    from helpers import REPO, readme_section
+    from helpers import REPO, doc_section
     from spanlm.pretrain.recipe import load_recipe
 
-    lines = "\n".join(readme_section("Corpora in shards (a job array)", "bash")).replace("\\\n", " ").splitlines()
+    lines = (
+        "\n".join(doc_section("docs/prepare.md", "Corpora in shards (a job array)", "bash"))
+        .replace("\\\n", " ")
+        .splitlines()
+    )
     commands = [shlex.split(line) for line in lines if line.startswith("spanlm ")]
     assert [command[1] for command in commands] == ["prepare", "prepare", "pretrain"]
     monkeypatch.chdir(tmp_path)

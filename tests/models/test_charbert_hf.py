@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import EMBEDDED_INPUTS, REPO, readme_section, tiny_backbone
+from helpers import EMBEDDED_INPUTS, REPO, doc_section, tiny_backbone
 from spanlm.data.chars import build_char_vocab
 from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import InputError
@@ -27,9 +27,9 @@ from spanlm.pretrain.recipe import load_recipe
 
 UNK_TEXTS = ["Holmes smiled \u2603 at Watson."]  # the snowman is no piece of the tiny vocabulary: [UNK]
 
-# Run after the README's snippet, in the same interpreter: where the class came from, no spanlm module
+# Run after docs/huggingface.md's snippet, in the same interpreter: where the class came from, no spanlm module
 # loaded, the [UNK] path of the char inputs, and save_pretrained; the outputs go back to the test.
-AFTER_README = """
+AFTER_SNIPPET = """
 import sys
 
 import torch
@@ -133,10 +133,10 @@ def workdir(embedded_prepared, tmp_path_factory) -> Path:
     return root
 
 
-def test_readme_snippet_runs_both_channels_without_spanlm_as_spanlm_does(workdir):
+def test_documented_snippet_runs_both_channels_without_spanlm_as_spanlm_does(workdir):
     export = workdir / "runs/export/charbert"
-    (snippet,) = readme_section("CharBERT in transformers")
-    printed = run_without_spanlm(snippet + AFTER_README.format(unk_texts=UNK_TEXTS), workdir)
+    (snippet,) = doc_section("docs/huggingface.md", "CharBERT in transformers")
+    printed = run_without_spanlm(snippet + AFTER_SNIPPET.format(unk_texts=UNK_TEXTS), workdir)
     assert "torch.Size([2, " in printed and ", 64])" in printed and ", 32]) torch.Size([2, " in printed
     hf = torch.load(workdir / "outputs.pt")
 

@@ -260,7 +260,7 @@ def test_pretrain_export_and_load_as_a_fine_tuning_encoder(corpus, tmp_path):
 
 
 def test_the_results_nlm_baseline_script_runs_on_a_charbert_recipe(corpus, tmp_path):
-    """docs/results/nlm_baseline.py (RESULTS.md's most-frequent-word line for CharBERT) still runs."""
+    """examples/nlm_baseline.py (RESULTS.md's most-frequent-word line for CharBERT) still runs."""
     import subprocess
     import sys
 
@@ -268,7 +268,7 @@ def test_the_results_nlm_baseline_script_runs_on_a_charbert_recipe(corpus, tmp_p
 
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(recipe_dict(corpus.directory)), encoding="utf-8")
-    script = REPO / "docs" / "results" / "nlm_baseline.py"
+    script = REPO / "examples" / "nlm_baseline.py"
     result = subprocess.run([sys.executable, str(script), str(config)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     words = result.stdout.split()

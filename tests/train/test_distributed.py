@@ -148,7 +148,7 @@ def two_nodes(recipe_path: Path, *extra: str) -> None:
 
 @pytest.mark.slow
 def test_two_nodes_train_and_resume_exactly(prepared, tmp_path):
-    """The README's multi-node launch, rehearsed on one machine: two launchers of one process each."""
+    """docs/distributed.md's multi-node launch, rehearsed on one machine: two launchers of one process each."""
 
     def recipe(name: str) -> Path:
         path = tmp_path / f"{name}.yaml"

@@ -1,5 +1,5 @@
 """Run logging: time fields in metrics.jsonl, `logging.report_to` trackers (TensorBoard, W&B offline,
-MLflow on a local SQLite store) against the real libraries, resume, failures, and the README's Loggers
+MLflow on a local SQLite store) against the real libraries, resume, failures, and docs/pretrain.md's Loggers
 commands."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO, TINY_RUN, readme_section
+from helpers import REPO, TINY_RUN, doc_section
 from spanlm.cli import main
 from spanlm.config import load_config, save_config
 from spanlm.errors import ConfigError, SpanlmError
@@ -281,14 +281,14 @@ def test_a_tracker_failing_mid_run_is_switched_off_and_metrics_jsonl_goes_on(pre
     assert by_kind(tmp_path / "run", "train") == {1: 2.0, 2: 1.5, 3: 1.0, 4: 0.5}
 
 
-# -- README --------------------------------------------------------------------------------------------
+# -- docs -------------------------------------------------------------------------------------------------
 
 
-def test_readme_loggers_commands_run(tmp_path, monkeypatch):
+def test_documented_loggers_commands_run(tmp_path, monkeypatch):
     """Each line of the Loggers section's bash block runs as written (tiny), in a directory like a checkout."""
     from mlflow import MlflowClient
 
-    (block,) = readme_section("Loggers", language="bash")
+    (block,) = doc_section("docs/pretrain.md", "Loggers", language="bash")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").symlink_to(REPO / "data")
     (tmp_path / "configs").symlink_to(REPO / "configs")

@@ -2,9 +2,9 @@
 the demo's four GermEval 2014 NER arms (pretrained / random init × fine-tuned / frozen) per seed; with
 ``--task qa``, each objective pretrained on Chinese text instead, then CMRC 2018 extractive QA per seed.
 
-    python docs/results/objectives_study.py --out runs/objectives-study --seeds 0 1 2
-    python docs/results/objectives_study.py --out /tmp/study --quick     # a few steps per stage, two objectives
-    python docs/results/objectives_study.py --task qa --out runs/objectives-study-qa --seeds 0 1 2
+    python examples/objectives_study.py --out runs/objectives-study --seeds 0 1 2
+    python examples/objectives_study.py --out /tmp/study --quick     # a few steps per stage, two objectives
+    python examples/objectives_study.py --task qa --out runs/objectives-study-qa --seeds 0 1 2
 
 Everything runs through the ``spanlm`` CLI (prepare, pretrain, export, ner train, qa train) as a user would;
 this script only chooses the settings, those of ``spanlm demo`` (:class:`spanlm.demo.DemoPlan`): the text of
