@@ -7,7 +7,8 @@ train, as the recipe's ``train.accel`` says:
 * ``auto`` — the backend of the device. On CPU that is spanlm's CPU path: compiled kernels
   (:mod:`spanlm.accel.native`), dropout drawn four decisions per random word
   (:mod:`spanlm.accel.dropout`), BERT-family self-attention as one autograd function
-  (:mod:`spanlm.accel.attention`), the vocabulary cross-entropy fused with its projection
+  (:mod:`spanlm.accel.attention`), ModernBERT's and EuroBERT's rotary embeddings as one autograd function
+  (:mod:`spanlm.accel.rotary`), the vocabulary cross-entropy fused with its projection
   (:mod:`spanlm.accel.cross_entropy`) handing its weight gradient to the tied embedding
   (:mod:`spanlm.accel.tied_embedding`), freed host memory kept mapped (:mod:`spanlm.accel.host_memory`)
   and the clipping norm in one kernel call. Other devices get nothing: their plain PyTorch path
@@ -67,12 +68,14 @@ def apply(model: nn.Module, device: torch.device, mode: Accel = "auto", packed: 
     from spanlm.accel.cross_entropy import FusedCrossEntropies
     from spanlm.accel.dropout import use_fast_dropout
     from spanlm.accel.host_memory import retain_freed_memory
+    from spanlm.accel.rotary import use_fused_rotary
     from spanlm.accel.tied_embedding import tie_gradients
     from spanlm.heads.mlm import TiedDecoder
 
     retain_freed_memory()
     use_fast_dropout(model)
     use_fused_self_attention(model)
+    use_fused_rotary(model)
     for module in model.modules():
         if isinstance(module, TiedDecoder):
             tie_gradients(module.embedding)  # its lookup takes the decoder's weight gradient over
