@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from spanlm.cli import main
-from spanlm.demo import EXAMPLES, FILL_MASK, QUICK, DemoPlan, ner_run_dir, run_demo
+from spanlm.demo import EXAMPLES, F1_KEYS, FILL_MASK, QUICK, DemoPlan, ner_run_dir, run_demo
 from spanlm.train.metrics import read_metrics
 
 
@@ -202,3 +202,23 @@ def test_seeds_are_aggregated_for_every_arm(tmp_path):
     assert summary["ner_f1_gap"]["mean"] == 1.5 and summary["ner_f1_frozen_gap"]["mean"] == 8.5
     table = seeds_table(summary)
     assert "frozen: F1 pretrained" in table and "+8.50 ± 0.71" in table and "2 (interrupted)" in table
+
+
+@pytest.mark.slow
+def test_the_demo_pretrains_the_encoder_of_another_shipped_recipe(tmp_path, capsys):
+    out = tmp_path / "demo"
+    argv = ["demo", "--quick", "--out", str(out), "--pretrain-recipe", "pretrain/modernbert_spanbert"]
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert summary["plan"]["pretrain_recipe"] == "pretrain/modernbert_spanbert"
+    assert json.loads((out / "encoder" / "config.json").read_text())["model_type"] == "modernbert"
+    assert all(math.isfinite(summary[key]) for key in F1_KEYS)
+    assert all(stage["complete"] for stage in summary["stages"].values())
+
+
+def test_a_demo_recipe_must_be_a_shipped_pretraining_recipe(tmp_path, capsys):
+    for name, reason in (("ner/germeval2014", "not a pretraining recipe"), ("pretrain/nope", "no recipe named")):
+        assert main(["demo", "--quick", "--out", str(tmp_path / "d"), "--pretrain-recipe", name]) == 2
+        err = capsys.readouterr().err
+        assert reason in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "d").exists()

@@ -91,7 +91,9 @@ def _preview(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from spanlm.demo import F1_KEYS, run_demo
 
-    summary = run_demo(args.out, quick=args.quick, seeds=tuple(args.seeds), log=log)
+    summary = run_demo(
+        args.out, quick=args.quick, seeds=tuple(args.seeds), log=log, pretrain_recipe=args.pretrain_recipe
+    )
     print(
         json.dumps(
             {
@@ -228,6 +230,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=[0],
         metavar="SEED",
         help="run the comparison once per seed (in OUT/seed-N) and report mean and spread (default: 0)",
+    )
+    demo.add_argument(
+        "--pretrain-recipe",
+        default=None,
+        metavar="NAME",
+        help="the shipped pretraining recipe whose encoder the demo pretrains (`spanlm recipes list`; default "
+        "pretrain/spanbert, e.g. pretrain/modernbert_spanbert); the demo sets its text and budget",
     )
     demo.set_defaults(run=_demo)
 

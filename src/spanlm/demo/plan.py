@@ -35,6 +35,9 @@ EMBEDDED_LABELLED = 3000  # labelled sentences in NER_DATA/train.conll
 
 @dataclasses.dataclass
 class DemoPlan:
+    # The shipped pretraining recipe (`spanlm recipes list`): the encoder's family, size and objective; the
+    # demo sets its text, budget and evaluations (pretrain_overrides).
+    pretrain_recipe: str = "pretrain/spanbert"
     pretrain_steps: int = 1500
     pretrain_eval_every: int = 250
     # The first this many of the embedded training sentences keep their labels for NER; all 24,000 are

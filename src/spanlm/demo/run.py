@@ -25,7 +25,7 @@ from spanlm.demo.plan import (
     ner_settings,
     pretrain_overrides,
 )
-from spanlm.recipes import shipped_root
+from spanlm.recipes import find_recipe, shipped_root
 
 
 def run_demo(
@@ -34,16 +34,23 @@ def run_demo(
     seeds: tuple[int, ...] = (0,),
     log=print,
     plan: DemoPlan | None = None,
+    pretrain_recipe: str | None = None,
 ) -> dict:
     """Run the comparison for each seed; returns the summary (also in ``out/summary.json``).
 
     One seed writes everything into ``out``; several write ``out/seed-N/`` each and, in ``out``, the
-    per-seed table with the mean and spread. ``plan`` replaces the budgets of ``quick``.
+    per-seed table with the mean and spread. ``plan`` replaces the budgets of ``quick``; ``pretrain_recipe``
+    (a shipped ``pretrain/…`` recipe) the encoder pretrained, a tiny SpanBERT BERT by default.
     """
     from spanlm.errors import ConfigError
     from spanlm.train.loop import StopSignal
 
     plan = plan or (QUICK if quick else DemoPlan())
+    if pretrain_recipe is not None:
+        plan = dataclasses.replace(plan, pretrain_recipe=pretrain_recipe)
+    recipe = find_recipe(plan.pretrain_recipe)
+    if not recipe.name.startswith("pretrain/"):
+        raise ConfigError(f"--pretrain-recipe {plan.pretrain_recipe}: not a pretraining recipe (pretrain/…)")
     out = Path(out)
     seeds = tuple(seeds)
     if not seeds or len(set(seeds)) < len(seeds):
@@ -86,9 +93,12 @@ def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
     task_text = _unlabelled_text(base.data, out / "task_text" / "train_sentences.txt")
     stages, wall = {}, {}
 
-    log(f"[1/3] seed {seed}: pretraining a tiny SpanBERT encoder ({plan.pretrain_steps} steps) → {out / 'pretrain'}")
+    log(
+        f"[1/3] seed {seed}: pretraining a tiny encoder with {plan.pretrain_recipe} ({plan.pretrain_steps} steps) "
+        f"→ {out / 'pretrain'}"
+    )
     pretrain_recipe = load_recipe(
-        root / "configs/pretrain/spanbert.yaml",
+        find_recipe(plan.pretrain_recipe).path,
         [
             *pretrain_overrides(
                 plan, seed, [data / "unlabelled.txt.gz", task_text], out / "prepared", out / "pretrain"
