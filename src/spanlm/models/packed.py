@@ -248,12 +248,15 @@ def repadded_states(
         attention_mask=one_segment_per_row(attention_mask.long(), 0),
         **extra,
     ).last_hidden_state  # (S, length, H)
-    return hidden.flatten(0, 1).index_select(0, padded).view(*input_ids.shape, -1)
+    return hidden.flatten(0, 1)[padded].view(*input_ids.shape, -1)  # indexing: see unpack_rows
 
 
 def unpack_rows(hidden: Tensor, unpack_index: Tensor) -> Tensor:
-    """Packed states (R, W, H) → one window per row (B, L, H), by the batch's ``unpack_index`` (B, L)."""
-    return hidden.flatten(0, 1).index_select(0, unpack_index.flatten()).view(*unpack_index.shape, hidden.shape[-1])
+    """Packed states (R, W, H) → one window per row (B, L, H), by the batch's ``unpack_index`` (B, L).
+
+    Indexing, not ``index_select``: its backward accumulates the rows' gradients with one ``index_put_``, where
+    ``index_select``'s goes through ``index_add_``, which the CPU runs a row at a time."""
+    return hidden.flatten(0, 1)[unpack_index.flatten()].view(*unpack_index.shape, hidden.shape[-1])
 
 
 def resolve_packing(setting: bool | str, objective: torch.nn.Module, packs_by_default: bool) -> bool:

@@ -38,5 +38,8 @@ def encode(backbone, batch: dict[str, torch.Tensor], input_ids: torch.Tensor | N
 
 
 def gather_rows(hidden: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
-    """Rows of ``hidden`` (B, L, H) at flat positions b·L + t → (N, H)."""
-    return hidden.flatten(0, 1).index_select(0, flat_index)
+    """Rows of ``hidden`` (B, L, H) at flat positions b·L + t → (N, H).
+
+    Indexing, not ``index_select``: its backward accumulates the rows' gradients with one ``index_put_``, where
+    ``index_select``'s goes through ``index_add_``, which the CPU runs a row at a time."""
+    return hidden.flatten(0, 1)[flat_index]
