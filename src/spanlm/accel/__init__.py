@@ -8,11 +8,11 @@ train, as the recipe's ``train.accel`` says:
   (:mod:`spanlm.accel.native`), dropout drawn four decisions per random word
   (:mod:`spanlm.accel.dropout`), BERT-family self-attention as one autograd function
   (:mod:`spanlm.accel.attention`), ModernBERT's and EuroBERT's rotary embeddings as one autograd function
-  (:mod:`spanlm.accel.rotary`), the vocabulary cross-entropy fused with its projection
-  (:mod:`spanlm.accel.cross_entropy`) handing its weight gradient to the tied embedding
-  (:mod:`spanlm.accel.tied_embedding`), freed host memory kept mapped (:mod:`spanlm.accel.host_memory`)
-  and the clipping norm in one kernel call. Other devices get nothing: their plain PyTorch path
-  (SDPA's fused kernels, fused AdamW, ``torch.compile``) is what runs fast there.
+  (:mod:`spanlm.accel.rotary`) and ModernBERT's GeGLU gate (:mod:`spanlm.accel.glu`), the vocabulary
+  cross-entropy fused with its projection (:mod:`spanlm.accel.cross_entropy`) handing its weight gradient
+  to the tied embedding (:mod:`spanlm.accel.tied_embedding`), freed host memory kept mapped
+  (:mod:`spanlm.accel.host_memory`) and the clipping norm in one kernel call. Other devices get nothing:
+  their plain PyTorch path (SDPA's fused kernels, fused AdamW, ``torch.compile``) is what runs fast there.
 * under either mode, a packed run's attention is the device's path over the stream (:mod:`spanlm.accel.varlen`:
   per-segment SDPA on the CPU, FlashAttention's varlen kernel on CUDA), and whether ``data.packing: auto``
   packs is this package's decision (:func:`packs_by_default`).
@@ -67,6 +67,7 @@ def apply(model: nn.Module, device: torch.device, mode: Accel = "auto", packed: 
     from spanlm.accel.attention import use_fused_self_attention
     from spanlm.accel.cross_entropy import FusedCrossEntropies
     from spanlm.accel.dropout import use_fast_dropout
+    from spanlm.accel.glu import use_fused_geglu
     from spanlm.accel.host_memory import retain_freed_memory
     from spanlm.accel.rotary import use_fused_rotary
     from spanlm.accel.tied_embedding import tie_gradients
@@ -76,6 +77,7 @@ def apply(model: nn.Module, device: torch.device, mode: Accel = "auto", packed: 
     use_fast_dropout(model)
     use_fused_self_attention(model)
     use_fused_rotary(model)
+    use_fused_geglu(model)
     for module in model.modules():
         if isinstance(module, TiedDecoder):
             tie_gradients(module.embedding)  # its lookup takes the decoder's weight gradient over
