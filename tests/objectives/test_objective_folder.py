@@ -15,6 +15,7 @@ import yaml
 from safetensors.torch import load_file
 from torch import nn
 from toy_span.masker import ToySpanConfig
+from toy_span.objective import ToySpanObjectiveConfig
 
 from helpers import EMBEDDED_CORPUS
 from spanlm.cli import main
@@ -50,7 +51,7 @@ def recipe_data(prepared: Path, output_dir: Path, packing: bool = True, **train)
         "data": {"inputs": [str(TEXT)], "prepared_dir": str(prepared), "max_len": 32, "packing": packing},
         "tokenizer": {"vocab_size": 500},
         "masking": {"scheme": toy_span.NAME, toy_span.NAME: {"length": 2}},
-        "objective": {"name": toy_span.NAME},
+        "objective": {"name": toy_span.NAME, toy_span.NAME: {"boundary_weight": 0.5}},
         "train": {
             "output_dir": str(output_dir),
             "max_steps": 4,
@@ -74,7 +75,11 @@ def test_its_recipe_section_is_read_by_its_own_dataclass(prepared, tmp_path):
     assert recipe.masking.section() == ToySpanConfig(length=2)
     saved = to_dict(recipe)["masking"]
     assert saved[toy_span.NAME] == {"rate": 0.15, "length": 2} and "sections" not in saved
+    assert recipe.objective.section() == ToySpanObjectiveConfig(boundary_weight=0.5)
+    assert to_dict(recipe)["objective"][toy_span.NAME] == {"boundary_weight": 0.5}
     assert from_dict(Recipe, to_dict(recipe)) == recipe
+    with pytest.raises(ConfigError, match=r"^unknown config key 'objective.toy_span.weight' \(allowed: "):
+        from_dict(Recipe, {**data, "objective": {"name": toy_span.NAME, toy_span.NAME: {"weight": 1.0}}})
     data["masking"][toy_span.NAME] = {"lenght": 2}
     with pytest.raises(ConfigError, match=r"^unknown config key 'masking.toy_span.lenght' \(allowed: "):
         from_dict(Recipe, data)
@@ -101,8 +106,9 @@ def test_a_packed_batch_gives_the_padded_batch_losses(prepared, tmp_path):
     with torch.no_grad():
         padded_out = objective(masked.to_torch(objective.batch_fields))
         packed_out = objective(packed.to_torch(objective.batch_fields))
-    for key in ("mlm_loss", "boundary_loss"):
+    for key in ("loss", "mlm_loss", "boundary_loss"):
         torch.testing.assert_close(packed_out[key], padded_out[key])
+    torch.testing.assert_close(padded_out["loss"], padded_out["mlm_loss"] + 0.5 * padded_out["boundary_loss"])
 
 
 @pytest.mark.parametrize("packing", [True, False])
