@@ -137,7 +137,7 @@ def pack_masked(masked, pad_id: int, gap: int = 0):
         elif packing == END and len(positions):  # one past a block's last token: its last token's position + 1
             positions = layout.padded_to_packed(positions - 1, padded_width) + 1
         (extras if name in extras else changes)[name] = positions
-    return dataclasses.replace(masked, **changes, extras=extras)
+    return dataclasses.replace(masked, **changes, extras=extras, extra_packing=dict(masked.extra_packing))
 
 
 def pack_encoder_inputs(rows: dict[str, np.ndarray], pad_id: int, gap: int = 0) -> dict[str, np.ndarray | int]:
