@@ -47,7 +47,7 @@ def test_preview_prints_blocks_and_statistics(scheme, marks, keys, recipe_file, 
     )
     assert code == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert out[0].startswith("legend:")
+    assert out[0].startswith("legend:") and ("~y~{x} noised word" in out[0]) == (scheme == "noise")
     assert sum(line.startswith("[block ") for line in out) == 3
     shown = "\n".join(out[1:-1])
     assert all(mark in shown for mark in marks)

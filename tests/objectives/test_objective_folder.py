@@ -136,6 +136,7 @@ def test_it_previews(prepared, tmp_path, capsys):
     path.write_text(yaml.safe_dump(recipe_data(prepared, tmp_path / "run")), encoding="utf-8")
     assert main(["preview", str(path), "--n", "2", "--stats-blocks", "32", "--jsonl", str(tmp_path / "b.jsonl")]) == 0
     out = capsys.readouterr().out.strip().splitlines()
+    assert out[0].startswith("legend: [M:x]") and out[0].endswith(" · x| the boundary before a run")
     shown = "\n".join(out[1:-1])
     assert "[M:" in shown and "|" in shown  # targets, and the boundaries its masker marks
     stats = yaml.safe_load(out[-1])

@@ -80,6 +80,8 @@ class ToySpanMasker:
         blocks = sum(m.batch_size for _, m in pairs)
         return {"boundaries_per_block": round(counters["runs"] / max(blocks, 1), 3)}
 
+    legend = "x| the boundary before a run"
+
     @staticmethod
     def mark(shown: list[str], masked: MaskedBatch, row: int, low: int, length: int, terms) -> None:
         """A boundary token shows as ``x|``."""

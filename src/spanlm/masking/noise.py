@@ -179,6 +179,8 @@ class NoiseMasker:
             "nlm_targets_per_block": round(sum(len(m.nlm_index) for _, m in pairs) / max(blocks, 1), 3),
         }
 
+    legend = "~y~{x} noised word, NLM target x"  # what mark shows, in spanlm preview's legend
+
     @staticmethod
     def mark(shown: list[str], masked: MaskedBatch, row: int, low: int, length: int, terms) -> None:
         """Mark the noised tokens of row ``row`` in ``shown`` (``~y~{x}``: noised word y, NLM target x)."""

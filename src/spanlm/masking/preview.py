@@ -19,9 +19,10 @@ from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import ConfigError, InputError
 from spanlm.masking.base import KIND_NAMES, MASK, RANDOM, SIMILAR, MaskedBatch, build_masker
 
+# What every target shows; a masker that marks more (its ``mark``) explains it in its ``legend``.
 LEGEND = (
     "legend: [M:x] x masked · [R:y<x] x replaced by random y · [K:x] x kept as target · "
-    "[S:y<x] x replaced by similar word y · ~y~{x} noised word, NLM target x"
+    "[S:y<x] x replaced by similar word y"
 )
 
 
@@ -113,7 +114,7 @@ def preview(
 
     tokenizer = corpus.tokenizer
     terms = getattr(masker, "terms", None)
-    print(LEGEND, file=out)
+    print(" · ".join([LEGEND, *([masker.legend] if hasattr(masker, "legend") else [])]), file=out)
     shown = 0
     for _, masked in pairs:
         if shown == n:
