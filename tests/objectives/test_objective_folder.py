@@ -200,3 +200,31 @@ def test_it_masks_for_transformers_trainer(tmp_path):
     trainer.train()
     logged = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert trainer.state.global_step == 3 and len(logged) == 3 and all(math.isfinite(loss) for loss in logged)
+
+
+def test_the_shared_data_path_names_no_scheme_array():
+    """Packing, the collator, preview and the loaders read a batch's declarations: none names a scheme's own array
+    (SpanBERT's SBO, CharBERT's NLM or char inputs) in its code (docstrings may describe them)."""
+    import ast
+
+    import spanlm
+
+    root = Path(spanlm.__file__).parent
+    for module in ("data/packing.py", "collators.py", "masking/preview.py", "masking/base.py", "pretrain/batches.py"):
+        tree = ast.parse((root / module).read_text(encoding="utf-8"))
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        names = [
+            node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else node.value
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Attribute, ast.Name))
+            or (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings)
+        ]
+        named = sorted({name for name in names if name.startswith(("sbo_", "nlm_", "char_", "sample_seed"))})
+        assert not named, f"{module} names {named}"
