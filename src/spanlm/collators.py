@@ -24,22 +24,15 @@ worker, the worker's id — so workers never repeat each other's masks and a run
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
 from spanlm.data.blocks import BlockBatch
-from spanlm.data.similar_words import SimilarWords
 from spanlm.data.words import jieba_word_index
 from spanlm.errors import ConfigError
-from spanlm.masking.base import MaskingConfig, Vocabulary
-from spanlm.masking.mlm import MlmMasker
-from spanlm.masking.ngram import NgramMasker
-from spanlm.masking.span import SpanMasker
-from spanlm.masking.wwm import WholeWordMasker
+from spanlm.masking.base import SCHEMES, MaskingConfig, Vocabulary
 
-Scheme = Literal["mlm", "wwm", "span", "ngram"]
 IGNORE_INDEX = -100  # transformers' label of a position without a target
 
 
@@ -94,7 +87,8 @@ class MaskingCollator:
 
     Args:
         tokenizer: the fast tokenizer the features were made with (vocabulary size, [MASK], padding).
-        scheme: ``mlm`` (BERT), ``wwm`` (whole words), ``span`` (SpanBERT + SBO), ``ngram`` (MacBERT).
+        scheme: ``mlm`` (BERT), ``wwm`` (whole words), ``span`` (SpanBERT + SBO), ``ngram`` (MacBERT), or any
+            registered scheme whose masker has ``for_collator`` (``spanlm.masking.base.register_scheme``).
         masking: the settings of every scheme (``spanlm.masking.base.MaskingConfig``; the scheme's
             section is used), e.g. ``MaskingConfig(span=SpanConfig(p=0.2, max_targets=15))``.
         seed: seeds the masks (with the DataLoader worker's id inside a worker).
@@ -108,17 +102,21 @@ class MaskingCollator:
     def __init__(
         self,
         tokenizer,
-        scheme: Scheme = "mlm",
+        scheme: str = "mlm",
         masking: MaskingConfig | None = None,
         seed: int = 0,
         token_counts: np.ndarray | None = None,
         similar_words=None,
         pad_to_multiple_of: int | None = None,
     ):
-        if scheme not in ("mlm", "wwm", "span", "ngram"):
-            raise ConfigError(f"scheme must be mlm, wwm, span or ngram, not {scheme!r}")
+        offered = [name for name, known in SCHEMES.items() if hasattr(known.masker_class(), "for_collator")]
+        if scheme not in offered:
+            raise ConfigError(
+                f"scheme must be {', '.join(offered[:-1])} or {offered[-1]} (a scheme that needs no prepared corpus), "
+                f"not {scheme!r}"
+            )
         masking = masking or MaskingConfig()
-        settings = getattr(masking, scheme)
+        settings = masking.section(scheme)
         if getattr(settings, "random_source", None) == "unigram" and token_counts is None:
             raise ConfigError(
                 f"masking.{scheme}.random_source is 'unigram' (random replacements follow the corpus "
@@ -136,7 +134,7 @@ class MaskingCollator:
             special_ids=tuple(int(i) for i in tokenizer.all_special_ids),
             token_counts=None if token_counts is None else np.asarray(token_counts, dtype=np.int64),
         )
-        self.masker = _build_masker(scheme, settings, vocabulary, similar_words)
+        self.masker = SCHEMES[scheme].masker_class().for_collator(settings, vocabulary, similar_words=similar_words)
         self._rng: np.random.Generator | None = None
         self._rng_worker: int | None = None
 
@@ -168,9 +166,8 @@ class MaskingCollator:
             out["token_type_ids"] = torch.from_numpy(
                 self._pad([f["token_type_ids"] for f in features], ids.shape[1], 0)
             )
-        if self.scheme == "span":
-            for name in ("sbo_left", "sbo_right", "sbo_relative", "sbo_labels"):
-                out[name] = torch.from_numpy(np.ascontiguousarray(getattr(masked, name)))
+        for name in getattr(self.masker, "collated", ()):  # the scheme's own inputs (SpanBERT's SBO targets)
+            out[name] = torch.from_numpy(np.ascontiguousarray(getattr(masked, name)))
         return out
 
     def block_batch(self, features: list[dict]) -> BlockBatch:
@@ -180,7 +177,7 @@ class MaskingCollator:
         if "input_ids" not in features[0]:
             raise ConfigError(f"every feature needs input_ids (got keys {sorted(features[0])})")
         has_words = "word_ids" in features[0]
-        if not has_words and self.scheme != "mlm":
+        if not has_words and getattr(self.masker, "reads_words", True):
             raise ConfigError(
                 f"scheme {self.scheme!r} masks whole words: every feature needs word_ids — tokenize with "
                 "spanlm.collators.tokenize_words(tokenizer), or add encoding.word_ids() to each feature"
@@ -213,20 +210,3 @@ class MaskingCollator:
             (x for r in rows for x in r), dtype=np.int64, count=int(lengths.sum())
         )
         return out
-
-
-def _build_masker(scheme: str, settings, vocabulary: Vocabulary, similar_words):
-
-    if scheme == "ngram":
-        if isinstance(similar_words, (str, Path)):
-            similar_words = SimilarWords.load(similar_words)
-        if similar_words is None:
-            if settings.proportions.similar > 0:
-                raise ConfigError(
-                    "MacBERT (scheme 'ngram') replaces words by similar words: pass similar_words= a "
-                    "`spanlm prepare` directory made with data.similar_words set, or set "
-                    "masking.ngram.proportions.similar to 0"
-                )
-            similar_words = SimilarWords([], [], [0], [], [])
-        return NgramMasker(settings, vocabulary, similar_words)
-    return {"mlm": MlmMasker, "wwm": WholeWordMasker, "span": SpanMasker}[scheme](settings, vocabulary)

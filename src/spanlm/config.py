@@ -9,6 +9,7 @@ to a default. This module knows no component: every layer may import it.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import types
 import typing
@@ -77,25 +78,46 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
 def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
     """Build dataclass ``cls`` from ``data``, rejecting unknown keys and wrong types.
 
-    A section whose keys changed reads older saved recipes through its ``from_older(data) -> data``.
+    A section whose keys changed reads older saved recipes through its ``from_older(data) -> data``. A section
+    that others extend (the masking schemes registered beyond the built-in ones) names their sections with
+    ``registered_sections() -> {key: dataclass}``: each is read by its own dataclass into the section's
+    ``sections`` dict.
     """
     if hasattr(cls, "from_older"):
         data = cls.from_older(data)
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = [k for k in data if k not in fields]
+    extensible = hasattr(cls, "registered_sections")
+    registered = cls.registered_sections() if extensible else {}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and not (extensible and f.name == "sections")}
+    unknown = [k for k in data if k not in fields and k not in registered]
     if unknown:
-        allowed = ", ".join(prefix + name for name in fields)
+        allowed = ", ".join(prefix + name for name in [*fields, *registered])
         raise ConfigError(f"unknown config key '{prefix}{unknown[0]}' (allowed: {allowed})")
-    kwargs = {name: _convert(value, hints[name], prefix + name) for name, value in data.items()}
+    kwargs = {name: _convert(value, hints[name], prefix + name) for name, value in data.items() if name in fields}
+    sections = {
+        name: _convert(value, registered[name], prefix + name) for name, value in data.items() if name in registered
+    }
+    if sections:
+        kwargs["sections"] = sections
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as error:  # __post_init__ validation or a missing required field
         raise ConfigError(f"config section '{prefix.rstrip('.') or cls.__name__}': {error}") from None
 
 
-def to_dict(config: Any) -> dict:
-    return dataclasses.asdict(config)
+def to_dict(config: Any) -> Any:
+    """``config`` as plain data (what :func:`from_dict` reads back): ``dataclasses.asdict``, with a section's
+    registered ``sections`` written beside its own keys."""
+    if dataclasses.is_dataclass(config):
+        data = {field.name: to_dict(getattr(config, field.name)) for field in dataclasses.fields(config)}
+        if hasattr(config, "registered_sections"):
+            data.update(data.pop("sections"))
+        return data
+    if isinstance(config, (list, tuple)):
+        return type(config)(to_dict(value) for value in config)
+    if isinstance(config, dict):
+        return {key: to_dict(value) for key, value in config.items()}
+    return copy.deepcopy(config)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

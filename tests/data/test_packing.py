@@ -11,7 +11,7 @@ import torch
 from spanlm.data.blocks import BlockDataset, collate_blocks
 from spanlm.data.packing import pack_encoder_inputs, pack_masked, stream_layout
 from spanlm.data.shards import PreparedCorpus
-from spanlm.masking.base import MaskingConfig, build_masker
+from spanlm.masking.base import FLAT, KEEP, MaskingConfig, build_masker
 from spanlm.models.modeling_charbert import segment_bounds
 
 
@@ -69,8 +69,15 @@ def test_packed_targets_point_at_the_same_tokens(embedded_prepared, scheme):
     masked = build_masker(MaskingConfig(scheme=scheme), corpus)(batch, np.random.default_rng(0))
     packed = pack_masked(masked, corpus.special_ids["pad"])
     ids, packed_ids = masked.input_ids.reshape(-1), packed.input_ids.reshape(-1)
-    for name in ("target_index", "sbo_index", "sbo_left", "sbo_right", "span_start"):
+    flat = [name for name, packing in masked.packing().items() if packing == FLAT]  # the scheme's own included
+    assert set(flat) == {"target_index", "span_start"} | (
+        {"sbo_index", "sbo_left", "sbo_right"} if scheme == "span" else set()
+    )
+    for name in flat:
         assert (packed_ids[getattr(packed, name)] == ids[getattr(masked, name)]).all(), name
+    for name, packing in masked.packing().items():
+        if packing == KEEP:  # labels and per-target values are copied
+            assert (getattr(packed, name) == getattr(masked, name)).all(), name
     assert (packed_ids[packed.span_end - 1] == ids[masked.span_end - 1]).all()
     assert (packed.target_labels == masked.target_labels).all()
     # every real token is moved once, in order within its block, and padding is the pad id

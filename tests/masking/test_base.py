@@ -172,3 +172,37 @@ def test_ngram_without_a_table_is_a_clear_error(tmp_path, english):
     (copy / "similar_words.npz").unlink()
     with pytest.raises(InputError, match="data.similar_words=word2vec"):
         build_masker(MaskingConfig(scheme="ngram"), PreparedCorpus(copy))
+
+
+def test_a_scheme_adds_its_own_arrays_with_how_each_packs(vocab, make_batch):
+    from spanlm.data.packing import pack_masked
+    from spanlm.masking.base import END, FLAT, KEEP, MlmConfig
+    from spanlm.masking.mlm import MlmMasker
+
+    masked = MlmMasker(MlmConfig(), vocab)(make_batch(np.random.default_rng(0), 4, 32), np.random.default_rng(1))
+    own = masked.target_index[::2]
+    masked.add(FLAT, own_index=own).add(KEEP, own_labels=masked.target_labels[::2]).add(END, own_end=own + 1)
+    assert masked.own_index is own and masked.array_names()[-3:] == ("own_index", "own_labels", "own_end")
+    assert masked.packing()["own_index"] == FLAT and masked.packing()["own_end"] == END
+    assert {"own_index", "own_labels", "own_end"} <= masked.to_torch().keys() <= {*masked.array_names(), "max_seq_len"}
+    assert masked.to_json_dict()["own_labels"] == masked.target_labels[::2].tolist()
+    packed = pack_masked(masked, pad_id=0)
+    assert packed.own_index.tolist() == packed.target_index[::2].tolist()  # remapped as the targets are
+    assert packed.own_end.tolist() == (packed.own_index + 1).tolist() and packed.own_labels is masked.own_labels
+    assert "own_index" not in MaskedBatch.ARRAYS and masked.extra_packing is not packed.extra_packing
+    with pytest.raises(ValueError, match="'target_index' is a common field"):
+        masked.add(FLAT, target_index=own)
+    with pytest.raises(ValueError, match="packing must be"):
+        masked.add("remap", other=own)
+    with pytest.raises(AttributeError, match="no array 'sbo_left'"):
+        masked.sbo_left  # noqa: B018 — an MLM batch has no SBO targets
+
+
+def test_a_registered_scheme_name_is_not_a_masking_key():
+    from spanlm.masking.base import MlmConfig, register_scheme
+    from spanlm.masking.mlm import MlmMasker
+
+    with pytest.raises(ValueError, match="'rate_schedule' is a key of the masking section"):
+        register_scheme("rate_schedule", MlmConfig, MlmMasker)
+    with pytest.raises(ValueError, match="'span' is already registered"):
+        register_scheme("span", MlmConfig, MlmMasker)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spanlm.data.blocks import BlockBatch
-from spanlm.masking.base import KEPT, MASK, RANDOM, SIMILAR, MaskedBatch, MaskingConfig, build_masker, make_rng
+from spanlm.masking.base import FLAT, KEPT, MASK, RANDOM, SIMILAR, MaskedBatch, MaskingConfig, build_masker, make_rng
 
 SCHEMES = ["mlm", "wwm", "span", "ngram", "noise"]
 
@@ -31,7 +31,8 @@ def english_batches(english):
 
 
 def assert_same(a: MaskedBatch, b: MaskedBatch) -> None:
-    for name in MaskedBatch.ARRAYS:
+    assert a.array_names() == b.array_names() and a.packing() == b.packing()
+    for name in a.array_names():
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
     assert a.counters == b.counters
 
@@ -105,7 +106,9 @@ def test_blocks_without_content_give_empty_targets(scheme, maskers, english):
         input_ids=ids, word_starts=attention.copy(), attention_mask=attention, special_mask=np.ones_like(attention)
     )
     masked = maskers[scheme](batch, np.random.default_rng(0))
-    assert len(masked.target_index) == len(masked.sbo_index) == len(masked.nlm_index) == 0
+    positions = [name for name, packing in masked.packing().items() if packing == FLAT]
+    assert {"target_index", "span_start"} <= set(positions)  # and each scheme's own: sbo_*, nlm_index
+    assert all(len(getattr(masked, name)) == 0 for name in positions)
     assert masked.to_torch()["target_labels"].shape == (0,)
 
 

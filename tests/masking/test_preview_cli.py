@@ -9,6 +9,7 @@ import yaml
 
 from helpers import REPO
 from spanlm.cli import main
+from spanlm.masking.base import MaskedBatch
 from spanlm.pretrain.recipe import load_recipe
 
 
@@ -46,7 +47,7 @@ def test_preview_prints_blocks_and_statistics(scheme, marks, keys, recipe_file, 
     )
     assert code == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert out[0].startswith("legend:")
+    assert out[0].startswith("legend:") and ("~y~{x} noised word" in out[0]) == (scheme == "noise")
     assert sum(line.startswith("[block ") for line in out) == 3
     shown = "\n".join(out[1:-1])
     assert all(mark in shown for mark in marks)
@@ -56,15 +57,19 @@ def test_preview_prints_blocks_and_statistics(scheme, marks, keys, recipe_file, 
     expected_rate = 0.10 if scheme == "noise" else 0.15
     assert stats["mask_ratio"] == pytest.approx(expected_rate, abs=0.02)
     assert sum(stats["replacement"].values()) == pytest.approx(1.0, abs=1e-3)
-    assert (stats["sbo_targets_per_block"] > 0) == (scheme == "span")
+    # A scheme's own statistics come from its masker: SBO targets are SpanBERT's alone.
+    assert ("sbo_targets_per_block" in stats) == (scheme == "span")
+    assert scheme != "span" or stats["sbo_targets_per_block"] > 0
     for key in keys:
         assert key in stats
     batches = [json.loads(line) for line in jsonl.read_text(encoding="utf-8").splitlines()]
     assert len(batches) == 2  # 64 blocks in batches of 32
     assert sum(len(b["input_ids"]) for b in batches) == 64
-    assert {"input_ids", "target_index", "target_labels", "target_kind", "sbo_left", "nlm_labels", "counters"} <= set(
-        batches[0]
-    )
+    own = {
+        "span": {"sbo_index", "sbo_left", "sbo_right", "sbo_relative", "sbo_labels"},
+        "noise": {"nlm_index", "nlm_labels"},
+    }
+    assert set(batches[0]) == {*MaskedBatch.ARRAYS, "max_seq_len", "counters", *own.get(scheme, ())}
 
 
 def test_preview_is_reproducible(recipe_file, capsys):

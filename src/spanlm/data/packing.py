@@ -31,11 +31,11 @@ import dataclasses
 
 import numpy as np
 
-# Fields of a MaskedBatch (and its subclasses) holding flat positions into the (B, L) layout.
-FLAT_POSITIONS = ("target_index", "sbo_index", "sbo_left", "sbo_right", "nlm_index", "span_start")
-EXCLUSIVE_END_POSITIONS = ("span_end",)
-# Per-block inputs that stay in the block layout (the model maps them with source_index).
-BLOCK_LAYOUT_FIELDS = ("char_ids", "char_lengths", "char_first", "char_last")
+# How a masked batch's array packs (the batch says which of its arrays is which: MaskedBatch.packing): flat
+# positions into the (B, L) layout are remapped, exclusive ends too, the rest is copied (labels, and per-block
+# inputs that stay in the block layout for the model to map with source_index). The names are the masking
+# layer's (spanlm.masking.base), which this layer sits below.
+FLAT, END = "flat", "end"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +118,7 @@ def pack_masked(masked, pad_id: int, gap: int = 0):
 
     Returns a copy of the same dataclass with ``input_ids`` / ``attention_mask`` (1, T), the packed
     ``position_ids``, ``cu_seq_lens``, ``max_seq_len`` and ``source_index``, and every flat position remapped
-    (target order unchanged).
+    (target order unchanged): the arrays ``masked.packing()`` calls flat or end, the scheme's own included.
     """
     batch_size, padded_width = masked.input_ids.shape
     layout = stream_layout(masked.attention_mask.sum(axis=1), gap)
@@ -129,12 +129,15 @@ def pack_masked(masked, pad_id: int, gap: int = 0):
         **stream_bounds(layout),
         "source_index": layout.source_index(padded_width),
     }
-    for name in FLAT_POSITIONS:
-        changes[name] = layout.padded_to_packed(getattr(masked, name), padded_width)
-    for name in EXCLUSIVE_END_POSITIONS:  # one past a block's last token: its last token's position + 1
-        end = getattr(masked, name)
-        changes[name] = layout.padded_to_packed(end - 1, padded_width) + 1 if len(end) else end
-    return dataclasses.replace(masked, **changes)
+    extras = dict(masked.extras)
+    for name, packing in masked.packing().items():
+        positions = getattr(masked, name)
+        if packing == FLAT:
+            positions = layout.padded_to_packed(positions, padded_width)
+        elif packing == END and len(positions):  # one past a block's last token: its last token's position + 1
+            positions = layout.padded_to_packed(positions - 1, padded_width) + 1
+        (extras if name in extras else changes)[name] = positions
+    return dataclasses.replace(masked, **changes, extras=extras, extra_packing=dict(masked.extra_packing))
 
 
 def pack_encoder_inputs(rows: dict[str, np.ndarray], pad_id: int, gap: int = 0) -> dict[str, np.ndarray | int]:

@@ -22,6 +22,11 @@ span       :class:`SpanConfig`          geometric word spans, SBO targets (SpanB
 ngram      :class:`NgramConfig`         1–4-gram words, similar-word correction (MacBERT)
 noise      :class:`NoiseConfig`         character noise + NLM + whole-word MLM (CharBERT)
 =========  ===========================  =====================================================
+
+These five are built in; a scheme defined elsewhere joins them with :func:`register_scheme` (its name, its
+``masking.<name>`` section and its masker), and the recipe, the loaders, packing, ``spanlm preview`` and the
+collators take it from there: a masker states its own batch arrays (:meth:`MaskedBatch.add`, with how each is
+packed) and, optionally, its preview statistics and how a collator builds it.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -250,43 +255,69 @@ class RateSchedule:
 
 @dataclasses.dataclass
 class MaskingConfig:
-    """Which masker a run uses (``scheme``) and every scheme's settings."""
+    """Which masker a run uses (``scheme``, a registered one) and every scheme's settings.
 
-    scheme: Literal["mlm", "wwm", "span", "ngram", "noise"] = "mlm"
+    The built-in schemes' sections are fields; a scheme registered elsewhere (:func:`register_scheme`) has its
+    section read by its own dataclass into ``sections`` (a recipe writes it as ``masking.<name>`` all the same).
+    """
+
+    scheme: str = "mlm"
     rate_schedule: RateSchedule = dataclasses.field(default_factory=RateSchedule)
     mlm: MlmConfig = dataclasses.field(default_factory=MlmConfig)
     wwm: WholeWordConfig = dataclasses.field(default_factory=WholeWordConfig)
     span: SpanConfig = dataclasses.field(default_factory=SpanConfig)
     ngram: NgramConfig = dataclasses.field(default_factory=NgramConfig)
     noise: NoiseConfig = dataclasses.field(default_factory=NoiseConfig)
+    sections: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.scheme not in SCHEMES:
+            known = " | ".join(repr(name) for name in SCHEMES)
+            raise ValueError(f"masking.scheme must be one of {known}, got {self.scheme!r}")
+        registered = self.registered_sections()
+        if self.scheme in registered and self.scheme not in self.sections:
+            self.sections[self.scheme] = registered[self.scheme]()  # a recipe states only differences
+
+    @staticmethod
+    def registered_sections() -> dict[str, type]:
+        """The sections of the schemes registered beyond the built-in ones (``spanlm.config.from_dict`` reads
+        them into ``sections``; ``to_dict`` writes them back beside the others)."""
+        builtin = {field.name for field in dataclasses.fields(MaskingConfig)}
+        return {name: scheme.config for name, scheme in SCHEMES.items() if name not in builtin}
+
+    def section(self, scheme: str | None = None):
+        """The settings of ``scheme`` (the run's own when None)."""
+        scheme = scheme or self.scheme
+        registered = self.registered_sections()
+        if scheme in registered:
+            return self.sections[scheme] if scheme in self.sections else registered[scheme]()
+        return getattr(self, scheme)
 
 
 def _empty(dtype=np.int64) -> np.ndarray:
     return np.zeros(0, dtype=dtype)
 
 
+# How an array of a masked batch is packed (spanlm.data.packing.pack_masked): FLAT positions b·L + t into the
+# (B, L) layout are moved to their place in the stream; END positions (one past a range's last token) likewise;
+# KEEP arrays (labels, per-target values, per-block inputs the model maps with source_index) are copied.
+FLAT, END, KEEP = "flat", "end", "keep"
+
+
 @dataclasses.dataclass
 class MaskedBatch:
     """One corrupted batch and everything the objective's heads predict.
 
-    All ``*_index``, ``sbo_left`` and ``sbo_right`` are flat positions into the B×L ``input_ids``.
+    The fields are what every scheme has; a scheme's own arrays (SpanBERT's SBO targets, CharBERT's NLM labels,
+    a wrapper's sampling seed) are added by name with how each packs (:meth:`add`) and read as attributes all
+    the same (``masked.sbo_left``).
     """
 
     input_ids: np.ndarray  # (B, L) int64: the corrupted input
     attention_mask: np.ndarray  # (B, L) bool: real tokens
-    target_index: np.ndarray  # (N,) int64, ascending: positions the MLM head predicts
+    target_index: np.ndarray  # (N,) int64, ascending: flat positions the MLM head predicts
     target_labels: np.ndarray  # (N,) int64: their original ids
     target_kind: np.ndarray  # (N,) int8: MASK / RANDOM / KEPT / SIMILAR
-    # SpanBERT span-boundary objective: target sbo_index[i] of a span [s, e] is predicted from the
-    # boundary tokens sbo_left[i], sbo_right[i] and its 0-based position sbo_relative[i] in the span.
-    sbo_index: np.ndarray = dataclasses.field(default_factory=_empty)  # (M,)
-    sbo_left: np.ndarray = dataclasses.field(default_factory=_empty)  # (M,)
-    sbo_right: np.ndarray = dataclasses.field(default_factory=_empty)  # (M,)
-    sbo_relative: np.ndarray = dataclasses.field(default_factory=_empty)  # (M,)
-    sbo_labels: np.ndarray = dataclasses.field(default_factory=_empty)  # (M,)
-    # CharBERT noisy LM: every token of a noised word, labelled with the original word's term id.
-    nlm_index: np.ndarray = dataclasses.field(default_factory=_empty)  # (K,)
-    nlm_labels: np.ndarray = dataclasses.field(default_factory=_empty)  # (K,)
     # The masking units as sampled, before any merging: a word (wwm, noise), a SpanBERT span, a MacBERT
     # n-gram. Tokens [span_start, span_end) flat, covering span_words words. For statistics and tests.
     span_start: np.ndarray = dataclasses.field(default_factory=_empty)  # (S,)
@@ -301,6 +332,9 @@ class MaskedBatch:
     source_index: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
     # Scheme-specific event counts (similar-word fallbacks, noise operations, ...).
     counters: dict[str, int] = dataclasses.field(default_factory=dict)
+    # The scheme's own arrays by name, and how each packs (FLAT / END / KEEP).
+    extras: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    extra_packing: dict[str, str] = dataclasses.field(default_factory=dict)
 
     ARRAYS = (
         "input_ids",
@@ -308,13 +342,6 @@ class MaskedBatch:
         "target_index",
         "target_labels",
         "target_kind",
-        "sbo_index",
-        "sbo_left",
-        "sbo_right",
-        "sbo_relative",
-        "sbo_labels",
-        "nlm_index",
-        "nlm_labels",
         "span_start",
         "span_end",
         "span_words",
@@ -322,6 +349,34 @@ class MaskedBatch:
         "cu_seq_lens",
         "source_index",
     )
+    # How the common arrays pack; the rest of ARRAYS are the layout's own (pack_masked rebuilds them) or KEEP.
+    PACKING = {"target_index": FLAT, "span_start": FLAT, "span_end": END}
+
+    def add(self, packing: str, **arrays: np.ndarray) -> MaskedBatch:
+        """Add (or replace) the scheme's ``arrays``, each packed as ``packing``; returns this batch."""
+        if packing not in (FLAT, END, KEEP):
+            raise ValueError(f"packing must be {FLAT}, {END} or {KEEP}, not {packing!r}")
+        for name, array in arrays.items():
+            if name in self.ARRAYS or name in ("max_seq_len", "counters", "extras", "extra_packing"):
+                raise ValueError(f"{name!r} is a common field of every masked batch, not a scheme's own array")
+            self.extras[name] = array
+            self.extra_packing[name] = packing
+        return self
+
+    def __getattr__(self, name: str):
+        # Only called when normal lookup fails: a scheme's own array by name (``masked.sbo_left``).
+        extras = self.__dict__.get("extras")
+        if extras is not None and name in extras:
+            return extras[name]
+        raise AttributeError(f"{type(self).__name__} has no array {name!r}")
+
+    def array_names(self) -> tuple[str, ...]:
+        """Every array of this batch: the common ones, then the scheme's own."""
+        return (*self.ARRAYS, *self.extras)
+
+    def packing(self) -> dict[str, str]:
+        """Array name → FLAT / END / KEEP for every array ``pack_masked`` remaps or copies."""
+        return {**self.PACKING, **self.extra_packing}
 
     @property
     def batch_size(self) -> int:
@@ -333,7 +388,9 @@ class MaskedBatch:
         ``counters`` are statistics, not inputs."""
         import torch
 
-        names = self.ARRAYS if fields is None else [name for name in self.ARRAYS if name in fields]
+        names = self.array_names()
+        if fields is not None:
+            names = [name for name in names if name in fields]
         batch = {name: torch.from_numpy(np.ascontiguousarray(getattr(self, name))) for name in names}
         if fields is None or "max_seq_len" in fields:
             batch["max_seq_len"] = int(self.max_seq_len)
@@ -341,7 +398,7 @@ class MaskedBatch:
 
     def to_json_dict(self) -> dict:
         """Plain lists, for ``spanlm preview --jsonl``."""
-        data = {name: getattr(self, name).tolist() for name in self.ARRAYS}
+        data = {name: getattr(self, name).tolist() for name in self.array_names()}
         data["max_seq_len"] = int(self.max_seq_len)
         data["counters"] = {key: int(value) for key, value in self.counters.items()}
         return data
@@ -372,32 +429,61 @@ class Vocabulary:
         )
 
 
-# scheme -> (module, class); each class has ``from_corpus(section_config, corpus)``.
-MASKERS = {
-    "mlm": ("spanlm.masking.mlm", "MlmMasker"),
-    "wwm": ("spanlm.masking.wwm", "WholeWordMasker"),
-    "span": ("spanlm.masking.span", "SpanMasker"),
-    "ngram": ("spanlm.masking.ngram", "NgramMasker"),
-    "noise": ("spanlm.masking.noise", "NoiseMasker"),
+@dataclasses.dataclass(frozen=True)
+class Scheme:
+    """A masking scheme: its ``masking.<name>`` section and its masker, a class or ``"module:Class"`` (imported
+    when first built, so loading a recipe imports no masker).
+
+    The masker class has ``from_corpus(section, corpus)``; optionally ``for_collator(section, vocabulary,
+    **options)`` (it masks tokenizer features in :class:`spanlm.collators.MaskingCollator`), ``collated`` (its own
+    arrays a collator returns), ``reads_words`` (False: it needs no word boundaries), ``with_rate(rate)``
+    (what a rate schedule sets) and ``statistics(pairs, counters)`` / ``mark(shown, masked, row, low, length,
+    terms)`` (its lines in ``spanlm preview``).
+    """
+
+    config: type
+    masker: type | str
+
+    def masker_class(self) -> type:
+        if isinstance(self.masker, str):
+            module, name = self.masker.split(":")
+            return getattr(importlib.import_module(module), name)
+        return self.masker
+
+
+# name → scheme: the built-in ones; register_scheme adds others.
+SCHEMES: dict[str, Scheme] = {
+    "mlm": Scheme(MlmConfig, "spanlm.masking.mlm:MlmMasker"),
+    "wwm": Scheme(WholeWordConfig, "spanlm.masking.wwm:WholeWordMasker"),
+    "span": Scheme(SpanConfig, "spanlm.masking.span:SpanMasker"),
+    "ngram": Scheme(NgramConfig, "spanlm.masking.ngram:NgramMasker"),
+    "noise": Scheme(NoiseConfig, "spanlm.masking.noise:NoiseMasker"),
 }
+
+
+def register_scheme(name: str, config: type, masker: type | str) -> None:
+    """Make ``name`` a masking scheme: ``masking.scheme: name`` builds ``masker`` from the ``masking.<name>``
+    section, read by the dataclass ``config``."""
+    if name in SCHEMES and SCHEMES[name] != Scheme(config, masker):
+        raise ValueError(f"masking scheme {name!r} is already registered")
+    if name in {field.name for field in dataclasses.fields(MaskingConfig)} - set(SCHEMES):
+        raise ValueError(f"{name!r} is a key of the masking section, not a free scheme name")
+    SCHEMES[name] = Scheme(config, masker)
 
 
 def build_masker(config: MaskingConfig, corpus: PreparedCorpus) -> Masker:
     """The masker of ``config.scheme``, set up from its config section and the prepared corpus."""
-    module, name = MASKERS[config.scheme]
-    masker_class = getattr(importlib.import_module(module), name)
-    return masker_class.from_corpus(getattr(config, config.scheme), corpus)
+    masker_class = SCHEMES[config.scheme].masker_class()
+    return masker_class.from_corpus(config.section(), corpus)
 
 
 def with_rate(masker: Masker, rate: float) -> Masker:
-    """A shallow copy of ``masker`` whose budget is ``rate`` (for a :class:`RateSchedule`); CharBERT's noise masker
-    takes it as its whole-word MLM's rate (its noise probability is not a masking budget)."""
+    """A shallow copy of ``masker`` whose budget is ``rate`` (for a :class:`RateSchedule`): its own ``with_rate``
+    when it has one (CharBERT's noise masker: its whole-word MLM's rate), else its section's ``rate``."""
+    if hasattr(masker, "with_rate"):
+        return masker.with_rate(rate)
     scheduled = copy.copy(masker)
-    config = masker.config
-    if isinstance(config, NoiseConfig):
-        scheduled.config = dataclasses.replace(config, mlm=dataclasses.replace(config.mlm, rate=rate))
-    else:
-        scheduled.config = dataclasses.replace(config, rate=rate)
+    scheduled.config = dataclasses.replace(masker.config, rate=rate)
     return scheduled
 
 

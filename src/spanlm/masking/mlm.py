@@ -15,6 +15,7 @@ from spanlm.masking.ops import TokenMasker, corrupt, round_budget
 
 class MlmMasker(TokenMasker):
     config: MlmConfig
+    reads_words = False  # tokens, not words: a collator needs no word ids
 
     def __call__(self, batch, rng: np.random.Generator) -> MaskedBatch:
         batch_size, width = batch.input_ids.shape

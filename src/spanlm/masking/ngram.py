@@ -23,9 +23,12 @@ there is no similar word, we will degrade to use random word replacement" — an
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from spanlm.data.similar_words import SimilarWords, word_hash
+from spanlm.errors import ConfigError
 from spanlm.masking.base import MASK, RANDOM, SIMILAR, MaskedBatch, NgramConfig, Vocabulary
 from spanlm.masking.ops import TokenSampler, Words, ragged_arange, round_budget
 
@@ -91,6 +94,33 @@ class NgramMasker:
             SimilarWords.load(corpus.directory) if config.proportions.similar > 0 else SimilarWords([], [], [0], [], [])
         )
         return cls(config, Vocabulary.from_corpus(corpus), similar)
+
+    @classmethod
+    def for_collator(cls, config: NgramConfig, vocabulary: Vocabulary, similar_words=None, **options) -> NgramMasker:
+        """The masker over tokenizer features; ``similar_words``: a ``spanlm prepare`` directory made with
+        ``data.similar_words`` set, or a loaded :class:`~spanlm.data.similar_words.SimilarWords`."""
+        if isinstance(similar_words, (str, Path)):
+            similar_words = SimilarWords.load(similar_words)
+        if similar_words is None:
+            if config.proportions.similar > 0:
+                raise ConfigError(
+                    "MacBERT (scheme 'ngram') replaces words by similar words: pass similar_words= a "
+                    "`spanlm prepare` directory made with data.similar_words set, or set "
+                    "masking.ngram.proportions.similar to 0"
+                )
+            similar_words = SimilarWords([], [], [0], [], [])
+        return cls(config, vocabulary, similar_words)
+
+    @staticmethod
+    def statistics(pairs: list, counters) -> dict:
+        """``spanlm preview``'s lines for MacBERT: the n-gram mix, the share of words masked, similar-word fallbacks."""
+        grams = np.concatenate([m.span_words for _, m in pairs])
+        mix = np.bincount(grams)[1:] / len(grams) if len(grams) else []
+        return {
+            "ngram_mix": {str(n + 1): round(float(p), 4) for n, p in enumerate(mix)},
+            "word_mask_ratio": round(counters["masked_words"] / max(counters["words"], 1), 5),
+            "similar_fallback_rate": round(counters["similar_fallback"] / max(counters["similar_drawn"], 1), 4),
+        }
 
     def __call__(self, batch, rng: np.random.Generator) -> MaskedBatch:
         words = Words.of(batch.word_starts, batch.special_mask)

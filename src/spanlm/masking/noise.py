@@ -29,6 +29,7 @@ a block's length: blocks keep their width, and a block that grows loses its last
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections import Counter
 
@@ -36,7 +37,7 @@ import numpy as np
 
 from spanlm.data.similar_words import count_word_types, decode_types, word_hash
 from spanlm.data.tokenizer import encode_text
-from spanlm.masking.base import MaskedBatch, NoiseConfig, Vocabulary
+from spanlm.masking.base import FLAT, KEEP, MaskedBatch, NoiseConfig, Vocabulary
 from spanlm.masking.ops import TokenSampler, Words, ragged_arange, round_budget, units
 from spanlm.masking.wwm import mask_words, select_words
 
@@ -159,6 +160,40 @@ class NoiseMasker:
         """The NLM label names (term id -> word)."""
         return self.tables.terms
 
+    def with_rate(self, rate: float) -> NoiseMasker:
+        """A copy whose whole-word MLM masks at ``rate`` (the noise probability is not a masking budget)."""
+        scheduled = copy.copy(self)
+        scheduled.config = dataclasses.replace(self.config, mlm=dataclasses.replace(self.config.mlm, rate=rate))
+        return scheduled
+
+    @staticmethod
+    def statistics(pairs: list, counters: Counter) -> dict:
+        """``spanlm preview``'s lines for noise: the share of noised words, the operations, the NLM targets."""
+        blocks = sum(m.batch_size for _, m in pairs)
+        noised = counters["noised_words"]
+        return {
+            "noised_word_ratio": round(noised / max(counters["words"], 1), 5),
+            "noise_operations": {
+                op: round(counters[f"noise_{op}"] / max(noised, 1), 4) for op in ("insert", "delete", "swap")
+            },
+            "nlm_targets_per_block": round(sum(len(m.nlm_index) for _, m in pairs) / max(blocks, 1), 3),
+        }
+
+    legend = "~y~{x} noised word, NLM target x"  # what mark shows, in spanlm preview's legend
+
+    @staticmethod
+    def mark(shown: list[str], masked: MaskedBatch, row: int, low: int, length: int, terms) -> None:
+        """Mark the noised tokens of row ``row`` in ``shown`` (``~y~{x}``: noised word y, NLM target x)."""
+        noised = (masked.nlm_index >= low) & (masked.nlm_index < low + length)
+        columns = (masked.nlm_index[noised] - low).tolist()
+        labels = masked.nlm_labels[noised].tolist()
+        for i, (column, label) in enumerate(zip(columns, labels)):
+            # A noised word ends where the next noised token is not adjacent or has another label (two
+            # equal adjacent noised words would show as one; the display is all this is used for).
+            ends_word = i + 1 == len(columns) or columns[i + 1] != column + 1 or labels[i + 1] != label
+            term = terms[label] if terms is not None else str(label)
+            shown[column] = f"~{shown[column]}~" + (f"{{{term}}}" if ends_word else "")
+
     def __call__(self, batch, rng: np.random.Generator) -> MaskedBatch:
         flat_ids = batch.input_ids.reshape(-1)
         unit_start, unit_length = units(batch.word_starts, batch.special_mask)
@@ -203,7 +238,8 @@ class NoiseMasker:
         )  # no [CLS]/[SEP]
         chosen = select_words(noisy_words, budget, rng, eligible)
         masked = mask_words(noisy, noisy_words, chosen, self.config.mlm, self.sampler, self.vocab.mask_id, rng)
-        masked.nlm_index, masked.nlm_labels = nlm_index, nlm_labels
+        # CharBERT noisy LM: every token of a noised word, labelled with the original word's term id.
+        masked.add(FLAT, nlm_index=nlm_index).add(KEEP, nlm_labels=nlm_labels)
         op_counts = np.bincount(operation[survived], minlength=3)
         masked.counters = {
             "words": len(words),

@@ -139,6 +139,11 @@ class TokenMasker:
     def from_corpus(cls, config, corpus):
         return cls(config, Vocabulary.from_corpus(corpus))
 
+    @classmethod
+    def for_collator(cls, config, vocabulary: Vocabulary, **options):
+        """The masker over tokenizer features (``spanlm.collators``): the vocabulary is all it needs."""
+        return cls(config, vocabulary)
+
 
 def corrupt(
     input_ids: np.ndarray,

@@ -19,16 +19,18 @@ from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import ConfigError, InputError
 from spanlm.masking.base import KIND_NAMES, MASK, RANDOM, SIMILAR, MaskedBatch, build_masker
 
+# What every target shows; a masker that marks more (its ``mark``) explains it in its ``legend``.
 LEGEND = (
     "legend: [M:x] x masked · [R:y<x] x replaced by random y · [K:x] x kept as target · "
-    "[S:y<x] x replaced by similar word y · ~y~{x} noised word, NLM target x"
+    "[S:y<x] x replaced by similar word y"
 )
 
 
 def render_block(
-    tokens: list[str], masked: MaskedBatch, row: int, originals: list[str], terms: list[str] | None = None
+    tokens: list[str], masked: MaskedBatch, row: int, originals: list[str], terms: list[str] | None = None, mark=None
 ) -> str:
-    """Row ``row`` of ``masked`` as its tokens, with every target and noised token marked.
+    """Row ``row`` of ``masked`` as its tokens, with every target marked, then what the masker's ``mark`` adds
+    (CharBERT's noised words).
 
     ``tokens`` are the row's (corrupted) tokens, ``originals[i]`` the original token of target i.
     """
@@ -48,20 +50,13 @@ def render_block(
             if kind == SIMILAR
             else f"[K:{original}]"
         )
-    noised = (masked.nlm_index >= low) & (masked.nlm_index < low + length)
-    columns = (masked.nlm_index[noised] - low).tolist()
-    labels = masked.nlm_labels[noised].tolist()
-    for i, (column, label) in enumerate(zip(columns, labels)):
-        # A noised word ends where the next noised token is not adjacent or has another label (two
-        # equal adjacent noised words would show as one; the display is all this is used for).
-        ends_word = i + 1 == len(columns) or columns[i + 1] != column + 1 or labels[i + 1] != label
-        term = terms[label] if terms is not None else str(label)
-        shown[column] = f"~{shown[column]}~" + (f"{{{term}}}" if ends_word else "")
+    if mark is not None:
+        mark(shown, masked, row, low, length, terms)
     return " ".join(shown)
 
 
-def statistics(pairs: list[tuple[object, MaskedBatch]], scheme: str) -> dict:
-    """Masking statistics over (block batch, masked batch) pairs."""
+def statistics(pairs: list[tuple[object, MaskedBatch]], scheme: str, masker=None) -> dict:
+    """Masking statistics over (block batch, masked batch) pairs, and the masker's own (its ``statistics``)."""
     blocks = sum(m.batch_size for _, m in pairs)
     # Content tokens of the masked layout ([CLS] and [SEP] excluded; noise can change lengths).
     content = sum(int(m.attention_mask.sum()) - 2 * int(m.attention_mask.any(axis=1).sum()) for _, m in pairs)
@@ -82,24 +77,14 @@ def statistics(pairs: list[tuple[object, MaskedBatch]], scheme: str) -> dict:
         "mask_ratio": round(targets / max(content, 1), 5),
         "replacement": {name: round(int(k) / max(targets, 1), 4) for name, k in zip(KIND_NAMES, kinds)},
         "target_runs_per_block": round(runs / max(blocks, 1), 3),
-        "sbo_targets_per_block": round(sum(len(m.sbo_index) for _, m in pairs) / max(blocks, 1), 3),
     }
     if len(span_words):
         stats["mean_span_words"] = round(float(span_words.mean()), 4)
         stats["mean_span_tokens"] = round(float(span_tokens.mean()), 4)
         histogram = np.bincount(span_words)[1:] / len(span_words)
         stats["span_words_histogram"] = {str(n + 1): round(float(p), 4) for n, p in enumerate(histogram)}
-    if scheme == "ngram":
-        stats["ngram_mix"] = stats.get("span_words_histogram", {})
-        stats["word_mask_ratio"] = round(counters["masked_words"] / max(counters["words"], 1), 5)
-        stats["similar_fallback_rate"] = round(counters["similar_fallback"] / max(counters["similar_drawn"], 1), 4)
-    if scheme == "noise":
-        noised = counters["noised_words"]
-        stats["noised_word_ratio"] = round(noised / max(counters["words"], 1), 5)
-        stats["noise_operations"] = {
-            op: round(counters[f"noise_{op}"] / max(noised, 1), 4) for op in ("insert", "delete", "swap")
-        }
-        stats["nlm_targets_per_block"] = round(sum(len(m.nlm_index) for _, m in pairs) / max(blocks, 1), 3)
+    if hasattr(masker, "statistics"):
+        stats.update(masker.statistics(pairs, counters))
     if counters:
         stats["counters"] = dict(sorted(counters.items()))
     return stats
@@ -129,7 +114,7 @@ def preview(
 
     tokenizer = corpus.tokenizer
     terms = getattr(masker, "terms", None)
-    print(LEGEND, file=out)
+    print(" · ".join([LEGEND, *([masker.legend] if hasattr(masker, "legend") else [])]), file=out)
     shown = 0
     for _, masked in pairs:
         if shown == n:
@@ -138,12 +123,12 @@ def preview(
         for row in range(min(masked.batch_size, n - shown)):
             tokens = tokenizer.convert_ids_to_tokens(masked.input_ids[row].tolist())
             print(f"\n[block {order[shown]}]", file=out)
-            print(render_block(tokens, masked, row, originals, terms), file=out)
+            print(render_block(tokens, masked, row, originals, terms, getattr(masker, "mark", None)), file=out)
             shown += 1
     if jsonl:
         with open(jsonl, "w", encoding="utf-8") as handle:
             for _, masked in pairs:
                 handle.write(json.dumps(masked.to_json_dict()) + "\n")
-    stats = statistics(pairs, recipe.masking.scheme)
+    stats = statistics(pairs, recipe.masking.scheme, masker)
     print(json.dumps(stats, ensure_ascii=False), file=out)
     return stats

@@ -24,7 +24,7 @@ import dataclasses
 
 import numpy as np
 
-from spanlm.masking.base import MaskedBatch, SpanConfig, Vocabulary
+from spanlm.masking.base import FLAT, KEEP, MaskedBatch, SpanConfig, Vocabulary
 from spanlm.masking.ops import TokenMasker, Words, ceil_budget, corrupt, ragged_arange, segment_first
 
 
@@ -118,6 +118,9 @@ def resolve_spans(words: Words, length: np.ndarray, anchor: np.ndarray, budget: 
 
 class SpanMasker(TokenMasker):
     config: SpanConfig
+    # What a collator returns beside the MLM labels: the SBO inputs and labels that
+    # spanlm.models.span_boundary.SpanBoundaryModel adds to a stock *ForMaskedLM.
+    collated = ("sbo_left", "sbo_right", "sbo_relative", "sbo_labels")
 
     def __init__(self, config: SpanConfig, vocab: Vocabulary):
         super().__init__(config, vocab)
@@ -147,17 +150,27 @@ class SpanMasker(TokenMasker):
         input_ids, labels, kind = corrupt(
             batch.input_ids, positions, unit, self.config.proportions, self.sampler, self.vocab.mask_id, rng
         )
-        return MaskedBatch(
+        masked = MaskedBatch(
             input_ids=input_ids,
             attention_mask=batch.attention_mask.copy(),
             target_index=positions,
             target_labels=labels,
             target_kind=kind,
-            **sbo,
             span_start=selection.span_start,
             span_end=selection.span_end,
             span_words=selection.span_words,
         )
+        # SBO: target sbo_index[i] of a span [s, e] is predicted from the boundary tokens sbo_left[i],
+        # sbo_right[i] (flat positions, as sbo_index) and its 0-based position sbo_relative[i] in the span.
+        return masked.add(FLAT, **{name: sbo[name] for name in ("sbo_index", "sbo_left", "sbo_right")}).add(
+            KEEP, sbo_relative=sbo["sbo_relative"], sbo_labels=sbo["sbo_labels"]
+        )
+
+    @staticmethod
+    def statistics(pairs: list, counters) -> dict:
+        """``spanlm preview``'s line for SpanBERT: SBO targets per block."""
+        blocks = sum(m.batch_size for _, m in pairs)
+        return {"sbo_targets_per_block": round(sum(len(m.sbo_index) for _, m in pairs) / max(blocks, 1), 3)}
 
     def _select(
         self, words: Words, n_content: np.ndarray, budget: np.ndarray, rng: np.random.Generator

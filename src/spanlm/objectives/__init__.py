@@ -1,8 +1,9 @@
-"""Objectives: one module per objective (masker + model + loss), registered by name with the masking
-schemes it trains with.
+"""Objectives: one module per objective (model + loss), registered by name with the masking schemes it trains
+with and, optionally, its own ``objective.<name>`` recipe section.
 
-Adding an objective = one module here whose builder is decorated with ``@register(name, schemes=...)``
-and one recipe in configs/pretrain/; ``tests/toy_objective.py`` is one added that way.
+Adding an objective = a builder decorated with ``@register(name, schemes=...)``, and a masking scheme if it
+needs a new one (:func:`spanlm.masking.base.register_scheme`); both may live in one folder outside this
+package: ``tests/toy_span/`` is one added that way, ``tests/toy_objective.py`` one module with a builder.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from spanlm.errors import ConfigError
 @dataclasses.dataclass(frozen=True)
 class Registered:
     """An objective's builder ``build(recipe, corpus) -> Objective`` and the masking schemes it trains with:
-    a tuple, or ``schemes(recipe) -> tuple`` when its own settings decide; ``needs`` says what they provide."""
+    a tuple, or ``schemes(recipe) -> tuple`` when its own settings decide; ``needs`` says what they provide;
+    ``config``: the dataclass of its ``objective.<name>`` section, if it has one."""
 
     build: Callable
     schemes: tuple[str, ...] | Callable[..., tuple[str, ...]]
     needs: str = ""
+    config: type | None = None
 
     def check_scheme(self, name: str, recipe) -> None:
         schemes = self.schemes(recipe) if callable(self.schemes) else self.schemes
@@ -35,9 +38,11 @@ class Registered:
 OBJECTIVES: dict[str, Registered] = {}
 
 
-def register(name: str, schemes: tuple[str, ...] | Callable[..., tuple[str, ...]], needs: str = ""):
+def register(
+    name: str, schemes: tuple[str, ...] | Callable[..., tuple[str, ...]], needs: str = "", config: type | None = None
+):
     def decorator(builder: Callable) -> Callable:
-        OBJECTIVES[name] = Registered(builder, schemes, needs)
+        OBJECTIVES[name] = Registered(builder, schemes, needs, config)
         return builder
 
     return decorator

@@ -23,7 +23,6 @@ pretraining can continue from the export.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from spanlm.errors import ConfigError, InputError
 from spanlm.heads.hf import HEADS_FILE
 from spanlm.heads.losses import TokenLoss, VocabTarget, vocab_cross_entropies
 from spanlm.heads.nlm import NLMHead
-from spanlm.masking.base import MaskedBatch
+from spanlm.masking.base import KEEP, MaskedBatch
 from spanlm.masking.noise import NoiseMasker
 from spanlm.models.backbone import build_backbone, layer_norm_eps, mlm_head
 from spanlm.models.charbert import (
@@ -55,22 +54,6 @@ from spanlm.train.objective import Objective
 TERMS_FILE = "nlm_terms.json"
 
 
-def _empty() -> np.ndarray:
-    return np.zeros((0, 0), dtype=np.int64)
-
-
-@dataclasses.dataclass
-class CharMaskedBatch(MaskedBatch):
-    """A noise-masked batch plus its char inputs (see :func:`spanlm.data.chars.char_stream`)."""
-
-    char_ids: np.ndarray = dataclasses.field(default_factory=_empty)  # (B, C)
-    char_lengths: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # (B,)
-    char_first: np.ndarray = dataclasses.field(default_factory=_empty)  # (B, L)
-    char_last: np.ndarray = dataclasses.field(default_factory=_empty)  # (B, L)
-
-    ARRAYS = MaskedBatch.ARRAYS + ("char_ids", "char_lengths", "char_first", "char_last")
-
-
 class CharNoiseMasker:
     """CharBERT noise + whole-word MLM, then the char stream with every MLM target blanked."""
 
@@ -84,13 +67,15 @@ class CharNoiseMasker:
     def terms(self) -> list[str]:
         return self.noise.terms
 
-    def __call__(self, batch, rng: np.random.Generator) -> CharMaskedBatch:
+    def __call__(self, batch, rng: np.random.Generator) -> MaskedBatch:
+        """The noise-masked batch plus its char inputs (see :func:`spanlm.data.chars.char_stream`): ``char_ids``
+        (B, C), ``char_lengths`` (B,), ``char_first`` / ``char_last`` (B, L), in the block layout (the model maps
+        them into a packed stream with ``source_index``)."""
         masked = self.noise(batch, rng)
         blank = np.zeros(masked.input_ids.size, dtype=bool)
         blank[masked.target_index] = True
         chars = char_stream(masked.input_ids, blank.reshape(masked.input_ids.shape), self.spelling, self.pad_id)
-        fields = {f.name: getattr(masked, f.name) for f in dataclasses.fields(MaskedBatch)}
-        return CharMaskedBatch(**fields, **chars)
+        return masked.add(KEEP, **chars)
 
 
 def charbert_loss(mlm: TokenLoss, nlm: TokenLoss, nlm_weight: float) -> dict[str, torch.Tensor]:

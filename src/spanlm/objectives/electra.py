@@ -42,7 +42,7 @@ from spanlm.errors import ConfigError, InputError
 from spanlm.heads.losses import VocabTarget, masked_lm_loss, span_bert_loss, vocab_cross_entropies
 from spanlm.heads.rtd import RTD_HEADS, DebertaV3RTDHead, gumbel_max_sample, replace_tokens, rtd_loss
 from spanlm.heads.sbo import MAX_TARGETS, SBOHead
-from spanlm.masking.base import MaskedBatch, build_masker
+from spanlm.masking.base import KEEP, MaskedBatch, build_masker
 from spanlm.models.backbone import (
     BackboneConfig,
     backbone_layers,
@@ -63,25 +63,16 @@ from spanlm.train.objective import Objective
 GENERATOR_DIR = "generator"
 
 
-@dataclasses.dataclass
-class SampledMaskedBatch(MaskedBatch):
-    """A masked batch plus the seed of its replacement sampling."""
-
-    sample_seed: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(1, dtype=np.int64))  # (1,)
-
-    ARRAYS = MaskedBatch.ARRAYS + ("sample_seed",)
-
-
 class SampledMasker:
     """Any masker, then one draw from the same ``rng`` for the batch's sampling seed (masks unchanged)."""
 
     def __init__(self, masker):
         self.masker = masker
 
-    def __call__(self, batch, rng: np.random.Generator) -> SampledMaskedBatch:
+    def __call__(self, batch, rng: np.random.Generator) -> MaskedBatch:
+        """The masker's batch plus ``sample_seed`` (1,): the seed of its replacement sampling."""
         masked = self.masker(batch, rng)
-        fields = {f.name: getattr(masked, f.name) for f in dataclasses.fields(MaskedBatch)}
-        return SampledMaskedBatch(**fields, sample_seed=rng.integers(0, 2**63 - 1, size=1, dtype=np.int64))
+        return masked.add(KEEP, sample_seed=rng.integers(0, 2**63 - 1, size=1, dtype=np.int64))
 
 
 def generator_config(model: BackboneConfig, settings: ElectraConfig) -> BackboneConfig:

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from spanlm.config import to_dict
 from spanlm.errors import ConfigError, InputError, SpanlmError
 from spanlm.files import read_metadata
 from spanlm.train.config import LoggingConfig
@@ -88,7 +89,7 @@ class MetricsLogger:
                 resumed_step,
                 config.run_name or output_dir.resolve().name,
                 config.project,
-                dataclasses.asdict(recipe),
+                to_dict(recipe),  # registered sections beside the others, as config.yaml writes them
                 ids.get(name),
             )
             try:
