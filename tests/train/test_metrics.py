@@ -62,7 +62,7 @@ def test_every_record_has_its_time_and_elapsed_seconds_which_a_resume_continues(
     )
     state_path = ckpt.step_dir(run, 2) / "trainer_state.pt"
     state = torch.load(state_path, weights_only=True)
-    assert state["elapsed"] >= by_kind(run, "eval", "elapsed")[2]
+    assert state["elapsed"] >= by_kind(run, "eval", "elapsed")[2] - 5e-4  # records round to the millisecond
 
     # A resume counts on from its checkpoint's seconds (here made large, so a restart from 0 would show).
     torch.save({**state, "elapsed": 1000.0}, state_path)
