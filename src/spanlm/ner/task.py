@@ -26,6 +26,7 @@ from spanlm.errors import ConfigError, InputError
 from spanlm.files import write_text_atomically
 from spanlm.finetune.batches import build_window_loader, held_out_batches
 from spanlm.finetune.model import PER_EXAMPLE_FILE, export_task_model
+from spanlm.finetune.task import encoder_featurizer
 from spanlm.models.encoder import describe_start, load_encoder
 from spanlm.models.packed import resolve_packing
 from spanlm.ner.config import NerRecipe
@@ -67,11 +68,6 @@ def read_split(path: str, recipe: NerRecipe, name: str, labels: list[str] | None
     return documents
 
 
-def featurizer_of(encoder):
-    """The encoder's extra-input featurizer (CharBERT), or None for a plain encoder."""
-    return encoder.featurizer() if hasattr(encoder, "featurizer") else None
-
-
 def ner_setup(recipe: NerRecipe, env, log=print, start: StartingPoint = StartingPoint()) -> TrainingSetup:
     """Windows of the training and dev files, a resumable keyed loader, held-out loss and dev P/R/F1.
 
@@ -94,7 +90,7 @@ def ner_setup(recipe: NerRecipe, env, log=print, start: StartingPoint = Starting
         raise ConfigError(
             f"data.max_len {data.max_len} exceeds the {encoder.max_length()} positions of {recipe.model.path}"
         )
-    featurizer = featurizer_of(encoder)
+    featurizer = encoder_featurizer(encoder)
     train_windows, report = make_windows(encoder.tokenizer, train_docs, labels, data.max_len, data.stride, featurizer)
     for line in report.lines(data.train):
         log(line)

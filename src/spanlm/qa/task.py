@@ -20,6 +20,7 @@ from spanlm.errors import ConfigError, InputError
 from spanlm.files import write_text_atomically
 from spanlm.finetune.batches import build_window_loader, held_out_batches
 from spanlm.finetune.model import PER_EXAMPLE_FILE, export_task_model
+from spanlm.finetune.task import encoder_featurizer
 from spanlm.models.encoder import describe_start, load_encoder
 from spanlm.models.packed import resolve_packing
 from spanlm.qa.config import QARecipe
@@ -27,7 +28,7 @@ from spanlm.qa.data import QAExample, read_squad
 from spanlm.qa.metrics import question_scores
 from spanlm.qa.model import RECIPE_FILE, SETTINGS_FILE, QAObjective
 from spanlm.qa.predict import QAModel, evaluate_predictions, final_answer, predict
-from spanlm.qa.windows import encoder_featurizer, make_windows
+from spanlm.qa.windows import make_windows
 from spanlm.train.dist import is_main_process
 from spanlm.train.loop import StartingPoint, TrainingSetup, train
 
