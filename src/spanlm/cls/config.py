@@ -8,7 +8,6 @@ from typing import Literal
 from spanlm.models.hf_model import EncoderConfig
 from spanlm.train.config import LoggingConfig, TrainConfig
 
-FORMATS = ("auto", "glue", "clue", "jsonl", "csv", "hf")
 METRICS = ("accuracy", "f1", "macro_f1", "matthews", "pearson", "spearman")
 
 

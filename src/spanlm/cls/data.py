@@ -14,9 +14,12 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from spanlm.cls.config import ClsDataConfig
 from spanlm.errors import InputError, numbered_lines, require_file, undecodable
+
+if TYPE_CHECKING:  # the CLI reads TASKS without loading torch (the recipe's types import it)
+    from spanlm.cls.config import ClsDataConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +52,7 @@ TASKS = {
     "ocnli": Layout("clue", "sentence1", "sentence2", "label", skip_labels=("-",)),
     "cmnli": Layout("clue", "sentence1", "sentence2", "label", skip_labels=("-",)),
 }
+FORMATS = ("auto", "glue", "clue", "jsonl", "csv", "hf")
 _SUFFIX_FORMATS = {".tsv": "glue", ".json": "jsonl", ".jsonl": "jsonl", ".csv": "csv"}
 HF_BATCH_ROWS = 1000  # rows of a dataset in memory at once
 
