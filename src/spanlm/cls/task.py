@@ -114,7 +114,8 @@ def cls_setup(
     recipe: ClsRecipe, env, log=print, start: StartingPoint = StartingPoint(), resolved: dict | None = None
 ) -> TrainingSetup:
     """Features of the training and dev files, a resumable keyed loader, held-out loss and the task's metrics.
-    ``resolved`` (a dict) receives the :class:`ClsTask` (labels, metrics, the dev set) under "task"."""
+    ``resolved`` (a dict) receives the :class:`ClsTask` (labels, metrics, the dev set) under "task" and the recipe
+    with the label order and ``data.packing`` resolved under "recipe"."""
     data = recipe.data
     train_examples = read_split(recipe, "train", log)  # data errors first: reading is cheap
     task = resolve_task(recipe, train_examples)
@@ -131,13 +132,18 @@ def cls_setup(
     featurizer = encoder_featurizer(encoder)
     objective = ClsObjective(encoder, task.labels)
     packed = resolve_packing(data.packing, objective, env.packs_by_default)
+    # What the setup resolved goes into a copy (the run's config.yaml and the export record it), not into the recipe.
+    labels = task.labels if task.labels is not None else data.labels
+    recipe = dataclasses.replace(recipe, data=dataclasses.replace(data, labels=labels, packing=packed))
+    if resolved is not None:
+        resolved["recipe"] = recipe
     train_features = make_features(encoder.tokenizer, train_examples, data.max_length, task.labels, featurizer)
     train_features.packed = packed
     loader = build_window_loader(
         train_features, recipe.train, recipe.seed, env.rank, env.world_size, data.tokens_per_batch
     )
     if dev is None:
-        return TrainingSetup(objective, loader, lambda: iter(()), resume_keeps=RESUME_KEEPS)
+        return TrainingSetup(objective, loader, lambda: iter(()), resume_keeps=RESUME_KEEPS, recipe=recipe)
     dev_features = make_features(encoder.tokenizer, dev, data.max_length, task.labels, featurizer)
     dev_features.packed = packed
     batch_size = recipe.train.batch_size
@@ -150,7 +156,7 @@ def cls_setup(
         logits = predict_logits(module, dev_features, batch_size, env.device)
         return score(task, recipe, dev, logits)[0]
 
-    return TrainingSetup(objective, loader, held_out, evaluate, resume_keeps=RESUME_KEEPS)
+    return TrainingSetup(objective, loader, held_out, evaluate, resume_keeps=RESUME_KEEPS, recipe=recipe)
 
 
 def export_model(run_dir: Path, recipe: ClsRecipe, labels: list[str] | None) -> Path:
@@ -188,7 +194,7 @@ def train_cls(
     run_dir = train(recipe, functools.partial(cls_setup, resolved=resolved), resume, log, weights_from)
     if not is_main_process():
         return run_dir, None
-    task = resolved["task"]
+    task, recipe = resolved["task"], resolved["recipe"]  # the labels and packing the run used; dev read once
     model_dir = export_model(run_dir, recipe, task.labels)
     if task.dev is None:
         return run_dir, None
