@@ -1480,6 +1480,11 @@ def _(ctx):
     return ["cls", "predict", model, "--text", "fine"], [str(model), "not a spanlm cls model", "cls.json"]
 
 
+@case("cls_unknown_task")
+def _(ctx):
+    return ["cls", "train", ctx.cls_recipe(), "data.task=sst5"], ["data", "unknown task 'sst5'", "sst2"]
+
+
 @case("cls_metric_of_the_other_problem")
 def _(ctx):
     return ["cls", "train", ctx.cls_recipe(), "cls.metrics=[pearson]"], ["cls.metrics", "pearson", "classification"]

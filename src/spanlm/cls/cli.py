@@ -73,7 +73,7 @@ def _predict(args: argparse.Namespace) -> int:
 
 def add_cls_commands(commands) -> None:
     """Add ``cls`` with its three subcommands to the ``spanlm`` subcommand table."""
-    from spanlm.cls.data import FORMATS, TASKS
+    from spanlm.cls.tasks import FORMATS, TASKS
 
     cls = commands.add_parser(
         "cls",

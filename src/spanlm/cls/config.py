@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from spanlm.cls.tasks import TASKS
 from spanlm.models.hf_model import EncoderConfig
 from spanlm.train.config import LoggingConfig, TrainConfig
 
@@ -40,6 +41,8 @@ class ClsDataConfig:
     tokens_per_batch: int = 0  # batches of sequences up to this many real tokens instead of train.batch_size
 
     def __post_init__(self) -> None:
+        if self.task is not None and self.task not in TASKS:
+            raise ValueError(f"unknown task {self.task!r}; one of {', '.join(TASKS)} (or null: by field names)")
         if self.max_length < 4:
             raise ValueError("max_length must be at least 4")
         if self.tokens_per_batch and self.tokens_per_batch < self.max_length:

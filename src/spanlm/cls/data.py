@@ -16,43 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spanlm.errors import InputError, numbered_lines, require_file, undecodable
+from spanlm.cls.tasks import TASKS, Layout
+from spanlm.errors import ConfigError, InputError, numbered_lines, require_file, undecodable
 
-if TYPE_CHECKING:  # the CLI reads TASKS without loading torch (the recipe's types import it)
+if TYPE_CHECKING:  # the recipe's types load torch; the readers need only its fields
     from spanlm.cls.config import ClsDataConfig
 
 
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """Where a benchmark task's text, second text and label are, and how it is scored."""
-
-    format: str  # glue (TSV) or clue (JSON lines)
-    text: str | int  # a header name, or a column number for a file without a header (CoLA)
-    pair: str | int | None
-    label: str | int
-    header: bool = True
-    problem: str = "classification"
-    metrics: tuple[str, ...] = ("accuracy",)
-    skip_labels: tuple[str, ...] = ()  # labels that mean "no gold label": such records are left out
-
-
-TASKS = {
-    "sst2": Layout("glue", "sentence", None, "label"),
-    "cola": Layout("glue", 3, None, 1, header=False, metrics=("matthews",)),
-    "mrpc": Layout("glue", "#1 String", "#2 String", "Quality", metrics=("f1", "accuracy")),
-    "rte": Layout("glue", "sentence1", "sentence2", "label"),
-    "stsb": Layout("glue", "sentence1", "sentence2", "score", problem="regression", metrics=("pearson", "spearman")),
-    "qnli": Layout("glue", "question", "sentence", "label"),
-    "qqp": Layout("glue", "question1", "question2", "is_duplicate", metrics=("f1", "accuracy")),
-    "mnli": Layout("glue", "sentence1", "sentence2", "gold_label"),
-    "tnews": Layout("clue", "sentence", None, "label"),
-    "iflytek": Layout("clue", "sentence", None, "label"),
-    "afqmc": Layout("clue", "sentence1", "sentence2", "label"),
-    # OCNLI / CMNLI mark pairs whose annotators did not agree with "-"; CLUE's baselines leave them out.
-    "ocnli": Layout("clue", "sentence1", "sentence2", "label", skip_labels=("-",)),
-    "cmnli": Layout("clue", "sentence1", "sentence2", "label", skip_labels=("-",)),
-}
-FORMATS = ("auto", "glue", "clue", "jsonl", "csv", "hf")
 _SUFFIX_FORMATS = {".tsv": "glue", ".json": "jsonl", ".jsonl": "jsonl", ".csv": "csv"}
 HF_BATCH_ROWS = 1000  # rows of a dataset in memory at once
 
@@ -81,7 +51,7 @@ def layout_of(data: ClsDataConfig) -> Layout | None:
     if data.task is None:
         return None
     if data.task not in TASKS:
-        raise InputError(f"data.task: unknown task {data.task!r}; one of {', '.join(TASKS)} (or null: by field names)")
+        raise ConfigError(f"data.task: unknown task {data.task!r}; one of {', '.join(TASKS)} (or null: by field names)")
     return TASKS[data.task]
 
 
