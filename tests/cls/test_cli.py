@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+import torch
 import yaml
 
 from helpers import REPO
@@ -64,9 +65,18 @@ def test_sst2_train_eval_predict_and_the_pipeline(cls_encoder_dir, tmp_path, cap
     assert 100 * sum(per_example["correct"]) / 200 == pytest.approx(trained["accuracy"])
 
     # The exported model, loaded back, scores what the run reported.
-    code, out, err = run(capsys, "cls", "eval", model_dir, "--data", DATA / "sst2/dev.tsv", "--device", "cpu")
+    scores, predictions = tmp_path / "scores.json", tmp_path / "predictions.jsonl"
+    code, out, err = run(
+        capsys, "cls", "eval", model_dir, "--data", DATA / "sst2/dev.tsv", "--device", "cpu",
+        "--output", scores, "--predictions", predictions,
+    )  # fmt: skip
     assert code == 0, err
-    assert json.loads(out)["accuracy"] == pytest.approx(trained["accuracy"])
+    assert (
+        json.loads(out)["accuracy"] == pytest.approx(trained["accuracy"]) == json.loads(scores.read_text())["accuracy"]
+    )
+    labels = [json.loads(line)["label"] for line in predictions.read_text().splitlines()]
+    gold = [line.split("\t")[1] for line in (DATA / "sst2/dev.tsv").read_text().splitlines()[1:]]
+    assert 100 * sum(p == g for p, g in zip(labels, gold)) / len(gold) == pytest.approx(trained["accuracy"])
 
     texts = [line.split("\t")[0].strip() for line in (DATA / "sst2/dev.tsv").read_text().splitlines()[1:21]]
     inputs = tmp_path / "in.jsonl"
@@ -108,3 +118,21 @@ def test_stsb_regression_and_pairs(cls_encoder_dir, tmp_path, capsys):
     # A pair model given one sentence is refused, naming the input.
     code, _, err = run(capsys, "cls", "predict", model_dir, "--text", "A plane.")
     assert code == 2 and "--text" in err and "text_pair is missing" in err
+
+
+@pytest.mark.slow
+def test_resume_is_exact(cls_encoder_dir, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    from spanlm.train.checkpoint import latest_checkpoint
+
+    sst2 = {"train": str(DATA / "sst2/train.tsv"), "task": "sst2", "tokens_per_batch": 256}
+    constant = ["train.schedule=constant", "train.save_every=2"]
+    straight = write_recipe(tmp_path / "a.yaml", cls_encoder_dir, tmp_path / "a", sst2)
+    assert run(capsys, "cls", "train", straight, *constant)[0] == 0
+    halves = write_recipe(tmp_path / "b.yaml", cls_encoder_dir, tmp_path / "b", sst2)
+    assert run(capsys, "cls", "train", halves, *constant, "train.max_steps=2")[0] == 0
+    assert run(capsys, "cls", "train", halves, *constant, "--resume", "auto")[0] == 0
+    a = load_file(str(latest_checkpoint(tmp_path / "a") / "model.safetensors"))
+    b = load_file(str(latest_checkpoint(tmp_path / "b") / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
