@@ -15,7 +15,15 @@ from setuptools.command.build_py import build_py
 # Only these files, so that nothing else lying in a working copy's configs/ or data/ is shipped.
 SHIPPED = {
     "configs": ["*/*.yaml"],
-    "data": ["README.md", "corpus/*.txt", "ner/*/*.conll", "ner/*/*.txt.gz", "qa/*/*.json"],
+    "data": [
+        "README.md",
+        "corpus/*.txt",
+        "ner/*/*.conll",
+        "ner/*/*.txt.gz",
+        "qa/*/*.json",
+        "cls/*/*.tsv",
+        "cls/*/*.json",
+    ],
 }
 
 

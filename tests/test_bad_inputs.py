@@ -129,6 +129,30 @@ def qa_recipe(encoder: Path, out: Path, **data) -> dict:
     }
 
 
+def cls_recipe(encoder: Path, out: Path, **data) -> dict:
+    sst2 = REPO / "data" / "cls" / "sst2"
+    return {
+        "model": {"path": str(encoder)},
+        "data": {
+            "train": str(sst2 / "dev.tsv"),
+            "dev": str(sst2 / "dev.tsv"),
+            "task": "sst2",
+            "max_length": 32,
+            **data,
+        },
+        "train": {
+            "output_dir": str(out),
+            "max_steps": 1,
+            "batch_size": 4,
+            "eval_every": 0,
+            "save_every": 1,
+            "num_workers": 0,
+            "device": "cpu",
+        },
+        "logging": {"report_to": [], "progress": False},
+    }
+
+
 FIXTURE_NAMES = {
     "prepared": "small_prepared",
     "pretrain_run": "pretrain_run",
@@ -179,6 +203,9 @@ class Ctx:
     def qa_recipe(self, **data) -> Path:
         return self.recipe(qa_recipe(self.fixture("encoder"), self.tmp / "run", **data), "qa.yaml")
 
+    def cls_recipe(self, **data) -> Path:
+        return self.recipe(cls_recipe(self.fixture("encoder"), self.tmp / "run", **data), "cls.yaml")
+
 
 @dataclasses.dataclass
 class Case:
@@ -210,10 +237,17 @@ CONTEXT = "The lighthouse on Gull Island was built in 1858 by the harbour board,
 
 # ---- recipes and overrides, for each recipe kind ------------------------------------------------------------
 
-for kind, command in (("pretrain", ["pretrain"]), ("ner", ["ner", "train"]), ("qa", ["qa", "train"])):
+for kind, command in (
+    ("pretrain", ["pretrain"]),
+    ("ner", ["ner", "train"]),
+    ("qa", ["qa", "train"]),
+    ("cls", ["cls", "train"]),
+):
 
     def build_recipe(ctx: Ctx, kind=kind):
-        return {"pretrain": ctx.pretrain_recipe, "ner": ctx.ner_recipe, "qa": ctx.qa_recipe}[kind]()
+        return {"pretrain": ctx.pretrain_recipe, "ner": ctx.ner_recipe, "qa": ctx.qa_recipe, "cls": ctx.cls_recipe}[
+            kind
+        ]()
 
     for label, override, expected in (
         ("negative_lr", "train.lr=-0.001", ["'train': lr", "positive"]),
@@ -1406,6 +1440,56 @@ def ctx(request, tmp_path) -> Ctx:
     return Ctx(tmp_path, request)
 
 
+# ---- sentence classification (spanlm cls) -----------------------------------------------------------------
+
+
+@case("cls_dev_label_train_never_had")
+def _(ctx):
+    dev = ctx.file("dev.tsv", "sentence\tlabel\ngood\t1\nodd\t2\n")
+    return ["cls", "train", ctx.cls_recipe(dev=str(dev))], [f"{dev}:3", "label '2'", "(0, 1)"]
+
+
+@case("cls_missing_column")
+def _(ctx):
+    train = ctx.file("train.tsv", "index\tsentence1\tlabel\n0\tA cat.\tentailment\n")
+    return ["cls", "train", ctx.cls_recipe(train=str(train), task="rte")], [f"{train}:1", "no column 'sentence2'"]
+
+
+@case("cls_pair_task_given_one_column")
+def _(ctx):
+    train = ctx.file("pairs.jsonl", '{"text": "a", "text_pair": "b", "label": "1"}\n{"text": "c", "label": "0"}\n')
+    recipe = ctx.cls_recipe(train=str(train), dev="", task=None, text_pair_field="text_pair")
+    return ["cls", "train", recipe], [f"{train}:2", "no text pair", "'text_pair'"]
+
+
+@case("cls_regression_label_not_a_number")
+def _(ctx):
+    train = ctx.file("scores.jsonl", '{"text": "a", "label": 0.5}\n{"text": "b", "label": "high"}\n')
+    recipe = ctx.recipe(
+        {
+            **cls_recipe(ctx.fixture("encoder"), ctx.tmp / "run", train=str(train), dev="", task=None),
+            "cls": {"problem": "regression"},
+        }
+    )
+    return ["cls", "train", recipe], [f"{train}:2", "'label'", "number", '"high"']
+
+
+@case("cls_predict_given_an_ner_model")
+def _(ctx):
+    model = ctx.copy("ner_model", "model")
+    return ["cls", "predict", model, "--text", "fine"], [str(model), "not a spanlm cls model", "cls.json"]
+
+
+@case("cls_unknown_task")
+def _(ctx):
+    return ["cls", "train", ctx.cls_recipe(), "data.task=sst5"], ["data", "unknown task 'sst5'", "sst2"]
+
+
+@case("cls_metric_of_the_other_problem")
+def _(ctx):
+    return ["cls", "train", ctx.cls_recipe(), "cls.metrics=[pearson]"], ["cls.metrics", "pearson", "classification"]
+
+
 def test_table_is_large_enough():
     assert len(CASES) >= 100 and len({c.name for c in CASES}) == len(CASES)
 
@@ -1434,6 +1518,7 @@ NUMERIC_OPTIONS = [
     (["ner", "eval", "MODEL", "--data", "x.conll", "--noise", "1.5"], "--noise: 1.5 must be in [0, 1]"),
     (["ner", "eval", "MODEL", "--data", "x.conll", "--noise-seed", "-1"], "--noise-seed: -1 must be at least 0"),
     (["ner", "predict", "MODEL", "--text", "x", "--threshold", "inf"], "--threshold: 'inf' is not a finite number"),
+    (["cls", "predict", "MODEL", "--text", "x", "--batch-size", "0"], "--batch-size: 0 must be at least 1"),
     (["preview", "recipe.yaml", "--n", "-1"], "--n: -1 must be at least 0"),
     (["preview", "recipe.yaml", "--stats-blocks", "-1"], "--stats-blocks: -1 must be at least 1"),
     (["demo", "--seeds", "0", "-2"], "--seeds: -2 must be at least 0"),

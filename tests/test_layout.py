@@ -21,7 +21,7 @@ LAYERS = [
     ["spanlm.accel"],  # the device speed backend: beside the engine, which alone applies it (tests/accel/test_seam.py)
     ["spanlm.train"],  # the engine: loop, objective interface, checkpoints, distribution, logging
     ["spanlm.objectives", "spanlm.finetune"],  # pretraining objectives; the fine-tuning skeleton (encoder + task head)
-    ["spanlm.pretrain", "spanlm.ner", "spanlm.qa"],  # the tasks the engine runs
+    ["spanlm.pretrain", "spanlm.ner", "spanlm.qa", "spanlm.cls"],  # the tasks the engine runs
     ["spanlm.evaluate", "spanlm.report"],  # `spanlm eval` (the tasks' training commands, a process per cell); plots
     ["spanlm.collators", "spanlm.demo"],  # the Hugging Face Trainer's collators; the demo
     ["spanlm.cli"],

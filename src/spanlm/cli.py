@@ -269,6 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_ner_commands(commands)
 
+    from spanlm.cls.cli import add_cls_commands
+
+    add_cls_commands(commands)
+
     from spanlm.evaluate.cli import add_eval_command
 
     add_eval_command(commands)

@@ -242,3 +242,45 @@ def test_the_shipped_demo_suite_is_the_demos_comparison():
     assert task.kind == "ner" and task.arms == ("fine-tuned", "frozen") and task.metric == "f1"
     assert task.recipe.data.train_docs == 500 and task.recipe.train.max_steps == 300
     assert Path(task.recipe.data.train).is_file() and Path(task.recipe.data.train).is_absolute()
+
+
+def test_cls_accuracy_follows_from_the_per_example_column():
+    correct = np.array([1, 0, 1, 1])
+    assert TASK_KINDS["cls"][2]["accuracy"][1]({"correct": correct.sum()}, 4) == pytest.approx(75.0)
+    assert TASK_KINDS["cls"][2]["matthews"][1] is None  # no per-example formula: no bootstrap interval
+
+
+@pytest.mark.slow
+def test_a_cls_suite_runs_its_cells(tiny_encoder_dir, tmp_path, capsys):
+    suite = {
+        "seeds": [0],
+        "tasks": [
+            {
+                "name": "sst2-mini",
+                "kind": "cls",
+                "recipe": "cls/sst2",
+                "metric": "accuracy",
+                "arms": ["fine-tuned"],
+                "settings": {
+                    "data.train": str(REPO / "data/cls/sst2/dev.tsv"),
+                    "data.dev": str(REPO / "data/cls/sst2/dev.tsv"),
+                    "data.max_length": 32,
+                    "train.max_steps": 2,
+                    "train.warmup_steps": 0,
+                    "train.batch_size": 8,
+                    "train.eval_every": 2,
+                    "train.save_every": 2,
+                    "train.num_workers": 0,
+                    "train.device": "cpu",
+                },
+            }
+        ],
+    }
+    path = tmp_path / "suite.yaml"
+    path.write_text("# SST-2 in two steps\n" + yaml.safe_dump(suite), encoding="utf-8")
+    encoders = [f"tiny={tiny_encoder_dir}", f"random=random:{tiny_encoder_dir}"]
+    code, out, err = run_eval([str(path), "--encoders", *encoders, "--out", str(tmp_path / "out")], capsys)
+    assert code == 0, err
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    cells = [c for c in results["cells"] if c["task"] == "sst2-mini"]
+    assert len(cells) == 2 and all(0 <= c["score"] <= 100 for c in cells)

@@ -1,5 +1,5 @@
 """On a GPU (``pytest -m gpu``; skipped without CUDA): per objective one bf16 training step, a save → resume
-round trip that matches the uninterrupted run, and export; NER and QA one fine-tuning step each.
+round trip that matches the uninterrupted run, and export; NER, QA and cls one fine-tuning step each.
 
 The round trip matches to a tolerance, not bit for bit: CUDA's embedding and index_add backward passes
 add with atomics, in an order that may differ between runs. ``SPANLM_GPU_TESTS_DEVICE=cpu`` runs the
@@ -154,3 +154,36 @@ def test_qa_one_step(tiny_encoder_dir, tmp_path):
     run, _ = train_qa(recipe, **QUIET)
     records = [r for r in read_metrics(run) if r["kind"] == "train"]
     assert [r["step"] for r in records] == [1] and math.isfinite(records[0]["loss"])
+
+
+def test_cls_one_step(tiny_encoder_dir, tmp_path):
+    from spanlm.cls.config import ClsRecipe
+    from spanlm.cls.task import train_cls
+    from spanlm.config import from_dict
+
+    sst2 = REPO / "data" / "cls" / "sst2"
+    recipe = from_dict(
+        ClsRecipe,
+        {
+            "seed": 0,
+            "model": {"path": str(tiny_encoder_dir)},
+            "data": {"train": str(sst2 / "dev.tsv"), "dev": str(sst2 / "dev.tsv"), "task": "sst2", "max_length": 64},
+            "train": {
+                "output_dir": str(tmp_path / "run"),
+                "max_steps": 1,
+                "batch_size": 8,
+                "warmup_steps": 0,
+                "eval_every": 0,
+                "save_every": 1000,
+                "log_every": 1,
+                "num_workers": 0,
+                "device": DEVICE,
+                "precision": "bf16",
+            },
+            "logging": {"report_to": [], "progress": False},
+        },
+    )
+    run, result = train_cls(recipe, **QUIET)
+    records = [r for r in read_metrics(run) if r["kind"] == "train"]
+    assert [r["step"] for r in records] == [1] and math.isfinite(records[0]["loss"])
+    assert 0 <= result["accuracy"] <= 100

@@ -70,6 +70,10 @@ def test_train_eval_predict(qa_encoder_dir, qa_fixtures, tmp_path, capsys):
         capsys, "qa", "train", str(recipe), "train.max_steps=6", "data.doc_stride=8", "--resume", "auto"
     )
     assert code == 2 and "data.doc_stride: " in err and "Traceback" not in err
+    code, out, err = run(
+        capsys, "qa", "train", str(recipe), "train.max_steps=6", "data.max_length=40", "--resume", "auto"
+    )
+    assert code == 2 and "data.max_length: 48 → 40" in err and "Traceback" not in err
 
     predictions = tmp_path / "predictions.json"
     code, out, err = run(

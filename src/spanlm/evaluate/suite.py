@@ -6,10 +6,11 @@
     seeds: [0, 1, 2]
     tasks:
       - name: germeval2014
-        kind: ner                       # ner | qa: the `spanlm KIND train` that runs each cell
+        kind: ner                       # ner | qa | cls: the `spanlm KIND train` that runs each cell
         recipe: ner/germeval2014        # a shipped recipe's name, or a path to a YAML recipe
         metric: f1                      # the score compared (ner: precision / recall / f1 / cluener_macro_f1;
-                                        # qa: em / f1), from the run's final dev evaluation (eval.json)
+                                        # qa: em / f1; cls: accuracy / f1 / macro_f1 / matthews /
+                                        # pearson / spearman), from the run's final dev evaluation (eval.json)
         arms: [fine-tuned, frozen]      # fine-tuned: the whole encoder trains; frozen: the head alone
         settings:                       # overrides of the recipe, as on the command line
           train.max_steps: 300
@@ -56,6 +57,14 @@ TASK_KINDS = {
         "spanlm.qa.config",
         "QARecipe",
         {"em": (("em",), lambda c, n: c["em"] / n), "f1": (("f1",), lambda c, n: c["f1"] / n)},
+    ),
+    "cls": (
+        "spanlm.cls.config",
+        "ClsRecipe",
+        {
+            "accuracy": (("accuracy",), lambda c, n: 100.0 * c["correct"] / n),
+            **{name: ((name,), None) for name in ("f1", "macro_f1", "matthews", "pearson", "spearman")},
+        },
     ),
 }
 SUITE_KEYS = {"seeds", "baseline", "tasks"}

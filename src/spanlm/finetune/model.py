@@ -61,9 +61,11 @@ def check_task_directory(directory: Path, files: tuple[str, ...], task: str) -> 
             )
 
 
-def ready_for_inference(objective: EncoderTask, directory: Path, device: str) -> torch.device:
-    """Load the head's weights from ``directory``, move ``objective`` to ``device`` (auto: CUDA when present),
-    eval mode."""
+def ready_for_inference(
+    objective: EncoderTask, directory: Path, device: str, head_state: dict | None = None
+) -> torch.device:
+    """Load the head's weights (``head_state``, or else the objective's ``head_file`` in ``directory``), move
+    ``objective`` to ``device`` (auto: CUDA when present), eval mode."""
     from safetensors.torch import load_file
 
     recorded = directory / TOKENIZER_FINGERPRINT_FILE
@@ -79,9 +81,11 @@ def ready_for_inference(objective: EncoderTask, directory: Path, device: str) ->
                 "restore the tokenizer files exported with the model"
             )
     head = directory / objective.head_file
-    check_safetensors(head)
+    if head_state is None:
+        check_safetensors(head)
+        head_state = load_file(str(head))
     try:
-        objective.head.load_state_dict(load_file(str(head)))
+        objective.head.load_state_dict(head_state)
     except RuntimeError as error:  # other shapes or names: another head's file
         raise InputError(f"{head}: does not fit this model's head: {error}".replace("\n", " ")) from None
     if device == "auto":

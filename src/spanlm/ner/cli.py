@@ -18,21 +18,17 @@ from spanlm.cli_support import (
 
 
 def _train(args: argparse.Namespace) -> int:
-    from spanlm.config import load_config
+    from spanlm.finetune.task import run_training
     from spanlm.ner.config import NerRecipe
     from spanlm.ner.task import train_ner
-    from spanlm.train.dist import is_main_process
 
-    recipe = load_config(args.recipe, args.overrides, cls=NerRecipe)
-    run_dir, scores = train_ner(recipe, resume=args.resume, log=log, weights_from=args.weights_from)
-    if is_main_process():  # the main process reports; the others only trained
-        summary = {"run_dir": str(run_dir), "model_dir": str(run_dir / "model")}
-        if scores is not None:
-            summary.update({"data": scores["data"], **{k: scores["micro"][k] for k in ("precision", "recall", "f1")}})
-            if "cluener_macro_f1" in scores:
-                summary["cluener_macro_f1"] = scores["cluener_macro_f1"]["f1"]
-        print(json.dumps(summary, ensure_ascii=False))
-    return 0
+    def summary(scores: dict) -> dict:
+        found = {"data": scores["data"], **{k: scores["micro"][k] for k in ("precision", "recall", "f1")}}
+        if "cluener_macro_f1" in scores:
+            found["cluener_macro_f1"] = scores["cluener_macro_f1"]["f1"]
+        return found
+
+    return run_training(args, NerRecipe, train_ner, summary, log)
 
 
 def _format(path: str, explicit: str | None, default: str | None) -> str | None:

@@ -20,9 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spanlm.config import load_config
 from spanlm.finetune.batches import to_device
-from spanlm.finetune.model import check_task_directory, ready_for_inference
+from spanlm.finetune.task import encoder_featurizer, load_task_model
 from spanlm.models.encoder import load_encoder
 from spanlm.models.hf_model import EncoderConfig
 from spanlm.models.packed import resolve_packing
@@ -204,16 +203,17 @@ class NerModel:
     """An exported NER model: encoder + GlobalPointer head + labels + the recipe it was trained with."""
 
     def __init__(self, directory: str | Path, device: str = "auto"):
-
         directory = Path(directory)
-        check_task_directory(directory, (RECIPE_FILE, HEAD_FILE, LABELS_FILE), "NER")
-        self.recipe = load_config(directory / RECIPE_FILE, cls=NerRecipe)
-        self.labels = read_labels(directory / LABELS_FILE)
-        encoder = load_encoder(EncoderConfig(path=str(directory)))
-        self.objective = NerObjective(encoder, len(self.labels), self.recipe.ner)
-        self.device = ready_for_inference(self.objective, directory, device)
-        self.tokenizer = encoder.tokenizer
-        self.featurizer = encoder.featurizer() if hasattr(encoder, "featurizer") else None
+
+        def build(directory: Path, recipe: NerRecipe) -> NerObjective:
+            self.labels = read_labels(directory / LABELS_FILE)
+            return NerObjective(load_encoder(EncoderConfig(path=str(directory))), len(self.labels), recipe.ner)
+
+        files = (RECIPE_FILE, HEAD_FILE, LABELS_FILE)
+        loaded = load_task_model(directory, "NER", files, RECIPE_FILE, NerRecipe, build, device)
+        self.recipe, self.objective, self.device = loaded.recipe, loaded.objective, loaded.device
+        self.tokenizer = loaded.tokenizer
+        self.featurizer = encoder_featurizer(self.objective.encoder)
 
     def windows(self, documents: list[NerDocument]) -> Windows:
         data = self.recipe.data

@@ -26,6 +26,7 @@ from spanlm.errors import ConfigError, InputError
 from spanlm.files import write_text_atomically
 from spanlm.finetune.batches import build_window_loader, held_out_batches
 from spanlm.finetune.model import PER_EXAMPLE_FILE, export_task_model
+from spanlm.finetune.task import check_max_length, encoder_featurizer
 from spanlm.models.encoder import describe_start, load_encoder
 from spanlm.models.packed import resolve_packing
 from spanlm.ner.config import NerRecipe
@@ -67,49 +68,49 @@ def read_split(path: str, recipe: NerRecipe, name: str, labels: list[str] | None
     return documents
 
 
-def featurizer_of(encoder):
-    """The encoder's extra-input featurizer (CharBERT), or None for a plain encoder."""
-    return encoder.featurizer() if hasattr(encoder, "featurizer") else None
-
-
-def ner_setup(recipe: NerRecipe, env, log=print, start: StartingPoint = StartingPoint()) -> TrainingSetup:
+def ner_setup(
+    recipe: NerRecipe, env, log=print, start: StartingPoint = StartingPoint(), resolved: dict | None = None
+) -> TrainingSetup:
     """Windows of the training and dev files, a resumable keyed loader, held-out loss and dev P/R/F1.
 
-    The label order (the head's type ids) is written back into ``recipe.data.labels`` so the run's
-    config.yaml and the export record it. ``start`` changes nothing here: the windows are read the same
-    however the run starts.
+    What the setup resolves — the label order (the head's type ids), ``data.packing`` — goes into a copy of the
+    recipe (``TrainingSetup.recipe``: the run's config.yaml and the export record it), never into ``recipe``;
+    ``resolved`` (a dict), when given, receives that copy under "recipe" and the whole dev set, read once, under
+    "dev". ``start`` changes nothing here: the windows are read the same however the run starts.
     """
 
-    data = recipe.data
-    # data errors first: reading is cheap
-    train_docs = read_split(data.train, recipe, "train", data.labels, log)[: data.train_docs or None]
-    labels = data.labels if data.labels is not None else label_set(train_docs)
+    train_docs = read_split(recipe.data.train, recipe, "train", recipe.data.labels, log)  # data errors first
+    train_docs = train_docs[: recipe.data.train_docs or None]
+    labels = recipe.data.labels if recipe.data.labels is not None else label_set(train_docs)
     if not labels:
-        raise InputError(f"{data.train}: no entity in the training file, so no label set; list them in data.labels")
-    data.labels = list(labels)
+        raise InputError(
+            f"{recipe.data.train}: no entity in the training file, so no label set; list them in data.labels"
+        )
     torch.manual_seed(recipe.seed)  # the same seed on every rank gives identical head weights
     encoder = load_encoder(recipe.model)
     log(describe_start(recipe.model))
-    if data.max_len > encoder.max_length():
-        raise ConfigError(
-            f"data.max_len {data.max_len} exceeds the {encoder.max_length()} positions of {recipe.model.path}"
-        )
-    featurizer = featurizer_of(encoder)
+    check_max_length(encoder, recipe.data.max_len, "data.max_len", recipe.model.path)
+    featurizer = encoder_featurizer(encoder)
+    objective = NerObjective(encoder, len(labels), recipe.ner)
+    packing = resolve_packing(recipe.data.packing, objective, env.packs_by_default)
+    recipe = dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, labels=list(labels), packing=packing))
+    data = recipe.data
     train_windows, report = make_windows(encoder.tokenizer, train_docs, labels, data.max_len, data.stride, featurizer)
     for line in report.lines(data.train):
         log(line)
     log(f"{data.train}: " + json.dumps(report.summary()))
-    objective = NerObjective(encoder, len(labels), recipe.ner)
-    data.packing = resolve_packing(data.packing, objective, env.packs_by_default)  # config.yaml records the choice
     train_windows.packed = data.packing
+    all_dev = read_split(data.dev, recipe, "dev", labels, log) if data.dev else None
+    if resolved is not None:
+        resolved.update(recipe=recipe, dev=all_dev)
 
     loader = build_window_loader(
         train_windows, recipe.train, recipe.seed, env.rank, env.world_size, data.tokens_per_batch
     )
-    if not data.dev:
-        return TrainingSetup(objective, loader, lambda: iter(()), resume_keeps=RESUME_KEEPS)
+    if all_dev is None:
+        return TrainingSetup(objective, loader, lambda: iter(()), resume_keeps=RESUME_KEEPS, recipe=recipe)
 
-    dev_docs = read_split(data.dev, recipe, "dev", labels, log)[: data.eval_docs or None]
+    dev_docs = all_dev[: data.eval_docs or None]
     dev_format = input_format(data.dev, data)
     dev_windows, dev_report = make_windows(encoder.tokenizer, dev_docs, labels, data.max_len, data.stride, featurizer)
     dev_windows.packed = train_windows.packed
@@ -140,7 +141,7 @@ def ner_setup(recipe: NerRecipe, env, log=print, start: StartingPoint = Starting
             metrics["cluener_macro_f1"] = scores["cluener_macro_f1"]["f1"]
         return metrics
 
-    return TrainingSetup(objective, loader, held_out, evaluate, resume_keeps=RESUME_KEEPS)
+    return TrainingSetup(objective, loader, held_out, evaluate, resume_keeps=RESUME_KEEPS, recipe=recipe)
 
 
 def export_model(run_dir: Path, recipe: NerRecipe) -> Path:
@@ -171,14 +172,15 @@ def train_ner(
 ) -> tuple[Path, dict | None]:
     """Fine-tune, export ``<run>/model/`` and score it on the whole dev set; returns (run dir, dev scores)."""
 
-    run_dir = train(recipe, ner_setup, resume, log, weights_from)
+    resolved: dict = {}
+    run_dir = train(recipe, functools.partial(ner_setup, resolved=resolved), resume, log, weights_from)
     if not is_main_process():
         return run_dir, None
+    recipe, dev = resolved["recipe"], resolved["dev"]  # the label order and packing the run used; dev read once
     model_dir = export_model(run_dir, recipe)
-    if not recipe.data.dev:
+    if dev is None:
         return run_dir, None
     model = NerModel(model_dir, device=recipe.train.device)
-    dev = read_split(recipe.data.dev, recipe, "dev", recipe.data.labels, lambda *_: None)
     scores, predicted = evaluate_model(
         model, dev, input_format(recipe.data.dev, recipe.data) == "cluener", recipe.train.batch_size
     )

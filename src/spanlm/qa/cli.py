@@ -16,15 +16,11 @@ from spanlm.cli_support import (
 
 
 def _train(args: argparse.Namespace) -> int:
-    from spanlm.config import load_config
+    from spanlm.finetune.task import run_training
     from spanlm.qa.config import QARecipe
     from spanlm.qa.task import train_qa
 
-    recipe = load_config(args.recipe, args.overrides, cls=QARecipe)
-    run_dir, metrics = train_qa(recipe, resume=args.resume, log=log, weights_from=args.weights_from)
-    if metrics is not None:  # the main process reports; the others only trained
-        print(json.dumps({"run_dir": str(run_dir), "model_dir": str(run_dir / "model"), **metrics}, ensure_ascii=False))
-    return 0
+    return run_training(args, QARecipe, train_qa, lambda metrics: metrics, log)
 
 
 def _eval(args: argparse.Namespace) -> int:

@@ -20,9 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spanlm.config import load_config
 from spanlm.finetune.batches import to_device
-from spanlm.finetune.model import check_task_directory, ready_for_inference
+from spanlm.finetune.task import encoder_featurizer, load_task_model
 from spanlm.models.encoder import load_encoder
 from spanlm.models.hf_model import EncoderConfig
 from spanlm.models.packed import resolve_packing
@@ -30,7 +29,7 @@ from spanlm.qa.config import QARecipe
 from spanlm.qa.data import QAExample
 from spanlm.qa.metrics import evaluate as score_predictions
 from spanlm.qa.model import HEAD_FILE, RECIPE_FILE, SETTINGS_FILE, QAObjective, read_threshold
-from spanlm.qa.windows import Windows, encoder_featurizer, make_windows
+from spanlm.qa.windows import Windows, make_windows
 
 
 @dataclasses.dataclass
@@ -148,15 +147,16 @@ class QAModel:
     """An exported QA model: encoder + span head + the recipe it was trained with + tuned threshold."""
 
     def __init__(self, directory: str | Path, device: str = "auto"):
-
         directory = Path(directory)
-        check_task_directory(directory, (RECIPE_FILE, HEAD_FILE, SETTINGS_FILE), "QA")
-        self.recipe = load_config(directory / RECIPE_FILE, cls=QARecipe)
+
+        def build(directory: Path, recipe: QARecipe) -> QAObjective:
+            return QAObjective(load_encoder(EncoderConfig(path=str(directory), dropout=recipe.model.dropout)))
+
+        files = (RECIPE_FILE, HEAD_FILE, SETTINGS_FILE)
+        loaded = load_task_model(directory, "QA", files, RECIPE_FILE, QARecipe, build, device)
+        self.recipe, self.objective, self.device = loaded.recipe, loaded.objective, loaded.device
         self.threshold = read_threshold(directory / SETTINGS_FILE)
-        encoder = load_encoder(EncoderConfig(path=str(directory), dropout=self.recipe.model.dropout))
-        self.objective = QAObjective(encoder)
-        self.device = ready_for_inference(self.objective, directory, device)
-        self.tokenizer = encoder.tokenizer
+        self.tokenizer = loaded.tokenizer
 
     def predict(self, examples: list[QAExample], batch_size: int = 32) -> list[Prediction]:
         return predict(self.objective, self.tokenizer, examples, self.recipe, batch_size, self.device)

@@ -20,6 +20,7 @@ from spanlm.errors import ConfigError, InputError
 from spanlm.files import write_text_atomically
 from spanlm.finetune.batches import build_window_loader, held_out_batches
 from spanlm.finetune.model import PER_EXAMPLE_FILE, export_task_model
+from spanlm.finetune.task import check_max_length, encoder_featurizer
 from spanlm.models.encoder import describe_start, load_encoder
 from spanlm.models.packed import resolve_packing
 from spanlm.qa.config import QARecipe
@@ -27,7 +28,7 @@ from spanlm.qa.data import QAExample, read_squad
 from spanlm.qa.metrics import question_scores
 from spanlm.qa.model import RECIPE_FILE, SETTINGS_FILE, QAObjective
 from spanlm.qa.predict import QAModel, evaluate_predictions, final_answer, predict
-from spanlm.qa.windows import encoder_featurizer, make_windows
+from spanlm.qa.windows import make_windows
 from spanlm.train.dist import is_main_process
 from spanlm.train.loop import StartingPoint, TrainingSetup, train
 
@@ -49,18 +50,21 @@ def read_split(path: str, recipe: QARecipe, name: str, log) -> list[QAExample]:
     return examples
 
 
-def qa_setup(recipe: QARecipe, env, log=print, start: StartingPoint = StartingPoint()) -> TrainingSetup:
-    """Windows of the training and dev files, a resumable keyed loader, held-out loss and EM/F1. ``start``
-    changes nothing here: the windows are read the same however the run starts."""
+def qa_setup(
+    recipe: QARecipe, env, log=print, start: StartingPoint = StartingPoint(), resolved: dict | None = None
+) -> TrainingSetup:
+    """Windows of the training and dev files, a resumable keyed loader, held-out loss and EM/F1.
+
+    ``data.packing`` as resolved goes into a copy of the recipe (``TrainingSetup.recipe``: config.yaml and the
+    export record it), never into ``recipe``; ``resolved`` (a dict), when given, receives that copy under "recipe"
+    and the dev set, read once, under "dev". ``start`` changes nothing here: the windows are read the same however
+    the run starts."""
 
     data = recipe.data
     torch.manual_seed(recipe.seed)  # the same seed on every rank gives identical head weights
     encoder = load_encoder(recipe.model)
     log(describe_start(recipe.model))
-    if data.max_length > encoder.max_length():
-        raise ConfigError(
-            f"data.max_length {data.max_length} exceeds the {encoder.max_length()} positions of {recipe.model.path}"
-        )
+    check_max_length(encoder, data.max_length, "data.max_length", recipe.model.path)
     objective = QAObjective(encoder)
     tokenizer = encoder.tokenizer
     train_examples = read_split(data.train, recipe, "train", log)
@@ -73,8 +77,11 @@ def qa_setup(recipe: QARecipe, env, log=print, start: StartingPoint = StartingPo
         tokenizer, dev_examples, data.max_length, data.doc_stride, data.max_query_length, featurizer
     )
     log(f"{len(train_windows)} training windows from {len(train_examples)} questions, {len(dev_windows)} dev windows")
-    data.packing = resolve_packing(data.packing, objective, env.packs_by_default)  # config.yaml records the choice
-    train_windows.packed = dev_windows.packed = data.packing
+    packing = resolve_packing(data.packing, objective, env.packs_by_default)
+    recipe = dataclasses.replace(recipe, data=dataclasses.replace(data, packing=packing))
+    train_windows.packed = dev_windows.packed = packing
+    if resolved is not None:
+        resolved.update(recipe=recipe, dev=dev_examples)
 
     loader = build_window_loader(
         train_windows, recipe.train, recipe.seed, env.rank, env.world_size, data.tokens_per_batch
@@ -89,7 +96,7 @@ def qa_setup(recipe: QARecipe, env, log=print, start: StartingPoint = StartingPo
         predictions = predict(module, tokenizer, dev_examples, recipe, recipe.train.batch_size, env.device, dev_windows)
         return evaluate_predictions(predictions, dev_examples, recipe)
 
-    return TrainingSetup(objective, loader, held_out, evaluate, resume_keeps=RESUME_KEEPS)
+    return TrainingSetup(objective, loader, held_out, evaluate, resume_keeps=RESUME_KEEPS, recipe=recipe)
 
 
 def export_model(run_dir: Path, recipe: QARecipe, threshold: float = 0.0) -> Path:
@@ -112,12 +119,13 @@ def train_qa(
     recipe: QARecipe, resume: str | None = None, log=print, weights_from: str | None = None
 ) -> tuple[Path, dict | None]:
     """Fine-tune, export ``<run>/model/`` and score it on the dev set; returns (run dir, dev metrics)."""
-    run_dir = train(recipe, qa_setup, resume, log, weights_from)
+    resolved: dict = {}
+    run_dir = train(recipe, functools.partial(qa_setup, resolved=resolved), resume, log, weights_from)
     if not is_main_process():
         return run_dir, None
+    recipe, dev = resolved["recipe"], resolved["dev"]  # the packing the run used; the dev set read once
     model_dir = export_model(run_dir, recipe)
     model = QAModel(model_dir, device=recipe.train.device)
-    dev = read_split(recipe.data.dev, recipe, "dev", lambda *_: None)
     predictions = model.predict(dev, recipe.train.batch_size)
     metrics = evaluate_predictions(predictions, dev, recipe, model.threshold)
     if recipe.qa.no_answer:

@@ -82,11 +82,6 @@ def truncate_questions(tokenizer, questions: list[str], max_query_length: int) -
     ]
 
 
-def encoder_featurizer(encoder) -> Callable | None:
-    """The encoder's extra-input featurizer (CharBERT's character channel), or None."""
-    return encoder.featurizer() if hasattr(encoder, "featurizer") else None
-
-
 def make_windows(
     tokenizer,
     examples: list[QAExample],

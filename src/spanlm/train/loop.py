@@ -98,6 +98,9 @@ class TrainingSetup:
     # The task's data settings a resume must keep, as recipe keys ("data.max_len"): they change every batch.
     # The engine checks every other section itself (spanlm.train.checkpoint.check_same_settings).
     resume_keeps: tuple[str, ...] = ()
+    # The recipe with what the setup resolved (a label order, data.packing: auto → true / false), a copy: the
+    # run's config.yaml, the resume check and the trackers record it. None: the recipe as given.
+    recipe: Any = None
 
 
 def train(
@@ -145,6 +148,8 @@ class Trainer:
         set_library_progress_bars(recipe.logging.progress)  # before the setup loads a model or a dataset
         env.packs_by_default = accel.packs_by_default(env.device)  # what the setup resolves data.packing: auto to
         self.setup = build_setup(recipe, env, self.log, start)
+        if self.setup.recipe is not None:  # what the setup resolved, never written into the recipe it was given
+            self.recipe = recipe = self.setup.recipe
         self.objective = self.setup.objective.to(env.device)
         # The device's speed backend, in place (spanlm.accel; on CPU its kernels are built now, not under the
         # progress bar), with a packed run's attention path

@@ -1,0 +1,157 @@
+"""The classification head of each encoder family, in the layout of its transformers ``*ForSequenceClassification``.
+
+The head's modules are transformers' own (``BertPooler``, ``RobertaClassificationHead``, …) under the names the stock
+class gives them, and :meth:`StockHead.forward` applies them as the stock class's forward does (which token or mean
+it pools, which activation, where dropout goes), so the exported directory *is* that class's checkpoint and
+``AutoModelForSequenceClassification`` computes the same logits. ``EXPORT_PREFIX`` maps the head's own state names to
+the stock class's (BERT's pooler lives inside its base model, ``bert.pooler``).
+
+An encoder of another kind (CharBERT's two channels, 2H wide) gets :class:`PoolerHead`: BERT's pooler and classifier
+over the [CLS] vector, exported in spanlm's own file.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+# family → {head state prefix: the stock class's name for it}
+EXPORT_PREFIX = {
+    "bert": {"pooler.": "bert.pooler.", "classifier.": "classifier."},
+    "roberta": {"classifier.": "classifier."},
+    "electra": {"classifier.": "classifier."},
+    "deberta-v2": {"pooler.": "pooler.", "classifier.": "classifier."},
+    "modernbert": {"head.": "head.", "classifier.": "classifier."},
+    "eurobert": {"dense.": "dense.", "classifier.": "classifier."},
+}
+
+
+def _dropout(config, *names: str) -> float:
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return float(value)
+    return 0.0
+
+
+class StockHead(nn.Module):
+    """The stock ``*ForSequenceClassification`` head of ``family`` for ``config`` (``num_labels`` set)."""
+
+    def __init__(self, family: str, config):
+        super().__init__()
+        self.family = family
+        self.pooling = "cls"
+        labels = config.num_labels
+        if family == "bert":
+            from transformers.models.bert.modeling_bert import BertPooler
+
+            self.pooler = BertPooler(config)
+            self.dropout = nn.Dropout(_dropout(config, "classifier_dropout", "hidden_dropout_prob"))
+            self.classifier = nn.Linear(config.hidden_size, labels)
+        elif family == "roberta":
+            from transformers.models.roberta.modeling_roberta import RobertaClassificationHead
+
+            self.classifier = RobertaClassificationHead(config)
+        elif family == "electra":
+            from transformers.models.electra.modeling_electra import ElectraClassificationHead
+
+            self.classifier = ElectraClassificationHead(config)
+        elif family == "deberta-v2":
+            from transformers.models.deberta_v2.modeling_deberta_v2 import ContextPooler
+
+            self.pooler = ContextPooler(config)
+            self.dropout = nn.Dropout(_dropout(config, "cls_dropout", "hidden_dropout_prob"))
+            self.classifier = nn.Linear(self.pooler.output_dim, labels)
+        elif family == "modernbert":
+            from transformers.models.modernbert.modeling_modernbert import ModernBertPredictionHead
+
+            self.pooling = config.classifier_pooling
+            self.head = ModernBertPredictionHead(config)
+            self.dropout = nn.Dropout(_dropout(config, "classifier_dropout"))
+            self.classifier = nn.Linear(config.hidden_size, labels)
+        elif family == "eurobert":
+            self.pooling = config.classifier_pooling
+            self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+            self.activation = nn.GELU()
+            self.classifier = nn.Linear(config.hidden_size, labels)
+        else:
+            raise ValueError(f"no stock head for {family}")
+
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(B, L, H) states and (B, L) mask of the real tokens → (B, labels) logits."""
+        family = self.family
+        if family in ("roberta", "electra"):
+            return self.classifier(hidden)
+        if family in ("bert", "deberta-v2"):
+            return self.classifier(self.dropout(self.pooler(hidden)))
+        if family == "eurobert" and self.pooling == "late":  # every token classified, the logits averaged
+            logits = self.classifier(self.activation(self.dense(hidden)))
+            weights = mask.to(logits.dtype).unsqueeze(-1)
+            return (logits * weights).sum(1) / weights.sum(1)
+        pooled = hidden[:, 0] if self.pooling in ("cls", "bos") else _mean(hidden, mask)
+        if family == "modernbert":
+            return self.classifier(self.dropout(self.head(pooled)))
+        return self.classifier(self.activation(self.dense(pooled)))  # eurobert
+
+    def export_names(self) -> dict[str, str]:
+        """The head's state names → the stock class's."""
+        prefixes = EXPORT_PREFIX[self.family]
+        out = {}
+        for name in self.state_dict():
+            prefix = next(p for p in prefixes if name.startswith(p))
+            out[name] = prefixes[prefix] + name[len(prefix) :]
+        return out
+
+
+def _mean(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    weights = mask.to(hidden.dtype).unsqueeze(-1)
+    return (hidden * weights).sum(1) / weights.sum(1)
+
+
+class PoolerHead(nn.Module):
+    """BERT's head over any width: tanh(dense([CLS])), dropout, a linear classifier (Devlin et al. 2019, §4.1)."""
+
+    def __init__(self, hidden_size: int, labels: int, dropout: float, initializer_range: float):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(hidden_size, labels)
+        for layer in (self.dense, self.classifier):
+            nn.init.normal_(layer.weight, std=initializer_range)
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.dropout(torch.tanh(self.dense(hidden[:, 0]))))
+
+
+def classification_config(model_config, labels: list[str] | None):
+    """A copy of the encoder's config for the classification model: ``num_labels``, ``id2label`` / ``label2id``
+    and ``problem_type`` (``labels`` None: regression, one output)."""
+    config = copy.deepcopy(model_config)
+    if labels is None:
+        config.num_labels = 1
+        config.problem_type = "regression"
+    else:
+        config.id2label = dict(enumerate(labels))
+        config.label2id = {label: i for i, label in enumerate(labels)}
+        config.problem_type = "single_label_classification"
+    return config
+
+
+def build_head(encoder, labels: list[str] | None) -> nn.Module:
+    """The head for ``encoder``: its family's stock head where spanlm's encoder is the stock model, else
+    :class:`PoolerHead`. Initialised as the stock class initialises it (the encoder model's ``_init_weights``)."""
+    model = getattr(encoder, "model", None)
+    config = getattr(model, "config", None)
+    family = getattr(config, "model_type", None)
+    if family in EXPORT_PREFIX and encoder.hidden_size == config.hidden_size:
+        head = StockHead(family, classification_config(config, labels))
+        for module in head.modules():
+            model._init_weights(module)
+        return head
+    backbone = getattr(model, "backbone", model)
+    dropout = _dropout(getattr(backbone, "config", None), "classifier_dropout", "hidden_dropout_prob")
+    initializer_range = getattr(getattr(backbone, "config", None), "initializer_range", 0.02)
+    return PoolerHead(encoder.hidden_size, 1 if labels is None else len(labels), dropout, initializer_range)
