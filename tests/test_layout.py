@@ -179,3 +179,19 @@ def test_no_source_file_cites_a_repository_file_a_wheel_lacks():
     cites = re.compile(r"BENCHMARKS\.md|RESULTS\.md|\bdocs/[\w./-]+\.md|\bbench/\w+\.py")
     citing = {name: cites.findall(path.read_text(encoding="utf-8")) for name, path in MODULES.items()}
     assert {name: found for name, found in citing.items() if found} == {}
+
+
+# A file a newcomer reads top to bottom. The CharBERT modeling file is exempt: it travels alone with every CharBERT
+# export as transformers' remote code, so it holds the whole model.
+LONGEST_SOURCE_FILE = 500
+ONE_FILE_MODELS = {"spanlm.models.modeling_charbert"}
+
+
+def test_no_source_file_is_over_500_lines():
+    long = {
+        module: lines
+        for module, path in MODULES.items()
+        if module not in ONE_FILE_MODELS
+        and (lines := len(path.read_text(encoding="utf-8").splitlines())) > LONGEST_SOURCE_FILE
+    }
+    assert long == {}
