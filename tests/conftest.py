@@ -10,6 +10,32 @@ import helpers
 from spanlm.config import from_dict
 from spanlm.pretrain.recipe import Recipe
 
+# Fixtures that train a model, build a package or environment, or run a whole spanlm command: a test using one
+# is an integration test, marked `slow` here (left out of `make test-fast`) whether or not it says so itself.
+INTEGRATION_FIXTURES = {
+    "evaluated",  # evaluate/test_eval.py: a whole `spanlm eval` suite
+    "workdir",  # test_readme_hf.py, models/test_charbert_hf.py: a tiny pretraining run and its export
+    "tiny_model",  # ner/test_attack.py: `ner train`
+    "trained",  # ner/test_cli.py: `ner train` in the test
+    "ner_model",  # test_bad_inputs.py: `ner train`
+    "qa_model",  # test_bad_inputs.py: `qa train`
+    "pretrain_run",  # test_bad_inputs.py: `pretrain`
+    "wheel",  # test_recipes.py: an sdist and a wheel built by pip
+    "target_python",  # test_gpu_check.py: a clean venv
+    "transformers4",  # data/test_tokenizer.py: a venv with transformers 4
+}
+
+
+TRAINING_ENGINE = Path(__file__).parent / "train"
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        # and the training-engine tests that use its toy corpus: they run `pretrain` (tests/train/conftest.py)
+        engine = item.path.is_relative_to(TRAINING_ENGINE) and "prepared" in item.fixturenames
+        if engine or INTEGRATION_FIXTURES.intersection(item.fixturenames):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(scope="session")
 def embedded_prepared(tmp_path_factory) -> Path:

@@ -2,10 +2,13 @@
 
 import re
 
+import pytest
+
 from helpers import REPO, TINY_RUN
 from spanlm.cli import main
 
 
+@pytest.mark.slow
 def test_readme_python_examples_run(tmp_path, monkeypatch, capsys):
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     readme = readme.split("## With Hugging Face\n")[0] + "## Development" + readme.split("\n## Development")[1]

@@ -172,6 +172,7 @@ def _position_keep(shape) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("padding", [0, 100])  # every segment a product of its own, or short ones grouped
+@pytest.mark.slow
 def test_varlen_forward_and_gradients_equal_the_per_block_formula_in_float64(monkeypatch, padding):
     monkeypatch.setattr(attention, "segment_groups", functools.partial(segment_groups, padding=padding))
     generator = torch.Generator().manual_seed(0)

@@ -70,6 +70,7 @@ def recipe(encoder_dir, data, out, *overrides):
 
 
 @pytest.mark.parametrize("kind", ["efficient", "standard"])
+@pytest.mark.slow
 def test_tiny_model_learns_the_sentences(tiny_encoder_dir, sentences_file, tmp_path, kind):
     """The real learning test: windows of ≤ 14 content tokens, so sentences span windows; nested gold."""
     steps = 120

@@ -61,6 +61,7 @@ def fingerprint_of(run: Path) -> str:
     return torch.load(ckpt.latest_checkpoint(run) / "trainer_state.pt", weights_only=True)["tokenizer_fingerprint"]
 
 
+@pytest.mark.slow
 def test_a_run_is_exported_and_resumed_after_its_corpus_was_prepared_again(tmp_path, capsys):
     prepared, run = tmp_path / "prepared", tmp_path / "run"
     recipe = tiny_recipe(tmp_path, "first", prepared, run)
@@ -206,6 +207,7 @@ def test_default_prepared_directories_are_keyed_by_their_tokenizer(tmp_path):
     assert explicit.data.prepared_dir == "runs/mine"  # a directory named outright is used as named
 
 
+@pytest.mark.slow
 def test_the_readme_commands_in_sequence_leave_every_run_exportable_and_resumable(tmp_path, monkeypatch):
     """The issue's scenario: a default recipe, continued pretraining with tokenizer.path=…, the default
     recipe again with another objective — afterwards each earlier run still exports and resumes."""
@@ -247,6 +249,7 @@ def load_prepared_dir(command: list[str]) -> str:
     return load_recipe(command[0], command[1:]).data.prepared_dir
 
 
+@pytest.mark.slow
 def test_a_macbert_run_keeps_its_similar_word_table_and_exports_after_a_forced_prepare(tmp_path):
     prepared, run = tmp_path / "prepared", tmp_path / "run"
     recipe = tiny_recipe(tmp_path, "macbert", prepared, run)
