@@ -123,6 +123,7 @@ def _reference(hidden, allowed, heads, scale, keep, keep_scale, wq, bq, wk, bk, 
     return (weights @ value).transpose(1, 2).reshape(batch, length, width)
 
 
+@pytest.mark.slow
 def test_forward_and_gradients_equal_the_formula_in_float64(monkeypatch):
     generator = torch.Generator().manual_seed(0)
     batch, length, width, heads = 2, 5, 8, 2

@@ -103,6 +103,7 @@ def test_a_run_is_exported_and_resumed_after_its_corpus_was_prepared_again(tmp_p
     assert sorted(p.name for p in (run / "tokenizers").iterdir()) == [trained_on]  # once per run
 
 
+@pytest.mark.slow
 def test_a_checkpoint_from_before_runs_kept_their_tokenizer_exports_as_before(tmp_path, capsys):
     prepared, run = tmp_path / "prepared", tmp_path / "run"
     assert main(["pretrain", str(tiny_recipe(tmp_path, "first", prepared, run))]) == 0
@@ -114,6 +115,7 @@ def test_a_checkpoint_from_before_runs_kept_their_tokenizer_exports_as_before(tm
     assert "trained on the ids of tokenizer" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_an_objective_that_needs_the_token_arrays_says_so(tmp_path):
     from spanlm.errors import InputError
     from spanlm.train.kept_tokenizer import KeptTokenizer
@@ -130,6 +132,7 @@ def test_an_objective_that_needs_the_token_arrays_says_so(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_prepare_replaces_a_tokenizer_only_with_force_and_names_the_runs_trained_on_it(tmp_path, capsys):
     prepared, run = tmp_path / "prepared", tmp_path / "run"
     recipe = tiny_recipe(tmp_path, "first", prepared, run)
