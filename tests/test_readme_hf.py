@@ -7,24 +7,15 @@ import shlex
 
 import pytest
 
-from helpers import REPO, TINY_RUN, readme_section
+from helpers import REPO, TINY_RUN, copy_of, readme_section
 from spanlm.cli import main
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    """A directory with the README's earlier commands run in it: prepare, a tiny SpanBERT, its export."""
-    directory = tmp_path_factory.mktemp("readme_hf")
-    (directory / "data").symlink_to(REPO / "data")
-    (directory / "configs").symlink_to(REPO / "configs")
-    previous = os.getcwd()
-    os.chdir(directory)
-    try:
-        assert main(["pretrain", str(REPO / "configs/pretrain/spanbert.yaml"), *TINY_RUN]) == 0
-        assert main(["export", "runs/pretrain/spanbert", "--out", "runs/export/spanbert"]) == 0
-    finally:
-        os.chdir(previous)
-    return directory
+def workdir(readme_runs, tmp_path_factory):
+    """A copy of the directory where the README's earlier commands ran (prepare, a tiny SpanBERT, its export):
+    these snippets write there."""
+    return copy_of(readme_runs, tmp_path_factory.mktemp("readme_hf") / "work")
 
 
 def commands(bash: str) -> list[list[str]]:
