@@ -27,13 +27,13 @@ INTEGRATION_FIXTURES = {
     "transformers4",  # data/test_tokenizer.py: a venv with transformers 4
 }
 
-
+# The training-engine tests: those using the folder's toy corpus (`prepared`) pretrain on it.
 TRAINING_ENGINE = Path(__file__).parent / "train"
 
 
 def pytest_collection_modifyitems(items):
+    """Mark `slow` the users of INTEGRATION_FIXTURES and the training-engine tests that pretrain."""
     for item in items:
-        # and the training-engine tests that use its toy corpus: they run `pretrain` (tests/train/conftest.py)
         engine = item.path.is_relative_to(TRAINING_ENGINE) and "prepared" in item.fixturenames
         if engine or INTEGRATION_FIXTURES.intersection(item.fixturenames):
             item.add_marker(pytest.mark.slow)
