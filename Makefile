@@ -7,7 +7,7 @@ CONSTRAINTS ?= constraints.txt
 PIP_CONSTRAINT_FLAG = $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 BIN = $(VENV)/bin
 
-.PHONY: demo test gpu-check gpu-wheels venv clean
+.PHONY: demo test test-fast gpu-check gpu-wheels venv clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,10 +25,15 @@ venv: $(VENV)/.installed
 demo: venv
 	$(BIN)/spanlm demo --out runs/demo
 
+# The whole suite, the slowest tests listed at the end (docs/development.md keeps a measured list).
 test: venv
 	$(BIN)/ruff check src tests bench tools examples
 	$(BIN)/ruff format --check src tests bench tools examples
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
+
+# The inner loop: the unit tests, without the ones marked slow (a training loop, a subprocess, a whole command).
+test-fast: venv
+	$(BIN)/python -m pytest -q -m "not slow"
 
 # The offline GPU check (tools/gpu_check.py --help). On the GPU machine, in this checkout, with its own CUDA torch
 # and no network: installs spanlm beside that torch (pip --no-deps --no-build-isolation, into a temporary prefix)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,33 @@ import pytest
 import helpers
 from spanlm.config import from_dict
 from spanlm.pretrain.recipe import Recipe
+
+# Fixtures that train a model, build a package or environment, or run a whole spanlm command: a test using one
+# is an integration test, marked `slow` here (left out of `make test-fast`) whether or not it says so itself.
+INTEGRATION_FIXTURES = {
+    "readme_runs",  # the README's prepare, pretrain and export commands, made tiny
+    "evaluated",  # evaluate/test_eval.py: a whole `spanlm eval` suite
+    "workdir",  # test_readme_hf.py, models/test_charbert_hf.py: a tiny pretraining run and its export
+    "tiny_model",  # ner/test_attack.py: `ner train`
+    "trained",  # ner/test_cli.py: `ner train` in the test
+    "ner_model",  # test_bad_inputs.py: `ner train`
+    "qa_model",  # test_bad_inputs.py: `qa train`
+    "pretrain_run",  # test_bad_inputs.py: `pretrain`
+    "wheel",  # test_recipes.py: an sdist and a wheel built by pip
+    "target_python",  # test_gpu_check.py: a clean venv
+    "transformers4",  # data/test_tokenizer.py: a venv with transformers 4
+}
+
+# The training-engine tests: those using the folder's toy corpus (`prepared`) pretrain on it.
+TRAINING_ENGINE = Path(__file__).parent / "train"
+
+
+def pytest_collection_modifyitems(items):
+    """Mark `slow` the users of INTEGRATION_FIXTURES and the training-engine tests that pretrain."""
+    for item in items:
+        engine = item.path.is_relative_to(TRAINING_ENGINE) and "prepared" in item.fixturenames
+        if engine or INTEGRATION_FIXTURES.intersection(item.fixturenames):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -50,6 +78,28 @@ def tiny_encoder_dir(embedded_prepared, tmp_path_factory) -> Path:
     model.save_pretrained(str(out))
     corpus.tokenizer.save_pretrained(str(out))
     return out
+
+
+@pytest.fixture(scope="session")
+def readme_runs(tmp_path_factory) -> Path:
+    """A directory where the README's first commands ran, made tiny (``helpers.TINY_RUN``): ``spanlm prepare``
+    of configs/prepare/english.yaml, ``spanlm pretrain`` of configs/pretrain/spanbert.yaml and ``spanlm export``
+    to runs/export/spanbert; data/ and configs/ link to the checkout's. One pretraining run and export for the
+    README tests of the session: each works in a copy (:func:`helpers.copy_of`), as its snippets write there."""
+    from spanlm.cli import main
+
+    directory = tmp_path_factory.mktemp("readme_runs")
+    (directory / "data").symlink_to(helpers.REPO / "data")
+    (directory / "configs").symlink_to(helpers.REPO / "configs")
+    previous = os.getcwd()
+    os.chdir(directory)
+    try:
+        assert main(["prepare", str(helpers.REPO / "configs/prepare/english.yaml"), "tokenizer.vocab_size=2000"]) == 0
+        assert main(["pretrain", str(helpers.REPO / "configs/pretrain/spanbert.yaml"), *helpers.TINY_RUN]) == 0
+        assert main(["export", "runs/pretrain/spanbert", "--out", "runs/export/spanbert"]) == 0
+    finally:
+        os.chdir(previous)
+    return directory
 
 
 @pytest.fixture

@@ -41,6 +41,14 @@ TINY_RUN = [
 ]
 
 
+def copy_of(directory: Path, into: Path) -> Path:
+    """``directory`` copied to ``into`` (links kept as links), for a test that writes where a shared fixture is."""
+    import shutil
+
+    shutil.copytree(directory, into, symlinks=True)
+    return into
+
+
 def external_data(name: str) -> Path:
     """A dataset the repository does not ship, from ``external/`` (data/README.md); the project's developers
     keep one copy beside their checkouts (``../shared/data``), used when ``external/`` lacks it."""

@@ -12,6 +12,8 @@ import torch
 
 from helpers import REPO, measured
 
+pytestmark = pytest.mark.slow  # every test runs bench/train_step_gpu.py in a subprocess
+
 SCRIPT = REPO / "bench" / "train_step_gpu.py"
 
 

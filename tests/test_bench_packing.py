@@ -6,7 +6,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from helpers import REPO, measured
+
+pytestmark = pytest.mark.slow  # runs bench/packing.py in a subprocess
 
 SCRIPT = REPO / "bench" / "packing.py"
 

@@ -7,7 +7,11 @@ import math
 import subprocess
 import sys
 
+import pytest
+
 from helpers import REPO
+
+pytestmark = pytest.mark.slow  # runs the bench script in a subprocess
 
 SCRIPT = REPO / "bench" / "train_step_modern.py"
 

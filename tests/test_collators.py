@@ -133,6 +133,7 @@ def test_clear_errors_for_what_a_scheme_needs(tokenizer, features):
     assert MaskingCollator(tokenizer, "mlm")([{"input_ids": features[0]["input_ids"]}])["labels"].shape[0] == 1
 
 
+@pytest.mark.slow
 def test_macbert_collator_uses_a_prepared_similar_word_table(embedded_prepared, tmp_path):
     """scheme ngram with similar words from a `spanlm prepare` directory made with data.similar_words."""
     from spanlm.config import from_dict

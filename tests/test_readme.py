@@ -5,6 +5,8 @@ docs/ner.md's Python API."""
 import json
 import shlex
 
+import pytest
+
 from helpers import REPO, TINY_RUN, doc_section
 from spanlm.cli import main
 
@@ -35,6 +37,7 @@ EXAMPLES = [
 ]
 
 
+@pytest.mark.slow
 def test_readme_first_run_then_the_guides_python_examples(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").symlink_to(REPO / "data")

@@ -7,26 +7,17 @@ import shlex
 
 import pytest
 
-from helpers import REPO, TINY_RUN, doc_section
+from helpers import REPO, TINY_RUN, copy_of, doc_section
 from spanlm.cli import main
 
 PAGE = "docs/huggingface.md"
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    """A directory with the guide's first commands run in it: a tiny SpanBERT, its export."""
-    directory = tmp_path_factory.mktemp("readme_hf")
-    (directory / "data").symlink_to(REPO / "data")
-    (directory / "configs").symlink_to(REPO / "configs")
-    previous = os.getcwd()
-    os.chdir(directory)
-    try:
-        assert main(["pretrain", str(REPO / "configs/pretrain/spanbert.yaml"), *TINY_RUN]) == 0
-        assert main(["export", "runs/pretrain/spanbert", "--out", "runs/export/spanbert"]) == 0
-    finally:
-        os.chdir(previous)
-    return directory
+def workdir(readme_runs, tmp_path_factory):
+    """A copy of the directory where the README's earlier commands ran (prepare, a tiny SpanBERT, its export):
+    these snippets write there."""
+    return copy_of(readme_runs, tmp_path_factory.mktemp("readme_hf") / "work")
 
 
 def commands(bash: str) -> list[list[str]]:

@@ -123,6 +123,7 @@ def _reference(hidden, allowed, heads, scale, keep, keep_scale, wq, bq, wk, bk, 
     return (weights @ value).transpose(1, 2).reshape(batch, length, width)
 
 
+@pytest.mark.slow
 def test_forward_and_gradients_equal_the_formula_in_float64(monkeypatch):
     generator = torch.Generator().manual_seed(0)
     batch, length, width, heads = 2, 5, 8, 2
@@ -172,6 +173,7 @@ def _position_keep(shape) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("padding", [0, 100])  # every segment a product of its own, or short ones grouped
+@pytest.mark.slow
 def test_varlen_forward_and_gradients_equal_the_per_block_formula_in_float64(monkeypatch, padding):
     monkeypatch.setattr(attention, "segment_groups", functools.partial(segment_groups, padding=padding))
     generator = torch.Generator().manual_seed(0)

@@ -26,6 +26,7 @@ def last_round_faults(mode: str) -> tuple[str, int]:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="glibc malloc tuning is Linux-only")
+@pytest.mark.slow
 def test_retained_memory_is_reused_without_page_faults():
     took, retained = last_round_faults("retain")
     if took != "True":

@@ -154,6 +154,7 @@ def _waiting_for_the_lock(directory):
     return waiter, acquired
 
 
+@pytest.mark.slow
 def test_a_live_build_s_lock_is_waited_for_saying_whose_and_never_taken(tmp_path, capsys):
     import os
     import subprocess

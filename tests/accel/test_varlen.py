@@ -80,6 +80,7 @@ def test_the_repadded_path_accepts_a_longest_rounded_up():
     )
 
 
+@pytest.mark.slow
 def test_the_cpu_path_compiles_as_one_graph_and_equals_the_reference():
     """Under torch.compile the per-segment loop (a host read of the bounds) gives way to the padded-again path."""
     inputs = tokens(dtype=torch.float32)

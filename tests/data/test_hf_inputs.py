@@ -198,6 +198,7 @@ def test_a_dataset_name_that_cannot_be_loaded_is_one_line(
     assert str(error.value) == f"{entry}: " + message.format(cache=offline_datasets_cache, tmp=tmp_path)
 
 
+@pytest.mark.slow
 def test_the_cli_reads_the_offline_variables(cached_wikitext, offline_datasets_cache, tmp_path):
     """`spanlm prepare` in its own process: HF_DATASETS_OFFLINE=1 loads from HF_DATASETS_CACHE; a name
     not there is one line on stderr, exit code 2, and the prepared directory is left as it was."""

@@ -235,6 +235,7 @@ def prepared_arrays(directory) -> dict:
 
 
 @pytest.mark.parametrize("words", ["none", "jieba"])
+@pytest.mark.slow
 def test_worker_processes_write_the_same_arrays(tmp_path, monkeypatch, words):
     import spanlm.data.prepare as prepare_module
 
@@ -308,6 +309,7 @@ def test_a_worker_starts_without_transformers_and_encodes_as_the_main_process(tm
     assert worker["arrays"] == [a.tolist() for a in encode_sentences(tokenizer, texts, "none")]
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_starting_fails_the_prepare_instead_of_hanging(tmp_path):
     """A script without a ``__main__`` guard runs its prepare again in each spawned worker, which then
     dies before it reads what the main process sends it; a tokenizer larger than a pipe's buffer must not

@@ -8,6 +8,8 @@ import pytest
 
 from helpers import REPO, external_data
 
+pytestmark = pytest.mark.slow  # runs bench/prepare_scale.py in a subprocess, or forks
+
 
 @pytest.mark.skipif(not external_data("english_text").is_dir(), reason="needs external/english_text (data/README.md)")
 def test_the_scale_benchmark_small_mode(tmp_path):

@@ -120,6 +120,7 @@ def test_tying_survives_deepcopy_and_loading_a_state_dict(corpus):
     assert torch.equal(clone.head.decoder_weight, objective.head.decoder_weight)
 
 
+@pytest.mark.slow
 def test_a_few_steps_lower_the_loss(corpus):
     objective = tiny_objective(corpus)
     optimizer = torch.optim.AdamW(objective.parameters(), lr=1e-2)

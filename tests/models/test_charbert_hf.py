@@ -152,6 +152,7 @@ def test_documented_snippet_runs_both_channels_without_spanlm_as_spanlm_does(wor
 
 
 @pytest.mark.parametrize("family, fusion", [("roberta", "per_layer"), ("electra", "shared")])
+@pytest.mark.slow
 def test_every_backbone_and_fusion_mode_loads_in_transformers(embedded_prepared, tmp_path, family, fusion):
     corpus = PreparedCorpus(embedded_prepared)
     char_vocab = build_char_vocab(corpus, 60)

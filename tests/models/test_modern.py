@@ -151,6 +151,7 @@ def test_a_directory_of_the_other_family_is_refused_naming_both(prepared, tmp_pa
 
 
 @pytest.mark.parametrize("family", ["modernbert", "eurobert"])
+@pytest.mark.slow
 def test_the_first_loss_on_a_continued_checkpoint_is_the_stock_masked_lm_loss(prepared, tmp_path, family):
     """The checkpoint's MLM head is kept, not re-initialised: spanlm's loss on a masked batch is what the stock
     ``*ForMaskedLM`` computes on the same batch."""
@@ -178,6 +179,7 @@ def test_the_first_loss_on_a_continued_checkpoint_is_the_stock_masked_lm_loss(pr
 
 
 @pytest.mark.parametrize("family, objective", [("modernbert", "spanbert"), ("eurobert", "electra")])
+@pytest.mark.slow
 def test_resume_is_bit_exact_and_the_export_is_the_family_task_model(prepared, tmp_path, family, objective):
     """2N = N + resume + N, on packed batches; the export loads in ``AutoModelForMaskedLM`` (ELECTRA: its
     generator) with the logits spanlm computes at the masked positions, and in the token-classification / QA
@@ -230,6 +232,7 @@ def test_resume_is_bit_exact_and_the_export_is_the_family_task_model(prepared, t
 
 
 @pytest.mark.parametrize("family", ["modernbert", "eurobert"])
+@pytest.mark.slow
 def test_ner_and_qa_fine_tune_and_predict_from_the_export(prepared, tmp_path, family, capsys):
     import json
 
@@ -294,6 +297,7 @@ def test_charbert_refuses_a_modern_backbone_in_one_line(prepared):
 
 
 @pytest.mark.parametrize("family", ["modernbert", "eurobert"])
+@pytest.mark.slow
 def test_the_cpu_backend_computes_the_same_losses_padded_and_packed(prepared, tmp_path, family):
     """``spanlm.accel`` as the Trainer applies it (FastDropout's SDPA, the fused cross-entropy, the tied gradient)
     keeps ModernBERT's window and EuroBERT's untied decoder: the same losses as the model as built."""

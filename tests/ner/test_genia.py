@@ -283,6 +283,7 @@ AGREEMENT = {
 
 
 @pytest.mark.skipif(not (GENIA / "GENIAcorpus3.02.tgz").is_file(), reason="needs external/genia (data/README.md)")
+@pytest.mark.slow
 def test_reproduces_yhcc_dev_and_test(tmp_path):
     yhcc = GENIA / "yhcc_CNN_Nested_NER"
     corpus = read_genia(GENIA / "GENIAcorpus3.02.tgz")

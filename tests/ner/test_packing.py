@@ -91,6 +91,7 @@ def test_packed_windows_train_and_predict_as_padded_ones(tiny_encoder_dir, charb
     np.testing.assert_allclose(found_packed.score, found_padded.score, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_packed_run_with_a_token_budget_trains_and_records_its_choice(tiny_encoder_dir, tmp_path, monkeypatch):
     forbid_deriving_segment_bounds(monkeypatch)  # training, evaluation and prediction read the bounds they carry
     train = FIXTURES / "wnut_train_mini.conll"

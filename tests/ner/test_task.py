@@ -70,6 +70,7 @@ def recipe(encoder_dir, data, out, *overrides):
 
 
 @pytest.mark.parametrize("kind", ["efficient", "standard"])
+@pytest.mark.slow
 def test_tiny_model_learns_the_sentences(tiny_encoder_dir, sentences_file, tmp_path, kind):
     """The real learning test: windows of ≤ 14 content tokens, so sentences span windows; nested gold."""
     steps = 120
@@ -103,6 +104,7 @@ def test_tiny_model_learns_the_sentences(tiny_encoder_dir, sentences_file, tmp_p
     assert encoder.config.hidden_size == 32
 
 
+@pytest.mark.slow
 def test_resume_is_exact(tiny_encoder_dir, sentences_file, tmp_path):
     # A constant schedule: the first leg's max_steps=3 must not change the learning rates.
     straight, _ = train_ner(

@@ -105,6 +105,7 @@ def test_noise_statistics(objective, corpus):
     assert nlm_tokens >= counters["noised_words"]  # every piece of a noised word is a target
 
 
+@pytest.mark.slow
 def test_loss_parts_and_empty_targets(objective, corpus):
     masked = next(batches(corpus, objective.masker, 1))
     batch = masked.to_torch()
@@ -259,6 +260,7 @@ def test_pretrain_export_and_load_as_a_fine_tuning_encoder(corpus, tmp_path):
         torch.testing.assert_close(continued.state_dict()[name], tensor, atol=0, rtol=0, msg=name)
 
 
+@pytest.mark.slow
 def test_the_results_nlm_baseline_script_runs_on_a_charbert_recipe(corpus, tmp_path):
     """examples/nlm_baseline.py (RESULTS.md's most-frequent-word line for CharBERT) still runs."""
     import subprocess

@@ -177,6 +177,7 @@ def test_sampling_is_a_function_of_the_batch_seed(corpus, tmp_path):
 
 
 @pytest.mark.parametrize("name", RECIPES)
+@pytest.mark.slow
 def test_a_tiny_run_detects_replaced_tokens_well_above_the_all_original_baseline(corpus, tmp_path, name):
     objective = build(corpus, tmp_path, name)
     batches = [masked_batch(objective, corpus, first=8 * k, seed=k) for k in range(2)]

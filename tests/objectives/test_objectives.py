@@ -75,6 +75,7 @@ def fixed_batch(objective, prepared: Path, n_blocks: int = 4, seed: int = 0) -> 
 
 
 @pytest.mark.parametrize("name", list(OBJECTIVES))
+@pytest.mark.slow
 def test_each_objective_overfits_one_batch(prepared, tmp_path, name):
     torch.manual_seed(0)
     objective = build_objective(tiny_recipe(prepared, name, tmp_path), PreparedCorpus(prepared))
@@ -157,6 +158,7 @@ def test_vocabulary_mismatch_is_a_clear_error(prepared, tmp_path):
         build_objective(tiny_recipe(prepared, "mlm", tmp_path, path=str(tmp_path / "ckpt")), PreparedCorpus(prepared))
 
 
+@pytest.mark.slow
 def test_export_loads_in_transformers_with_the_same_hidden_states(prepared, tmp_path, capsys):
     """pretrain → `spanlm export` → AutoModel / AutoTokenizer give the trained backbone's hidden states."""
     import json

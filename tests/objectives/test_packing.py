@@ -204,6 +204,7 @@ def padded_batch(objective, corpus, blocks, seed: int = 3) -> dict:
 
 @pytest.mark.parametrize("layout", ["packed", "padded"])
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.slow
 def test_a_training_step_compiles_as_one_graph_without_breaks(corpus, tmp_path, case, layout):
     objective = build(corpus, tmp_path, case).train()
     accel.apply(objective, torch.device("cpu"), "off", packed=layout == "packed")  # as the trainer does
@@ -216,6 +217,7 @@ def test_a_training_step_compiles_as_one_graph_without_breaks(corpus, tmp_path, 
     assert explanation.graph_count == 1
 
 
+@pytest.mark.slow
 def test_a_hundred_packed_steps_of_other_widths_compile_at_most_three_times(corpus, tmp_path):
     """Stream width, target counts, segment count and the longest segment change every batch: dynamo makes them
     dynamic after the first change instead of compiling once per value (its limit is 8, then it falls back)."""
@@ -265,6 +267,7 @@ def test_a_packed_training_step_reads_nothing_on_the_host(corpus, tmp_path, monk
 
 
 @pytest.mark.parametrize("case", ["spanbert", "deberta-v3-gdes"])
+@pytest.mark.slow
 def test_a_fullgraph_compiled_packed_step_equals_the_eager_one(corpus, tmp_path, case):
     """torch.compile(fullgraph=True) of a packed training step (on the CPU: the segments padded again inside the
     graph) gives the eager step's losses and gradients (the per-segment loop)."""

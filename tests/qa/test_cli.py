@@ -17,6 +17,7 @@ def run(capsys, *argv) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
+@pytest.mark.slow
 def test_train_eval_predict(qa_encoder_dir, qa_fixtures, tmp_path, capsys):
     data = str(qa_fixtures / "squad_v2_sample.json")
     recipe = tmp_path / "recipe.yaml"

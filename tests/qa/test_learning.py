@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from spanlm.config import from_dict
 from spanlm.qa.config import QARecipe
 from spanlm.qa.task import train_qa
@@ -34,6 +36,7 @@ def tiny_recipe(encoder_dir, data, output_dir, **sections) -> QARecipe:
     return from_dict(QARecipe, recipe)
 
 
+@pytest.mark.slow
 def test_tiny_encoder_overfits_a_handful_of_questions(qa_encoder_dir, qa_fixtures, tmp_path):
     recipe = tiny_recipe(qa_encoder_dir, qa_fixtures / "cmrc2018_sample.json", tmp_path / "run")
     run_dir, result = train_qa(recipe, log=lambda *_: None)

@@ -10,8 +10,10 @@ from spanlm.data.prepare import prepare
 from spanlm.pretrain.recipe import Recipe
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def prepared(tmp_path_factory) -> Path:
+    """Alice in Wonderland prepared once per session (vocab 500); tests read it, and one that changes it copies
+    it first."""
     out = tmp_path_factory.mktemp("toy") / "prepared"
     recipe = from_dict(
         Recipe,

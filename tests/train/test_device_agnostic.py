@@ -64,6 +64,7 @@ def training_step(objective, batch) -> tuple[dict[str, torch.Tensor], dict[str, 
 
 @pytest.mark.skipif(native.kernels() is None, reason="spanlm's native kernels cannot be built here")
 @pytest.mark.parametrize("case", list(OBJECTIVES))
+@pytest.mark.slow
 def test_same_losses_and_gradients_as_the_cpu_backend(corpus, tmp_path, monkeypatch, case):
     objective, batch = objective_and_batch(corpus, tmp_path, case)
     parts, gradients = training_step(objective, batch)
@@ -86,6 +87,7 @@ def test_same_losses_and_gradients_as_the_cpu_backend(corpus, tmp_path, monkeypa
 
 
 @pytest.mark.parametrize("case", [*OBJECTIVES, "spanbert-accel", "electra-sbo-accel"])
+@pytest.mark.slow
 def test_one_training_step_compiles_without_graph_breaks(corpus, tmp_path, case):
     objective, batch = objective_and_batch(corpus, tmp_path, case.removesuffix("-accel"))
     if case.endswith("-accel"):  # the CPU backend steps aside under torch.compile, without a graph break
@@ -152,6 +154,7 @@ def test_a_non_logging_step_reads_the_host_only_in_the_encoders_batch_layout_che
 
 
 @pytest.mark.parametrize("case, accel", [("spanbert", "off"), ("spanbert", "auto"), ("charbert", "off")])
+@pytest.mark.slow
 def test_packed_training_and_evaluation_never_derive_the_bounds_on_the_device(
     corpus, tmp_path, monkeypatch, case, accel
 ):
@@ -218,6 +221,7 @@ def test_the_loader_sends_the_arrays_the_objective_reads_and_no_others(corpus, t
 
 
 @pytest.mark.parametrize("accel", ["auto", "off"])
+@pytest.mark.slow
 def test_a_compiled_packed_run_on_the_cpu_has_no_graph_break(corpus, tmp_path, monkeypatch, accel):
     """`spanlm pretrain … train.compile=true` on the CPU: the packed attention is chosen before the first compiled
     forward (no switch inside the trace) and traced as one graph (the segments padded again, not the per-segment

@@ -18,6 +18,8 @@ from spanlm.pretrain.run import pretrain
 from spanlm.train import checkpoint as ckpt
 from toy_objective import toy_recipe
 
+pytestmark = pytest.mark.slow  # training runs and subprocesses on a size-limited disk
+
 TESTS = Path(__file__).parents[1]
 LIMIT = 30_000  # bytes per file: below the toy's weights, the corpus's token ids and the predictions written here
 

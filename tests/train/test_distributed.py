@@ -18,6 +18,8 @@ from spanlm.train import checkpoint as ckpt
 from spanlm.train.metrics import read_metrics
 from toy_objective import losses, toy_recipe
 
+pytestmark = pytest.mark.slow  # torchrun process groups
+
 
 def torchrun(
     recipe_path: Path, *extra: str, env: dict[str, str] | None = None, check: bool = True

@@ -20,6 +20,8 @@ from spanlm.train import checkpoint as ckpt
 from spanlm.train.metrics import read_metrics
 from toy_objective import toy_recipe
 
+pytestmark = pytest.mark.slow  # training runs in subprocesses, signalled
+
 LAUNCH = REPO / "tests" / "launch_toy.py"
 
 

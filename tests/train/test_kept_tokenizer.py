@@ -61,6 +61,7 @@ def fingerprint_of(run: Path) -> str:
     return torch.load(ckpt.latest_checkpoint(run) / "trainer_state.pt", weights_only=True)["tokenizer_fingerprint"]
 
 
+@pytest.mark.slow
 def test_a_run_is_exported_and_resumed_after_its_corpus_was_prepared_again(tmp_path, capsys):
     prepared, run = tmp_path / "prepared", tmp_path / "run"
     recipe = tiny_recipe(tmp_path, "first", prepared, run)
@@ -102,6 +103,7 @@ def test_a_run_is_exported_and_resumed_after_its_corpus_was_prepared_again(tmp_p
     assert sorted(p.name for p in (run / "tokenizers").iterdir()) == [trained_on]  # once per run
 
 
+@pytest.mark.slow
 def test_a_checkpoint_from_before_runs_kept_their_tokenizer_exports_as_before(tmp_path, capsys):
     prepared, run = tmp_path / "prepared", tmp_path / "run"
     assert main(["pretrain", str(tiny_recipe(tmp_path, "first", prepared, run))]) == 0
@@ -113,6 +115,7 @@ def test_a_checkpoint_from_before_runs_kept_their_tokenizer_exports_as_before(tm
     assert "trained on the ids of tokenizer" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_an_objective_that_needs_the_token_arrays_says_so(tmp_path):
     from spanlm.errors import InputError
     from spanlm.pretrain.kept_tokenizer import KeptTokenizer
@@ -129,6 +132,7 @@ def test_an_objective_that_needs_the_token_arrays_says_so(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_prepare_replaces_a_tokenizer_only_with_force_and_names_the_runs_trained_on_it(tmp_path, capsys):
     prepared, run = tmp_path / "prepared", tmp_path / "run"
     recipe = tiny_recipe(tmp_path, "first", prepared, run)
@@ -206,6 +210,7 @@ def test_default_prepared_directories_are_keyed_by_their_tokenizer(tmp_path):
     assert explicit.data.prepared_dir == "runs/mine"  # a directory named outright is used as named
 
 
+@pytest.mark.slow
 def test_the_readme_commands_in_sequence_leave_every_run_exportable_and_resumable(tmp_path, monkeypatch):
     """The issue's scenario: a default recipe, continued pretraining with tokenizer.path=…, the default
     recipe again with another objective — afterwards each earlier run still exports and resumes."""
@@ -247,6 +252,7 @@ def load_prepared_dir(command: list[str]) -> str:
     return load_recipe(command[0], command[1:]).data.prepared_dir
 
 
+@pytest.mark.slow
 def test_a_macbert_run_keeps_its_similar_word_table_and_exports_after_a_forced_prepare(tmp_path):
     prepared, run = tmp_path / "prepared", tmp_path / "run"
     recipe = tiny_recipe(tmp_path, "macbert", prepared, run)

@@ -20,6 +20,8 @@ from spanlm.pretrain.run import pretrain
 from spanlm.train import checkpoint as ckpt
 from toy_objective import losses, toy_recipe
 
+pytestmark = pytest.mark.slow  # processes killed mid-write
+
 SAVER = Path(kill_saver.__file__)
 
 

@@ -55,6 +55,7 @@ def test_eval_blocks_are_held_out_and_fixed():
 
 
 @pytest.mark.parametrize("where", ["mid_epoch", "epoch_edge"])
+@pytest.mark.slow
 def test_resume_is_bit_exact(prepared, tmp_path, where):
     """2N steps == N steps + resume + N steps: the same losses and `torch.equal` parameters."""
     batch_size = 64  # a few batches per epoch, so the epoch edge is reachable quickly
@@ -153,6 +154,7 @@ def test_nonfinite_skip_policy_skips_and_counts(prepared, tmp_path, monkeypatch)
     assert records[-1]["skipped_steps"] == 2 and all(r["loss"] is not None for r in records[:6])
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_exits_zero(prepared, tmp_path):
     recipe = tmp_path / "recipe.yaml"
     config = toy_recipe(prepared, tmp_path / "run", max_steps=100000)
@@ -270,6 +272,7 @@ def test_batches_are_pinned_only_for_a_gpu_run(prepared):
         assert loader.loader.pin_memory is pinned  # built only: iterating a pinned loader needs a GPU
 
 
+@pytest.mark.slow
 def test_resume_is_bit_exact_under_a_masking_rate_schedule(prepared, tmp_path):
     """The step a batch is masked at comes from its key: 2N = N + resume + N with the rate decaying, across an
     epoch edge, with micro-batches, and the masks differ from the unscheduled run's."""

@@ -256,6 +256,7 @@ def test_a_tracker_that_cannot_start_stops_the_resume_with_one_line_and_loses_no
     assert {name: (run / name).read_bytes() for name in kept} == kept and not (run / "trackers.json").exists()
 
 
+@pytest.mark.slow
 def test_a_tracker_failing_mid_run_is_switched_off_and_metrics_jsonl_goes_on(prepared, tmp_path, mlflow_store):
     from mlflow import MlflowClient
 
@@ -284,6 +285,7 @@ def test_a_tracker_failing_mid_run_is_switched_off_and_metrics_jsonl_goes_on(pre
 # -- docs -------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_documented_loggers_commands_run(tmp_path, monkeypatch):
     """Each line of the Loggers section's bash block runs as written (tiny), in a directory like a checkout."""
     from mlflow import MlflowClient

@@ -36,6 +36,7 @@ def saved_data_settings(run: Path) -> dict:
 
 
 @pytest.mark.parametrize("accel", ["auto", "off"])  # the fused varlen attention, or SDPA per block
+@pytest.mark.slow
 def test_packed_resume_is_bit_exact_with_a_token_budget(prepared, tmp_path, accel):
     data = {"packing": True, "tokens_per_batch": 200}
     full = pretrain(mlm_recipe(prepared, tmp_path / "full", data, max_steps=6, save_every=3, accel=accel), **QUIET)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -14,6 +15,8 @@ from spanlm.data.prepare import prepare
 from spanlm.pretrain.run import pretrain
 from spanlm.train import checkpoint as ckpt
 from toy_objective import losses, toy_recipe
+
+pytestmark = pytest.mark.slow  # training runs and resumes
 
 QUIET = {"log": lambda *_: None}
 BOOKS = [str(EMBEDDED_CORPUS / name) for name in ("alice_in_wonderland.txt", "frankenstein.txt")]
