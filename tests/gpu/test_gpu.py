@@ -124,6 +124,25 @@ def test_ner_one_step(tiny_encoder_dir, tmp_path):
     assert all(math.isfinite(r["loss"]) for r in read_metrics(run) if r["kind"] == "train")
 
 
+def one_bf16_step(output_dir: Path, batch_size: int) -> dict:
+    """The train and logging sections of a fine-tuning recipe that trains one bf16 step on DEVICE."""
+    return {
+        "train": {
+            "output_dir": str(output_dir),
+            "max_steps": 1,
+            "batch_size": batch_size,
+            "warmup_steps": 0,
+            "eval_every": 0,
+            "save_every": 1000,
+            "log_every": 1,
+            "num_workers": 0,
+            "device": DEVICE,
+            "precision": "bf16",
+        },
+        "logging": {"report_to": [], "progress": False},
+    }
+
+
 def test_qa_one_step(tiny_encoder_dir, tmp_path):
     from spanlm.config import from_dict
     from spanlm.qa.config import QARecipe
@@ -136,19 +155,7 @@ def test_qa_one_step(tiny_encoder_dir, tmp_path):
             "seed": 0,
             "model": {"path": str(tiny_encoder_dir)},
             "data": {"train": str(data), "dev": str(data), "max_length": 128, "doc_stride": 64, "max_query_length": 32},
-            "train": {
-                "output_dir": str(tmp_path / "run"),
-                "max_steps": 1,
-                "batch_size": 4,
-                "warmup_steps": 0,
-                "eval_every": 0,
-                "save_every": 1000,
-                "log_every": 1,
-                "num_workers": 0,
-                "device": DEVICE,
-                "precision": "bf16",
-            },
-            "logging": {"report_to": [], "progress": False},
+            **one_bf16_step(tmp_path / "run", batch_size=4),
         },
     )
     run, _ = train_qa(recipe, **QUIET)
@@ -168,19 +175,7 @@ def test_cls_one_step(tiny_encoder_dir, tmp_path):
             "seed": 0,
             "model": {"path": str(tiny_encoder_dir)},
             "data": {"train": str(sst2 / "dev.tsv"), "dev": str(sst2 / "dev.tsv"), "task": "sst2", "max_length": 64},
-            "train": {
-                "output_dir": str(tmp_path / "run"),
-                "max_steps": 1,
-                "batch_size": 8,
-                "warmup_steps": 0,
-                "eval_every": 0,
-                "save_every": 1000,
-                "log_every": 1,
-                "num_workers": 0,
-                "device": DEVICE,
-                "precision": "bf16",
-            },
-            "logging": {"report_to": [], "progress": False},
+            **one_bf16_step(tmp_path / "run", batch_size=8),
         },
     )
     run, result = train_cls(recipe, **QUIET)
