@@ -39,6 +39,19 @@ TINY_RUN = [
     "train.num_workers=0",
     "logging.progress=false",
 ]
+# What the guides' `spanlm ner train` commands get appended in the tests: two steps on short windows.
+TINY_NER_TRAIN = [
+    "data.max_len=32",
+    "data.stride=8",
+    "ner.head.head_size=16",
+    "train.max_steps=2",
+    "train.batch_size=8",
+    "train.eval_every=0",
+    "train.save_every=2",
+    "train.num_workers=0",
+    "logging.progress=false",
+    "logging.report_to=[]",
+]
 
 
 def copy_of(directory: Path, into: Path) -> Path:

@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from helpers import REPO, TINY_RUN, doc_section
+from helpers import REPO, TINY_NER_TRAIN, TINY_RUN, doc_section
 from spanlm.cli import main
 
 TINY = {  # appended to the README's commands
@@ -15,18 +15,7 @@ TINY = {  # appended to the README's commands
     ("pretrain",): TINY_RUN,
     ("report",): [],
     ("export",): [],
-    ("ner", "train"): [
-        "data.max_len=32",
-        "data.stride=8",
-        "ner.head.head_size=16",
-        "train.max_steps=2",
-        "train.batch_size=8",
-        "train.eval_every=0",
-        "train.save_every=2",
-        "train.num_workers=0",
-        "logging.progress=false",
-        "logging.report_to=[]",
-    ],
+    ("ner", "train"): TINY_NER_TRAIN,
     ("ner", "predict"): [],
 }
 # The sections whose Python blocks run after the README's commands, in this order.

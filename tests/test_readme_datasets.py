@@ -7,7 +7,16 @@ import shlex
 import datasets
 import pytest
 
-from helpers import ENGLISH, NER_FIXTURES, REPO, WNUT_TAGS, cache_like_the_hub, conll_dataset, doc_section
+from helpers import (
+    ENGLISH,
+    NER_FIXTURES,
+    REPO,
+    TINY_NER_TRAIN,
+    WNUT_TAGS,
+    cache_like_the_hub,
+    conll_dataset,
+    doc_section,
+)
 from spanlm.cli import main
 from spanlm.data.shards import read_meta
 
@@ -15,18 +24,7 @@ PAGE = "docs/huggingface.md"
 
 TINY = {  # appended to the guide's commands
     ("prepare",): ["tokenizer.vocab_size=500"],
-    ("ner", "train"): [
-        "data.max_len=32",
-        "data.stride=8",
-        "ner.head.head_size=16",
-        "train.max_steps=2",
-        "train.batch_size=8",
-        "train.eval_every=0",
-        "train.save_every=2",
-        "train.num_workers=0",
-        "logging.progress=false",
-        "logging.report_to=[]",
-    ],
+    ("ner", "train"): TINY_NER_TRAIN,
     ("ner", "eval"): [],
 }
 
