@@ -155,8 +155,8 @@ def test_masked_batch_to_torch_and_json(vocab, make_batch):
 def test_build_masker_registry(english):
     from spanlm.masking.mlm import MlmMasker
     from spanlm.masking.ngram import NgramMasker
-    from spanlm.masking.span import SpanMasker
     from spanlm.masking.wwm import WholeWordMasker
+    from spanlm.objectives.spanbert.masker import SpanMasker
 
     for scheme, cls in [("mlm", MlmMasker), ("wwm", WholeWordMasker), ("span", SpanMasker), ("ngram", NgramMasker)]:
         assert isinstance(build_masker(MaskingConfig(scheme=scheme), english), cls)

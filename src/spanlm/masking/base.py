@@ -455,7 +455,7 @@ class Scheme:
 SCHEMES: dict[str, Scheme] = {
     "mlm": Scheme(MlmConfig, "spanlm.masking.mlm:MlmMasker"),
     "wwm": Scheme(WholeWordConfig, "spanlm.masking.wwm:WholeWordMasker"),
-    "span": Scheme(SpanConfig, "spanlm.masking.span:SpanMasker"),
+    "span": Scheme(SpanConfig, "spanlm.objectives.spanbert.masker:SpanMasker"),
     "ngram": Scheme(NgramConfig, "spanlm.masking.ngram:NgramMasker"),
     "noise": Scheme(NoiseConfig, "spanlm.masking.noise:NoiseMasker"),
 }

@@ -23,7 +23,6 @@ from spanlm.models.backbone import (
     layer_norm_eps,
     mlm_head,
 )
-from spanlm.objectives import register
 from spanlm.objectives.masked_batch import MLM_FIELDS, SBO_FIELDS, encode, gather_rows
 from spanlm.objectives.pretrained_heads import export_with_heads, load_heads_if_present
 from spanlm.train.objective import Objective
@@ -64,7 +63,6 @@ class SpanBERT(Objective):
         return backbone_layers(self.backbone)
 
 
-@register("spanbert", schemes=("span",), needs="SBO targets")
 def build_spanbert(recipe, corpus) -> SpanBERT:
     backbone = build_backbone(recipe.model, corpus)
     objective = SpanBERT(

@@ -7,7 +7,7 @@ import pytest
 
 from spanlm.masking.base import KEPT, MASK, RANDOM, SpanConfig
 from spanlm.masking.ops import Words, ceil_budget
-from spanlm.masking.span import SpanMasker, resolve_spans, span_length_distribution
+from spanlm.objectives.spanbert.masker import SpanMasker, resolve_spans, span_length_distribution
 
 
 def authors_loop(

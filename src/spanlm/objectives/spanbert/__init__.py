@@ -1,0 +1,14 @@
+"""SpanBERT (Joshi et al. 2020) as one folder: its span masker with SBO targets (``masker``, the ``span`` masking
+scheme) and its model and loss (``objective``: MLM + the Span Boundary Objective). Importing it registers the
+objective ``spanbert``, which trains with the ``span`` scheme.
+
+The SBO head itself (:mod:`spanlm.heads.sbo`) is shared: ELECTRA's SpanBERT generator and the Hugging Face
+``SpanBoundaryModel`` use it too.
+"""
+
+from spanlm.objectives import register
+from spanlm.objectives.spanbert.objective import SpanBERT, build_spanbert
+
+register("spanbert", schemes=("span",), needs="SBO targets")(build_spanbert)
+
+__all__ = ["SpanBERT", "build_spanbert"]
