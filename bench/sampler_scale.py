@@ -19,7 +19,7 @@ import numpy as np
 
 from spanlm.data.blocks import Block, collate_blocks
 from spanlm.masking.base import MlmConfig, Vocabulary
-from spanlm.masking.mlm import MlmMasker
+from spanlm.objectives.mlm.masker import MlmMasker
 from spanlm.pretrain.batches import split_blocks
 from spanlm.train.loader import BatchKeySampler
 

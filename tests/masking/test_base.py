@@ -136,7 +136,7 @@ def test_make_rng_streams():
 
 def test_masked_batch_to_torch_and_json(vocab, make_batch):
     from spanlm.masking.base import MlmConfig
-    from spanlm.masking.mlm import MlmMasker
+    from spanlm.objectives.mlm.masker import MlmMasker
 
     masked = MlmMasker(MlmConfig(), vocab)(make_batch(np.random.default_rng(0), 4, 32), np.random.default_rng(1))
     tensors = masked.to_torch()
@@ -153,9 +153,9 @@ def test_masked_batch_to_torch_and_json(vocab, make_batch):
 
 
 def test_build_masker_registry(english):
-    from spanlm.masking.mlm import MlmMasker
-    from spanlm.masking.ngram import NgramMasker
     from spanlm.masking.wwm import WholeWordMasker
+    from spanlm.objectives.macbert.masker import NgramMasker
+    from spanlm.objectives.mlm.masker import MlmMasker
     from spanlm.objectives.spanbert.masker import SpanMasker
 
     for scheme, cls in [("mlm", MlmMasker), ("wwm", WholeWordMasker), ("span", SpanMasker), ("ngram", NgramMasker)]:
@@ -177,7 +177,7 @@ def test_ngram_without_a_table_is_a_clear_error(tmp_path, english):
 def test_a_scheme_adds_its_own_arrays_with_how_each_packs(vocab, make_batch):
     from spanlm.data.packing import pack_masked
     from spanlm.masking.base import END, FLAT, KEEP, MlmConfig
-    from spanlm.masking.mlm import MlmMasker
+    from spanlm.objectives.mlm.masker import MlmMasker
 
     masked = MlmMasker(MlmConfig(), vocab)(make_batch(np.random.default_rng(0), 4, 32), np.random.default_rng(1))
     own = masked.target_index[::2]
@@ -200,7 +200,7 @@ def test_a_scheme_adds_its_own_arrays_with_how_each_packs(vocab, make_batch):
 
 def test_a_registered_scheme_name_is_not_a_masking_key():
     from spanlm.masking.base import MlmConfig, register_scheme
-    from spanlm.masking.mlm import MlmMasker
+    from spanlm.objectives.mlm.masker import MlmMasker
 
     with pytest.raises(ValueError, match="'rate_schedule' is a key of the masking section"):
         register_scheme("rate_schedule", MlmConfig, MlmMasker)

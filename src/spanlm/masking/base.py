@@ -453,10 +453,10 @@ class Scheme:
 
 # name → scheme: the built-in ones; register_scheme adds others.
 SCHEMES: dict[str, Scheme] = {
-    "mlm": Scheme(MlmConfig, "spanlm.masking.mlm:MlmMasker"),
+    "mlm": Scheme(MlmConfig, "spanlm.objectives.mlm.masker:MlmMasker"),
     "wwm": Scheme(WholeWordConfig, "spanlm.masking.wwm:WholeWordMasker"),
     "span": Scheme(SpanConfig, "spanlm.objectives.spanbert.masker:SpanMasker"),
-    "ngram": Scheme(NgramConfig, "spanlm.masking.ngram:NgramMasker"),
+    "ngram": Scheme(NgramConfig, "spanlm.objectives.macbert.masker:NgramMasker"),
     "noise": Scheme(NoiseConfig, "spanlm.masking.noise:NoiseMasker"),
 }
 

@@ -1,8 +1,11 @@
-"""Masked-LM objectives: BERT MLM, whole-word MLM and MacBERT — one model, different maskers.
+"""The masked-LM model that BERT MLM, whole-word MLM and MacBERT share — one model, different maskers.
 
 Model: a backbone + BERT's MLM head (transform + decoder tied to the input embeddings), computed only
 at the target rows: at 15% masking, projecting every position onto the vocabulary would be ~6.7×
 wasted work. Loss: ``MLM_sum / n_targets`` over the original tokens of the targets.
+
+Each registers itself from its own folder (``spanlm.objectives.mlm``, ``.wwm``, ``.macbert``) with the builder
+:func:`masked_lm_builder`:
 
 - ``mlm``: any masker the recipe chooses (``masking.scheme``); BERT (Devlin et al. 2019) with ``mlm``.
 - ``wwm``: whole-word masking (``masking.scheme: wwm``), words from the prepared shards (jieba for Chinese).
@@ -19,7 +22,6 @@ import torch
 from spanlm.heads.losses import VocabTarget, masked_lm_loss, vocab_cross_entropies
 from spanlm.masking.base import build_masker
 from spanlm.models.backbone import backbone_layers, build_backbone, layer_norm_eps, mlm_head
-from spanlm.objectives import register
 from spanlm.objectives.masked_batch import MLM_FIELDS, encode, gather_rows
 from spanlm.objectives.pretrained_heads import export_with_heads, load_heads_if_present
 from spanlm.train.objective import Objective
@@ -49,7 +51,9 @@ class MaskedLM(Objective):
         return backbone_layers(self.backbone)
 
 
-def _builder(name: str):
+def masked_lm_builder(name: str):
+    """The builder of the masked-LM objective ``name``: a backbone, the recipe's masker and the MLM head."""
+
     def build(recipe, corpus) -> MaskedLM:
         backbone = build_backbone(recipe.model, corpus)
         objective = MaskedLM(name, backbone, build_masker(recipe.masking, corpus), layer_norm_eps(backbone))
@@ -57,8 +61,3 @@ def _builder(name: str):
         return objective
 
     return build
-
-
-register("mlm", schemes=("mlm", "wwm", "ngram", "span"))(_builder("mlm"))
-register("wwm", schemes=("wwm",), needs="whole words")(_builder("wwm"))
-register("macbert", schemes=("ngram",), needs="N-grams with similar-word replacements")(_builder("macbert"))

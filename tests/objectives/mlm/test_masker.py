@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from spanlm.masking.base import KEPT, MASK, RANDOM, MlmConfig, Proportions
-from spanlm.masking.mlm import MlmMasker
 from spanlm.masking.ops import round_budget
+from spanlm.objectives.mlm.masker import MlmMasker
 
 
 def test_rate_and_80_10_10(vocab, make_batch):

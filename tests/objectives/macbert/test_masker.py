@@ -7,8 +7,8 @@ import pytest
 
 from spanlm.data.similar_words import SimilarWords, word_hash
 from spanlm.masking.base import KEPT, RANDOM, SIMILAR, NgramConfig
-from spanlm.masking.ngram import NgramMasker
 from spanlm.masking.ops import Words, round_budget
+from spanlm.objectives.macbert.masker import NgramMasker
 
 
 def shifted_table(vocab_size: int = 1000, first: int = 5) -> SimilarWords:

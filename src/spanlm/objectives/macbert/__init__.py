@@ -1,0 +1,10 @@
+"""MacBERT (Cui et al. 2020) as one folder: its N-gram masker with similar-word correction (``masker``, the
+``ngram`` masking scheme). Importing it registers the objective ``macbert``: the shared masked-LM model
+(:mod:`spanlm.objectives.masked_lm`) with that masker.
+
+The similar-word table it reads is built by ``spanlm prepare`` (:mod:`spanlm.data.similar_words`)."""
+
+from spanlm.objectives import register
+from spanlm.objectives.masked_lm import masked_lm_builder
+
+register("macbert", schemes=("ngram",), needs="N-grams with similar-word replacements")(masked_lm_builder("macbert"))
