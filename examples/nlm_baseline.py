@@ -7,7 +7,7 @@ import numpy as np
 
 from spanlm.data.blocks import BlockDataset
 from spanlm.data.shards import PreparedCorpus
-from spanlm.masking.noise import NoiseMasker
+from spanlm.objectives.charbert.masker import NoiseMasker
 from spanlm.pretrain.batches import eval_batches, split_blocks
 from spanlm.pretrain.recipe import load_recipe
 

@@ -112,7 +112,7 @@ def test_a_batch_is_a_function_of_its_key_and_held_out_batches_take_the_last_rat
 
 
 def test_the_noise_masker_takes_the_rate_as_its_mlm_rate():
-    from spanlm.masking.noise import NoiseMasker
+    from spanlm.objectives.charbert.masker import NoiseMasker
 
     masker = NoiseMasker.__new__(NoiseMasker)
     masker.config = MaskingConfig().noise

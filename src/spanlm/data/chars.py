@@ -7,7 +7,7 @@ character. Special tokens and MLM targets are spelt as a single pad character, s
 never shows the characters of a token the MLM head must predict.
 
 **Spellings come from the token ids.** CharBERT's noise re-tokenises misspelt words
-(:mod:`spanlm.masking.noise`), so during pretraining the characters the model must read are those of
+(:mod:`spanlm.objectives.charbert.masker`), so during pretraining the characters the model must read are those of
 the *noisy* tokens, which exist only as ids. Every id therefore has one spelling — its vocabulary piece
 with the tokenizer's sub-word marker removed: WordPiece ``##`` (the model's continuing-subword prefix),
 byte-level BPE ``Ġ`` (the ByteLevel decoder turns the piece back into text), SentencePiece ``▁``

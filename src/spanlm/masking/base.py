@@ -457,7 +457,7 @@ SCHEMES: dict[str, Scheme] = {
     "wwm": Scheme(WholeWordConfig, "spanlm.masking.wwm:WholeWordMasker"),
     "span": Scheme(SpanConfig, "spanlm.objectives.spanbert.masker:SpanMasker"),
     "ngram": Scheme(NgramConfig, "spanlm.objectives.macbert.masker:NgramMasker"),
-    "noise": Scheme(NoiseConfig, "spanlm.masking.noise:NoiseMasker"),
+    "noise": Scheme(NoiseConfig, "spanlm.objectives.charbert.masker:NoiseMasker"),
 }
 
 

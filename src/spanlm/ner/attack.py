@@ -3,7 +3,7 @@
 CharBERT (Ma et al. 2020, arXiv 2011.01513) reports robustness as F1 on a copy of the test set whose
 words are misspelt by the attacks of Pruthi et al. (2019): **drop** a character, **add** one, **swap**
 two adjacent ones, **keyboard** (replace a character by a neighbouring QWERTY key). The kinds and
-indices follow spanlm's CharBERT noise (:mod:`spanlm.masking.noise`, the authors' ``create_adv_word``)
+indices follow spanlm's CharBERT noise (:mod:`spanlm.objectives.charbert.masker`, the authors' ``create_adv_word``)
 so that the attack is the noise the model was pretrained against, plus the keyboard typo:
 
 * a word of fewer than ``SHORT_WORD`` (4) characters gets **add** (a letter inserted before an index

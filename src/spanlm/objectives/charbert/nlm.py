@@ -2,7 +2,7 @@
 
 Ma et al. 2020, §3.3: every sub-word of a noised word predicts the original
 (lower-cased) word from a term vocabulary of the ~30k most frequent words of the corpus
-(:class:`spanlm.masking.noise.NoiseTables`). The head is the MLM head's shape — dense H→H, activation,
+(:class:`spanlm.objectives.charbert.masker.NoiseTables`). The head is the MLM head's shape — dense H→H, activation,
 LayerNorm — then a projection onto the term vocabulary with its own weights (terms are words, not
 tokens, so nothing to tie to). Like the MLM head it runs only on the gathered target rows.
 """

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spanlm.masking.base import NoiseConfig
-from spanlm.masking.noise import NoiseMasker, noise_variants
+from spanlm.objectives.charbert.masker import NoiseMasker, noise_variants
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import ConfigError
 from spanlm.masking.base import KEPT, MASK, RANDOM
 from spanlm.objectives import build_objective
-from spanlm.objectives.charbert import CharBERT
+from spanlm.objectives.charbert.objective import CharBERT
 from spanlm.pretrain.recipe import Recipe, load_recipe
 
 MAX_LEN = 24

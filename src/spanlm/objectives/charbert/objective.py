@@ -1,6 +1,6 @@
 """CharBERT (Ma et al. 2020, arXiv 2011.01513): MLM on the token channel + noisy LM on the char channel.
 
-Masking is the noise scheme (:mod:`spanlm.masking.noise`): 10% of the term-vocabulary words are
+Masking is the noise scheme (:mod:`spanlm.objectives.charbert.masker`): 10% of the term-vocabulary words are
 misspelt (insert / delete / swap) and re-tokenised, every sub-word of a noised word is an NLM target
 labelled with the original word; whole-word MLM at 10% (80/10/10) never picks a noised word. The
 masker here adds the char inputs (:func:`spanlm.data.chars.char_stream`), spelling every MLM target
@@ -9,7 +9,7 @@ the kept / random 10% + 10% must not show the char channel the original token ei
 
 Model: :class:`~spanlm.models.charbert.DualChannel` over the recipe's backbone (from scratch, or from
 a Hugging Face checkpoint as in the paper, which starts from bert-base / roberta-base), BERT's MLM
-head on the token channel (decoder tied to the word embedding), :class:`~spanlm.heads.nlm.NLMHead` on
+head on the token channel (decoder tied to the word embedding), :class:`~spanlm.objectives.charbert.nlm.NLMHead` on
 the char channel; both run only on their target rows. Loss::
 
     L = MLM_sum / n_mlm + w_nlm · NLM_sum / n_nlm      (a part with no targets is 0)
@@ -33,9 +33,7 @@ from spanlm.data.chars import CharVocab, Spelling, build_char_vocab, char_stream
 from spanlm.errors import ConfigError, InputError
 from spanlm.heads.hf import HEADS_FILE
 from spanlm.heads.losses import TokenLoss, VocabTarget, vocab_cross_entropies
-from spanlm.heads.nlm import NLMHead
 from spanlm.masking.base import KEEP, MaskedBatch
-from spanlm.masking.noise import NoiseMasker
 from spanlm.models.backbone import build_backbone, layer_norm_eps, mlm_head
 from spanlm.models.charbert import (
     CharChannelConfig,
@@ -46,7 +44,8 @@ from spanlm.models.charbert import (
     read_charbert_config,
     save_charbert,
 )
-from spanlm.objectives import register
+from spanlm.objectives.charbert.masker import NoiseMasker
+from spanlm.objectives.charbert.nlm import NLMHead
 from spanlm.objectives.masked_batch import MLM_FIELDS, gather_rows
 from spanlm.objectives.pretrained_heads import OBJECTIVE_FILE, load_heads
 from spanlm.train.objective import Objective
@@ -161,7 +160,6 @@ def _continue_from(objective: CharBERT, directory: Path, charbert_export: bool) 
     load_heads(objective, directory, {"mlm_head": ("mlm", directory, objective.model.backbone.config)}, skip)
 
 
-@register("charbert", schemes=("noise",), needs="NLM targets")
 def build_charbert(recipe, corpus) -> CharBERT:
     settings = recipe.objective.charbert
     backbone = build_backbone(recipe.model, corpus)
