@@ -60,7 +60,7 @@ def test_under_bf16_autocast_the_plain_path_runs():
 
 
 def test_samples_come_from_the_same_rows():
-    from spanlm.heads.rtd import gumbel_max_sample
+    from spanlm.objectives.electra.rtd import gumbel_max_sample
 
     embedding, decoder, features, labels = decoder_case(64)
     fused(decoder)

@@ -130,7 +130,7 @@ def test_vocab_cross_entropies_are_the_decoders_logits_then_cross_entropy():
 
 
 def test_vocab_cross_entropies_sample_from_the_log_probabilities():
-    from spanlm.heads.rtd import gumbel_max_sample
+    from spanlm.objectives.electra.rtd import gumbel_max_sample
 
     embedding, decoder, features, labels = decoder_case(64)
     draw = lambda rows: gumbel_max_sample(rows, 0.7, torch.tensor(3))  # noqa: E731

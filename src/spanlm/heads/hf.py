@@ -1,16 +1,16 @@
 """spanlm's heads under the names transformers' own task models give them, in both directions.
 
 spanlm's MLM head is BERT's (dense → GeLU → LayerNorm → decoder tied to the word embedding, plus a
-bias) and its ELECTRA RTD head is ELECTRA's (dense → GeLU → dense to one logit): the same functions and
-shapes as ``BertForMaskedLM``'s ``cls.predictions``, ``RobertaForMaskedLM``'s ``lm_head``,
-``ElectraForMaskedLM``'s ``generator_predictions`` and ``ElectraForPreTraining``'s
-``discriminator_predictions`` — only the names differ. So an export is written as that task model
+bias): the same functions and shapes as ``BertForMaskedLM``'s ``cls.predictions``, ``RobertaForMaskedLM``'s
+``lm_head`` and ``ElectraForMaskedLM``'s ``generator_predictions`` — only the names differ. An objective whose
+own head transformers also has (ELECTRA's RTD head is ``ElectraForPreTraining``'s
+``discriminator_predictions``) names it with :func:`register_task_head`. So an export is written as that task model
 (``AutoModelForMaskedLM`` / ``pipeline("fill-mask")`` / ``ElectraForPreTraining`` load it with the
 trained head), and continued pretraining from any such checkpoint, a hub one included, starts from its
 head instead of a random one.
 
 Heads without a transformers class (SpanBERT's SBO, CharBERT's NLM, DeBERTa-V3's RTD head) are not
-named here: they travel in ``heads.safetensors`` under spanlm's own names.
+named: they travel in ``heads.safetensors`` under spanlm's own names.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from torch import nn
 from spanlm.errors import InputError
 from spanlm.files import refused_pickle
 from spanlm.heads.mlm import MLMHead
-from spanlm.heads.rtd import ElectraRTDHead
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,18 +101,18 @@ _DEBERTA_NON_LEGACY = _mlm(
     "lm_predictions.lm_head.bias",
 )
 
-# ELECTRA's discriminator head in ElectraForPreTraining.
-RTD_HEADS = {
-    "electra": TaskHead(
-        "ElectraForPreTraining",
-        {
-            "dense.weight": "discriminator_predictions.dense.weight",
-            "dense.bias": "discriminator_predictions.dense.bias",
-            "classifier.weight": "discriminator_predictions.dense_prediction.weight",
-            "classifier.bias": "discriminator_predictions.dense_prediction.bias",
-        },
-    ),
-}
+# kind → (the spanlm head class, its names in each family's transformers task model): the heads that objectives
+# register beside the MLM head above (ELECTRA's RTD head as ElectraForPreTraining's).
+TASK_HEADS: dict[str, tuple[type, dict[str, TaskHead]]] = {}
+
+
+def register_task_head(kind: str, head_class: type, by_family: dict[str, TaskHead]) -> None:
+    """Name a head of kind ``kind`` in transformers: an exact ``head_class`` is written and read as
+    ``by_family[config.model_type]`` (a family missing there keeps it in ``heads.safetensors``)."""
+    if kind == "mlm" or (kind in TASK_HEADS and TASK_HEADS[kind] != (head_class, by_family)):
+        raise ValueError(f"task head kind {kind!r} is already registered")
+    TASK_HEADS[kind] = (head_class, by_family)
+
 
 # Other names transformers' loader accepts for the same tensors (old TF-converted checkpoints, and the
 # decoder bias that BERT-style heads also store under the decoder).
@@ -122,7 +121,8 @@ _BIAS_ALIASES = {"cls.predictions.bias": "cls.predictions.decoder.bias", "lm_hea
 
 
 def task_head(kind: str, head: nn.Module, config) -> TaskHead | None:
-    """The transformers head that ``head`` (spanlm's ``kind`` head, "mlm" or "rtd") is, for a backbone of ``config``.
+    """The transformers head that ``head`` (spanlm's ``kind`` head: "mlm" or a registered kind) is, for a backbone of
+    ``config``.
 
     None when transformers has no such head for the family, or ``head`` is not the plain spanlm head of
     that kind (e.g. DeBERTa-V3's RTD head, which adds a LayerNorm over h_[CLS] + h_i).
@@ -137,8 +137,8 @@ def task_head(kind: str, head: nn.Module, config) -> TaskHead | None:
             return None
         own = head.state_dict()  # the modern families' heads leave out the tensors their config lacks
         return TaskHead(spec.task_class, {ours: theirs for ours, theirs in spec.names.items() if ours in own})
-    if kind == "rtd" and type(head) is ElectraRTDHead:
-        return RTD_HEADS.get(model_type)
+    if kind in TASK_HEADS and type(head) is TASK_HEADS[kind][0]:
+        return TASK_HEADS[kind][1].get(model_type)
     return None
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from spanlm.heads.rtd import DebertaV3RTDHead, ElectraRTDHead, gumbel_max_sample, replace_tokens, rtd_loss
+from spanlm.objectives.electra.rtd import DebertaV3RTDHead, ElectraRTDHead, gumbel_max_sample, replace_tokens, rtd_loss
 
 
 def seeded(seed: int) -> torch.Tensor:
@@ -125,7 +125,7 @@ def lowbias32(x: int) -> int:
 
 
 def test_uniforms_are_hashes_of_the_seed_row_and_column():
-    from spanlm.heads.rtd import uniforms
+    from spanlm.objectives.electra.rtd import uniforms
 
     seed = 2**62 + 12345  # both 32-bit halves matter
     key = lowbias32((seed & 0xFFFFFFFF) ^ lowbias32(((seed >> 32) + 0x9E3779B9) & 0xFFFFFFFF))

@@ -18,7 +18,7 @@ hidden states"), projected to G's hidden size inside the model (``embedding_size
 deberta-v2 families).
 
 Randomness: the masker (in DataLoader workers, seeded by the batch key) also draws a 63-bit
-``sample_seed`` per batch; the Gumbel noise is hashed from it (:func:`~spanlm.heads.rtd.uniforms`). So the
+``sample_seed`` per batch; the Gumbel noise is hashed from it (:func:`~spanlm.objectives.electra.rtd.uniforms`). So the
 replacements are a function of the batch key, like the masks: independent of the global RNG, of the
 number of workers and ranks, and replayed exactly on resume.
 
@@ -40,7 +40,6 @@ import torch
 from spanlm.data.tokenizer import save_tokenizer
 from spanlm.errors import ConfigError, InputError
 from spanlm.heads.losses import VocabTarget, masked_lm_loss, span_bert_loss, vocab_cross_entropies
-from spanlm.heads.rtd import RTD_HEADS, DebertaV3RTDHead, gumbel_max_sample, replace_tokens, rtd_loss
 from spanlm.heads.sbo import MAX_TARGETS, SBOHead
 from spanlm.masking.base import KEEP, MaskedBatch, build_masker
 from spanlm.models.backbone import (
@@ -54,8 +53,8 @@ from spanlm.models.backbone import (
 )
 from spanlm.models.packed import packed_block_starts
 from spanlm.models.sharing import materialised_state_dict, share_embeddings
-from spanlm.objectives import register
 from spanlm.objectives.config import ElectraConfig
+from spanlm.objectives.electra.rtd import RTD_HEADS, DebertaV3RTDHead, gumbel_max_sample, replace_tokens, rtd_loss
 from spanlm.objectives.masked_batch import MLM_FIELDS, SBO_FIELDS, encode, gather_rows
 from spanlm.objectives.pretrained_heads import export_backbone, export_heads, load_heads
 from spanlm.train.objective import Objective
@@ -212,7 +211,6 @@ def generator_schemes(recipe) -> tuple[str, ...]:
     return ("span",) if recipe.objective.electra.generator_head == "sbo" else ("mlm", "wwm", "span")
 
 
-@register("electra", schemes=generator_schemes, needs="for its objective.electra.generator_head")
 def build_electra(recipe, corpus) -> Electra:
     settings = recipe.objective.electra
     source = Path(recipe.model.path) if recipe.model.path else None

@@ -23,6 +23,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from spanlm.heads.hf import TaskHead
+
 
 def gumbel_max_sample(logits: Tensor, temperature: float, seed: Tensor) -> Tensor:
     """One token per row of ``logits`` (N, V), distributed as softmax(logits / T); no gradient.
@@ -146,6 +148,20 @@ class DebertaV3RTDHead(ElectraRTDHead):
 
 
 RTD_HEADS = {"electra": ElectraRTDHead, "deberta_v3": DebertaV3RTDHead}
+
+# ELECTRA's discriminator head in ElectraForPreTraining (spanlm.heads.hf.register_task_head, kind "rtd"): an
+# ELECTRA export is that task model, and continued pretraining from one starts from its head.
+TRANSFORMERS_RTD_HEADS = {
+    "electra": TaskHead(
+        "ElectraForPreTraining",
+        {
+            "dense.weight": "discriminator_predictions.dense.weight",
+            "dense.bias": "discriminator_predictions.dense.bias",
+            "classifier.weight": "discriminator_predictions.dense_prediction.weight",
+            "classifier.bias": "discriminator_predictions.dense_prediction.bias",
+        },
+    ),
+}
 
 
 @dataclasses.dataclass

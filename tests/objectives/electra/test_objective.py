@@ -12,7 +12,7 @@ from spanlm.data.blocks import BlockDataset, collate_blocks
 from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import ConfigError, InputError
 from spanlm.objectives import build_objective
-from spanlm.objectives.electra import GENERATOR_DIR, Electra, generator_config
+from spanlm.objectives.electra.objective import GENERATOR_DIR, Electra, generator_config
 
 RECIPES = ["electra", "deberta_v3_gdes"]
 
