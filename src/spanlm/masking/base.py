@@ -23,10 +23,13 @@ ngram      :class:`NgramConfig`         1–4-gram words, similar-word correctio
 noise      :class:`NoiseConfig`         character noise + NLM + whole-word MLM (CharBERT)
 =========  ===========================  =====================================================
 
-These five are built in; a scheme defined elsewhere joins them with :func:`register_scheme` (its name, its
-``masking.<name>`` section and its masker), and the recipe, the loaders, packing, ``spanlm preview`` and the
-collators take it from there: a masker states its own batch arrays (:meth:`MaskedBatch.add`, with how each is
-packed) and, optionally, its preview statistics and how a collator builds it.
+These five are built in: their sections are here, so a recipe is checked without importing any objective;
+their maskers live in the objective folders that own them (``spanlm.objectives.spanbert.masker``, …), named by
+import path in :data:`SCHEMES` and imported when first built (the whole-word masker stays in
+``spanlm.masking.wwm``: CharBERT's noise masker uses it too). A scheme defined elsewhere joins them with
+:func:`register_scheme` (its name, its ``masking.<name>`` section and its masker), and the recipe, the loaders,
+packing, ``spanlm preview`` and the collators take it from there: a masker states its own batch arrays
+(:meth:`MaskedBatch.add`, with how each is packed) and, optionally, its preview lines and collator.
 """
 
 from __future__ import annotations
@@ -451,7 +454,7 @@ class Scheme:
         return self.masker
 
 
-# name → scheme: the built-in ones; register_scheme adds others.
+# name → scheme: the built-in ones, their maskers in the objective folders; register_scheme adds others.
 SCHEMES: dict[str, Scheme] = {
     "mlm": Scheme(MlmConfig, "spanlm.objectives.mlm.masker:MlmMasker"),
     "wwm": Scheme(WholeWordConfig, "spanlm.masking.wwm:WholeWordMasker"),
