@@ -181,6 +181,20 @@ def test_the_cli_starts_without_torch():
     )
 
 
+def test_importing_the_objectives_registers_every_folder_without_torch():
+    # Recipes, collators and preview find every built-in objective and its masker without importing a folder;
+    # a folder's model (and torch) is imported when it is first built.
+    code = (
+        "import sys; from spanlm.objectives import OBJECTIVES; from spanlm.masking.base import SCHEMES; "
+        "[SCHEMES[name].masker_class() for name in sorted(SCHEMES)]; "
+        "print(sorted(OBJECTIVES), 'torch' in sys.modules)"
+    )
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    folders = sorted(path.parent.name for path in (PACKAGE / "objectives").glob("*/__init__.py"))
+    assert found == f"{folders} False"
+    assert {"charbert", "electra", "macbert", "mlm", "spanbert", "wwm"} <= set(folders)
+
+
 def test_no_source_file_cites_a_repository_file_a_wheel_lacks():
     """Comments cite the papers and the code; docs/, bench/, BENCHMARKS.md and RESULTS.md are not in a wheel."""
     import re

@@ -1,14 +1,19 @@
-"""Objectives: one module per objective (model + loss), registered by name with the masking schemes it trains
-with and, optionally, its own ``objective.<name>`` recipe section.
+"""Objectives: one folder per objective (masker, heads, model and loss), registered by name with the masking
+schemes it trains with and, optionally, its own ``objective.<name>`` recipe section.
 
-Adding an objective = a builder decorated with ``@register(name, schemes=...)``, and a masking scheme if it
-needs a new one (:func:`spanlm.masking.base.register_scheme`); both may live in one folder outside this
-package: ``tests/toy_span/`` is one added that way, ``tests/toy_objective.py`` one module with a builder.
+Importing this package registers every built-in objective: each folder's ``__init__`` registers its builder
+by import path (``"spanlm.objectives.spanbert.objective:build_spanbert"``), so registering imports no torch and
+the model is imported when first built. Adding an objective = a builder registered with
+``register(name, schemes=...)(build)``, and a masking scheme if it needs a new one
+(:func:`spanlm.masking.base.register_scheme`); both may live in one folder outside this package:
+``tests/toy_span/`` is one added that way, ``tests/toy_objective.py`` one module with a builder.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import pkgutil
 from collections.abc import Callable
 
 from spanlm.errors import ConfigError
@@ -16,14 +21,21 @@ from spanlm.errors import ConfigError
 
 @dataclasses.dataclass(frozen=True)
 class Registered:
-    """An objective's builder ``build(recipe, corpus) -> Objective`` and the masking schemes it trains with:
+    """An objective's builder ``build(recipe, corpus) -> Objective`` (or its ``"module:function"`` path, imported
+    when first built) and the masking schemes it trains with:
     a tuple, or ``schemes(recipe) -> tuple`` when its own settings decide; ``needs`` says what they provide;
     ``config``: the dataclass of its ``objective.<name>`` section, if it has one."""
 
-    build: Callable
+    build: Callable | str
     schemes: tuple[str, ...] | Callable[..., tuple[str, ...]]
     needs: str = ""
     config: type | None = None
+
+    def builder(self) -> Callable:
+        if isinstance(self.build, str):
+            module, name = self.build.split(":")
+            return getattr(importlib.import_module(module), name)
+        return self.build
 
     def check_scheme(self, name: str, recipe) -> None:
         schemes = self.schemes(recipe) if callable(self.schemes) else self.schemes
@@ -34,14 +46,14 @@ class Registered:
             )
 
 
-# name → its registration; each objective module adds itself here.
+# name → its registration; each objective folder adds itself here.
 OBJECTIVES: dict[str, Registered] = {}
 
 
 def register(
     name: str, schemes: tuple[str, ...] | Callable[..., tuple[str, ...]], needs: str = "", config: type | None = None
 ):
-    def decorator(builder: Callable) -> Callable:
+    def decorator(builder: Callable | str) -> Callable | str:
         OBJECTIVES[name] = Registered(builder, schemes, needs, config)
         return builder
 
@@ -51,22 +63,20 @@ def register(
 def build_objective(recipe, corpus):
     """The registered objective named by ``recipe.objective.name`` (a :class:`~spanlm.train.objective.Objective`),
     after checking that ``masking.scheme`` is one it trains with."""
-    _import_builtin_objectives()
     name = recipe.objective.name
     if name not in OBJECTIVES:
         raise ConfigError(f"unknown objective '{name}' (known: {', '.join(sorted(OBJECTIVES))})")
     registered = OBJECTIVES[name]
     registered.check_scheme(name, recipe)
-    return registered.build(recipe, corpus)
+    return registered.builder()(recipe, corpus)
 
 
-def _import_builtin_objectives() -> None:
-    """Importing an objective module registers it."""
-    import importlib
-    import pkgutil
+def _register_builtin_objectives() -> None:
+    """Each folder of this package is a built-in objective; importing it registers it (its modules with torch
+    are imported when it is first built)."""
+    for module in pkgutil.iter_modules(__path__):
+        if module.ispkg:
+            importlib.import_module(f"{__name__}.{module.name}")
 
-    import spanlm.objectives as package
 
-    for module in pkgutil.iter_modules(package.__path__):
-        if module.name != "base":
-            importlib.import_module(f"spanlm.objectives.{module.name}")
+_register_builtin_objectives()

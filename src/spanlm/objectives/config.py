@@ -1,54 +1,13 @@
-"""Typed configuration of the objective section of a recipe (no torch import: configs load fast)."""
+"""Typed configuration of the objective section of a recipe (no torch import: configs load fast); the built-in
+objectives' own sections are their folders' ``config`` modules."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Any
 
-
-@dataclasses.dataclass
-class CharBertConfig:
-    """CharBERT's char channel and loss weight (Ma et al. 2020; the term vocabulary is masking.noise's)."""
-
-    char_vocab_size: int = 1000  # pad + the most frequent characters + unk (authors: 1001 for BERT)
-    char_embedding_size: int = 256
-    fusion: Literal["shared", "per_layer"] = "shared"  # one fusion module for all layers (authors) or one per layer
-    nlm_weight: float = 1.0  # L = MLM + w·NLM, each per target token
-
-    def __post_init__(self) -> None:
-        if self.char_vocab_size < 3 or self.char_embedding_size < 1:
-            raise ValueError("char_vocab_size must be at least 3 and char_embedding_size positive")
-        if self.nlm_weight < 0:
-            raise ValueError("nlm_weight must be non-negative")
-
-
-@dataclasses.dataclass
-class ElectraConfig:
-    """ELECTRA replaced-token detection and DeBERTa-V3 embedding sharing (Clark et al. 2020; He et al. 2021).
-
-    The discriminator is ``model``; the generator is the same family scaled by the two ratios (hidden,
-    heads and FFN width by ``generator_width``, layers by ``generator_depth``; the embedding keeps the
-    discriminator's width so it can be shared). ELECTRA: width 1/4..1/3, depth 1; DeBERTa-V3: 1, 1/2.
-    """
-
-    generator_width: float = 0.25
-    generator_depth: float = 1.0
-    # mlm: BERT's MLM head; sbo: a SpanBERT generator (MLM + SBO heads, masking.scheme span), whose
-    # replacements are sampled from its MLM head (the head that predicts every masked token).
-    generator_head: Literal["mlm", "sbo"] = "mlm"
-    sharing: Literal["none", "es", "gdes"] = "es"  # ELECTRA ties the embeddings (es); DeBERTa-V3: gdes
-    rtd_weight: float = 50.0  # λ in L = MLM + λ·RTD (ELECTRA 50, DeBERTa-V3 10)
-    temperature: float = 1.0  # of the generator's softmax when sampling replacements
-    discriminator_head: Literal["electra", "deberta_v3"] = "electra"
-
-    def __post_init__(self) -> None:
-        for name in ("generator_width", "generator_depth"):
-            if not 0.0 < getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
-        if self.rtd_weight < 0:
-            raise ValueError("rtd_weight must be non-negative")
-        if self.temperature <= 0:
-            raise ValueError("temperature must be positive")
+from spanlm.objectives.charbert.config import CharBertConfig
+from spanlm.objectives.electra.config import ElectraConfig
 
 
 @dataclasses.dataclass

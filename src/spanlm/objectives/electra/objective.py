@@ -53,7 +53,7 @@ from spanlm.models.backbone import (
 )
 from spanlm.models.packed import packed_block_starts
 from spanlm.models.sharing import materialised_state_dict, share_embeddings
-from spanlm.objectives.config import ElectraConfig
+from spanlm.objectives.electra.config import ElectraConfig
 from spanlm.objectives.electra.rtd import RTD_HEADS, DebertaV3RTDHead, gumbel_max_sample, replace_tokens, rtd_loss
 from spanlm.objectives.masked_batch import MLM_FIELDS, SBO_FIELDS, encode, gather_rows
 from spanlm.objectives.pretrained_heads import export_backbone, export_heads, load_heads
@@ -204,11 +204,6 @@ class Electra(Objective):
 
     def shard_units(self):
         return backbone_layers(self.generator) + backbone_layers(self.discriminator)
-
-
-def generator_schemes(recipe) -> tuple[str, ...]:
-    """A SpanBERT generator (generator_head sbo) needs span masking's SBO targets; an MLM one any token masking."""
-    return ("span",) if recipe.objective.electra.generator_head == "sbo" else ("mlm", "wwm", "span")
 
 
 def build_electra(recipe, corpus) -> Electra:

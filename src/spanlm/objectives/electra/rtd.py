@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from spanlm.heads.hf import TaskHead
+from spanlm.heads.hf import TaskHead, register_task_head
 
 
 def gumbel_max_sample(logits: Tensor, temperature: float, seed: Tensor) -> Tensor:
@@ -149,8 +149,8 @@ class DebertaV3RTDHead(ElectraRTDHead):
 
 RTD_HEADS = {"electra": ElectraRTDHead, "deberta_v3": DebertaV3RTDHead}
 
-# ELECTRA's discriminator head in ElectraForPreTraining (spanlm.heads.hf.register_task_head, kind "rtd"): an
-# ELECTRA export is that task model, and continued pretraining from one starts from its head.
+# ELECTRA's discriminator head in ElectraForPreTraining (kind "rtd"): an ELECTRA export is that task model, and
+# continued pretraining from one starts from its head. Named beside the head: wherever one exists, so do its names.
 TRANSFORMERS_RTD_HEADS = {
     "electra": TaskHead(
         "ElectraForPreTraining",
@@ -162,6 +162,7 @@ TRANSFORMERS_RTD_HEADS = {
         },
     ),
 }
+register_task_head("rtd", ElectraRTDHead, TRANSFORMERS_RTD_HEADS)
 
 
 @dataclasses.dataclass

@@ -5,6 +5,7 @@
 The similar-word table it reads is built by ``spanlm prepare`` (:mod:`spanlm.data.similar_words`)."""
 
 from spanlm.objectives import register
-from spanlm.objectives.masked_lm import masked_lm_builder
 
-register("macbert", schemes=("ngram",), needs="N-grams with similar-word replacements")(masked_lm_builder("macbert"))
+register("macbert", schemes=("ngram",), needs="N-grams with similar-word replacements")(
+    "spanlm.objectives.macbert.objective:build"
+)

@@ -3,6 +3,5 @@ masking scheme: 15% of tokens, 80/10/10 per token). Importing it registers the o
 masked-LM model (:mod:`spanlm.objectives.masked_lm`) over whichever masker the recipe chooses."""
 
 from spanlm.objectives import register
-from spanlm.objectives.masked_lm import masked_lm_builder
 
-register("mlm", schemes=("mlm", "wwm", "ngram", "span"))(masked_lm_builder("mlm"))
+register("mlm", schemes=("mlm", "wwm", "ngram", "span"))("spanlm.objectives.mlm.objective:build")

@@ -7,8 +7,5 @@ The SBO head itself (:mod:`spanlm.heads.sbo`) is shared: ELECTRA's SpanBERT gene
 """
 
 from spanlm.objectives import register
-from spanlm.objectives.spanbert.objective import SpanBERT, build_spanbert
 
-register("spanbert", schemes=("span",), needs="SBO targets")(build_spanbert)
-
-__all__ = ["SpanBERT", "build_spanbert"]
+register("spanbert", schemes=("span",), needs="SBO targets")("spanlm.objectives.spanbert.objective:build_spanbert")

@@ -4,6 +4,5 @@ shared masked-LM model (:mod:`spanlm.objectives.masked_lm`) with the ``wwm`` mas
 Its masker stays in :mod:`spanlm.masking.wwm`: CharBERT's noise masker selects its MLM words with it too."""
 
 from spanlm.objectives import register
-from spanlm.objectives.masked_lm import masked_lm_builder
 
-register("wwm", schemes=("wwm",), needs="whole words")(masked_lm_builder("wwm"))
+register("wwm", schemes=("wwm",), needs="whole words")("spanlm.objectives.wwm.objective:build")
