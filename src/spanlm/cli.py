@@ -84,7 +84,7 @@ def _preview(args: argparse.Namespace) -> int:
         from spanlm.files import refuse_to_overwrite_inputs
 
         refuse_to_overwrite_inputs(args.jsonl, [args.recipe, *recipe.data.inputs], "--jsonl")
-    preview(recipe, n=args.n, stats_blocks=args.stats_blocks, jsonl=args.jsonl, log=log)
+    preview(recipe, n=args.n, stats_blocks=args.stats_blocks, jsonl=args.jsonl, log=log, step=args.step)
     return 0
 
 
@@ -181,6 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     preview.add_argument(
         "--jsonl", default=None, metavar="FILE", help="also write the raw masked batches, one JSON line per batch"
+    )
+    preview.add_argument(
+        "--step",
+        type=number(int, minimum=0),
+        default=0,
+        help="mask at the rate masking.rate_schedule gives this optimiser step (default 0)",
     )
     preview.set_defaults(run=_preview)
 

@@ -98,3 +98,29 @@ def test_masking_recipes_load():
     assert schemes == {"mlm": "mlm", "wwm": "wwm", "spanbert": "span", "macbert": "ngram", "charbert_noise": "noise"}
     macbert = load_recipe(REPO / "configs" / "masking" / "macbert.yaml")
     assert macbert.data.similar_words == "word2vec" and macbert.data.words == "jieba"
+
+
+def test_preview_follows_the_masking_rate_schedule_at_the_step_asked(recipe_file, capsys):
+    """A 0.30 → 0.15 linear schedule over 100 steps: the budget is 0.30 at step 0, 0.225 at 50, 0.15 from 100."""
+    schedule = [
+        "masking.scheme=mlm",
+        "masking.rate_schedule.kind=linear",
+        "masking.rate_schedule.steps=[0,100]",
+        "masking.rate_schedule.rates=[0.30,0.15]",
+    ]
+    ratios = {}
+    for step in (0, 50, 100):
+        args = ["preview", str(recipe_file), *schedule, "--n", "0", "--stats-blocks", "64", "--step", str(step)]
+        assert main(args) == 0
+        stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert stats["scheduled_rate"] == {"step": step, "rate": pytest.approx(0.30 - 0.15 * min(step, 100) / 100)}
+        ratios[step] = stats["mask_ratio"]
+    assert ratios[0] == pytest.approx(0.30, abs=0.02)
+    assert ratios[50] == pytest.approx(0.225, abs=0.02)
+    assert ratios[100] == pytest.approx(0.15, abs=0.02)
+    # Without a schedule the statistics say nothing of one, whatever --step is.
+    assert (
+        main(["preview", str(recipe_file), "masking.scheme=mlm", "--n", "0", "--stats-blocks", "32", "--step", "7"])
+        == 0
+    )
+    assert "scheduled_rate" not in json.loads(capsys.readouterr().out.strip().splitlines()[-1])

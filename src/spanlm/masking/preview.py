@@ -2,7 +2,8 @@
 
 The blocks come from the recipe's prepared corpus (prepared first when needed), in the seeded block
 order, and are masked with ``np.random.default_rng(recipe.seed)`` — so a preview shows exactly the
-kind of batch pretraining with that recipe produces.
+kind of batch pretraining with that recipe produces. Under a masking-rate schedule the budget is the schedule's
+rate at optimiser step ``step`` (0 unless given), as a training batch of that step has it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from spanlm.data.blocks import BlockDataset, BlockSampler, collate_blocks
 from spanlm.data.prepare import prepare
 from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import ConfigError, InputError
-from spanlm.masking.base import KIND_NAMES, MASK, RANDOM, SIMILAR, MaskedBatch, build_masker
+from spanlm.masking.base import KIND_NAMES, MASK, RANDOM, SIMILAR, MaskedBatch, build_masker, with_rate
 
 # What every target shows; a masker that marks more (its ``mark``) explains it in its ``legend``.
 LEGEND = (
@@ -91,16 +92,28 @@ def statistics(pairs: list[tuple[object, MaskedBatch]], scheme: str, masker=None
 
 
 def preview(
-    recipe, n: int = 4, stats_blocks: int = 256, batch_size: int = 32, jsonl: str | None = None, out=None, log=None
+    recipe,
+    n: int = 4,
+    stats_blocks: int = 256,
+    batch_size: int = 32,
+    jsonl: str | None = None,
+    out=None,
+    log=None,
+    step: int = 0,
 ) -> dict:
-    """Prepare (if needed), mask ``max(n, stats_blocks)`` blocks, print ``n`` of them and the statistics."""
+    """Prepare (if needed), mask ``max(n, stats_blocks)`` blocks as at optimiser ``step``, print ``n`` of them and
+    the statistics."""
 
-    if n < 0 or stats_blocks < 1 or batch_size < 1:
-        raise ConfigError("preview needs --n >= 0 and --stats-blocks >= 1")
+    if n < 0 or stats_blocks < 1 or batch_size < 1 or step < 0:
+        raise ConfigError("preview needs --n >= 0, --stats-blocks >= 1 and --step >= 0")
     out = out or sys.stdout
     log = log or (lambda message: print(message, file=sys.stderr))
     corpus = PreparedCorpus(prepare(recipe, log=log))
     masker = build_masker(recipe.masking, corpus)
+    schedule = recipe.masking.rate_schedule
+    rate = schedule.rate_at(step) if schedule.active else None
+    if rate is not None:
+        masker = with_rate(masker, rate)
     dataset = BlockDataset(corpus, recipe.data.max_len)
     if len(dataset) == 0:
         raise InputError(f"{corpus.directory}: no blocks")
@@ -130,5 +143,7 @@ def preview(
             for _, masked in pairs:
                 handle.write(json.dumps(masked.to_json_dict()) + "\n")
     stats = statistics(pairs, recipe.masking.scheme, masker)
+    if rate is not None:
+        stats["scheduled_rate"] = {"step": step, "rate": rate}
     print(json.dumps(stats, ensure_ascii=False), file=out)
     return stats
