@@ -31,6 +31,16 @@ INTEGRATION_FIXTURES = {
 TRAINING_ENGINE = Path(__file__).parent / "train"
 
 
+def pytest_configure(config):
+    """Every test runs torch on one intra-op thread (:func:`helpers.one_torch_thread`, for the whole session):
+    the tests' tiny models gain nothing from more, and on shared, busy cores a thread per core spin-waits
+    for the others (a resume test ran several times slower on torch's default of one thread per core).
+    Subprocesses keep their own settings (OMP_NUM_THREADS, or torch's default)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(items):
     """Mark `slow` the users of INTEGRATION_FIXTURES and the training-engine tests that pretrain."""
     for item in items:
