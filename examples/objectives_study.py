@@ -210,7 +210,10 @@ def _corpus(root: Path, out: Path, plan: DemoPlan) -> dict:
         "inputs": [str(data / "unlabelled.txt.gz"), str(task_text)],
         "pretrain_overrides": ["tokenizer.lowercase=false"],  # cased, as BERT-cased for NER
         "ner_train": str(_labelled_subset(train, plan.labelled_sentences, out / "ner_train.conll")),
-        "ner_dev": str(dev),
+        # --quick: the demo's quick plan scores the first dev sentences only
+        "ner_dev": str(
+            dev if plan.dev_sentences is None else _labelled_subset(dev, plan.dev_sentences, out / "ner_dev.conll")
+        ),
     }
 
 

@@ -31,6 +31,18 @@ INTEGRATION_FIXTURES = {
 TRAINING_ENGINE = Path(__file__).parent / "train"
 
 
+def pytest_configure(config):
+    """Every test runs torch on one intra-op thread (:func:`helpers.one_torch_thread`, for the whole session):
+    the tests' tiny models gain nothing from more, and on shared, busy cores a thread per core spin-waits
+    for the others (a resume test ran several times slower on torch's default of one thread per core).
+    The processes the tests start get one too (OMP_NUM_THREADS, unless set): a run in a subprocess then
+    sums as the test's own reference does, bit for bit (a test that needs another count sets its own)."""
+    import torch
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(items):
     """Mark `slow` the users of INTEGRATION_FIXTURES and the training-engine tests that pretrain."""
     for item in items:

@@ -13,6 +13,7 @@ import time
 import pytest
 import yaml
 
+from helpers import REPO
 from spanlm.cli import main
 from spanlm.demo import EXAMPLES, F1_KEYS, FILL_MASK, QUICK, DemoPlan, ner_run_dir, run_demo
 from spanlm.train.metrics import read_metrics
@@ -39,9 +40,14 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     assert 0 < summary["unigram_accuracy"] < 1
     assert all(stage == {"planned": 12, "ran": 12, "complete": True} for stage in summary["stages"].values())
     assert set(summary["ner"]) == {"pretrained", "random", "pretrained-frozen", "random-frozen"}
+    # The quick plan scores the first dev_sentences of the embedded GermEval dev set: their gold entities, all.
+    records = (REPO / "data/ner/germeval2014/dev.conll").read_text(encoding="utf-8").split("\n\n")
+    first = [record for record in records if record.strip()][: QUICK.dev_sentences]
+    gold = sum(line.split("\t")[1].startswith("B-") for record in first for line in record.splitlines())
+    assert summary["run"]["dev_sentences"] == QUICK.dev_sentences < 1000 and gold > 0
     for init, scores in summary["ner"].items():
         micro = scores["micro"]
-        assert micro["n_gold"] == 1219  # the whole embedded GermEval dev set is scored
+        assert micro["n_gold"] == gold
         assert all(0 <= micro[k] <= 100 for k in ("precision", "recall", "f1"))  # percent
         assert scores["seen"]["n_gold"] + scores["unseen"]["n_gold"] == micro["n_gold"] and scores["seen"]["n_gold"] > 0
         assert summary[f"ner_f1_{init.replace('-', '_')}"] == micro["f1"]
@@ -83,6 +89,7 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
 
     page = (out / "report.html").read_text(encoding="utf-8")
     assert "500 labelled sentences; learning rate 0.003 for the head, 0.001 for the encoder" in page
+    assert f"the first dev sentences: {QUICK.dev_sentences}" in page
     for section in (
         "<h2>Summary</h2>",
         "<h2>Run</h2>",
@@ -130,7 +137,10 @@ def test_sigterm_in_the_ner_stage_reports_the_steps_that_ran(tmp_path):
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    plan = DemoPlan(pretrain_steps=4, pretrain_eval_every=4, ner_steps=planned, ner_eval_every=1000, eval_docs=20)
+    # A few dev sentences: the runs are stopped near their random start, whose many spans are slow to score
+    plan = DemoPlan(
+        pretrain_steps=4, pretrain_eval_every=4, ner_steps=planned, ner_eval_every=1000, eval_docs=20, dev_sentences=20
+    )
     summary = run_demo(tmp_path / "demo", plan=plan, log=signal_when_training)
     stages = summary["stages"]
     assert summary["interrupted"] is True and stages["pretrain"] == {"planned": 4, "ran": 4, "complete": True}
@@ -152,6 +162,8 @@ def test_a_plan_needs_labelled_sentences_the_data_has():
     for bad in (0, 3001):
         with pytest.raises(ConfigError, match="labelled_sentences must be 1..3000"):
             DemoPlan(labelled_sentences=bad)
+    with pytest.raises(ConfigError, match="dev_sentences must be at least 1"):
+        DemoPlan(dev_sentences=0)
 
 
 def test_readme_puts_spanlm_on_path():

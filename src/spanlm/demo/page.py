@@ -43,11 +43,13 @@ def seeds_table(summary: dict) -> str:
 
 
 def write_seeds_page(out: Path, summary: dict) -> None:
+    dev_sentences = summary.get("plan", {}).get("dev_sentences")
+    dev = "the whole" if dev_sentences is None else f"the first {dev_sentences:,} sentences of the"
     page = [
         _HEAD,
         f"<h1>spanlm demo: {len(summary['per_seed'])} seeds</h1>",
         f"<p>The same comparison per seed (pretraining, data order and head initialisation all follow the seed); "
-        f"F1 in percent on the whole {NER_NAME} dev set; gap = pretrained − random init. Spread: sample standard "
+        f"F1 in percent on {dev} {NER_NAME} dev set; gap = pretrained − random init. Spread: sample standard "
         "deviation over the seeds.</p>",
         f"<pre>{html.escape(seeds_table(summary))}</pre>",
         "<ul>",
@@ -247,6 +249,11 @@ def write_page(out: Path, summary: dict) -> None:
         (
             "NER fine-tuning",
             f"{run['labelled_sentences']:,} labelled sentences; learning rate {_rates(summary['plan'])}",
+        ),
+        (
+            "NER final scores",
+            f"{'the whole dev set' if summary['plan']['dev_sentences'] is None else 'the first dev sentences'}: "
+            f"{run['dev_sentences']:,}",
         ),
         *(
             (f"NER, {_arm_label(name[4:])}", f"{stage['ran']} of {stage['planned']} steps")

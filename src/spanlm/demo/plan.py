@@ -50,17 +50,28 @@ class DemoPlan:
     ner_lr: float = 3e-3
     ner_encoder_lr: float | None = 1e-3
     ner_eval_every: int = 50
-    eval_docs: int = 300  # dev sentences scored during NER training (the final scores use all)
+    eval_docs: int = 300  # dev sentences scored during NER training (the final scores: dev_sentences)
+    # The final NER scores on the first this many dev sentences; None: the whole dev set (the demo's figures).
+    dev_sentences: int | None = None
 
     def __post_init__(self) -> None:
         from spanlm.errors import ConfigError
 
         if not 1 <= self.labelled_sentences <= EMBEDDED_LABELLED:
             raise ConfigError(f"labelled_sentences must be 1..{EMBEDDED_LABELLED}, got {self.labelled_sentences}")
+        if self.dev_sentences is not None and self.dev_sentences < 1:
+            raise ConfigError(f"dev_sentences must be at least 1 (None: all), got {self.dev_sentences}")
 
 
+# A smoke run of every stage: a few steps each, the final scores on a fifth of the dev set.
 QUICK = DemoPlan(
-    pretrain_steps=12, pretrain_eval_every=6, labelled_sentences=500, ner_steps=12, ner_eval_every=6, eval_docs=50
+    pretrain_steps=12,
+    pretrain_eval_every=6,
+    labelled_sentences=500,
+    ner_steps=12,
+    ner_eval_every=6,
+    eval_docs=50,
+    dev_sentences=200,
 )
 
 

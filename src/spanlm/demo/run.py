@@ -64,7 +64,7 @@ def run_demo(
                 runs.append(_run_seed(out / f"seed-{seed}", plan, seed, stop, log))
                 if runs[-1]["interrupted"]:
                     break
-            summary = _aggregate(out, runs, seeds)
+            summary = {**_aggregate(out, runs, seeds), "plan": dataclasses.asdict(plan)}
             write_seeds_page(out, summary)
             (out / "summary.json").write_text(
                 json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
@@ -87,9 +87,11 @@ def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
     root = shipped_root()  # the recipes and data installed with this spanlm, whatever the working directory
     out.mkdir(parents=True, exist_ok=True)
     data = root / NER_DATA
-    base = load_config(
-        root / NER_RECIPE, [f"data.train={data / 'train.conll'}", f"data.dev={data / 'dev.conll'}"], cls=NerRecipe
-    )
+    dev = data / "dev.conll"
+    if plan.dev_sentences is not None:  # a quick plan's final scores: the first dev sentences only
+        (out / "task_text").mkdir(parents=True, exist_ok=True)
+        dev = _labelled_subset(dev, plan.dev_sentences, out / "task_text" / "dev.conll")
+    base = load_config(root / NER_RECIPE, [f"data.train={data / 'train.conll'}", f"data.dev={dev}"], cls=NerRecipe)
     task_text = _unlabelled_text(base.data, out / "task_text" / "train_sentences.txt")
     stages, wall = {}, {}
 
@@ -125,7 +127,7 @@ def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
             out / "eval",
             seeds=[seed],
             log=log,
-            settings=ner_settings(plan),
+            settings={**ner_settings(plan), **({"data.dev": str(dev)} if plan.dev_sentences is not None else {})},
         )
         wall["ner"] = time.monotonic() - clock
         stop.received = stop.received or results["stopped"]
@@ -240,6 +242,7 @@ def _summarise(
             "encoder_parameters": parameters,
             "tokenizer": f"WordPiece, {meta['vocab_size']} tokens, cased, trained on the pretraining text",
             "labelled_sentences": len(train_docs),
+            "dev_sentences": len(dev_docs),  # the final scores' (plan.dev_sentences, or the whole dev set)
             "pretraining_corpus_tokens": meta["n_tokens"],
             # Blocks of whole sentences, at most data.max_len tokens each.
             "pretraining_blocks_seen": stages["pretrain"]["ran"] * pretrain_recipe.train.batch_size,
