@@ -178,7 +178,7 @@ def main(argv=None) -> None:
         batches[family] = [m.to_torch(objective.batch_fields) for m in masked]
         targets[family] = (
             statistics.mean(len(m.target_index) for m in masked),
-            statistics.mean(len(m.sbo_index) for m in masked),
+            statistics.mean(len(m.extras.get("sbo_index", ())) for m in masked),  # none without SBO
         )
     peer, peer_optimizer = build_peer(args, corpus, recipes["modernbert"])
     sides["peer"] = train_step.make_step(peer, peer_optimizer, lambda b: peer(**b).loss, False, 1.0)
