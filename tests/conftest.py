@@ -32,9 +32,10 @@ TRAINING_ENGINE = Path(__file__).parent / "train"
 
 
 def pytest_configure(config):
-    """Every test runs torch on one intra-op thread (:func:`helpers.one_torch_thread`, for the whole session):
-    the tests' tiny models gain nothing from more, and on shared, busy cores a thread per core spin-waits
-    for the others (a resume test ran several times slower on torch's default of one thread per core).
+    """Every test runs torch on one intra-op thread, for the whole session: the tests' tiny models gain nothing
+    from more, on shared, busy cores a thread per core spin-waits for the others (a resume test ran several
+    times slower on torch's default of one thread per core), and one thread gives the same sums, so the same
+    run, on every machine.
     The processes the tests start get one too (OMP_NUM_THREADS, unless set): a run in a subprocess then
     sums as the test's own reference does, bit for bit (a test that needs another count sets its own)."""
     import torch
@@ -112,13 +113,6 @@ def readme_runs(tmp_path_factory) -> Path:
     finally:
         os.chdir(previous)
     return directory
-
-
-@pytest.fixture
-def one_torch_thread():
-    """:func:`helpers.one_torch_thread` around a test (``pytestmark = pytest.mark.usefixtures(...)``)."""
-    with helpers.one_torch_thread():
-        yield
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 from pathlib import Path
@@ -108,24 +107,6 @@ logging: {{report_to: [], progress: false}}
         encoding="utf-8",
     )
     return recipe
-
-
-@contextlib.contextmanager
-def one_torch_thread():
-    """Run the block on one intra-op thread, then restore the count.
-
-    Tiny test models run fastest on one thread: on the shared, busy CI cores more threads oversubscribe
-    them (a learning test took 10× longer with torch's default of one thread per core), and one thread
-    also gives the same sums, so the same run, on every machine.
-    """
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def make_recipe(tmp_path: Path, files: dict[str, str | bytes], **sections) -> Recipe:

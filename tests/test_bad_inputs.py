@@ -27,8 +27,6 @@ QA_FIXTURES = REPO / "tests" / "fixtures" / "qa"
 SQUAD = QA_FIXTURES / "squad_v2_sample.json"
 CONLL_TRAIN, CONLL_DEV = NER_FIXTURES / "wnut_train_mini.conll", NER_FIXTURES / "wnut_dev_mini.conll"
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: see helpers.one_torch_thread
-
 
 def run_cli(capsys, argv: list[str]) -> tuple[int, str, str]:
     code = main([str(a) for a in argv])

@@ -5,7 +5,6 @@ import json
 import shlex
 
 import datasets
-import pytest
 
 from helpers import (
     ENGLISH,
@@ -42,7 +41,6 @@ def commands(block: str):
         yield environment, words[1:]
 
 
-@pytest.mark.usefixtures("one_torch_thread")
 def test_the_datasets_inputs_snippets_run(tiny_encoder_dir, offline_datasets_cache, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "configs").symlink_to(REPO / "configs")

@@ -85,11 +85,6 @@ def cls_encoder_dir(cls_tokenizer_dir, tmp_path_factory) -> Path:
     return make_encoder("bert", cls_tokenizer_dir, tmp_path_factory.mktemp("cls_bert"))
 
 
-@pytest.fixture(autouse=True)
-def one_thread(one_torch_thread):
-    """Every cls test runs its tiny models on one thread (see helpers.one_torch_thread)."""
-
-
 @pytest.fixture(scope="session")
 def make_cls_encoder(cls_tokenizer_dir):
     """``make(family, out)``: a tiny encoder of ``family`` with the cls tokenizer, saved in ``out``."""

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import one_torch_thread, write_wnut_recipe
+from helpers import write_wnut_recipe
 from spanlm.cli import main
 from spanlm.ner.attack import (
     ADD,
@@ -212,8 +212,7 @@ def test_rate_out_of_range():
 def tiny_model(tiny_encoder_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("ner_attack") / "run"
     recipe = write_wnut_recipe(tiny_encoder_dir, out, steps=3)
-    with one_torch_thread():
-        assert main(["ner", "train", str(recipe)]) == 0
+    assert main(["ner", "train", str(recipe)]) == 0
     return out / "model"
 
 

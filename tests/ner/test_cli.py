@@ -14,9 +14,6 @@ from spanlm.cli import main
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ner"
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: see helpers.one_torch_thread
-
-
 @pytest.fixture(scope="module")
 def trained(tiny_encoder_dir, tmp_path_factory):
     """A few steps of `ner train` on the WNUT-17 fixtures: (run dir, stdout summary)."""

@@ -146,7 +146,6 @@ def test_malformed_rows_stop_reading_or_are_skipped(tmp_path):
     assert [where for where, _ in report.skipped] == [f"{path} (split train) row {row}" for row in (2, 3, 4)]
 
 
-@pytest.mark.usefixtures("one_torch_thread")
 @pytest.mark.slow
 def test_ner_train_and_eval_on_hf_datasets(tiny_encoder_dir, offline_datasets_cache, tmp_path, capsys):
     """Train on a name from the datasets cache (offline), score on a save_to_disk directory, with a recipe

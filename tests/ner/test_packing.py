@@ -26,7 +26,6 @@ from spanlm.ner.windows import make_windows
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ner"
 
 MAX_LEN = 24
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: see helpers.one_torch_thread
 
 
 @pytest.fixture(scope="module")

@@ -30,9 +30,6 @@ SENTENCES = [
 ]
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: see helpers.one_torch_thread
-
-
 @pytest.fixture(scope="module")
 def sentences_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("ner") / "sentences.jsonl"

@@ -63,8 +63,6 @@ CASES = {
     ),
 }
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: see helpers.one_torch_thread
-
 
 def recipe(name: str, prepared, output_dir, *overrides: str):
     return load_recipe(

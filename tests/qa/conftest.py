@@ -56,8 +56,3 @@ def qa_tokenizer(qa_encoder_dir):
     from spanlm.models.hf_model import load_fast_tokenizer
 
     return load_fast_tokenizer(qa_encoder_dir)
-
-
-@pytest.fixture(autouse=True)
-def one_thread(one_torch_thread):
-    """Every QA test runs its tiny models on one thread (see helpers.one_torch_thread)."""

@@ -4,7 +4,6 @@ windows' loss, gradients and best spans."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 from helpers import forbid_deriving_segment_bounds
@@ -17,7 +16,6 @@ from spanlm.qa.predict import window_spans
 from spanlm.qa.windows import make_windows
 
 MAX_LENGTH = 64
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: see helpers.one_torch_thread
 
 
 def loss_and_gradients(objective, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

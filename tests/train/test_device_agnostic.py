@@ -35,8 +35,6 @@ OBJECTIVES = {
     "electra-sbo": ("electra", ["objective.electra.generator_head=sbo", "masking.scheme=span"]),
 }
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: see helpers.one_torch_thread
-
 
 @pytest.fixture(scope="module")
 def corpus(embedded_prepared) -> PreparedCorpus:

@@ -36,9 +36,6 @@ def corpus(embedded_prepared) -> PreparedCorpus:
     return PreparedCorpus(embedded_prepared)
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: see helpers.one_torch_thread
-
-
 def build(corpus, tmp_path, name: str = "electra", *overrides: str, seed: int = 0) -> Electra:
     torch.manual_seed(seed)
     return build_objective(recipe(name, corpus.directory, tmp_path / "run", *overrides), corpus)
