@@ -11,6 +11,9 @@ import helpers
 from spanlm.config import from_dict
 from spanlm.pretrain.recipe import Recipe
 
+# The masking tests' corpora and batches, shared with the objective folders' masker tests.
+pytest_plugins = ["masking_corpora"]
+
 # Fixtures that train a model, build a package or environment, or run a whole spanlm command: a test using one
 # is an integration test, marked `slow` here (left out of `make test-fast`) whether or not it says so itself.
 INTEGRATION_FIXTURES = {

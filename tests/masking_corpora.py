@@ -1,4 +1,5 @@
-"""Fixtures for the masking tests: small corpora prepared with spanlm itself, and hand-built batches."""
+"""Fixtures of the masking tests and the objective folders' masker tests (one pytest plugin, so each session
+corpus is prepared once for both): small corpora prepared with spanlm itself, and hand-built batches."""
 
 from __future__ import annotations
 
