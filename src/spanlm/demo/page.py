@@ -43,7 +43,7 @@ def seeds_table(summary: dict) -> str:
 
 
 def write_seeds_page(out: Path, summary: dict) -> None:
-    dev_sentences = summary.get("plan", {}).get("dev_sentences")
+    dev_sentences = summary["plan"]["dev_sentences"]
     dev = "the whole" if dev_sentences is None else f"the first {dev_sentences:,} sentences of the"
     page = [
         _HEAD,
