@@ -12,6 +12,7 @@ import yaml
 
 from helpers import REPO
 from spanlm.cli import main
+from spanlm.errors import ConfigError
 from spanlm.evaluate.stats import paired_bootstrap, paired_difference, t_interval
 from spanlm.evaluate.suite import TASK_KINDS, load_suite
 
@@ -58,6 +59,41 @@ def test_the_paired_bootstrap_is_scipys_on_a_mean():
     ).confidence_interval
     assert low == pytest.approx(oracle.low, abs=0.05) and high == pytest.approx(oracle.high, abs=0.05)
     assert 0 < low < 2 < high
+
+
+def test_each_encoder_is_compared_with_its_own_baseline_where_one_is_named(tmp_path, tiny_encoder_dir):
+    """Encoders of other architectures each against their own random init, in one verdict."""
+    from spanlm.evaluate import _baselines
+    from spanlm.evaluate.cells import Outcome, parse_encoders, plan_cells
+    from spanlm.evaluate.verdict import markdown, verdict
+
+    suite = load_suite(str(quick_suite(tmp_path)))
+    encoders = parse_encoders(
+        [f"{name}={'random:' if name.startswith('random') else ''}{tiny_encoder_dir}" for name in
+         ("bert", "random", "deberta", "random-deberta")]
+    )  # fmt: skip
+    baselines = _baselines(["random", "deberta=random-deberta"], None, encoders)
+    assert baselines == {"bert": "random", "random": "random", "deberta": "random-deberta", "random-deberta": "random"}
+    f1 = {"bert": [50, 52], "random": [40, 41], "deberta": [30, 33], "random-deberta": [35, 35]}
+    cells = plan_cells(suite, encoders, (0, 1), tmp_path / "out")
+    outcomes = [Outcome(c, {"micro": {"f1": f1[c.encoder.name][c.seed]}}, 1.0) for c in cells]
+    results = verdict(suite, encoders, baselines, (0, 1), outcomes)
+    rows = {row["encoder"]: row for row in results["tasks"][0]["arms"][0]["encoders"]}
+    assert (
+        rows["bert"]["difference"]["mean"] == pytest.approx(10.5) and rows["bert"]["difference"]["baseline"] == "random"
+    )
+    assert rows["deberta"]["difference"]["mean"] == pytest.approx(-3.5)
+    assert rows["deberta"]["difference"]["baseline"] == "random-deberta"
+    assert "difference" not in rows["random"]
+    assert rows["random-deberta"]["difference"]["baseline"] == "random"  # a random init is compared as any other
+    assert results["baseline"] == "random" and results["baselines"] == baselines
+    table = markdown(results)
+    assert "(but deberta − random-deberta)" in table and "| − baseline |" in table and "(− random-deberta)" in table
+    # One baseline for all: the table's column names it, as before.
+    single = markdown(verdict(suite, encoders, _baselines("random", None, encoders), (0, 1), outcomes))
+    assert "| − random |" in single and "(but" not in single
+    with pytest.raises(ConfigError, match="name one baseline for all encoders"):
+        _baselines(["random", "bert"], None, encoders)
 
 
 def test_ner_scores_follow_from_the_per_document_counts():
@@ -192,6 +228,7 @@ def test_a_rerun_keeps_finished_cells_and_runs_only_what_changed(evaluated, tmp_
         ("missing-data", "data.dev"),
         ("unknown-setting", "unknown config key 'train.max_stepz'"),
         ("unknown-baseline", "baseline 'nobody' is not among the encoders"),
+        ("unknown-own-baseline", "baseline 'nobody' is not among the encoders"),
         ("out-is-an-encoder", "--out is the input"),
         ("encoder-in-the-cells", "--out holds the input"),
     ],
@@ -213,6 +250,8 @@ def test_bad_input_stops_before_any_cell_runs(case, expected, tiny_encoder_dir, 
         raw["tasks"][0]["settings"]["train.max_stepz"] = 3
     elif case == "unknown-baseline":
         extra = ["--baseline", "nobody"]
+    elif case == "unknown-own-baseline":
+        extra = ["--baseline", "random", "tiny=nobody"]
     elif case == "out-is-an-encoder":
         extra = ["--out", str(tiny_encoder_dir)]
     elif case == "encoder-in-the-cells":

@@ -55,7 +55,12 @@ def add_eval_command(commands) -> None:
         help="default: the suite's",
     )
     command.add_argument(
-        "--baseline", default=None, metavar="NAME", help="the encoder compared against (default: the first random:)"
+        "--baseline",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="the encoder compared against (default: the suite's, else the first random:); ENCODER=NAME gives "
+        "one encoder its own (an encoder of another architecture against its own random init)",
     )
     command.add_argument("--out", default="runs/eval", help="output directory (default runs/eval)")
     command.add_argument(

@@ -16,8 +16,11 @@ from spanlm.evaluate.stats import Spread, paired_bootstrap, paired_difference
 from spanlm.evaluate.suite import Suite
 
 
-def verdict(suite: Suite, encoders: list[Encoder], baseline: str, seeds: tuple[int, ...], outcomes: list[Outcome]):
-    """results.json's content: the cells, then per task and arm the spread and paired differences."""
+def verdict(
+    suite: Suite, encoders: list[Encoder], baselines: dict[str, str], seeds: tuple[int, ...], outcomes: list[Outcome]
+):
+    """results.json's content: the cells, then per task and arm the spread and each encoder's paired difference
+    from its baseline (``baselines``: encoder → baseline; an encoder that is its own has none)."""
     scores: dict = {}  # task → arm → encoder → seed → score
     runs = {}  # (task, arm, encoder, seed) → the cell's run directory
     cells = []
@@ -50,6 +53,7 @@ def verdict(suite: Suite, encoders: list[Encoder], baseline: str, seeds: tuple[i
                 row = {"encoder": encoder.name, "seeds": {str(s): v for s, v in sorted(per_seed.items())}}
                 if per_seed:
                     row["spread"] = dataclasses.asdict(Spread.of(list(per_seed.values())))
+                baseline = baselines[encoder.name]
                 if encoder.name != baseline and per_seed:
                     row["difference"] = _difference(task, arm, encoder.name, baseline, per_seed, by_encoder, runs)
                 rows.append(row)
@@ -73,7 +77,9 @@ def verdict(suite: Suite, encoders: list[Encoder], baseline: str, seeds: tuple[i
         "suite": str(suite.path),
         "description": suite.description,
         "seeds": list(seeds),
-        "baseline": baseline,
+        # the baseline of most encoders, and each encoder's own
+        "baseline": max(set(baselines.values()), key=list(baselines.values()).count),
+        "baselines": baselines,
         "encoders": [{"name": e.name, "path": str(e.path), "random_init": e.random} for e in encoders],
         "tasks": tasks,
         "overall": overall,
@@ -95,7 +101,11 @@ def _difference(task, arm: str, encoder: str, baseline: str, per_seed: dict, by_
         if bounds is not None:
             difference = dataclasses.replace(difference, low=bounds[0], high=bounds[1])
             interval = "paired bootstrap over the dev examples"
-    return dataclasses.asdict(difference) | {"excludes_zero": difference.excludes_zero, "interval": interval}
+    return dataclasses.asdict(difference) | {
+        "baseline": baseline,
+        "excludes_zero": difference.excludes_zero,
+        "interval": interval,
+    }
 
 
 def _bootstrap(task, run: Path, baseline_run: Path) -> tuple[float, float] | None:
@@ -122,16 +132,19 @@ def markdown(results: dict) -> str:
     """One table per task and arm (mean ± sd per encoder, the paired difference from the baseline with its 95%
     interval, ✓ where it excludes 0), then the overall scores."""
     baseline = results["baseline"]
+    own = [f"{name} − {base}" for name, base in results["baselines"].items() if base not in (baseline, name)]
     lines = [f"# {results['description'] or results['suite']}", ""]
     lines.append(
-        f"Seeds {results['seeds']}; differences are encoder − {baseline} over the same seeds, with the 95% "
-        "t-interval of the paired differences (with one seed: the paired bootstrap over the dev examples); "
-        "✓: the interval excludes 0."
+        f"Seeds {results['seeds']}; differences are encoder − {baseline}"
+        + (f" (but {', '.join(own)})" if own else "")
+        + " over the same seeds, with the 95% t-interval of the paired differences (with one seed: the paired "
+        "bootstrap over the dev examples); ✓: the interval excludes 0."
     )
+    column = f"− {baseline}" if not own else "− baseline"
     for task in results["tasks"]:
         for arm in task["arms"]:
             lines += ["", f"## {task['task']} ({task['kind']}, {task['metric']}), {arm['arm']}", ""]
-            lines += [f"| encoder | {task['metric']} mean ± sd | per seed | − {baseline} | 95% interval | |"]
+            lines += [f"| encoder | {task['metric']} mean ± sd | per seed | {column} | 95% interval | |"]
             lines += ["|---|---|---|---|---|---|"]
             for row in arm["encoders"]:
                 spread = row.get("spread")
@@ -140,6 +153,8 @@ def markdown(results: dict) -> str:
                 difference = row.get("difference")
                 if difference:
                     gap = f"{difference['mean']:+.2f} ± {difference['std']:.2f}"
+                    if difference["baseline"] != baseline:
+                        gap += f" (− {difference['baseline']})"
                     interval = (
                         f"[{_number(difference['low'])}, {_number(difference['high'])}]"
                         if difference["low"] is not None
