@@ -89,6 +89,11 @@ def test_each_encoder_is_compared_with_its_own_baseline_where_one_is_named(tmp_p
     assert results["baseline"] == "random" and results["baselines"] == baselines
     table = markdown(results)
     assert "(but deberta − random-deberta)" in table and "| − baseline |" in table and "(− random-deberta)" in table
+    # Two baselines for two encoders each: the table names the first encoder's, the other in its rows.
+    pairs = {"bert": "random", "random": "random", "deberta": "random-deberta", "random-deberta": "random-deberta"}
+    assert "encoder − random (but deberta − random-deberta)" in markdown(
+        verdict(suite, encoders, pairs, (0, 1), outcomes)
+    )
     # One baseline for all: the table's column names it, as before.
     single = markdown(verdict(suite, encoders, _baselines("random", None, encoders), (0, 1), outcomes))
     assert "| − random |" in single and "(but" not in single

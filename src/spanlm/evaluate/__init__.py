@@ -80,6 +80,8 @@ def _baselines(given: str | list[str] | None, suite_baseline: str | None, encode
 
 def _describe(baselines: dict[str, str]) -> str:
     """ "random", or "random (charbert: random-charbert, …)" where some encoders have their own."""
-    default = max(set(baselines.values()), key=list(baselines.values()).count)
+    from spanlm.evaluate.verdict import most_common_baseline
+
+    default = most_common_baseline(baselines)
     own = [f"{name}: {base}" for name, base in baselines.items() if base != default and name != base]
     return default + (f" ({', '.join(own)})" if own else "")

@@ -78,13 +78,19 @@ def verdict(
         "description": suite.description,
         "seeds": list(seeds),
         # the baseline of most encoders, and each encoder's own
-        "baseline": max(set(baselines.values()), key=list(baselines.values()).count),
+        "baseline": most_common_baseline(baselines),
         "baselines": baselines,
         "encoders": [{"name": e.name, "path": str(e.path), "random_init": e.random} for e in encoders],
         "tasks": tasks,
         "overall": overall,
         "cells": cells,
     }
+
+
+def most_common_baseline(baselines: dict[str, str]) -> str:
+    """The baseline most encoders have (the first encoder's among equals): the one a table's column names."""
+    values = list(baselines.values())
+    return max(dict.fromkeys(values), key=values.count)
 
 
 def _difference(task, arm: str, encoder: str, baseline: str, per_seed: dict, by_encoder: dict, runs: dict):
