@@ -93,13 +93,22 @@ print("\n".join([*settings, "data.words=" + recipe["data"]["words"]]))' \
         "$ROOT/configs/pretrain/spanbert_chinese.yaml")
 fi
 
-pretrain() { # NAME: the demo's pretraining settings on this study's text, then the export
+settings() { # NAME → SETTINGS: the demo's pretraining settings on this study's text. Objectives whose recipes name
+    # the same prepared directory share one (one tokenizer: they can share a random init too).
+    local recipe=$ROOT/configs/pretrain/${RECIPE[$1]}.yaml
+    local prepared
+    prepared=$(python -c 'import sys, yaml; from pathlib import Path
+print(Path(yaml.safe_load(open(sys.argv[1], encoding="utf-8"))["data"]["prepared_dir"]).name)' "$recipe")
+    SETTINGS=("$recipe" seed=0 "data.inputs=$INPUTS" "data.prepared_dir=$OUT/prepared/$prepared"
+        "train.output_dir=$OUT/pretrain/$1" "train.max_steps=$STEPS" train.eval_at_start=true
+        "train.eval_every=$(((STEPS + 5) / 6))" "train.save_every=$STEPS" train.log_every=10 train.eval_blocks=64
+        "logging.report_to=[]" logging.progress=false "${TEXT_SETTINGS[@]}")
+}
+pretrain() { # NAME, then its export
     local name=$1
     [ -f "$OUT/export/$name/config.json" ] && return
-    "$SPANLM" pretrain "$ROOT/configs/pretrain/${RECIPE[$name]}.yaml" seed=0 "data.inputs=$INPUTS" "data.prepared_dir=$OUT/prepared/$name" \
-        "train.output_dir=$OUT/pretrain/$name" "train.max_steps=$STEPS" train.eval_at_start=true \
-        "train.eval_every=$(((STEPS + 5) / 6))" "train.save_every=$STEPS" train.log_every=10 train.eval_blocks=64 \
-        "logging.report_to=[]" logging.progress=false "${TEXT_SETTINGS[@]}" --resume auto \
+    settings "$name"
+    "$SPANLM" pretrain "${SETTINGS[@]}" --resume auto \
         >"$OUT/logs/pretrain-$name.log" 2>&1 || failed "pretraining $name" "$OUT/logs/pretrain-$name.log"
     "$SPANLM" export "$OUT/pretrain/$name" --out "$OUT/export/$name" >"$OUT/logs/export-$name.log" 2>&1 ||
         failed "exporting $name" "$OUT/logs/export-$name.log"
@@ -108,8 +117,14 @@ failed() { # WHAT LOG
     echo "objectives_study.sh: $1 failed: $(tail -n 1 "$2") (all of it: $2)" >&2
     return 1
 }
+for name in $OBJECTIVES; do # prepared one after another, before the pretraining runs read them side by side
+    [ -n "${RECIPE[$name]:-}" ] || { echo "objectives_study.sh: unknown objective $name" >&2 && exit 2; }
+    [ -f "$OUT/export/$name/config.json" ] && continue
+    settings "$name"
+    "$SPANLM" prepare "${SETTINGS[@]}" >"$OUT/logs/prepare-$name.log" 2>&1 ||
+        failed "preparing $name" "$OUT/logs/prepare-$name.log"
+done
 for name in $OBJECTIVES; do
-    [ -n "${RECIPE[$name]:-}" ] || { echo "objectives_study.sh: unknown objective $name" >&2; exit 2; }
     while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
     echo "pretraining $name → $OUT/pretrain/$name" >&2
     pretrain "$name" &
