@@ -261,6 +261,17 @@ def test_the_build_is_keyed_by_source_flags_and_torch_not_by_checkout_or_file_ti
     assert native.build_name(source, "AVX2", flags[:-1]) not in names
     assert native.build_name(source, "AVX512", flags) not in names
     assert native.build_name(source, "AVX2", flags, "2.13.0 /other/venv/torch") not in names  # another PyTorch
+    # Another ninja on PATH (its log of commands is foreign to another version): another build.
+    for directory in ("ninja-a", "ninja-b"):
+        (tmp_path / directory).mkdir()
+        (tmp_path / directory / "ninja").write_text("#!/bin/sh\n")
+        (tmp_path / directory / "ninja").chmod(0o755)
+    toolchains = set()
+    for directory in ("ninja-a", "ninja-b"):
+        monkeypatch.setenv("PATH", str(tmp_path / directory))
+        assert native.ninja_binary() == str(tmp_path / directory / "ninja")
+        toolchains.add(native.toolchain())
+    assert len(toolchains) == 2
     # Both checkouts compile the same file, in the build directory: the commands PyTorch writes are identical.
     build = tmp_path / "build"
     build.mkdir()

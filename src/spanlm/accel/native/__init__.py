@@ -65,7 +65,7 @@ def kernels() -> ModuleType | None:
 
         capability = torch.backends.cpu.get_cpu_capability()
         flags = ["-O3", "-fopenmp", *_CAPABILITY_FLAGS.get(capability, [])]
-        name = build_name(SOURCE.read_bytes(), capability, flags, torch_build())
+        name = build_name(SOURCE.read_bytes(), capability, flags, toolchain())
         build_directory = _build_directory(cpp_extension, name)
         with build_lock(build_directory):
             if not _built(build_directory, name):
@@ -101,18 +101,31 @@ def _build_directory(cpp_extension: ModuleType, name: str) -> Path | None:
         return None
 
 
-def torch_build() -> str:
-    """The PyTorch the kernels compile against: its version and where it is installed (its headers and
-    libraries; two environments' builds differ in their commands, and one torch's build must not load in another)."""
+def toolchain() -> str:
+    """The PyTorch the kernels compile against (its version and where it is installed: its headers and
+    libraries; one torch's build must not load in another) and the ninja that builds them: ninja keeps a log of
+    the commands it ran, and another ninja version finds that log foreign and rebuilds everything, so two
+    environments with different ninjas sharing one build directory would rebuild each other's kernels."""
     import torch
 
-    return f"{torch.__version__} {Path(torch.__file__).parent}"
+    return f"{torch.__version__} {Path(torch.__file__).parent} ninja {ninja_binary()}"
 
 
-def build_name(source: bytes, capability: str, flags: list[str], torch_build: str = "") -> str:
+def ninja_binary() -> str | None:
+    """The ninja PyTorch's builder runs: PATH's, else the ``ninja`` package's (see ``_ninja_on_path``)."""
+    found = shutil.which("ninja")
+    if found is None:
+        with contextlib.suppress(ImportError):
+            import ninja
+
+            found = shutil.which("ninja", path=ninja.BIN_DIR)
+    return found
+
+
+def build_name(source: bytes, capability: str, flags: list[str], toolchain: str = "") -> str:
     """The extension's name (and so its build directory): the capability and a hash of the source, the flags
-    and the PyTorch build."""
-    digest = hashlib.sha256(source + b"\0" + " ".join(flags).encode() + b"\0" + torch_build.encode()).hexdigest()[:16]
+    and the toolchain."""
+    digest = hashlib.sha256(source + b"\0" + " ".join(flags).encode() + b"\0" + toolchain.encode()).hexdigest()[:16]
     return "spanlm_native_" + re.sub(r"\W", "_", capability.lower()) + "_" + digest
 
 
