@@ -15,7 +15,7 @@ import yaml
 
 from helpers import REPO
 from spanlm.cli import main
-from spanlm.demo import EXAMPLES, F1_KEYS, FILL_MASK, QUICK, DemoPlan, ner_run_dir, run_demo
+from spanlm.demo import ARMS, EXAMPLES, F1_KEYS, FILL_MASK, QUICK, DemoPlan, ner_run_dir, run_demo
 from spanlm.train.metrics import read_metrics
 
 
@@ -226,6 +226,47 @@ def test_the_demo_pretrains_the_encoder_of_another_shipped_recipe(tmp_path, caps
     assert json.loads((out / "encoder" / "config.json").read_text())["model_type"] == "modernbert"
     assert all(math.isfinite(summary[key]) for key in F1_KEYS)
     assert all(stage["complete"] for stage in summary["stages"].values())
+
+
+def test_the_demo_fits_its_ner_windows_to_an_encoder_with_fewer_positions(tmp_path, capsys):
+    """CharBERT's encoder has 64 positions, fewer than the NER recipe's 128-token windows."""
+    out = tmp_path / "demo"
+    assert main(["demo", "--quick", "--out", str(out), "--pretrain-recipe", "pretrain/charbert"]) == 0
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert json.loads((out / "encoder" / "config.json").read_text())["max_position_embeddings"] == 64
+    assert all(stage["complete"] for stage in summary["stages"].values()) and summary["failed"] == []
+    for arm in ARMS:
+        recipe = yaml.safe_load((ner_run_dir(out, arm, 0).parent / "recipe.yaml").read_text(encoding="utf-8"))
+        assert recipe["data"]["max_len"] == 64
+
+
+def test_a_failed_ner_run_is_reported_as_failed_not_as_interrupted(tmp_path, capsys, monkeypatch):
+    import spanlm.evaluate
+
+    def failing_suite(suite, encoders, out, seeds, log, settings):
+        cells = [
+            {
+                "encoder": encoder.split("=")[0],
+                "arm": arm,
+                "seed": seeds[0],
+                "status": "failed",
+                "error": "exit 2: boom",
+            }
+            for encoder in encoders
+            for arm in ("fine-tuned", "frozen")
+        ]
+        return {"cells": cells, "stopped": None}
+
+    monkeypatch.setattr(spanlm.evaluate, "run_suite", failing_suite)
+    out = tmp_path / "demo"
+    assert main(["demo", "--quick", "--out", str(out)]) == 1
+    captured = capsys.readouterr()
+    printed = json.loads(captured.out.strip().splitlines()[-1])
+    assert printed["interrupted"] is False and printed["failed"] == [f"ner_{arm}" for arm in ARMS]
+    assert "FAILED" in captured.err and "exit 2: boom" in captured.err and "INTERRUPTED" not in captured.err
+    assert "spanlm demo: ner_pretrained, ner_random" in captured.err.splitlines()[-1]
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert "Failed runs." in page and "Interrupted run." not in page
 
 
 def test_a_demo_recipe_must_be_a_shipped_pretraining_recipe(tmp_path, capsys):

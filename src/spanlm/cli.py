@@ -99,10 +99,14 @@ def _demo(args: argparse.Namespace) -> int:
             {
                 "report": str(Path(args.out) / "report.html"),
                 "interrupted": summary["interrupted"],
+                "failed": summary["failed"],
                 **{key: summary.get(key) for key in ("mlm_accuracy", "unigram_accuracy", *F1_KEYS)},
             }
         )
     )
+    if summary["failed"]:
+        log(f"spanlm demo: {', '.join(summary['failed'])} failed (the error is in the table above and in its log.txt)")
+        return 1
     if summary["interrupted"]:
         log("spanlm demo: interrupted; the report shows the steps that ran")
         return 1

@@ -15,7 +15,9 @@ def seeds_table(summary: dict) -> str:
     for row in summary["per_seed"]:
         rows.append(
             (
-                str(row["seed"]) + (" (interrupted)" if row["interrupted"] else ""),
+                str(row["seed"])
+                + (" (interrupted)" if row["interrupted"] else "")
+                + (" (failed)" if row["failed"] else ""),
                 f"{row['mlm_accuracy']:.3f}",
                 f"{row['unigram_accuracy']:.3f}",
                 f"{row['ner_f1_pretrained'] or 0:.2f}",
@@ -72,7 +74,9 @@ def summary_table(summary: dict) -> str:
         rows.append((where, "F1 (micro)", f"{scores['micro']['f1']:.2f}"))
         rows.append((where, "F1 seen / unseen", f"{scores['seen']['f1']:.2f} / {scores['unseen']['f1']:.2f}"))
     for name, stage in summary["stages"].items():
-        if not stage["complete"]:
+        if "failed" in stage:
+            rows.append((name, "FAILED", stage["failed"]))
+        elif not stage["complete"]:
             rows.append((name, "INTERRUPTED", f"{stage['ran']} of {stage['planned']} steps"))
     return _text_table(rows)
 
@@ -126,7 +130,8 @@ def plots(out: Path, summary: dict) -> None:
     )
     axis.set_ylim(bottom=0)
     axis.grid(alpha=0.3)
-    axis.legend()
+    if axis.get_legend_handles_labels()[0]:  # no curve when every NER run failed
+        axis.legend()
     _save(figure, out / "ner_f1_curves.png")
 
     # Held-out MLM accuracy against the unigram line.
@@ -177,7 +182,8 @@ def plots(out: Path, summary: dict) -> None:
         )
         axis.set(title=title, ylabel="F1 (%)")
         axis.set_ylim(0, max(10.0, 1.3 * top))  # room for the labels; a 0..10 axis when nothing scores
-        axis.legend(fontsize=7)
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize=7)
         _save(figure, out / filename)
 
 
@@ -210,12 +216,15 @@ def write_page(out: Path, summary: dict) -> None:
         stopped = "; ".join(
             f"{name}: {stage['ran']} of {stage['planned']} steps"
             for name, stage in summary["stages"].items()
-            if not stage["complete"]
+            if not stage["complete"] and "failed" not in stage
         )
         page.append(
             f"<p class='warning'><b>Interrupted run.</b> These stages stopped early: {html.escape(stopped)}. "
             "The numbers below are those of the steps that ran.</p>"
         )
+    if summary["failed"]:
+        failures = "; ".join(f"{name}: {summary['stages'][name]['failed']}" for name in summary["failed"])
+        page.append(f"<p class='warning'><b>Failed runs.</b> {html.escape(failures)}.</p>")
     page += [
         f"<p>A tiny BERT encoder is pretrained with SpanBERT's objective (span masking, MLM + Span Boundary Objective) "
         f"on the text of the {NER_NAME} training sentences, without their labels (24,000 sentences of German Wikipedia "

@@ -62,7 +62,7 @@ def run_demo(
             runs = []
             for seed in seeds:
                 runs.append(_run_seed(out / f"seed-{seed}", plan, seed, stop, log))
-                if runs[-1]["interrupted"]:
+                if runs[-1]["interrupted"] or runs[-1]["failed"]:
                     break
             summary = {**_aggregate(out, runs, seeds), "plan": dataclasses.asdict(plan)}
             write_seeds_page(out, summary)
@@ -121,20 +121,33 @@ def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
             f"fine-tuned and frozen ({plan.ner_steps} steps) → {out / 'eval'}"
         )
         clock = time.monotonic()
+        settings = {**ner_settings(plan), **({"data.dev": str(dev)} if plan.dev_sentences is not None else {})}
+        positions = json.loads((encoder_dir / "config.json").read_text(encoding="utf-8")).get("max_position_embeddings")
+        if positions and positions < base.data.max_len:  # CharBERT's 64 positions: windows that fit the encoder
+            settings["data.max_len"] = positions
         results = run_suite(
             "demo",
             [f"pretrained={encoder_dir}", f"random=random:{encoder_dir}"],
             out / "eval",
             seeds=[seed],
             log=log,
-            settings={**ner_settings(plan), **({"data.dev": str(dev)} if plan.dev_sentences is not None else {})},
+            settings=settings,
         )
         wall["ner"] = time.monotonic() - clock
         stop.received = stop.received or results["stopped"]
+        failed = {
+            cell["encoder"] + ("-frozen" if cell["arm"] == "frozen" else ""): cell["error"]
+            for cell in results["cells"]
+            if cell.get("status") == "failed"
+        }
+    else:
+        failed = {}
     ran = []
     for arm in ARMS:
         run_dir = ner_run_dir(out, arm, seed)
         stages[f"ner_{arm}"] = _stage(run_dir, plan.ner_steps)
+        if arm in failed:  # the run's own error, not a stop: the report must not say "interrupted"
+            stages[f"ner_{arm}"]["failed"] = failed[arm]
         if (run_dir / "eval.json").is_file():  # scored, if stopped early with what it had
             write_report(run_dir)
             ran.append(arm)
@@ -223,13 +236,14 @@ def _summarise(
         ]
     fill_mask, parameters = _fill_mask(encoder_dir)
     meta = json.loads((out / "prepared" / "meta.json").read_text(encoding="utf-8"))
-    interrupted = {name: stage for name, stage in stages.items() if not stage["complete"]}
+    interrupted = {name: stage for name, stage in stages.items() if not stage["complete"] and "failed" not in stage}
     return {
         "seeds": [seed],
         "mlm_accuracy": pretrain_final.get("mlm_accuracy"),
         "unigram_accuracy": unigram_accuracy(out / "pretrain"),
         **{f"ner_f1_{arm.replace('-', '_')}": ner.get(arm, {}).get("micro", {}).get("f1") for arm in ARMS},
         "interrupted": bool(interrupted),
+        "failed": [name for name, stage in stages.items() if "failed" in stage],
         "stages": stages,
         "pretrain": pretrain_final,
         "ner": ner,
@@ -310,7 +324,6 @@ def _spread(values: list[float]) -> dict:
 
 
 def _aggregate(out: Path, runs: list[dict], seeds: tuple[int, ...]) -> dict:
-    finished = [run for run in runs if not run["interrupted"]]
     rows = [
         {
             "seed": run["seeds"][0],
@@ -320,10 +333,11 @@ def _aggregate(out: Path, runs: list[dict], seeds: tuple[int, ...]) -> dict:
             "gap": (run["ner_f1_pretrained"] or 0.0) - (run["ner_f1_random"] or 0.0),
             "frozen_gap": (run["ner_f1_pretrained_frozen"] or 0.0) - (run["ner_f1_random_frozen"] or 0.0),
             "interrupted": run["interrupted"],
+            "failed": run["failed"],
         }
         for run in runs
     ]
-    complete = [row for row in rows if not row["interrupted"]]
+    complete = [row for row in rows if not row["interrupted"] and not row["failed"]]
     keys = ("mlm_accuracy", "unigram_accuracy", *F1_KEYS, "gap", "frozen_gap")
     spread = {key: _spread([row[key] for row in complete]) for key in keys} if complete else {}
     return {
@@ -334,5 +348,6 @@ def _aggregate(out: Path, runs: list[dict], seeds: tuple[int, ...]) -> dict:
         "ner_f1_frozen_gap": spread.get("frozen_gap"),
         "spread": spread,
         "per_seed": rows,
-        "interrupted": len(finished) < len(seeds),
+        "interrupted": any(run["interrupted"] for run in runs) or len(runs) < len(seeds),
+        "failed": sorted({name for run in runs for name in run["failed"]}),
     }
