@@ -238,6 +238,9 @@ def test_the_demo_fits_its_ner_windows_to_an_encoder_with_fewer_positions(tmp_pa
     for arm in ARMS:
         recipe = yaml.safe_load((ner_run_dir(out, arm, 0).parent / "recipe.yaml").read_text(encoding="utf-8"))
         assert recipe["data"]["max_len"] == 64
+    # CharBERT's export keeps its MLM head apart: no fill-mask guesses from a freshly initialised head
+    assert summary["fill_mask"] == [] and summary["run"]["encoder_parameters"] > 0
+    assert "no masked-LM head" in (out / "report.html").read_text(encoding="utf-8")
 
 
 def test_a_failed_ner_run_is_reported_as_failed_not_as_interrupted(tmp_path, capsys, monkeypatch):

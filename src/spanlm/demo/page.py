@@ -285,13 +285,16 @@ def write_page(out: Path, summary: dict) -> None:
         for title, src in plots
         if (out / src).is_file()
     ]
-    page.append(
-        "<h2>Fill-mask: the pretrained encoder's top 3 guesses</h2><table><tr><th>text</th><th>guesses</th></tr>"
-    )
-    for item in summary["fill_mask"]:
-        guesses = ", ".join(f"{a['token']} ({a['score']:.2f})" for a in item["top"])
-        page.append(f"<tr><td>{html.escape(item['text'])}</td><td>{html.escape(guesses)}</td></tr>")
-    page.append("</table><h2>Entities found in example sentences</h2>")
+    page.append("<h2>Fill-mask: the pretrained encoder's top 3 guesses</h2>")
+    if summary["fill_mask"]:
+        page.append("<table><tr><th>text</th><th>guesses</th></tr>")
+        for item in summary["fill_mask"]:
+            guesses = ", ".join(f"{a['token']} ({a['score']:.2f})" for a in item["top"])
+            page.append(f"<tr><td>{html.escape(item['text'])}</td><td>{html.escape(guesses)}</td></tr>")
+        page.append("</table>")
+    else:
+        page.append("<p>None: the export has no masked-LM head that a fill-mask pipeline loads.</p>")
+    page.append("<h2>Entities found in example sentences</h2>")
     page.append(
         "<table><tr><th>text</th>"
         + "".join(f"<th>{html.escape(_arm_label(a))}</th>" for a in summary["predictions"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 import subprocess
 import time
@@ -285,11 +286,19 @@ def seen_unseen_scores(gold: list, predicted: list, seen_names: set[str]) -> dic
 
 
 def _fill_mask(encoder_dir: Path) -> tuple[list[dict], int]:
-    """The pretrained encoder's top guesses for each FILL_MASK blank, and its parameter count."""
+    """The pretrained encoder's top guesses for each FILL_MASK blank, and its parameter count. An export
+    without a masked-LM head a pipeline can load (CharBERT's keeps its heads in their own file) has no
+    guesses: a pipeline would fill the blanks from a freshly initialised head."""
     from transformers import pipeline
 
     from spanlm.models.backbone import quiet_load_report
 
+    config = json.loads((encoder_dir / "config.json").read_text(encoding="utf-8"))
+    if not any(name.endswith("ForMaskedLM") for name in config.get("architectures") or []):
+        from safetensors import safe_open
+
+        with safe_open(encoder_dir / "model.safetensors", "pt") as weights:
+            return [], sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())
     with quiet_load_report():  # the export's unused pooler is no news
         fill = pipeline("fill-mask", model=str(encoder_dir), device="cpu")
     answers = [
