@@ -240,7 +240,8 @@ def test_the_demo_fits_its_ner_windows_to_an_encoder_with_fewer_positions(tmp_pa
         assert recipe["data"]["max_len"] == 64
     # CharBERT's export keeps its MLM head apart: no fill-mask guesses from a freshly initialised head
     assert summary["fill_mask"] == [] and summary["run"]["encoder_parameters"] > 0
-    assert "no masked-LM head" in (out / "report.html").read_text(encoding="utf-8")
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert "no masked-LM head" in page and "<code>charbert</code> objective" in page and "pretrain/charbert" in page
 
 
 def test_a_failed_ner_run_is_reported_as_failed_not_as_interrupted(tmp_path, capsys, monkeypatch):

@@ -211,7 +211,7 @@ def _rates(plan: dict) -> str:
 
 def write_page(out: Path, summary: dict) -> None:
     run = summary["run"]
-    page = [_HEAD, "<h1>spanlm demo: does span-aware pretraining help?</h1>"]
+    page = [_HEAD, "<h1>spanlm demo: does pretraining help?</h1>"]
     if summary["interrupted"]:
         stopped = "; ".join(
             f"{name}: {stage['ran']} of {stage['planned']} steps"
@@ -226,9 +226,11 @@ def write_page(out: Path, summary: dict) -> None:
         failures = "; ".join(f"{name}: {summary['stages'][name]['failed']}" for name in summary["failed"])
         page.append(f"<p class='warning'><b>Failed runs.</b> {html.escape(failures)}.</p>")
     page += [
-        f"<p>A tiny BERT encoder is pretrained with SpanBERT's objective (span masking, MLM + Span Boundary Objective) "
-        f"on the text of the {NER_NAME} training sentences, without their labels (24,000 sentences of German Wikipedia "
-        f"and news). Then NER is learnt from only {run['labelled_sentences']:,} labelled sentences: the same "
+        f"<p>A tiny {html.escape(run['encoder_family'])} encoder is pretrained with the "
+        f"<code>{html.escape(run['objective'])}</code> objective (the shipped recipe "
+        f"<code>{html.escape(summary['plan']['pretrain_recipe'])}</code>) on the text of the {NER_NAME} training "
+        "sentences, without their labels (24,000 sentences of German Wikipedia and news). "
+        f"Then NER is learnt from only {run['labelled_sentences']:,} labelled sentences: the same "
         f"GlobalPointer NER fine-tuning runs twice with one budget: from that encoder and from a randomly initialised "
         "copy (same architecture and tokenizer, same data order and head initialisation). Only the encoder's starting "
         "weights differ. Then both again with the encoder frozen: the head alone learns from the encoder's features, "
@@ -248,7 +250,7 @@ def write_page(out: Path, summary: dict) -> None:
     facts = [
         ("seed", run["seed"]),
         ("commit", run["commit"]),
-        ("encoder", f"BERT, {run['encoder_parameters']:,} parameters"),
+        ("encoder", f"{run['encoder_family']}, {run['encoder_parameters']:,} parameters"),
         ("tokenizer", run["tokenizer"]),
         (
             "pretraining",
@@ -278,7 +280,7 @@ def write_page(out: Path, summary: dict) -> None:
         ("Dev F1 on entities seen / unseen in training", "ner_f1_seen_unseen.png"),
         ("Dev F1 per type (the value on each bar, gold entities n under each type)", "ner_f1_per_type.png"),
         ("Pretraining: held-out MLM accuracy and the unigram baseline", "mlm_accuracy.png"),
-        ("Pretraining losses (MLM and SBO parts)", "pretrain/loss.png"),
+        ("Pretraining losses (each objective part)", "pretrain/loss.png"),
     ]
     page += [
         f"<h3>{html.escape(title)}</h3><img src='{src}' alt='{html.escape(title)}'>"

@@ -255,6 +255,8 @@ def _summarise(
             "seed": seed,
             "commit": _commit(),
             "encoder_parameters": parameters,
+            "encoder_family": pretrain_recipe.model.family,
+            "objective": pretrain_recipe.objective.name,
             "tokenizer": f"WordPiece, {meta['vocab_size']} tokens, cased, trained on the pretraining text",
             "labelled_sentences": len(train_docs),
             "dev_sentences": len(dev_docs),  # the final scores' (plan.dev_sentences, or the whole dev set)
