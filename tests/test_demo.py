@@ -193,12 +193,13 @@ def test_readme_puts_spanlm_on_path():
 def test_seeds_are_aggregated_for_every_arm(tmp_path):
     from spanlm.demo import F1_KEYS, _aggregate, seeds_table
 
-    def run(seed, f1s, interrupted=False):
+    def run(seed, f1s, interrupted=False, failed=()):
         return {
             "seeds": [seed],
             "mlm_accuracy": 0.1,
             "unigram_accuracy": 0.04,
             "interrupted": interrupted,
+            "failed": list(failed),
             **dict(zip(F1_KEYS, f1s)),
         }
 
@@ -206,33 +207,28 @@ def test_seeds_are_aggregated_for_every_arm(tmp_path):
         run(0, (20.0, 18.0, 9.0, 1.0)),
         run(1, (22.0, 21.0, 11.0, 2.0)),
         run(2, (5.0, 1.0, 1.0, 0.0), interrupted=True),
+        run(3, (0.0, 0.0, 0.0, 0.0), failed=["ner_random"]),
     ]
-    summary = _aggregate(tmp_path, runs, (0, 1, 2))
-    assert summary["interrupted"] is True and [row["seed"] for row in summary["per_seed"]] == [0, 1, 2]
+    summary = _aggregate(tmp_path, runs, (0, 1, 2, 3))
+    assert summary["interrupted"] is True and [row["seed"] for row in summary["per_seed"]] == [0, 1, 2, 3]
+    assert summary["failed"] == ["ner_random"]  # a failed seed is left out of the means too
     # Means over the complete seeds only; the gaps per pair of arms.
     assert summary["ner_f1_pretrained_frozen"] == 10.0 and summary["ner_f1_random_frozen"] == 1.5
     assert summary["ner_f1_gap"]["mean"] == 1.5 and summary["ner_f1_frozen_gap"]["mean"] == 8.5
     table = seeds_table(summary)
     assert "frozen: F1 pretrained" in table and "+8.50 ± 0.71" in table and "2 (interrupted)" in table
+    assert "3 (failed)" in table
 
 
 @pytest.mark.slow
-def test_the_demo_pretrains_the_encoder_of_another_shipped_recipe(tmp_path, capsys):
-    out = tmp_path / "demo"
-    argv = ["demo", "--quick", "--out", str(out), "--pretrain-recipe", "pretrain/modernbert_spanbert"]
-    assert main(argv) == 0
-    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    assert summary["plan"]["pretrain_recipe"] == "pretrain/modernbert_spanbert"
-    assert json.loads((out / "encoder" / "config.json").read_text())["model_type"] == "modernbert"
-    assert all(math.isfinite(summary[key]) for key in F1_KEYS)
-    assert all(stage["complete"] for stage in summary["stages"].values())
-
-
-def test_the_demo_fits_its_ner_windows_to_an_encoder_with_fewer_positions(tmp_path, capsys):
-    """CharBERT's encoder has 64 positions, fewer than the NER recipe's 128-token windows."""
+def test_the_demo_pretrains_another_shipped_recipe_and_fits_its_ner_windows_to_the_encoder(tmp_path, capsys):
+    """CharBERT: another architecture, and an encoder of 64 positions, fewer than the NER recipe's 128-token
+    windows."""
     out = tmp_path / "demo"
     assert main(["demo", "--quick", "--out", str(out), "--pretrain-recipe", "pretrain/charbert"]) == 0
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert summary["plan"]["pretrain_recipe"] == "pretrain/charbert"
+    assert all(math.isfinite(summary[key]) for key in F1_KEYS)
     assert json.loads((out / "encoder" / "config.json").read_text())["max_position_embeddings"] == 64
     assert all(stage["complete"] for stage in summary["stages"].values()) and summary["failed"] == []
     for arm in ARMS:
@@ -244,6 +240,7 @@ def test_the_demo_fits_its_ner_windows_to_an_encoder_with_fewer_positions(tmp_pa
     assert "no masked-LM head" in page and "<code>charbert</code> objective" in page and "pretrain/charbert" in page
 
 
+@pytest.mark.slow
 def test_a_failed_ner_run_is_reported_as_failed_not_as_interrupted(tmp_path, capsys, monkeypatch):
     import spanlm.evaluate
 
