@@ -25,13 +25,14 @@ venv: $(VENV)/.installed
 demo: venv
 	$(BIN)/spanlm demo --out runs/demo
 
-# The whole suite in TEST_WORKERS processes (pytest-xdist; a test file stays in one process), the slowest tests
-# listed at the end (docs/development.md keeps a measured list). TEST_WORKERS=0 runs it in this process.
+# The whole suite in TEST_WORKERS processes (pytest-xdist; a test file stays in one process; the files with slow
+# tests first, tests/conftest.py says why), the slowest tests listed at the end (docs/development.md keeps a
+# measured list). TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
 test: venv
 	$(BIN)/ruff check src tests bench tools examples
 	$(BIN)/ruff format --check src tests bench tools examples
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 # The inner loop: the unit tests, without the ones marked slow (a training loop, a subprocess, a whole command).
 test-fast: venv

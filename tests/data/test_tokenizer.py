@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -58,11 +61,21 @@ def test_saved_tokenizer_names_a_portable_class_and_reloads_unchanged(tmp_path, 
 
 
 @pytest.fixture(scope="session")
-def transformers4(tmp_path_factory) -> Path:
-    """A virtual environment with transformers 4.x (and its own tokenizers); torch borrowed from this one."""
-    venv = tmp_path_factory.mktemp("transformers4") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+def transformers4() -> Path:
+    """A virtual environment with transformers 4.x (and its own tokenizers); torch borrowed from this one. Built
+    once per machine and environment in the user's cache (pip's install is most of the test's time), rebuilt
+    when it does not answer; the tests only read with it."""
+    borrowed = sysconfig.get_paths()["purelib"]
+    python_version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "spanlm-tests"
+    venv = cache / f"transformers4-py{python_version}-{hashlib.sha256(borrowed.encode()).hexdigest()[:12]}"
     python = venv / "bin" / "python"
+    ready = venv / "ready"
+    answers = "import transformers, tokenizers, torch; assert transformers.__version__.startswith('4.')"
+    if ready.is_file() and subprocess.run([str(python), "-c", answers], capture_output=True).returncode == 0:
+        return python
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
     install = subprocess.run(
         [str(python), "-m", "pip", "install", "-q", "transformers>=4.40,<5"],
         capture_output=True,
@@ -78,7 +91,8 @@ def transformers4(tmp_path_factory) -> Path:
         text=True,
     ).stdout.strip()
     # After the venv's own packages on sys.path, so transformers 4 and its tokenizers win over ours.
-    (Path(site) / "borrowed_torch.pth").write_text(sysconfig.get_paths()["purelib"] + "\n", encoding="utf-8")
+    (Path(site) / "borrowed_torch.pth").write_text(borrowed + "\n", encoding="utf-8")
+    ready.touch()
     return python
 
 
