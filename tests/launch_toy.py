@@ -12,11 +12,17 @@ import toy_objective  # noqa: F401  (registers "toy")
 from spanlm.cli import main
 
 
+def thread_name(task: Path) -> str:
+    try:
+        return (task / "comm").read_text().strip()
+    except FileNotFoundError:  # the thread ended after it was listed (a DataLoader worker's, at exit)
+        return ""
+
+
 def report_gloo_threads() -> None:
     tasks = Path("/proc/self/task")
     if tasks.is_dir():
-        names = [(task / "comm").read_text().strip() for task in tasks.iterdir()]
-        gloo = sorted(name for name in names if "gloo" in name)
+        gloo = sorted(name for name in map(thread_name, tasks.iterdir()) if "gloo" in name)
         if gloo:
             sys.stderr.write(f"rank {os.environ.get('RANK')}: gloo threads still running at exit: {gloo}\n")
 
