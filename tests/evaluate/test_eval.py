@@ -236,6 +236,7 @@ def test_a_rerun_keeps_finished_cells_and_runs_only_what_changed(evaluated, tmp_
         ("unknown-own-baseline", "baseline 'nobody' is not among the encoders"),
         ("out-is-an-encoder", "--out is the input"),
         ("encoder-in-the-cells", "--out holds the input"),
+        ("windows-beyond-positions", "exceeds the"),
     ],
 )
 def test_bad_input_stops_before_any_cell_runs(case, expected, tiny_encoder_dir, tmp_path, capsys):
@@ -264,6 +265,13 @@ def test_bad_input_stops_before_any_cell_runs(case, expected, tiny_encoder_dir, 
         inside.mkdir(parents=True)
         (inside / "config.json").write_text("{}", encoding="utf-8")
         encoders[1] = f"random=random:{inside}"
+    elif case == "windows-beyond-positions":
+        positions = json.loads((tiny_encoder_dir / "config.json").read_text(encoding="utf-8"))
+        positions = positions["max_position_embeddings"] - (positions["pad_token_id"] + 1) * (
+            positions["model_type"] == "roberta"
+        )
+        raw["tasks"][0]["settings"]["data.max_len"] = positions + 1
+        expected = f"data.max_len {positions + 1} exceeds the {positions} positions of encoder tiny"
     suite.write_text(yaml.safe_dump(raw), encoding="utf-8")
     code, out, err = run_eval([str(suite), "--encoders", *encoders, "--out", str(tmp_path / "out"), *extra], capsys)
     assert code == 2 and out is None

@@ -22,19 +22,20 @@ def run_suite(
 ) -> dict:
     """Run every cell not yet finished, then write the verdict into ``out``; returns results.json's content.
 
-    Everything is checked before the first cell runs: the suite, its recipes and data, the encoders, the
-    baselines and the seeds. ``baseline`` is one encoder's name, compared against by every other encoder, or a
-    list of such a name and ``ENCODER=NAME`` pairs for encoders with a baseline of their own (encoders of
-    other architectures, each against its own random init). ``settings`` (dotted keys) are added to every
-    task's (the demo's budgets).
+    Everything is checked before the first cell runs: the suite, its recipes and data, the encoders (and that
+    every task's windows fit in their positions), the baselines and the seeds. ``baseline`` is one encoder's
+    name, compared against by every other encoder, or a list of such a name and ``ENCODER=NAME`` pairs for
+    encoders with a baseline of their own (encoders of other architectures, each against its own random
+    init). ``settings`` (dotted keys) are added to every task's (the demo's budgets).
     """
-    from spanlm.evaluate.cells import CellRunner, default_jobs, parse_encoders, plan_cells
+    from spanlm.evaluate.cells import CellRunner, check_windows, default_jobs, parse_encoders, plan_cells
     from spanlm.evaluate.suite import load_suite
     from spanlm.evaluate.verdict import markdown, verdict, write_report
     from spanlm.files import refuse_to_overwrite_inputs
 
     suite = load_suite(suite_name, settings)
     encoders = parse_encoders(encoder_specs)
+    check_windows(suite, encoders)
     seeds = tuple(seeds) if seeds else suite.seeds
     if len(set(seeds)) < len(seeds) or any(seed < 0 for seed in seeds):
         raise ConfigError(f"--seeds must name different non-negative seeds, got {list(seeds)}")

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from spanlm.config import save_config, to_dict
 from spanlm.errors import ConfigError, InputError
-from spanlm.evaluate.suite import Suite, Task
+from spanlm.evaluate.suite import WINDOW_KEYS, Suite, Task
 
 RANDOM_PREFIX = "random:"  # NAME=random:DIR: DIR's architecture and tokenizer, freshly initialised
 
@@ -67,6 +67,25 @@ def parse_encoders(specs: list[str]) -> list[Encoder]:
     if not encoders:
         raise ConfigError("--encoders: name one or more encoders, NAME=DIR or NAME=random:DIR")
     return encoders
+
+
+def check_windows(suite: Suite, encoders: list[Encoder]) -> None:
+    """Refuse, before any cell runs, a task whose windows are longer than an encoder can number: each of its
+    cells would fail once started (a CharBERT export has 64 positions, the shipped NER recipes 128-token
+    windows)."""
+    from spanlm.models.backbone import config_max_sequence_length
+
+    for encoder in encoders:
+        config = json.loads((encoder.path / "config.json").read_text(encoding="utf-8"))
+        positions = config_max_sequence_length(config)
+        for task in suite.tasks:
+            key = WINDOW_KEYS[task.kind]
+            length = getattr(task.recipe.data, key)
+            if positions is not None and length > positions:
+                raise ConfigError(
+                    f"{suite.path}: task {task.name}: data.{key} {length} exceeds the {positions} positions of "
+                    f"encoder {encoder.name} ({encoder.path}); set data.{key}: {positions} in the task's settings"
+                )
 
 
 @dataclasses.dataclass(frozen=True)

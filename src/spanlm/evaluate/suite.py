@@ -67,6 +67,8 @@ TASK_KINDS = {
         },
     ),
 }
+# kind → the recipe's window length (data.KEY): what must fit in the positions of every encoder of the suite
+WINDOW_KEYS = {"ner": "max_len", "qa": "max_length", "cls": "max_length"}
 SUITE_KEYS = {"seeds", "baseline", "tasks"}
 TASK_KEYS = {"name", "kind", "recipe", "metric", "arms", "settings"}
 

@@ -478,7 +478,14 @@ def shortest_position_table(module: nn.Module) -> int | None:
 
 def max_sequence_length(model: PreTrainedModel) -> int:
     """Longest input (in tokens) the model's position table can number; compare with data.max_len."""
-    config = model.config
-    if config.model_type == "roberta":
-        return int(config.max_position_embeddings) - int(config.pad_token_id) - 1
-    return int(config.max_position_embeddings)
+    return config_max_sequence_length(model.config.to_dict())
+
+
+def config_max_sequence_length(config: dict) -> int | None:
+    """:func:`max_sequence_length` of a model from its ``config.json`` alone (None where it has no
+    ``max_position_embeddings``). RoBERTa numbers its positions after the padding id."""
+    if "max_position_embeddings" not in config:
+        return None
+    if config.get("model_type") == "roberta":
+        return int(config["max_position_embeddings"]) - int(config["pad_token_id"]) - 1
+    return int(config["max_position_embeddings"])
