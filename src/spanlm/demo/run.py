@@ -78,6 +78,7 @@ def run_demo(
 def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
     from spanlm.config import load_config
     from spanlm.evaluate import run_suite
+    from spanlm.models.backbone import config_max_sequence_length
     from spanlm.ner.config import NerRecipe
     from spanlm.pretrain.export import export_checkpoint
     from spanlm.pretrain.recipe import load_recipe
@@ -123,8 +124,8 @@ def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
         )
         clock = time.monotonic()
         settings = {**ner_settings(plan), **({"data.dev": str(dev)} if plan.dev_sentences is not None else {})}
-        positions = json.loads((encoder_dir / "config.json").read_text(encoding="utf-8")).get("max_position_embeddings")
-        if positions and positions < base.data.max_len:  # CharBERT's 64 positions: windows that fit the encoder
+        positions = config_max_sequence_length(json.loads((encoder_dir / "config.json").read_text(encoding="utf-8")))
+        if positions is not None and positions < base.data.max_len:  # CharBERT's 64: windows that fit the encoder
             settings["data.max_len"] = positions
         results = run_suite(
             "demo",

@@ -78,10 +78,12 @@ def check_windows(suite: Suite, encoders: list[Encoder]) -> None:
     for encoder in encoders:
         config = json.loads((encoder.path / "config.json").read_text(encoding="utf-8"))
         positions = config_max_sequence_length(config)
+        if positions is None:
+            continue
         for task in suite.tasks:
             key = WINDOW_KEYS[task.kind]
             length = getattr(task.recipe.data, key)
-            if positions is not None and length > positions:
+            if length > positions:
                 raise ConfigError(
                     f"{suite.path}: task {task.name}: data.{key} {length} exceeds the {positions} positions of "
                     f"encoder {encoder.name} ({encoder.path}); set data.{key}: {positions} in the task's settings"
