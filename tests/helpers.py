@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 from spanlm.config import from_dict
@@ -59,6 +60,27 @@ def copy_of(directory: Path, into: Path) -> Path:
 
     shutil.copytree(directory, into, symlinks=True)
     return into
+
+
+def kept_venv(name: str, answers: str, build) -> Path:
+    """The python of a virtual environment the tests keep in the user's cache (``~/.cache/spanlm-tests/NAME``):
+    built once per machine by ``build(venv)`` (which creates it and installs into it; pip's install is most of
+    a test's time), built again when its python cannot run ``answers``. Tests only read with it."""
+    import shutil
+    import subprocess
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "spanlm-tests"
+    venv = cache / name
+    python, ready = venv / "bin" / "python", venv / "ready"
+    if (
+        ready.is_file()
+        and subprocess.run([str(python), "-c", answers], capture_output=True, timeout=120).returncode == 0
+    ):
+        return python
+    shutil.rmtree(venv, ignore_errors=True)
+    build(venv)
+    ready.touch()
+    return python
 
 
 def external_data(name: str) -> Path:

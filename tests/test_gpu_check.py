@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO
+from helpers import REPO, kept_venv
 
 SCRIPT = REPO / "tools" / "gpu_check.py"
 TRANSFORMERS = "5.17.0"  # the oldest transformers pyproject allows: the version a known GPU machine has
@@ -62,26 +61,19 @@ def pip_or_skip(command: list, what: str) -> None:
 
 @pytest.fixture(scope="session")
 def target_python() -> Path:
-    """A clean venv with torch, transformers 5.17.0 and pytest, as pip installs them: built once per machine and
-    versions in the user's cache (installing torch is most of the test's time), rebuilt when it does not answer.
-    The check never installs into it (spanlm goes to a temporary prefix), so a kept one stays clean."""
+    """A clean venv with torch, transformers 5.17.0 and pytest, as pip installs them, kept in the user's cache
+    (helpers.kept_venv) per Python and versions. The check never installs into it (spanlm goes to a temporary
+    prefix), so a kept one stays clean."""
     torch_version = torch.__version__.split("+")[0]
+
+    def build(venv: Path) -> None:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+        command = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "-c", str(REPO / "constraints.txt")]
+        pip_or_skip([*command, f"torch=={torch_version}", f"transformers=={TRANSFORMERS}", "pytest"], "the target")
+
     python_version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "spanlm-tests"
-    venv = cache / f"gpu-target-py{python_version}-torch{torch_version}-transformers{TRANSFORMERS}"
-    python = venv / "bin" / "python"
-    ready = venv / "ready"
-    if (
-        ready.is_file()
-        and subprocess.run([str(python), "-c", "import torch, transformers"], timeout=120).returncode == 0
-    ):
-        return python
-    shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    command = [str(python), "-m", "pip", "install", "-q", "-c", str(REPO / "constraints.txt")]
-    pip_or_skip([*command, f"torch=={torch_version}", f"transformers=={TRANSFORMERS}", "pytest"], "the target")
-    ready.touch()
-    return python
+    name = f"gpu-target-py{python_version}-torch{torch_version}-transformers{TRANSFORMERS}"
+    return kept_venv(name, "import torch, transformers", build)
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -13,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import EMBEDDED_CORPUS
+from helpers import EMBEDDED_CORPUS, kept_venv
 from spanlm.data.tokenizer import TokenizerConfig, save_tokenizer, tokenizer_fingerprint, train_tokenizer
 
 KINDS = {"wordpiece": "BertTokenizer", "bpe": "PreTrainedTokenizerFast", "unigram": "PreTrainedTokenizerFast"}
@@ -62,38 +60,34 @@ def test_saved_tokenizer_names_a_portable_class_and_reloads_unchanged(tmp_path, 
 
 @pytest.fixture(scope="session")
 def transformers4() -> Path:
-    """A virtual environment with transformers 4.x (and its own tokenizers); torch borrowed from this one. Built
-    once per machine and environment in the user's cache (pip's install is most of the test's time), rebuilt
-    when it does not answer; the tests only read with it."""
+    """A virtual environment with transformers 4.x (and its own tokenizers); torch borrowed from this one. Kept
+    in the user's cache (helpers.kept_venv), one per Python and borrowed environment."""
     borrowed = sysconfig.get_paths()["purelib"]
+
+    def build(venv: Path) -> None:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+        python = venv / "bin" / "python"
+        install = subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "transformers>=4.40,<5"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if install.returncode != 0:  # no package index reachable: nothing to check against
+            pytest.skip(f"cannot install transformers 4.x: {install.stderr.strip().splitlines()[-1:]}")
+        site = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        # After the venv's own packages on sys.path, so transformers 4 and its tokenizers win over ours.
+        (Path(site) / "borrowed_torch.pth").write_text(borrowed + "\n", encoding="utf-8")
+
     python_version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "spanlm-tests"
-    venv = cache / f"transformers4-py{python_version}-{hashlib.sha256(borrowed.encode()).hexdigest()[:12]}"
-    python = venv / "bin" / "python"
-    ready = venv / "ready"
+    name = f"transformers4-py{python_version}-{hashlib.sha256(borrowed.encode()).hexdigest()[:12]}"
     answers = "import transformers, tokenizers, torch; assert transformers.__version__.startswith('4.')"
-    if ready.is_file() and subprocess.run([str(python), "-c", answers], capture_output=True).returncode == 0:
-        return python
-    shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
-    install = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "transformers>=4.40,<5"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if install.returncode != 0:  # no package index reachable: nothing to check against
-        pytest.skip(f"cannot install transformers 4.x: {install.stderr.strip().splitlines()[-1:]}")
-    site = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    # After the venv's own packages on sys.path, so transformers 4 and its tokenizers win over ours.
-    (Path(site) / "borrowed_torch.pth").write_text(borrowed + "\n", encoding="utf-8")
-    ready.touch()
-    return python
+    return kept_venv(name, answers, build)
 
 
 READ_WITH_TRANSFORMERS_4 = """
