@@ -62,6 +62,7 @@ import math
 import os
 import sys
 import time
+import traceback
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -88,6 +89,8 @@ ARMS = [
 # What a dry run on the CPU runs by default (compiling the others takes minutes there)
 TINY_ARMS = ["spanbert-packed-eager", "spanbert-padded-eager", "peer-sdpa-eager", "peer-sdpa-compiled"]
 TINY_ARMS += ["peer-flash-flattened", "gdes-packed-eager"]
+# Named with --arms only: what data.packing: auto runs for DeBERTa-V3 (it pads it)
+EXTRA_ARMS = ["gdes-padded-eager", "gdes-padded-compiled"]
 KERNEL_WORDS = ("flash", "efficient", "fmha", "cudnn", "math", "attention")
 
 
@@ -124,9 +127,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     args.arms = [a for a in args.arms.split(",") if a] if args.arms else TINY_ARMS if args.tiny else ARMS
-    unknown = [a for a in args.arms if a not in ARMS]
+    unknown = [a for a in args.arms if a not in ARMS + EXTRA_ARMS]
     if unknown:
-        parser.error(f"unknown arm(s) {', '.join(unknown)}; known: {', '.join(ARMS)}")
+        parser.error(f"unknown arm(s) {', '.join(unknown)}; known: {', '.join(ARMS + EXTRA_ARMS)}")
     args.size = TINY if args.tiny else BERT_BASE
     args.seq = args.seq or (64 if args.tiny else 512)
     args.batch = args.batch or (2 if args.tiny else 32)
@@ -357,16 +360,25 @@ def matmul_peak(size: int, device: torch.device, reps: int = 10) -> float:
 # ---------------------------------------------------------------- what a step does
 
 
-def attention_kernels(step: Callable, batch: dict, device: torch.device) -> list[str]:
-    """The attention-looking kernel and operator names the profiler saw in one step."""
+def profiled_step(step: Callable, batch: dict, device: torch.device, top: int = 12) -> tuple[list[str], list[list]]:
+    """One step under the profiler: the attention-looking kernel and operator names it saw, and where the time
+    went: the ``top`` kernels (CPU: operators) by self time, each [name, ms, share of the step's self time]."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as profiler:
         step(batch)
         synchronize(device)
-    names = {event.key for event in profiler.key_averages()}
-    return sorted(name[:120] for name in names if any(word in name.lower() for word in KERNEL_WORDS))[:30]
+    events = profiler.key_averages()
+    names = {event.key for event in events}
+    kernels = sorted(name[:120] for name in names if any(word in name.lower() for word in KERNEL_WORDS))[:30]
+    if device.type == "cuda":  # kernels only: an operator's self device time is its kernels'
+        timed = [(e.key, e.self_device_time_total) for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    else:
+        timed = [(e.key, e.self_cpu_time_total) for e in events]
+    total = sum(t for _, t in timed) or 1.0
+    timed.sort(key=lambda kt: kt[1], reverse=True)
+    return kernels, [[name[:100], round(t / 1000, 3), round(t / total, 4)] for name, t in timed[:top]]
 
 
 def host_syncs(step: Callable, batch: dict, device: torch.device) -> int | None:
@@ -424,7 +436,7 @@ def run_arm(name: str, setting: dict, args) -> dict:
     for i in range(1, warmup):
         losses.append(step(batches[i % args.batches]))
     synchronize(device)
-    kernels = attention_kernels(step, batches[warmup % args.batches], device)
+    kernels, top = profiled_step(step, batches[warmup % args.batches], device)
     syncs = host_syncs(step, batches[(warmup + 1) % args.batches], device)
     synchronize(device)
     start = time.perf_counter()
@@ -439,6 +451,7 @@ def run_arm(name: str, setting: dict, args) -> dict:
         "_flops_per_s": flops / seconds,
         "loss_first_last": [round(float(losses[0]), 3), round(float(losses[-1]), 3)],
         "attention_kernels": kernels,
+        "top_kernels": top,
         "host_syncs": syncs,
         "arm_s": round(time.perf_counter() - started, 1),
     }
@@ -505,6 +518,7 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 arms[name] = run_arm(name, setting, args)
             except Exception as error:  # one arm that fails (a compiler error) is a finding: the rest still run
+                traceback.print_exc()  # the whole of it on stderr: a compiler error's source line is deep inside
                 message = str(error).strip().splitlines()
                 arms[name] = {"error": f"{type(error).__name__}: {message[0][:300] if message else ''}"}
                 print(f"{SCRIPT}: {name} failed: {arms[name]['error']}", file=sys.stderr)

@@ -28,7 +28,7 @@ def test_help_names_the_comparison_and_options():
 
 def test_a_tiny_cpu_dry_run_prints_one_json_line_with_every_arms_figures(tmp_path):
     arms = ["spanbert-packed-eager", "spanbert-padded-eager", "peer-sdpa-eager", "peer-sdpa-compiled"]
-    arms += ["peer-flash-flattened", "gdes-packed-eager"]
+    arms += ["peer-flash-flattened", "gdes-packed-eager", "gdes-padded-eager"]
     command = [sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--arms", ",".join(arms), "--steps", "2"]
     command += ["--warmup", "1", "--batches", "2", "--peak-size", "128", "--work", str(tmp_path)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
@@ -45,6 +45,9 @@ def test_a_tiny_cpu_dry_run_prints_one_json_line_with_every_arms_figures(tmp_pat
         assert measured(arm["tokens_per_s"]) and measured(arm["mfu"]) and measured(arm["step_ms"]), name
         assert all(math.isfinite(loss) for loss in arm["loss_first_last"]), name
         assert arm["host_syncs"] is None and isinstance(arm["attention_kernels"], list)  # syncs: counted on CUDA
+        # where the time went: the costliest operators first, each with its share of the step
+        shares = [share for _, _, share in arm["top_kernels"]]
+        assert shares and shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1.0001, name
         assert output["mfu"][name] == arm["mfu"] and output["tokens_per_s"][name] == arm["tokens_per_s"]
     # SDPA's kernel as the profiler names it on the CPU
     assert any("scaled_dot_product" in k for k in output["arms"]["peer-sdpa-eager"]["attention_kernels"])
