@@ -129,10 +129,15 @@ def test_an_unknown_family_is_refused_and_auto_pads_deberta():
     deberta.supports_packing = True
     assert resolve_packing("auto", deberta, packs_by_default=True) is False  # no varlen path: padded is as fast
     assert resolve_packing(True, deberta, packs_by_default=False) is True
+    # under train.compile it runs padded, one line says why (inductor fails on the re-padded layout on CUDA)
+    lines = []
+    assert resolve_packing(True, deberta, packs_by_default=False, compiled=True, log=lines.append) is False
+    assert len(lines) == 1 and "deberta-v2" in lines[0] and "train.compile" in lines[0]
     bert = model_of("bert", "sdpa")
     bert.supports_packing = True
     assert resolve_packing("auto", bert, packs_by_default=True) is True  # the device's choice (spanlm.accel)
     assert resolve_packing("auto", bert, packs_by_default=False) is False
+    assert resolve_packing(True, bert, packs_by_default=False, compiled=True, log=lines.append) is True
 
 
 def test_a_packed_deberta_runs_one_segment_per_row_without_reading_the_host(monkeypatch):

@@ -3,6 +3,7 @@ the resolved choice is recorded."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -114,3 +115,20 @@ def test_bad_packing_settings_are_one_line_config_errors(prepared, tmp_path, val
     key = "tokens_per_batch" if isinstance(value, int) else "packing"
     with pytest.raises(ConfigError, match=message):
         mlm_recipe(prepared, tmp_path, {key: value})
+
+
+def test_packing_true_runs_a_deberta_padded_under_compile_and_says_so(prepared, tmp_path):
+    """DeBERTa-V2's packed stream is padded again inside the step; torch.compile's inductor fails on that layout on
+    CUDA (a GPU run of bench/train_step_gpu.py), so under train.compile the run takes padded batches."""
+    from spanlm.pretrain.run import pretraining_setup
+    from spanlm.train.dist import DistEnv
+
+    model = {"family": "deberta-v2", "hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
+    lines = []
+    for compiled, packed in ((False, True), (True, False)):
+        recipe = mlm_recipe(prepared, tmp_path / f"run-{compiled}", {"packing": True}, compile=compiled)
+        recipe.model = dataclasses.replace(recipe.model, **model)
+        pretraining_setup(recipe, DistEnv(), log=lines.append)
+        assert recipe.data.packing is packed  # what config.yaml records
+    said = [line for line in lines if "data.packing" in line]
+    assert len(said) == 1 and "deberta-v2" in said[0] and "train.compile" in said[0]

@@ -131,7 +131,7 @@ def cls_setup(
     check_max_length(encoder, data.max_length, "data.max_length", recipe.model.path)
     featurizer = encoder_featurizer(encoder)
     objective = ClsObjective(encoder, task.labels)
-    packed = resolve_packing(data.packing, objective, env.packs_by_default)
+    packed = resolve_packing(data.packing, objective, env.packs_by_default, recipe.train.compile, log)
     # What the setup resolved goes into a copy (the run's config.yaml and the export record it), not into the recipe.
     labels = task.labels if task.labels is not None else data.labels
     recipe = dataclasses.replace(recipe, data=dataclasses.replace(data, labels=labels, packing=packed))

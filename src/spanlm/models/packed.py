@@ -36,6 +36,8 @@ pads it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -259,11 +261,19 @@ def unpack_rows(hidden: Tensor, unpack_index: Tensor) -> Tensor:
     return hidden.flatten(0, 1)[unpack_index.flatten()].view(*unpack_index.shape, hidden.shape[-1])
 
 
-def resolve_packing(setting: bool | str, objective: torch.nn.Module, packs_by_default: bool) -> bool:
+def resolve_packing(
+    setting: bool | str,
+    objective: torch.nn.Module,
+    packs_by_default: bool,
+    compiled: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> bool:
     """``data.packing`` as a run uses it. "auto" is ``packs_by_default`` — the device's choice, which its speed
     backend makes (spanlm.accel.varlen.packs_by_default, handed to the setups by the trainer) — where every
     encoder has a varlen path, and false for an objective or encoder that cannot be packed; true for one is
-    refused."""
+    refused. Under ``compiled`` (train.compile), true is false where an encoder would be padded again inside the
+    step (DeBERTa-V2): torch.compile's inductor fails on that layout on CUDA, and packing such an encoder gains
+    nothing; ``log`` gets one line saying so."""
     if setting is False:
         return False
     encoders = [module for module in objective.modules() if isinstance(module, PreTrainedModel)]
@@ -280,6 +290,14 @@ def resolve_packing(setting: bool | str, objective: torch.nn.Module, packs_by_de
             raise
         return False
     if setting is True:
+        repadded = sorted({e.config.model_type for e in encoders if e.config.model_type not in ATTENTION_FAMILIES})
+        if compiled and repadded:
+            if log is not None:
+                log(
+                    f"data.packing: true runs padded under train.compile: {', '.join(repadded)} has no varlen path "
+                    "(its packed stream is padded again inside the step, which torch.compile fails to compile on CUDA)"
+                )
+            return False
         return True
     varlen = all(encoder.config.model_type in VARLEN_FAMILIES for encoder in encoders)
     return varlen and packs_by_default

@@ -92,7 +92,7 @@ def ner_setup(
     check_max_length(encoder, recipe.data.max_len, "data.max_len", recipe.model.path)
     featurizer = encoder_featurizer(encoder)
     objective = NerObjective(encoder, len(labels), recipe.ner)
-    packing = resolve_packing(recipe.data.packing, objective, env.packs_by_default)
+    packing = resolve_packing(recipe.data.packing, objective, env.packs_by_default, recipe.train.compile, log)
     recipe = dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, labels=list(labels), packing=packing))
     data = recipe.data
     train_windows, report = make_windows(encoder.tokenizer, train_docs, labels, data.max_len, data.stride, featurizer)

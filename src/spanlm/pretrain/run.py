@@ -56,7 +56,9 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
         objective, recipe.data.max_len, recipe.masking.noise.max_len if recipe.masking.scheme == "noise" else None
     )
     # config.yaml records the choice; the device's default is the speed backend's (handed over by the trainer)
-    recipe.data.packing = resolve_packing(recipe.data.packing, objective, env.packs_by_default)
+    recipe.data.packing = resolve_packing(
+        recipe.data.packing, objective, env.packs_by_default, recipe.train.compile, log if env.is_main else None
+    )
     fields = objective.batch_fields
     schedule = recipe.masking.rate_schedule
     loader = build_train_loader(

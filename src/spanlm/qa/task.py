@@ -77,7 +77,7 @@ def qa_setup(
         tokenizer, dev_examples, data.max_length, data.doc_stride, data.max_query_length, featurizer
     )
     log(f"{len(train_windows)} training windows from {len(train_examples)} questions, {len(dev_windows)} dev windows")
-    packing = resolve_packing(data.packing, objective, env.packs_by_default)
+    packing = resolve_packing(data.packing, objective, env.packs_by_default, recipe.train.compile, log)
     recipe = dataclasses.replace(recipe, data=dataclasses.replace(data, packing=packing))
     train_windows.packed = dev_windows.packed = packing
     if resolved is not None:
