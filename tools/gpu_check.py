@@ -4,10 +4,11 @@ Two commands, both run with the Python of the machine they are for (standard lib
 
 ``python3 tools/gpu_check.py wheels --out WHEELS [--python-version 3.12] [--platform manylinux_2_28_x86_64]``
     On a machine with a package index: the wheels of spanlm's dependencies other than torch (and of pytest)
-    for the named Python and platform, one ``pip download --only-binary=:all: --no-deps`` per requirement
-    but those named by ``--skip`` (what the machine has: keeps the folder small); a requirement published
-    only as an sdist (jieba) is built into a wheel with ``pip wheel --no-deps`` when the result is pure
-    Python. Then spanlm's own wheel. (``make gpu-wheels`` runs this.)
+    for the named Python and platform, one ``pip download --only-binary=:all:`` per requirement but those
+    named by ``--skip`` (what the machine has: keeps the folder small), with the requirement's own
+    dependencies less those named by ``--skip`` and the CUDA stack (torch, nvidia-*, triton); a requirement
+    published only as an sdist (jieba) is built into a wheel with ``pip wheel --no-deps`` when the result is
+    pure Python. Then spanlm's own wheel. (``make gpu-wheels`` runs this.)
 
 ``python3 tools/gpu_check.py run --out DIR [--wheels WHEELS] [--device cuda|cpu]``
     On the GPU machine, from a checkout of this repository (the tests and the bench come from it), with no
@@ -56,6 +57,8 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = "tools/gpu_check.py"
 # Needed to run the gpu tests, beside spanlm's own requirements (the test files import them).
 TEST_REQUIREMENTS = ["pytest>=8", "pluggy", "iniconfig"]
+# What a dependency closure may hold but the machine's CUDA PyTorch brings: never put in the folder.
+MACHINE_OWN = ("torch", "nvidia-", "triton", "cuda-")
 # The Hub is never reached: every model in the tests and the bench is built from a config.
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
@@ -111,6 +114,11 @@ def requirement_name(requirement: str) -> str:
     return re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0].strip().lower().replace("_", "-")
 
 
+def wheel_name(wheel: Path) -> str:
+    """The project name of a wheel file (``multiprocess-0.70.18-py312-none-any.whl`` → ``multiprocess``)."""
+    return requirement_name(wheel.name.split("-", 1)[0])
+
+
 # ---------------------------------------------------------------- wheels (a machine with an index)
 
 
@@ -136,6 +144,16 @@ def download_wheels(args) -> int:
     for requirement in [*spanlm_requirements(), *TEST_REQUIREMENTS]:
         if requirement_name(requirement) in skip:
             continue
+        # With its dependencies (datasets needs dill and multiprocess, which a CUDA image seldom has), less what
+        # --skip says the machine has and never the machine's own torch stack.
+        with tempfile.TemporaryDirectory() as closure:
+            with_dependencies = pip("download", "--only-binary=:all:", *target, "-d", closure, requirement)
+            if subprocess.run(with_dependencies).returncode == 0:
+                for wheel in Path(closure).glob("*.whl"):
+                    name = wheel_name(wheel)
+                    if name not in skip and not name.startswith(MACHINE_OWN):
+                        shutil.copy2(wheel, out / wheel.name)
+                continue
         binary = pip("download", "--only-binary=:all:", "--no-deps", *target, "-d", str(out), requirement)
         if subprocess.run(binary).returncode == 0:
             continue
