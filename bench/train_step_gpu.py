@@ -32,7 +32,8 @@ sentences, as training reads them), built before timing and cycled.
 Per arm: ``--warmup`` untimed steps (compiled arms: at least every batch once, so that recompiles happen
 there), then one step under ``torch.profiler`` (the attention kernels it saw: names containing flash,
 efficient, fmha, cudnn, math or attention), one step under ``torch.cuda.set_sync_debug_mode("warn")``
-(``host_syncs``: the warnings it raised; a non-logging step should raise none), then ``--steps`` timed
+(``host_syncs``: the warnings it raised, ``host_sync_sites``: the Python line each names; a non-logging step
+should raise none), then ``--steps`` timed
 steps between two device synchronisations. ``tokens_per_s`` counts real tokens (no padding);
 ``max_memory_gib`` is the arm's peak allocation; compiled arms report dynamo's counters: ``graph_breaks``
 (with the first reasons), ``compiled_frames`` and ``recompiles`` (frames compiled after the first step).
@@ -381,10 +382,11 @@ def profiled_step(step: Callable, batch: dict, device: torch.device, top: int = 
     return kernels, [[name[:100], round(t / 1000, 3), round(t / total, 4)] for name, t in timed[:top]]
 
 
-def host_syncs(step: Callable, batch: dict, device: torch.device) -> int | None:
-    """Host synchronisations in one step, as CUDA's sync debug mode warns of them (None off CUDA)."""
+def host_syncs(step: Callable, batch: dict, device: torch.device) -> tuple[int | None, list[str] | None]:
+    """Host synchronisations in one step, as CUDA's sync debug mode warns of them, and where the Python code
+    that caused each one stands (``file:line``, as the warning names it); (None, None) off CUDA."""
     if device.type != "cuda":
-        return None
+        return None, None
     synchronize(device)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -394,7 +396,8 @@ def host_syncs(step: Callable, batch: dict, device: torch.device) -> int | None:
         finally:
             torch.cuda.set_sync_debug_mode("default")
     synchronize(device)
-    return sum("synchroniz" in str(w.message) for w in caught)
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    return len(syncs), [f"{Path(w.filename).name}:{w.lineno}" for w in syncs][:10]
 
 
 def dynamo_counts() -> dict:
@@ -437,7 +440,7 @@ def run_arm(name: str, setting: dict, args) -> dict:
         losses.append(step(batches[i % args.batches]))
     synchronize(device)
     kernels, top = profiled_step(step, batches[warmup % args.batches], device)
-    syncs = host_syncs(step, batches[(warmup + 1) % args.batches], device)
+    syncs, sync_sites = host_syncs(step, batches[(warmup + 1) % args.batches], device)
     synchronize(device)
     start = time.perf_counter()
     for i in range(args.steps):
@@ -453,6 +456,7 @@ def run_arm(name: str, setting: dict, args) -> dict:
         "attention_kernels": kernels,
         "top_kernels": top,
         "host_syncs": syncs,
+        "host_sync_sites": sync_sites,
         "arm_s": round(time.perf_counter() - started, 1),
     }
     if device.type == "cuda":

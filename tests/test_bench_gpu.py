@@ -44,7 +44,8 @@ def test_a_tiny_cpu_dry_run_prints_one_json_line_with_every_arms_figures(tmp_pat
     for name, arm in output["arms"].items():
         assert measured(arm["tokens_per_s"]) and measured(arm["mfu"]) and measured(arm["step_ms"]), name
         assert all(math.isfinite(loss) for loss in arm["loss_first_last"]), name
-        assert arm["host_syncs"] is None and isinstance(arm["attention_kernels"], list)  # syncs: counted on CUDA
+        assert arm["host_syncs"] is None and arm["host_sync_sites"] is None  # syncs: counted on CUDA
+        assert isinstance(arm["attention_kernels"], list)
         # where the time went: the costliest operators first, each with its share of the step
         shares = [share for _, _, share in arm["top_kernels"]]
         assert shares and shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1.0001, name
