@@ -1,5 +1,6 @@
 """tools/gpu_check.py, rehearsed as on an air-gapped GPU machine: a clean environment holding only torch (the CPU
-build of constraints.txt), transformers 5.17.0 and pytest — no jieba, datasets or gensim — gets spanlm from the
+build of constraints.txt), transformers 5.17.0, pytest and what a CUDA image has of datasets' dependencies (pyarrow,
+pandas) — no jieba, datasets or gensim — gets spanlm from the
 checkout and the rest from a wheel folder (``make gpu-wheels``) with ``--no-index``, and runs the gpu tests in
 their CPU mode (``--device cpu``: SPANLM_GPU_TESTS_DEVICE=cpu) and the bench's dry run through the same script.
 """
@@ -20,8 +21,13 @@ from helpers import REPO, kept_venv
 
 SCRIPT = REPO / "tools" / "gpu_check.py"
 TRANSFORMERS = "5.17.0"  # the oldest transformers pyproject allows: the version a known GPU machine has
-# What the target below has already (the wheel folder leaves them out)
-TARGET_HAS = "transformers,tokenizers,numpy,safetensors,pyyaml,regex,tqdm,pytest,pluggy,iniconfig"
+# What a CUDA image has of datasets' dependencies (pyarrow, pandas, …): the target below gets them too
+IMAGE_HAS = ["pyarrow", "pandas", "xxhash", "fsspec", "requests"]
+# What the target has already (the wheel folder leaves them out)
+TARGET_HAS = ",".join(
+    ["transformers", "tokenizers", "numpy", "safetensors", "pyyaml", "regex", "tqdm", "pytest", "pluggy", "iniconfig"]
+    + IMAGE_HAS
+)
 NO_INDEX = ("Could not find a version", "No matching distribution", "NewConnectionError", "Max retries exceeded")
 
 
@@ -61,19 +67,20 @@ def pip_or_skip(command: list, what: str) -> None:
 
 @pytest.fixture(scope="session")
 def target_python() -> Path:
-    """A clean venv with torch, transformers 5.17.0 and pytest, as pip installs them, kept in the user's cache
-    (helpers.kept_venv) per Python and versions. The check never installs into it (spanlm goes to a temporary
-    prefix), so a kept one stays clean."""
+    """A clean venv with torch, transformers 5.17.0, pytest and IMAGE_HAS, as pip installs them, kept in the
+    user's cache (helpers.kept_venv) per Python and versions. The check never installs into it (spanlm goes to a
+    temporary prefix), so a kept one stays clean."""
     torch_version = torch.__version__.split("+")[0]
 
     def build(venv: Path) -> None:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
         command = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "-c", str(REPO / "constraints.txt")]
-        pip_or_skip([*command, f"torch=={torch_version}", f"transformers=={TRANSFORMERS}", "pytest"], "the target")
+        packages = [f"torch=={torch_version}", f"transformers=={TRANSFORMERS}", "pytest", *IMAGE_HAS]
+        pip_or_skip([*command, *packages], "the target")
 
     python_version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    name = f"gpu-target-py{python_version}-torch{torch_version}-transformers{TRANSFORMERS}"
-    return kept_venv(name, "import torch, transformers", build)
+    name = f"gpu-target-py{python_version}-torch{torch_version}-transformers{TRANSFORMERS}-{'-'.join(IMAGE_HAS)}"
+    return kept_venv(name, "import torch, transformers, pyarrow, pandas", build)
 
 
 @pytest.fixture(scope="session")
