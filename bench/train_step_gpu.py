@@ -10,10 +10,11 @@ dropout 0.1, vocab 30,522)
                 what ``data.packing`` does), with the device's speed backend as the trainer applies it
                 (``spanlm.accel.apply``), ``build_optimizer``'s fused AdamW and ``clip_gradients``;
                 compiled as the trainer compiles (``torch.compile(objective.forward)``).
-    gdes-packed-eager / -compiled
+    gdes-padded-eager / -compiled
                 spanlm's ELECTRA with DeBERTa-V3's gradient-disentangled embedding sharing
                 (configs/pretrain/deberta_v3_gdes.yaml's objective at the BERT-base sizes: a generator of
-                half the depth), packed.
+                half the depth), padded: what ``data.packing: auto`` runs for DeBERTa, and ``true`` under
+                compile; ``gdes-packed-eager / -compiled`` (by ``--arms`` only) packed.
     peer-sdpa-eager / -compiled
                 ``transformers.BertForMaskedLM`` (``attn_implementation="sdpa"``) with ``labels`` (its head
                 projects every position onto the vocabulary), fed by ``DataCollatorForLanguageModeling
@@ -84,14 +85,14 @@ ARMS = [
     "spanbert-padded-eager",
     "spanbert-padded-compiled",
     "peer-flash-flattened",
-    "gdes-packed-compiled",
-    "gdes-packed-eager",
+    "gdes-padded-compiled",
+    "gdes-padded-eager",
 ]
 # What a dry run on the CPU runs by default (compiling the others takes minutes there)
 TINY_ARMS = ["spanbert-packed-eager", "spanbert-padded-eager", "peer-sdpa-eager", "peer-sdpa-compiled"]
-TINY_ARMS += ["peer-flash-flattened", "gdes-packed-eager"]
-# Named with --arms only: what data.packing: auto runs for DeBERTa-V3 (it pads it)
-EXTRA_ARMS = ["gdes-padded-eager", "gdes-padded-compiled"]
+TINY_ARMS += ["peer-flash-flattened", "gdes-padded-eager"]
+# Named with --arms only: DeBERTa-V3 packed, which data.packing: true runs eager (auto and train.compile pad it)
+EXTRA_ARMS = ["gdes-packed-eager", "gdes-packed-compiled"]
 KERNEL_WORDS = ("flash", "efficient", "fmha", "cudnn", "math", "attention")
 
 

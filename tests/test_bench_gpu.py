@@ -28,7 +28,7 @@ def test_help_names_the_comparison_and_options():
 
 def test_a_tiny_cpu_dry_run_prints_one_json_line_with_every_arms_figures(tmp_path):
     arms = ["spanbert-packed-eager", "spanbert-padded-eager", "peer-sdpa-eager", "peer-sdpa-compiled"]
-    arms += ["peer-flash-flattened", "gdes-packed-eager", "gdes-padded-eager"]
+    arms += ["peer-flash-flattened", "gdes-padded-eager", "gdes-packed-eager"]
     command = [sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--arms", ",".join(arms), "--steps", "2"]
     command += ["--warmup", "1", "--batches", "2", "--peak-size", "128", "--work", str(tmp_path)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)

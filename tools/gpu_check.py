@@ -358,7 +358,7 @@ def run_check(args) -> int:
         bench += ["--budget", str(round(max(left - 120, 0)))]
         if args.device == "cpu":  # the dry run, at its smallest: the rehearsal is of this script, not of the bench
             bench += ["--tiny", "--device", "cpu", "--steps", "2", "--warmup", "1", "--batches", "2"]
-            bench += ["--peak-size", "256", "--arms", "spanbert-packed-eager,peer-sdpa-eager,gdes-packed-eager"]
+            bench += ["--peak-size", "256", "--arms", "spanbert-packed-eager,peer-sdpa-eager,gdes-padded-eager"]
         bench += args.bench_args
         log.say(f"bench: {' '.join(bench[1:])} ({left:.0f} s left)")
         code, stdout, seconds = log.run(bench, env=env, cwd=REPO, timeout=max(left, 1))
