@@ -6,8 +6,8 @@
 #
 #   bash examples/english_small_study.sh runs/english-small-study
 #
-# The suite is english-small's (configs/eval/english-small.yaml: 300 steps, head lr 3e-3, encoder 1e-3), fine-tuned
-# arm only, in CharBERT's 64-token windows for both encoders (NER stride 16), fixed before any run. Rerunning with
+# The suite is english-small's (configs/eval/english-small.yaml: NER 1,500 steps, SST-2 300, head lr 3e-3, encoder
+# 1e-3), fine-tuned arm only, in CharBERT's 64-token windows for both encoders (NER stride 16), fixed before any run. Rerunning with
 # the same OUT keeps every finished run and cell.
 set -euo pipefail
 OUT=${1:?usage: english_small_study.sh OUT}
@@ -54,12 +54,12 @@ tasks:
     settings:
       data.max_len: 64
       data.stride: 16
-      train.max_steps: 300
-      train.eval_every: 0
-      train.save_every: 300
+      train.max_steps: 1500
+      train.eval_every: 500
+      train.save_every: 1500
       train.lr: 3.0e-3
       train.encoder_lr: 1.0e-3
-      train.warmup_steps: 30
+      train.warmup_steps: 150
   - name: sst2
     kind: cls
     recipe: cls/sst2
