@@ -7,8 +7,8 @@
 #   bash examples/english_small_study.sh runs/english-small-study
 #
 # The suite is english-small's (configs/eval/english-small.yaml: NER 1,500 steps, SST-2 300, head lr 3e-3, encoder
-# 1e-3), fine-tuned arm only, in CharBERT's 64-token windows for both encoders (NER stride 16), fixed before any run. Rerunning with
-# the same OUT keeps every finished run and cell.
+# 1e-3), fine-tuned arm only, in CharBERT's 64-token windows for both encoders (NER stride 16), fixed before any
+# run. Rerunning with the same OUT keeps every finished run and cell.
 set -euo pipefail
 OUT=${1:?usage: english_small_study.sh OUT}
 SPANLM=${SPANLM:-spanlm}
