@@ -296,6 +296,19 @@ def test_the_shipped_demo_suite_is_the_demos_comparison():
     assert Path(task.recipe.data.train).is_file() and Path(task.recipe.data.train).is_absolute()
 
 
+@pytest.mark.parametrize("given", [None, "", " "])
+def test_a_cell_runs_one_thread_unless_omp_num_threads_is_set(given, monkeypatch):
+    from spanlm.evaluate.cells import cell_environment
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    if given is not None:  # an empty value is no setting: OpenMP would take every core in every cell
+        monkeypatch.setenv("OMP_NUM_THREADS", given)
+    assert cell_environment(1)["OMP_NUM_THREADS"] == "1"
+    assert cell_environment(None).get("OMP_NUM_THREADS") == given  # on a GPU: left as it is
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert cell_environment(1)["OMP_NUM_THREADS"] == "3"
+
+
 def test_cls_accuracy_follows_from_the_per_example_column():
     correct = np.array([1, 0, 1, 1])
     assert TASK_KINDS["cls"][2]["accuracy"][1]({"correct": correct.sum()}, 4) == pytest.approx(75.0)

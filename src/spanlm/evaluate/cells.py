@@ -244,9 +244,7 @@ class CellRunner:
         if self.stopped:
             return Outcome(cell, None, 0.0)
         _ready(cell, force)
-        environment = dict(os.environ)
-        if self.threads is not None and "OMP_NUM_THREADS" not in os.environ:
-            environment["OMP_NUM_THREADS"] = str(self.threads)
+        environment = cell_environment(self.threads)
         command = [
             sys.executable, "-m", "spanlm", cell.task.kind, "train", str(cell.directory / "recipe.yaml"),
             "--resume", "auto",
@@ -272,6 +270,16 @@ class CellRunner:
                 return Outcome(cell, None, seconds)
             return Outcome(cell, None, seconds, error="the run ended before its last step")
         return Outcome(cell, scores, seconds)
+
+
+def cell_environment(threads: int | None) -> dict[str, str]:
+    """A cell's environment: this process's, with ``threads`` OpenMP threads unless OMP_NUM_THREADS is set. An
+    empty OMP_NUM_THREADS counts as unset: OpenMP rejects it and takes every core, so cells side by side would
+    each run as many threads as there are cores and slow one another down many times over."""
+    environment = dict(os.environ)
+    if threads is not None and not environment.get("OMP_NUM_THREADS", "").strip():
+        environment["OMP_NUM_THREADS"] = str(threads)
+    return environment
 
 
 def _last_line(log: Path) -> str:
