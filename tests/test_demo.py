@@ -67,7 +67,8 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     assert json.loads((out / "prepared" / "meta.json").read_text(encoding="utf-8"))["n_sentences"] == 24000
     for init in ("pretrained", "random"):  # the head and the encoder each at the plan's rate
         recorded = yaml.safe_load((ner_run_dir(out, init, 0) / "config.yaml").read_text(encoding="utf-8"))
-        assert recorded["data"]["train_docs"] == QUICK.labelled_sentences
+        # The demo suite's 64-token windows (the CharBERT encoder numbers 64 positions; the NER recipe has 128)
+        assert recorded["data"]["train_docs"] == QUICK.labelled_sentences and recorded["data"]["max_len"] == 64
         recorded = recorded["train"]
         assert (recorded["lr"], recorded["encoder_lr"]) == (
             QUICK.ner_lr,
@@ -81,8 +82,9 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
         load_file(ner_run_dir(out, "pretrained-frozen", 0) / "model" / "model.safetensors"),
         load_file(out / "encoder" / "model.safetensors"),
     )
-    assert frozen.keys() <= {name.removeprefix("bert.") for name in encoder}  # the export is BertForMaskedLM
-    assert all(tensor.equal(encoder[f"bert.{name}"]) for name, tensor in frozen.items())
+    # The default encoder is CharBERT: both channels, under the same names in its export and the NER model's.
+    assert frozen.keys() == encoder.keys() and any(name.startswith("char_encoder.") for name in encoder)
+    assert all(tensor.equal(encoder[name]) for name, tensor in frozen.items())
     recorded = yaml.safe_load((ner_run_dir(out, "random-frozen", 0) / "config.yaml").read_text(encoding="utf-8"))
     recorded = recorded["model"]
     assert (recorded["init"], recorded["frozen"]) == ("random", True)
@@ -221,12 +223,11 @@ def test_seeds_are_aggregated_for_every_arm(tmp_path):
 
 
 @pytest.mark.slow
-def test_another_shipped_recipe_fits_the_ner_windows_to_its_encoder_and_a_failed_ner_run_is_reported_as_failed(
+def test_another_shipped_recipe_runs_with_its_fill_mask_and_a_failed_ner_run_is_reported_as_failed(
     tmp_path, capsys, monkeypatch
 ):
-    """CharBERT: another architecture, and an encoder of 64 positions, fewer than the NER recipe's 128-token
-    windows. Its NER cells fail here (a stand-in suite): the demo says FAILED with their error, not
-    "interrupted". (examples/objectives_study.sh's test runs CharBERT's NER cells in 64-token windows for real.)"""
+    """SpanBERT: another objective, exported as BertForMaskedLM (the fill-mask pipeline's guesses). Its NER cells
+    fail here (a stand-in suite): the demo says FAILED with their error, not "interrupted"."""
     import spanlm.evaluate
 
     asked = {}
@@ -248,24 +249,52 @@ def test_another_shipped_recipe_fits_the_ner_windows_to_its_encoder_and_a_failed
 
     monkeypatch.setattr(spanlm.evaluate, "run_suite", failing_suite)
     out = tmp_path / "demo"
-    assert main(["demo", "--quick", "--out", str(out), "--pretrain-recipe", "pretrain/charbert"]) == 1
+    assert main(["demo", "--quick", "--out", str(out), "--pretrain-recipe", "pretrain/spanbert"]) == 1
     captured = capsys.readouterr()
     printed = json.loads(captured.out.strip().splitlines()[-1])
     assert printed["interrupted"] is False and printed["failed"] == [f"ner_{arm}" for arm in ARMS]
     assert "FAILED" in captured.err and "exit 2: boom" in captured.err and "INTERRUPTED" not in captured.err
     assert "spanlm demo: ner_pretrained, ner_random" in captured.err.splitlines()[-1]
 
-    # The demo's suite, in windows of the encoder's 64 positions
-    assert asked["suite"] == "demo" and asked["settings"]["data.max_len"] == 64
-    assert json.loads((out / "encoder" / "config.json").read_text())["max_position_embeddings"] == 64
+    # The demo's suite, with its own windows for every encoder
+    assert asked["suite"] == "demo" and "data.max_len" not in asked["settings"]
+    assert json.loads((out / "encoder" / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    assert summary["plan"]["pretrain_recipe"] == "pretrain/charbert" and summary["stages"]["pretrain"]["complete"]
+    assert summary["plan"]["pretrain_recipe"] == "pretrain/spanbert" and summary["stages"]["pretrain"]["complete"]
     assert summary["failed"] == [f"ner_{arm}" for arm in ARMS]
-    # CharBERT's export keeps its MLM head apart: no fill-mask guesses from a freshly initialised head
-    assert summary["fill_mask"] == [] and summary["run"]["encoder_parameters"] > 0
+    assert [item["text"] for item in summary["fill_mask"]] == FILL_MASK and summary["run"]["encoder_parameters"] > 0
+    assert all(len(item["top"]) == 3 for item in summary["fill_mask"])
     page = (out / "report.html").read_text(encoding="utf-8")
     assert "Failed runs." in page and "Interrupted run." not in page
-    assert "no masked-LM head" in page and "<code>charbert</code> objective" in page and "pretrain/charbert" in page
+    assert "Fill-mask" in page and "<code>spanbert</code> objective" in page and "pretrain/spanbert" in page
+
+
+def test_a_charbert_export_fills_the_blanks_with_its_own_mlm_head(embedded_prepared, tmp_path):
+    """CharBERT keeps its MLM head in heads.safetensors, where no pipeline looks: the demo's guesses come from that
+    head over the token channel. A head whose bias favours one word must guess that word at every blank."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    from helpers import tiny_charbert_export
+    from spanlm.demo.run import _fill_mask
+    from spanlm.heads.hf import HEADS_FILE
+    from spanlm.models.backbone import mlm_head
+    from spanlm.models.modeling_charbert import CharBertModel
+
+    export = tiny_charbert_export(embedded_prepared, tmp_path / "charbert")
+    model = CharBertModel.from_pretrained(str(export), config=AutoConfig.from_pretrained(str(export)))
+    tokenizer = AutoTokenizer.from_pretrained(str(export))
+    word = next(t for t, _ in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1]) if t.isalpha())
+    head = mlm_head(model.backbone)
+    with torch.no_grad():
+        head.decoder.bias[tokenizer.convert_tokens_to_ids(word)] = 50.0
+    save_file({f"mlm_head.{name}": tensor for name, tensor in head.state_dict().items()}, str(export / HEADS_FILE))
+
+    guesses, parameters = _fill_mask(export)
+    assert [item["text"] for item in guesses] == FILL_MASK and parameters == model.num_parameters()
+    for item in guesses:
+        assert len(item["top"]) == 3 and item["top"][0] == {"token": word, "score": 1.0}, item
 
 
 def test_a_demo_recipe_must_be_a_shipped_pretraining_recipe(tmp_path, capsys):

@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo",
         help="the whole toolkit on the embedded data: pretrain → NER from it and from random init → report",
-        description="Pretrain a tiny SpanBERT on the text of the embedded GermEval 2014 NER data, train "
+        description="Pretrain a tiny CharBERT on the text of the embedded GermEval 2014 NER data, train "
         "GlobalPointer NER on a few hundred of its labelled sentences from that encoder and from a random "
         "initialisation with the same budget (each fine-tuned whole and with the encoder frozen), evaluate "
         "them, and write OUT/report.html and OUT/summary.json, from the recipes and data installed with "
@@ -246,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="NAME",
         help="the shipped pretraining recipe whose encoder the demo pretrains (`spanlm recipes list`; default "
-        "pretrain/spanbert, e.g. pretrain/modernbert_spanbert); the demo sets its text and budget",
+        "pretrain/charbert, e.g. pretrain/spanbert); the demo sets its text and budget",
     )
     demo.set_defaults(run=_demo)
 

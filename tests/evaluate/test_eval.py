@@ -15,6 +15,7 @@ from spanlm.cli import main
 from spanlm.errors import ConfigError
 from spanlm.evaluate.stats import paired_bootstrap, paired_difference, t_interval
 from spanlm.evaluate.suite import TASK_KINDS, load_suite
+from spanlm.pretrain.recipe import load_recipe
 
 FIXTURES = REPO / "tests" / "fixtures" / "ner"
 
@@ -294,6 +295,9 @@ def test_the_shipped_demo_suite_is_the_demos_comparison():
     assert task.kind == "ner" and task.arms == ("fine-tuned", "frozen") and task.metric == "f1"
     assert task.recipe.data.train_docs == 500 and task.recipe.train.max_steps == 300
     assert Path(task.recipe.data.train).is_file() and Path(task.recipe.data.train).is_absolute()
+    # Windows that the demo's default encoder, CharBERT (64 positions), can number: the suite runs on its export
+    charbert = load_recipe(REPO / "configs/pretrain/charbert.yaml")
+    assert task.recipe.data.max_len == charbert.model.max_position_embeddings == 64
 
 
 @pytest.mark.parametrize("given", [None, "", " "])

@@ -1,9 +1,9 @@
-"""`spanlm demo`: does span-aware pretraining help? A controlled comparison on the embedded data, one report.
+"""`spanlm demo`: does pretraining on a task's own text help? A controlled comparison on embedded data, one report.
 
 The German NER data of GermEval 2014 (data/ner/germeval2014, CC BY 4.0) as a low-resource task: the first
 ``DemoPlan.labelled_sentences`` training sentences with their labels, and the text of all 24,000 training
 sentences without them (task-adaptive pretraining: the task's own domain, the labelled sentences' text
-included) → `prepare` → SpanBERT pretraining (configs/pretrain/spanbert.yaml) → export → the same
+included) → `prepare` → CharBERT pretraining (configs/pretrain/charbert.yaml) → export → the same
 GlobalPointer NER fine-tuning (configs/ner/germeval2014.yaml) from the pretrained encoder and from a randomly
 initialised copy of it (same architecture and tokenizer, same steps, data order and head initialisation),
 each once fine-tuned whole and once with the encoder frozen (the head alone learns from its features: what

@@ -41,7 +41,7 @@ def run_demo(
 
     One seed writes everything into ``out``; several write ``out/seed-N/`` each and, in ``out``, the
     per-seed table with the mean and spread. ``plan`` replaces the budgets of ``quick``; ``pretrain_recipe``
-    (a shipped ``pretrain/…`` recipe) the encoder pretrained, a tiny SpanBERT BERT by default.
+    (a shipped ``pretrain/…`` recipe) the encoder pretrained, a tiny CharBERT by default.
     """
     from spanlm.errors import ConfigError
     from spanlm.train.loop import StopSignal
@@ -78,7 +78,6 @@ def run_demo(
 def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
     from spanlm.config import load_config
     from spanlm.evaluate import run_suite
-    from spanlm.models.backbone import config_max_sequence_length
     from spanlm.ner.config import NerRecipe
     from spanlm.pretrain.export import export_checkpoint
     from spanlm.pretrain.recipe import load_recipe
@@ -124,9 +123,6 @@ def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
         )
         clock = time.monotonic()
         settings = {**ner_settings(plan), **({"data.dev": str(dev)} if plan.dev_sentences is not None else {})}
-        positions = config_max_sequence_length(json.loads((encoder_dir / "config.json").read_text(encoding="utf-8")))
-        if positions is not None and positions < base.data.max_len:  # CharBERT's 64: windows that fit the encoder
-            settings["data.max_len"] = positions
         results = run_suite(
             "demo",
             [f"pretrained={encoder_dir}", f"random=random:{encoder_dir}"],
@@ -289,13 +285,16 @@ def seen_unseen_scores(gold: list, predicted: list, seen_names: set[str]) -> dic
 
 
 def _fill_mask(encoder_dir: Path) -> tuple[list[dict], int]:
-    """The pretrained encoder's top guesses for each FILL_MASK blank, and its parameter count. An export
-    without a masked-LM head a pipeline can load (CharBERT's keeps its heads in their own file) has no
-    guesses: a pipeline would fill the blanks from a freshly initialised head."""
+    """The pretrained encoder's top guesses for each FILL_MASK blank, and its parameter count: a fill-mask
+    pipeline over a ``*ForMaskedLM`` export, CharBERT's own MLM head over a CharBERT export. Another export
+    without a masked-LM head has no guesses: a pipeline would fill the blanks from a freshly initialised head."""
     from transformers import pipeline
 
     from spanlm.models.backbone import quiet_load_report
+    from spanlm.models.charbert import is_charbert_directory
 
+    if is_charbert_directory(encoder_dir):
+        return _charbert_fill_mask(encoder_dir)
     config = json.loads((encoder_dir / "config.json").read_text(encoding="utf-8"))
     if not any(name.endswith("ForMaskedLM") for name in config.get("architectures") or []):
         from safetensors import safe_open
@@ -312,6 +311,40 @@ def _fill_mask(encoder_dir: Path) -> tuple[list[dict], int]:
         for text in FILL_MASK
     ]
     return answers, int(fill.model.base_model.num_parameters())
+
+
+def _charbert_fill_mask(encoder_dir: Path, top_k: int = 3) -> tuple[list[dict], int]:
+    """A CharBERT export's guesses as pretraining made them: the MLM head it keeps in heads.safetensors over the
+    token channel at the blank (which the char channel reads as one pad character, as it read every masked
+    token); the parameters of both channels."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    from spanlm.heads.hf import HEADS_FILE
+    from spanlm.models.backbone import mlm_head
+    from spanlm.models.modeling_charbert import CharBertModel
+
+    # The backbone's config with its charbert entry (CharBertModel serves every backbone family: no config class).
+    model = CharBertModel.from_pretrained(str(encoder_dir), config=AutoConfig.from_pretrained(str(encoder_dir)))
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(encoder_dir))
+    head = mlm_head(model.backbone)
+    saved = load_file(str(encoder_dir / HEADS_FILE))
+    head.load_state_dict({key.removeprefix("mlm_head."): w for key, w in saved.items() if key.startswith("mlm_head.")})
+    encoding = tokenizer(FILL_MASK, padding=True, return_offsets_mapping=True, return_tensors="pt")
+    with torch.no_grad():
+        token = model(**model.char_featurizer(tokenizer).model_inputs(encoding, FILL_MASK)).token_hidden_state
+        blanks = encoding["input_ids"] == tokenizer.mask_token_id  # (B, L): one blank per sentence
+        scores, ids = head(token[blanks]).softmax(-1).topk(top_k)  # (B, top_k) each
+    answers = [
+        {
+            "text": text,
+            "top": [{"token": tokenizer.decode([i]), "score": round(s, 3)} for s, i in zip(row_scores, row_ids)],
+        }
+        for text, row_scores, row_ids in zip(FILL_MASK, scores.tolist(), ids.tolist())
+    ]
+    return answers, int(model.num_parameters())
 
 
 def _commit() -> str:
