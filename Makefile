@@ -19,9 +19,9 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
 
 venv: $(VENV)/.installed
 
-# The main job on the embedded data (spanlm demo): pretrain a tiny SpanBERT on the GermEval 2014 training
-# text, fine-tune GlobalPointer NER on 3,000 labelled sentences from it and from random initialisation,
-# evaluate both, and write runs/demo/report.html and runs/demo/summary.json.
+# The main job on the embedded data (spanlm demo): pretrain a tiny CharBERT on the GermEval 2014 training
+# text, fine-tune GlobalPointer NER on 500 labelled sentences from it and from random initialisation (whole and
+# with the encoder frozen), evaluate them, and write runs/demo/report.html and runs/demo/summary.json.
 demo: venv
 	$(BIN)/spanlm demo --out runs/demo
 

@@ -37,8 +37,8 @@ EMBEDDED_LABELLED = 3000  # labelled sentences in NER_DATA/train.conll
 class DemoPlan:
     # The shipped pretraining recipe (`spanlm recipes list`): the encoder's family, size and objective; the
     # demo sets its text, budget and evaluations (pretrain_overrides). CharBERT: of the objectives compared on
-    # the suites' tasks at this size, the one whose fine-tuned gain over a random init held across seeds on
-    # most of them (RESULTS.md); its encoder reads 64 positions, so the NER windows are 64 tokens.
+    # the shipped suites' tasks at this size, the one whose fine-tuned gain over a random init held across
+    # seeds on most of them; its encoder numbers 64 positions, the demo suite's windows.
     pretrain_recipe: str = "pretrain/charbert"
     pretrain_steps: int = 1500
     pretrain_eval_every: int = 250
