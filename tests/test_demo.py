@@ -297,6 +297,19 @@ def test_a_charbert_export_fills_the_blanks_with_its_own_mlm_head(embedded_prepa
         assert len(item["top"]) == 3 and item["top"][0] == {"token": word, "score": 1.0}, item
 
 
+def test_an_export_without_a_masked_lm_head_has_no_guesses(tmp_path):
+    """An encoder exported bare (as ELECTRA-GDES exports its discriminator): a fill-mask pipeline would guess from
+    a freshly initialised head, so the demo shows none; the parameters are counted from the weights."""
+    from transformers import BertConfig, BertModel
+
+    from spanlm.demo.run import _fill_mask
+
+    config = BertConfig(vocab_size=99, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    model = BertModel(config, add_pooling_layer=False)
+    model.save_pretrained(tmp_path / "bare")
+    assert _fill_mask(tmp_path / "bare") == ([], model.num_parameters())
+
+
 def test_a_demo_recipe_must_be_a_shipped_pretraining_recipe(tmp_path, capsys):
     for name, reason in (("ner/germeval2014", "not a pretraining recipe"), ("pretrain/nope", "no recipe named")):
         assert main(["demo", "--quick", "--out", str(tmp_path / "d"), "--pretrain-recipe", name]) == 2
