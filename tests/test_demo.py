@@ -285,6 +285,7 @@ def test_a_charbert_export_fills_the_blanks_with_its_own_mlm_head(embedded_prepa
     export = tiny_charbert_export(embedded_prepared, tmp_path / "charbert")
     model = CharBertModel.from_pretrained(str(export), config=AutoConfig.from_pretrained(str(export)))
     tokenizer = AutoTokenizer.from_pretrained(str(export))
+    assert _fill_mask(export) == ([], model.num_parameters())  # a fine-tuning save: no MLM head, no guesses
     word = next(t for t, _ in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1]) if t.isalpha())
     head = mlm_head(model.backbone)
     with torch.no_grad():

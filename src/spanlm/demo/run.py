@@ -316,22 +316,23 @@ def _fill_mask(encoder_dir: Path) -> tuple[list[dict], int]:
 def _charbert_fill_mask(encoder_dir: Path, top_k: int = 3) -> tuple[list[dict], int]:
     """A CharBERT export's guesses as pretraining made them: the MLM head it keeps in heads.safetensors over the
     token channel at the blank (which the char channel reads as one pad character, as it read every masked
-    token); the parameters of both channels."""
+    token); none when the export holds no such head. Also the parameters of both channels."""
     import torch
-    from safetensors.torch import load_file
+    from torch import nn
     from transformers import AutoConfig, AutoTokenizer
 
-    from spanlm.heads.hf import HEADS_FILE
     from spanlm.models.backbone import mlm_head
     from spanlm.models.modeling_charbert import CharBertModel
+    from spanlm.objectives.pretrained_heads import load_heads
 
     # The backbone's config with its charbert entry (CharBertModel serves every backbone family: no config class).
     model = CharBertModel.from_pretrained(str(encoder_dir), config=AutoConfig.from_pretrained(str(encoder_dir)))
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(str(encoder_dir))
-    head = mlm_head(model.backbone)
-    saved = load_file(str(encoder_dir / HEADS_FILE))
-    head.load_state_dict({key.removeprefix("mlm_head."): w for key, w in saved.items() if key.startswith("mlm_head.")})
+    heads = nn.ModuleDict({"mlm_head": mlm_head(model.backbone)})  # the objective's head, under its name
+    if not load_heads(heads, encoder_dir, {})["mlm_head"].startswith("loaded"):
+        return [], int(model.num_parameters())
+    head = heads["mlm_head"]
     encoding = tokenizer(FILL_MASK, padding=True, return_offsets_mapping=True, return_tensors="pt")
     with torch.no_grad():
         token = model(**model.char_featurizer(tokenizer).model_inputs(encoding, FILL_MASK)).token_hidden_state
