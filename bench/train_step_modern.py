@@ -63,6 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--objective", choices=("spanbert", "mlm"), default="spanbert", help="mlm: the peer's own work, no SBO head"
     )
+    parser.add_argument("--compile", action="store_true", help="torch.compile every side's forward")
     parser.add_argument("--data", default="data/corpus")
     parser.add_argument("--work", default=str(REPO / "runs" / "bench" / "train_step_modern"))
     parser.add_argument("--seed", type=int, default=0)
@@ -168,9 +169,8 @@ def main(argv=None) -> None:
     for family in ("modernbert", "bert"):
         objective, optimizer, norm = train_step.build_spanlm(recipes[family], corpus, args.seed)
         clip = lambda o, p, m, norm=norm: clip_gradients(o, p, m, norm=norm)  # noqa: E731
-        sides[family] = train_step.make_step(
-            objective, optimizer, lambda b, o=objective: o(b)["loss"], False, 1.0, clip
-        )
+        forward = torch.compile(objective.forward) if args.compile else objective.forward
+        sides[family] = train_step.make_step(objective, optimizer, lambda b, f=forward: f(b)["loss"], False, 1.0, clip)
         masked = [
             objective.masker(collate_blocks([blocks[int(i)] for i in g], pad), np.random.default_rng([args.seed, n]))
             for n, g in enumerate(groups)
@@ -181,7 +181,8 @@ def main(argv=None) -> None:
             statistics.mean(len(m.extras.get("sbo_index", ())) for m in masked),  # none without SBO
         )
     peer, peer_optimizer = build_peer(args, corpus, recipes["modernbert"])
-    sides["peer"] = train_step.make_step(peer, peer_optimizer, lambda b: peer(**b).loss, False, 1.0)
+    peer_forward = torch.compile(peer.forward) if args.compile else peer.forward
+    sides["peer"] = train_step.make_step(peer, peer_optimizer, lambda b: peer_forward(**b).loss, False, 1.0)
     collator = DataCollatorForLanguageModeling(corpus.tokenizer, mlm_probability=args.rate, return_tensors="pt")
     torch.manual_seed(args.seed)
     batches["peer"] = [
@@ -198,12 +199,13 @@ def main(argv=None) -> None:
     order = ["modernbert", "peer", "bert"]
     times = {name: [] for name in order}
     losses = {name: [] for name in order}
-    for step in range(args.warmup + args.steps):
+    warmup = max(args.warmup, args.batches + 1) if args.compile else args.warmup
+    for step in range(warmup + args.steps):
         for name in order if step % 2 == 0 else order[::-1]:
             start = time.perf_counter()
             loss = sides[name](batches[name][step % args.batches])
             elapsed = time.perf_counter() - start
-            if step >= args.warmup:
+            if step >= warmup:
                 times[name].append(elapsed)
                 losses[name].append(loss)
 
@@ -232,6 +234,7 @@ def main(argv=None) -> None:
                 "full_blocks": full,
                 "vocab": corpus.vocab_size,
                 "threads": torch.get_num_threads(),
+                "compile": args.compile,
                 "ratio": results["modernbert"]["tokens_per_s"] / results["peer"]["tokens_per_s"],
                 "flops_ratio_vs_bert": results["modernbert"]["flops_per_s"] / results["bert"]["flops_per_s"],
                 "results": results,
