@@ -24,6 +24,10 @@ scores anyway). ``ratio`` = spanlm ÷ peer tokens/s (median step times, steps al
 
     python bench/train_step_modern.py [--seq 128] [--steps 10] [--warmup 2] [--batch 16] [--data data/corpus]
                                       [--objective spanbert|mlm]   # mlm: spanlm's MLM objective, the peer's work
+                                      [--compile]   # torch.compile every side's forward (``train.compile``)
+
+With ``--compile`` the warm-up is at least ``--batches`` + 1 steps (the target counts differ between batches, so
+spanlm's forward recompiles once with a dynamic target count during the warm-up).
 """
 
 from __future__ import annotations
