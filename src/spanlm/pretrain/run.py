@@ -61,6 +61,9 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
     )
     fields = objective.batch_fields
     schedule = recipe.masking.rate_schedule
+    # Tables a masker builds once (CharBERT's noised words) are built here, before the DataLoader workers fork.
+    if hasattr(objective.masker, "prepare"):
+        objective.masker.prepare()
     loader = build_train_loader(
         blocks,
         train_blocks,

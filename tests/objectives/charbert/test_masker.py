@@ -37,6 +37,21 @@ def test_term_vocabulary_and_alphabet(masker, english):
     assert small.tables.terms == tables.terms[:50]
 
 
+def test_the_variants_are_tokenized_on_first_use_or_by_prepare(english, blocks):
+    lazy, prepared = (NoiseMasker.from_corpus(NoiseConfig(term_vocab_size=200), english) for _ in range(2))
+    assert "variants" not in vars(lazy.tables) and "variants" not in vars(prepared.tables)  # terms only
+    prepared.prepare()
+    assert "variants" in vars(prepared.tables)
+    (batch,) = blocks(english, 128, 16, 1)
+    first, second = lazy(batch, np.random.default_rng(3)), prepared(batch, np.random.default_rng(3))
+    assert "variants" in vars(lazy.tables)  # built by the first batch
+    np.testing.assert_array_equal(first.input_ids, second.input_ids)
+    np.testing.assert_array_equal(first.nlm_index, second.nlm_index)
+    assert len(first.nlm_index) > 0
+    variants = prepared.tables.variants
+    assert len(variants.first) == len(prepared.tables.hashes) and variants.offsets[-1] == len(variants.tokens)
+
+
 def noised_words(masked, tokens):
     """(noised string, term id) per noised word; a word ends where positions jump or the label changes."""
     index, labels = masked.nlm_index.tolist(), masked.nlm_labels.tolist()

@@ -16,6 +16,7 @@ from spanlm.data.shards import PreparedCorpus
 from spanlm.errors import ConfigError
 from spanlm.masking.base import KEPT, MASK, RANDOM
 from spanlm.objectives import build_objective
+from spanlm.objectives.charbert import masker as charbert_masker
 from spanlm.objectives.charbert.objective import CharBERT
 from spanlm.pretrain.recipe import Recipe, load_recipe
 
@@ -183,8 +184,9 @@ def test_pretrain_export_and_load_as_a_fine_tuning_encoder(corpus, tmp_path):
     from spanlm.models.hf_model import EncoderConfig
     from spanlm.models.modeling_charbert import char_inputs_to_torch
     from spanlm.pretrain.export import export_checkpoint
-    from spanlm.pretrain.run import pretrain
+    from spanlm.pretrain.run import pretrain, pretraining_setup
     from spanlm.train.checkpoint import latest_checkpoint, load_objective_weights
+    from spanlm.train.dist import DistEnv
 
     recipe = load_recipe(
         REPO / "configs" / "pretrain" / "charbert.yaml",
@@ -213,11 +215,18 @@ def test_pretrain_export_and_load_as_a_fine_tuning_encoder(corpus, tmp_path):
             "logging.progress=false",
         ],
     )
+    setup = pretraining_setup(recipe, DistEnv(), log=lambda *_: None)
+    assert "variants" in vars(setup.objective.masker.noise.tables)  # built before any DataLoader worker forks
     run = pretrain(recipe, log=lambda *_: None)
     lines = (run / "metrics.jsonl").read_text().splitlines()
     assert any('"nlm_loss"' in line for line in lines) and any('"kind": "eval"' in line for line in lines)
 
-    out = export_checkpoint(run, tmp_path / "export")
+    def no_tokenizing(*_):  # the noised variants are the masker's: exporting needs none of them
+        raise AssertionError("the export tokenized the noise variants")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(charbert_masker, "encode_text", no_tokenizing)
+        out = export_checkpoint(run, tmp_path / "export")
     for name in ("config.json", "model.safetensors", "modeling_charbert.py", "heads.safetensors", "nlm_terms.json"):
         assert (out / name).is_file(), name
     encoder = load_encoder(EncoderConfig(path=str(out))).eval()

@@ -11,8 +11,10 @@ pass over the data sees fresh noise; static noise written at preparation time wo
 same misspellings every epoch and cost a second copy of the corpus. Re-tokenising strings per batch
 would be far too slow for a DataLoader worker, but the set of possible noised forms of a word is small
 and known in advance: len-2 deletions, len-2 swaps, and (position × character) insertions for short
-words. So :class:`NoiseTables` enumerates *every* variant of every term-vocabulary word once, when the
-masker is built, tokenizes them in one batch, and the masker then draws the operation, index and
+words. So :class:`NoiseTables` enumerates *every* variant of every term-vocabulary word once, before the
+first batch is noised (:meth:`NoiseMasker.prepare`, which pretraining calls before its DataLoader workers
+fork; building a CharBERT only to export or fine-tune it never pays for it), tokenizes them in one batch,
+and the masker then draws the operation, index and
 character per occurrence exactly as the paper does and looks the variant's ids up — paper-exact and
 fully vectorised. Words outside the term vocabulary (rare ones, and words holding [UNK]) are not
 noised: their NLM target would be "unknown", which teaches nothing.
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from collections import Counter
 
 import numpy as np
@@ -60,19 +63,32 @@ def noise_variants(word: str, alphabet: str, short_word: int) -> list[str]:
 
 
 @dataclasses.dataclass
+class NoiseVariants:
+    """Every noised form of every type of the tables, tokenized: type t's variants start at ``first[t]``."""
+
+    first: np.ndarray  # (T,) int64 index of the type's first variant
+    offsets: np.ndarray  # (V+1,) int64 variant v's ids are tokens[offsets[v]:offsets[v+1]]
+    tokens: np.ndarray  # (X,) int64
+    usable: np.ndarray  # (V,) bool: tokenizes differently from the word and without [UNK]
+
+
+@dataclasses.dataclass
 class NoiseTables:
-    """Term vocabulary and every noised variant of its words, keyed by word hash (token ids)."""
+    """Term vocabulary and every noised variant of its words, keyed by word hash (token ids).
+
+    The variants (:attr:`variants`) are tokenized when first read: the term vocabulary alone (the NLM head's
+    size and labels) is what a model built to be exported or fine-tuned needs."""
 
     hashes: np.ndarray  # (T,) int64 word_hash, sorted: word types of the term vocabulary
     lengths: np.ndarray  # (T,) int64 tokens per type
     term: np.ndarray  # (T,) int64 term id of each type
     chars: np.ndarray  # (T,) int64 characters of the word
-    variant_first: np.ndarray  # (T,) int64 index of the type's first variant
-    variant_offsets: np.ndarray  # (V+1,) int64 variant v's ids are variant_tokens[offsets[v]:offsets[v+1]]
-    variant_tokens: np.ndarray  # (X,) int64
-    variant_usable: np.ndarray  # (V,) bool: tokenizes differently from the word and without [UNK]
     terms: list[str]  # term id -> lower-cased word
     alphabet: str  # characters that insertion draws from
+    words: list[tuple[str, str]]  # (T,) each type's (prefix, word): what its variants are made from
+    short_word: int  # words shorter than this get insertions, longer ones deletions and swaps
+    tokenizer: object  # the corpus's tokenizers.Tokenizer, for the variants
+    special_ids: list[int]
 
     @classmethod
     def build(cls, corpus, config: NoiseConfig) -> NoiseTables:
@@ -100,37 +116,42 @@ class NoiseTables:
         if not alphabet:
             raise ValueError("the corpus has no letters or digits to build the noise alphabet from")
 
-        # Every variant of every member type, tokenized in one batch.
-        texts, first, chars = [], [], []
-        for i in members:  # one step per word type, when the masker is built
-            first.append(len(texts))
-            chars.append(len(keys[i]))
-            texts.extend(prefixes[i] + v for v in noise_variants(keys[i], alphabet, config.short_word))
-        encodings = encode_text(tokenizer, texts)
-        counts = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
-        tokens = np.fromiter((i for e in encodings for i in e.ids), dtype=np.int64, count=int(counts.sum()))
-        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         members_array = np.asarray(members, dtype=np.int64)
-        owner = np.repeat(members_array, np.diff(np.append(first, len(texts))).astype(np.int64))
-        hashes = np.zeros(len(texts), dtype=np.int64)
-        nonempty = counts > 0
-        hashes[nonempty] = word_hash(tokens, offsets[:-1][nonempty], counts[nonempty])
-        changed = nonempty & ((hashes != types.hashes[owner]) | (counts != types.lengths[owner]))
-        # A variant the tokenizer can only spell with [UNK] (WordPiece maps a word it cannot piece
-        # together to [UNK]) would hide every character from the char channel: not usable as noise.
-        special = np.isin(tokens, corpus.meta["all_special_ids"])
-        has_special = np.bincount(np.repeat(np.arange(len(texts)), counts), weights=special, minlength=len(texts)) > 0
         return cls(
             hashes=types.hashes[members_array],
             lengths=types.lengths[members_array],
             term=np.array([term_id[keys[i].lower()] for i in members], dtype=np.int64),
-            chars=np.asarray(chars, dtype=np.int64),
-            variant_first=np.asarray(first, dtype=np.int64),
-            variant_offsets=offsets,
-            variant_tokens=tokens,
-            variant_usable=changed & ~has_special,
+            chars=np.array([len(keys[i]) for i in members], dtype=np.int64),
             terms=terms,
             alphabet=alphabet,
+            words=[(prefixes[i], keys[i]) for i in members],
+            short_word=config.short_word,
+            tokenizer=tokenizer,
+            special_ids=list(corpus.meta["all_special_ids"]),
+        )
+
+    @functools.cached_property
+    def variants(self) -> NoiseVariants:
+        """Every variant of every type, tokenized in one batch (built once, on first use)."""
+        texts, first = [], []
+        for prefix, word in self.words:  # one step per word type, once
+            first.append(len(texts))
+            texts.extend(prefix + v for v in noise_variants(word, self.alphabet, self.short_word))
+        encodings = encode_text(self.tokenizer, texts)
+        counts = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+        tokens = np.fromiter((i for e in encodings for i in e.ids), dtype=np.int64, count=int(counts.sum()))
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        owner = np.repeat(np.arange(len(first), dtype=np.int64), np.diff(np.append(first, len(texts))).astype(np.int64))
+        hashes = np.zeros(len(texts), dtype=np.int64)
+        nonempty = counts > 0
+        hashes[nonempty] = word_hash(tokens, offsets[:-1][nonempty], counts[nonempty])
+        changed = nonempty & ((hashes != self.hashes[owner]) | (counts != self.lengths[owner]))
+        # A variant the tokenizer can only spell with [UNK] (WordPiece maps a word it cannot piece
+        # together to [UNK]) would hide every character from the char channel: not usable as noise.
+        special = np.isin(tokens, self.special_ids)
+        has_special = np.bincount(np.repeat(np.arange(len(texts)), counts), weights=special, minlength=len(texts)) > 0
+        return NoiseVariants(
+            first=np.asarray(first, dtype=np.int64), offsets=offsets, tokens=tokens, usable=changed & ~has_special
         )
 
     def lookup(self, hashes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -159,6 +180,11 @@ class NoiseMasker:
     def terms(self) -> list[str]:
         """The NLM label names (term id -> word)."""
         return self.tables.terms
+
+    def prepare(self) -> None:
+        """Tokenize every noised variant now (the costly part of the tables), so that DataLoader workers forked
+        after this share them instead of each building its own."""
+        _ = self.tables.variants
 
     def with_rate(self, rate: float) -> NoiseMasker:
         """A copy whose whole-word MLM masks at ``rate`` (the noise probability is not a masking budget)."""
@@ -214,10 +240,10 @@ class NoiseMasker:
         offset = np.where(
             short, insert_at * len(self.tables.alphabet) + insert_char, np.where(delete, 0, n_chars - 2) + index - 1
         )
-        variant = self.tables.variant_first[row] + offset
+        variant = self.tables.variants.first[row] + offset
         operation = np.where(short, INSERT, np.where(delete, DELETE, SWAP))
         # Swapping the two l's of "hello" is no noise, and a variant spelt with [UNK] is no use.
-        usable = self.tables.variant_usable[variant]
+        usable = self.tables.variants.usable[variant]
         target, row, variant, operation = target[usable], row[usable], variant[usable], operation[usable]
 
         layout = self._splice(batch, unit_start, unit_length, target, variant)
@@ -283,7 +309,7 @@ class NoiseMasker:
         is_noised = np.zeros(len(unit_start), dtype=bool)
         is_noised[noised_unit] = True
         new_length = unit_length.copy()
-        new_length[noised_unit] = self.tables.variant_offsets[variant + 1] - self.tables.variant_offsets[variant]
+        new_length[noised_unit] = self.tables.variants.offsets[variant + 1] - self.tables.variants.offsets[variant]
 
         # Offsets within each row; every unit but [SEP] must end by out_width - 1, and since offsets
         # grow along the row the units that fit are a prefix of it.
@@ -306,8 +332,8 @@ class NoiseMasker:
         input_ids[source + np.repeat(destination - unit_start, unit_length)[copy]] = batch.input_ids.reshape(-1)[source]
         paste = fits[noised_unit]
         pasted = noised_unit[paste]
-        input_ids[ragged_arange(destination[pasted], new_length[pasted])] = self.tables.variant_tokens[
-            ragged_arange(self.tables.variant_offsets[variant[paste]], new_length[pasted])
+        input_ids[ragged_arange(destination[pasted], new_length[pasted])] = self.tables.variants.tokens[
+            ragged_arange(self.tables.variants.offsets[variant[paste]], new_length[pasted])
         ]
 
         row_length = np.zeros(batch_size, dtype=np.int64)

@@ -66,6 +66,9 @@ class CharNoiseMasker:
     def terms(self) -> list[str]:
         return self.noise.terms
 
+    def prepare(self) -> None:
+        self.noise.prepare()
+
     def __call__(self, batch, rng: np.random.Generator) -> MaskedBatch:
         """The noise-masked batch plus its char inputs (see :func:`spanlm.data.chars.char_stream`): ``char_ids``
         (B, C), ``char_lengths`` (B,), ``char_first`` / ``char_last`` (B, L), in the block layout (the model maps
