@@ -211,3 +211,26 @@ def test_data_parallel_training_sees_the_delivered_gradient(strategy, tmp_path):
         saved = torch.load(tmp_path / f"grads-{rank}.pt", weights_only=True)
         assert saved["handed"]  # the decoder did hand its gradient to the lookup
         _assert_same(saved["got"], saved["expected"])
+
+
+def test_the_lookups_gradient_is_the_same_in_every_run_on_two_threads():
+    # A repeated token's rows are added in a fixed order: index_put_ with accumulation adds them atomically
+    # in whatever order two threads reach them, and runs of the same steps then differ in the last bits.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        generator = torch.Generator().manual_seed(0)
+        weight = torch.randn(5000, 64, generator=generator)
+        ids = torch.randint(1, 20, (64, 128), generator=generator)  # every token repeated hundreds of times
+        upstream = torch.randn(64, 128, 64, generator=generator)
+        gradients = []
+        for _ in range(8):
+            table = TiedEmbedding(5000, 64, padding_idx=PAD, _weight=weight.clone())
+            table(ids).backward(upstream)
+            gradients.append(table.weight.grad)
+        assert all(torch.equal(gradients[0], g) for g in gradients[1:])
+        reference = weight.clone().requires_grad_()
+        torch.nn.functional.embedding(ids, reference, padding_idx=PAD).backward(upstream)  # nn.Embedding's own
+        torch.testing.assert_close(gradients[0], reference.grad)
+    finally:
+        torch.set_num_threads(threads)

@@ -8,7 +8,7 @@ of real data.
 
 Here the decoder's backward (:mod:`spanlm.accel.cross_entropy`) hands its (V, E) weight gradient to
 the lookup of the same forward pass, and the lookup's backward adds its rows into that tensor
-(``index_put_`` with accumulation) and returns it: the table's one gradient, through the lookup's own autograd edge (so
+(``index_add_``) and returns it: the table's one gradient, through the lookup's own autograd edge (so
 DDP / FSDP hooks and ``.grad`` accumulation see it as usual). The hand-over only happens when it is
 safe to: if autograd will still run this lookup's backward in the same backward pass
 (``torch._C._will_engine_execute_node``, what ``torch.autograd.graph.register_multi_grad_hook`` uses)
@@ -72,8 +72,10 @@ class _TiedLookup(torch.autograd.Function):
         if ctx.padding_idx is not None:
             keep = ids != ctx.padding_idx
             ids, rows = ids[keep], rows[keep]
-        # index_put_'s accumulation adds the rows in one pass; index_add_ dispatches a row at a time on the CPU.
-        gradient.index_put_((ids,), rows.to(gradient.dtype), accumulate=True)
+        # index_add_, not index_put_ with accumulation: with more than one CPU thread index_put_ adds a repeated
+        # token's rows by atomic float additions in whatever order the threads reach them, so two runs of the
+        # same steps would differ in the last bits; index_add_ adds them in the order of ``ids``.
+        gradient.index_add_(0, ids, rows.to(gradient.dtype))
         return gradient, None, None, None
 
 
