@@ -14,10 +14,9 @@ and known in advance: len-2 deletions, len-2 swaps, and (position × character) 
 words. So :class:`NoiseTables` enumerates *every* variant of every term-vocabulary word once, before the
 first batch is noised (:meth:`NoiseMasker.prepare`, which pretraining calls before its DataLoader workers
 fork; building a CharBERT only to export or fine-tune it never pays for it), tokenizes them in one batch,
-and the masker then draws the operation, index and
-character per occurrence exactly as the paper does and looks the variant's ids up — paper-exact and
-fully vectorised. Words outside the term vocabulary (rare ones, and words holding [UNK]) are not
-noised: their NLM target would be "unknown", which teaches nothing.
+and the masker then draws the operation, index and character per occurrence exactly as the paper does and
+looks the variant's ids up — paper-exact and fully vectorised. Words outside the term vocabulary (rare ones,
+and words holding [UNK]) are not noised: their NLM target would be "unknown", which teaches nothing.
 
 Details the paper leaves open follow the authors' ``create_adv_word``: insertion before an index in
 [0, len-1], characters from a fixed alphabet (theirs: the first 81 entries of the character vocabulary;
