@@ -439,10 +439,9 @@ class Scheme:
 
     The masker class has ``from_corpus(section, corpus)``; optionally ``for_collator(section, vocabulary,
     **options)`` (it masks tokenizer features in :class:`spanlm.collators.MaskingCollator`), ``collated`` (its own
-    arrays a collator returns), ``reads_words`` (False: it needs no word boundaries), ``with_rate(rate)``
-    (what a rate schedule sets), ``prepare()`` (tables it builds once, before pretraining's DataLoader workers
-    fork) and ``statistics(pairs, counters)`` / ``mark(shown, masked, row, low, length, terms)`` (its lines in
-    ``spanlm preview``).
+    arrays a collator returns), ``reads_words`` (False: needs no word boundaries), ``with_rate(rate)`` (a rate
+    schedule sets it), ``prepare()`` (its one-off tables, built before pretraining's workers fork) and
+    ``statistics(pairs, counters)`` / ``mark(shown, masked, row, low, length, terms)`` (lines in ``spanlm preview``).
     """
 
     config: type
