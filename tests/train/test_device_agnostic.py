@@ -218,30 +218,60 @@ def test_the_loader_sends_the_arrays_the_objective_reads_and_no_others(corpus, t
     assert set(next(iter(setup.eval_batches()))) == declared
 
 
+def compiled_run(corpus, tmp_path, monkeypatch, case: str, *overrides: str):
+    """``train.compile=true`` for 6 steps of ``case`` with two evaluations (dynamo's aot_eager backend: the graph
+    capture the inductor compiles, without its code generation); returns dynamo's counters at the end and its
+    frame counts after the first step."""
+    from torch._dynamo.utils import counters
+
+    compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda function, **kwargs: compile(function, backend="aot_eager", **kwargs))
+    name, objective_overrides = OBJECTIVES[case]
+    config = embedded_recipe(
+        name,
+        corpus.directory,
+        tmp_path / "run",
+        *objective_overrides,
+        "train.compile=true",
+        "train.max_steps=6",
+        "train.eval_every=3",
+        *overrides,
+    )
+    torch._dynamo.reset()
+    counters.clear()
+    trainer = Trainer(config, init_distributed("cpu"), pretraining_setup, log=lambda *_: None)
+    first_step, step = {}, Trainer._step
+
+    def counted_step(self, *args):
+        step(self, *args)
+        if self.step == 1:
+            first_step.update(counters["frames"])
+
+    monkeypatch.setattr(Trainer, "_step", counted_step)
+    trainer.run()
+    assert trainer.step == 6
+    return counters, first_step
+
+
 @pytest.mark.parametrize("accel", ["auto", "off"])
 @pytest.mark.slow
 def test_a_compiled_packed_run_on_the_cpu_has_no_graph_break(corpus, tmp_path, monkeypatch, accel):
     """`spanlm pretrain … train.compile=true` on the CPU: the packed attention is chosen before the first compiled
     forward (no switch inside the trace) and traced as one graph (the segments padded again, not the per-segment
-    loop's host read); evaluation compiles once more (no grad), widths that change once more (dynamic)."""
-    from torch._dynamo.utils import counters
-
-    compile = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda function, **kwargs: compile(function, backend="aot_eager"))
-    config = embedded_recipe(
-        "spanbert",
-        corpus.directory,
-        tmp_path / "run",
-        f"train.accel={accel}",
-        "data.packing=true",
-        "train.compile=true",
-        "train.max_steps=4",
-        "train.eval_every=2",
-    )
-    torch._dynamo.reset()
-    counters.clear()
-    trainer = Trainer(config, init_distributed("cpu"), pretraining_setup, log=lambda *_: None)
-    trainer.run()
-    assert trainer.step == 4
+    loop's host read), compiled once: the stream's changing width symbolic from the first step, the evaluations
+    eager."""
+    counters, _ = compiled_run(corpus, tmp_path, monkeypatch, "spanbert", f"train.accel={accel}", "data.packing=true")
     assert not counters["graph_break"], dict(counters["graph_break"])
-    assert 1 <= counters["stats"]["unique_graphs"] <= 3, dict(counters["stats"])
+    assert counters["frames"]["total"] == 1 and counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+@pytest.mark.parametrize(
+    "case, packing", [("mlm", "false"), ("charbert", "true"), ("electra-gdes", "false"), ("electra-sbo", "true")]
+)
+@pytest.mark.slow
+def test_every_objective_compiles_once_however_its_batches_change(corpus, tmp_path, monkeypatch, case, packing):
+    """One compile per run: six steps of batches whose lengths (the longest block, the stream's width, the number
+    of targets and segments) change from step to step, and two evaluations, compile nothing after the first step
+    (CharBERT's GRU stays out of the graph on the CPU: its frames are compiled at the first step too)."""
+    counters, first_step = compiled_run(corpus, tmp_path, monkeypatch, case, f"data.packing={packing}")
+    assert dict(counters["frames"]) == first_step

@@ -180,7 +180,10 @@ class Trainer:
 
     # -- evaluation -------------------------------------------------------------------------------
     @torch.no_grad()
+    @torch.compiler.set_stance("force_eager")
     def evaluate(self) -> dict[str, float]:
+        # Eager under train.compile: a forward without gradients would be a second graph, compiled at the first
+        # evaluation; the held-out batches are few, the training step is what the compiler is for.
         self.objective.eval()
         sums, batches = defaultdict(float), 0
         for batch in self.setup.eval_batches():

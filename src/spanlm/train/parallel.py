@@ -20,10 +20,7 @@ def wrap(objective: Objective, config, env: DistEnv) -> torch.nn.Module:
     if config.activation_checkpointing:
         checkpoint_layers(objective)
     if config.compile:
-        compiled = torch.compile(objective.forward)
-        if env.device.type != "cpu":
-            compiled = compile_recurrent_layers(compiled)
-        objective.forward = compiled
+        objective.forward = compile_forward(objective.forward, env.device)
     if not env.enabled:
         return objective
     if config.distributed == "fsdp":
@@ -85,6 +82,32 @@ def checkpoint_layers(objective: Objective) -> None:
         )
     for unit in units:
         unit.forward = functools.partial(checkpoint, unit.forward, use_reentrant=False)
+
+
+def compile_forward(forward: Callable, device: torch.device) -> Callable:
+    """``forward(batch)`` compiled once for every batch of the run.
+
+    A batch's lengths change from step to step (the longest block of a padded batch, a packed stream's width, its
+    number of segments and its longest one, the number of masked targets). Dynamo would compile the first batch's
+    sizes as constants and compile again, with them symbolic, at the first batch that differs: every size and
+    integer of the batch is symbolic from the first call instead (``dynamic=True``), but a matrix's rows, the
+    recipe's batch size, which never changes. Two sizes equal at the first call are not assumed equal ever after
+    (duck sizing off): the masked targets and the SBO pairs of a batch may count the same once, and differ next.
+    """
+    from torch.fx.experimental import _config as shapes
+
+    compiled = shapes.patch(use_duck_shape=False)(torch.compile(forward, dynamic=True))
+    if device.type != "cpu":
+        compiled = compile_recurrent_layers(compiled)
+
+    @functools.wraps(forward)
+    def with_fixed_rows(batch):
+        for value in batch.values():
+            if isinstance(value, torch.Tensor) and value.dim() > 1:
+                torch._dynamo.mark_static(value, 0)
+        return compiled(batch)
+
+    return with_fixed_rows
 
 
 def compile_recurrent_layers(function: Callable) -> Callable:
