@@ -212,6 +212,34 @@ def test_options_bf16_lamb_cosine_accumulation(prepared, tmp_path):
     assert [r["step"] for r in records if r["kind"] == "eval"] == [2, 4]
 
 
+def test_precision_auto_is_fp32_on_the_cpu_said_first_and_recorded(prepared, tmp_path):
+    from spanlm.config import read_yaml
+
+    said = []
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=1), log=said.append)
+    assert toy_recipe(prepared, tmp_path / "x").train.precision == "auto"  # the default
+    assert read_yaml(run / "config.yaml")["train"]["precision"] == "fp32"  # what ran, for the resume check
+    assert "precision: fp32 on cpu" in said
+    # a run saved before auto (fp32 written out) resumes under the default
+    pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2), resume="auto", **QUIET)
+    assert len(losses(run)) == 2
+
+
+@pytest.mark.parametrize(
+    "device, native_bf16, expected",
+    [("cpu", True, "fp32"), ("cuda", True, "bf16"), ("cuda", False, "fp32")],
+)
+def test_precision_auto_takes_bf16_where_the_gpu_computes_it(monkeypatch, device, native_bf16, expected):
+    from spanlm.train.loop import resolve_precision
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda **kw: asked.append(kw) or native_bf16)
+    assert resolve_precision("auto", torch.device(device)) == expected
+    assert all(kw == {"including_emulation": False} for kw in asked)  # an emulated bf16 is not taken
+    assert resolve_precision("fp32", torch.device(device)) == "fp32"
+    assert resolve_precision("bf16", torch.device("cpu")) == "bf16"
+
+
 @pytest.mark.slow
 def test_torch_compile_option(prepared, tmp_path):
     run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2, compile=True), **QUIET)

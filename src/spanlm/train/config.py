@@ -30,7 +30,9 @@ class TrainConfig:
     decay_share: float = 0.1
     decay_shape: Literal["linear", "cosine", "1-sqrt"] = "1-sqrt"
     max_grad_norm: float = 1.0  # 0 disables clipping
-    precision: Literal["fp32", "bf16"] = "fp32"  # bf16 = autocast; weights and optimiser stay fp32
+    # bf16 = autocast (weights and optimiser stay fp32); auto = bf16 where the device computes it natively (a
+    # CUDA GPU that supports it), fp32 elsewhere (the CPU). The run's config.yaml records what auto became.
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     compile: bool = False  # torch.compile the objective's forward
     # Recompute each transformer layer's activations in the backward pass instead of keeping them: less
     # memory for longer blocks or larger batches, one more forward pass of compute.

@@ -32,6 +32,19 @@ from spanlm.train.objective import Objective
 from spanlm.train.optim import build_optimizer, build_scheduler, clip_gradients, total_norm
 from spanlm.train.parallel import no_sync, wrap
 
+_PRECISION_WORDS = {"bf16": "bf16 autocast (fp32 weights and optimiser)", "fp32": "fp32"}
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``train.precision`` on ``device``: ``auto`` is bf16 autocast on a CUDA GPU that computes bf16 natively
+    (Ampere and later), where it runs the matmuls on the tensor cores at several times the fp32 rate, and fp32
+    elsewhere (the CPU's bf16 is emulated on most hosts and changes the numerics of the tests' references)."""
+    if precision != "auto":
+        return precision
+    if device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False):
+        return "bf16"
+    return "fp32"
+
 
 class TrainingHalted(SpanlmError):
     """Training stopped on purpose (non-finite values) with a message naming the step."""
@@ -150,6 +163,12 @@ class Trainer:
         self.setup = build_setup(recipe, env, self.log, start)
         if self.setup.recipe is not None:  # what the setup resolved, never written into the recipe it was given
             self.recipe = recipe = self.setup.recipe
+        # train.precision: auto resolved for this device, in a copy (the run's config.yaml and the resume check see
+        # what ran), and said before anything is computed
+        precision = resolve_precision(recipe.train.precision, env.device)
+        self.recipe = recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, precision=precision))
+        self.config = recipe.train
+        self.log(f"precision: {_PRECISION_WORDS[precision]} on {env.device.type}")
         self.objective = self.setup.objective.to(env.device)
         # The device's speed backend, in place (spanlm.accel; on CPU its kernels are built now, not under the
         # progress bar), with a packed run's attention path
