@@ -14,7 +14,11 @@ from spanlm.train.metrics import NOT_METRICS, read_metrics
 PLOTS = {
     "loss.png": ("Training loss", lambda key: key == "loss" or key.endswith("_loss"), "train"),
     "lr.png": ("Learning rate", lambda key: key == "lr" or key.startswith("lr_"), "train"),
-    "throughput.png": ("Throughput (tokens/s)", lambda key: key == "tokens_per_s", "train"),
+    "throughput.png": (
+        "Speed: tokens/s, MFU, share of time waiting for data",
+        lambda key: key in ("tokens_per_s", "mfu", "data_wait"),
+        "train",
+    ),
     "grad_norm.png": ("Gradient norm", lambda key: key == "grad_norm", "train"),
     "eval.png": ("Held-out evaluation", lambda key: key not in NOT_METRICS, "eval"),
 }

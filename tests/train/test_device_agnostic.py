@@ -19,7 +19,7 @@ from spanlm.objectives import build_objective
 from spanlm.pretrain.run import pretraining_setup
 from spanlm.train.dist import init_distributed
 from spanlm.train.loop import Trainer
-from spanlm.train.metrics import MetricsWindow
+from spanlm.train.metrics import MetricsWindow, read_metrics
 from spanlm.train.parallel import compile_recurrent_layers
 
 # (recipe in configs/pretrain, overrides): every objective, ELECTRA with each sharing mode and the SBO generator
@@ -275,3 +275,6 @@ def test_every_objective_compiles_once_however_its_batches_change(corpus, tmp_pa
     (CharBERT's GRU stays out of the graph on the CPU: its frames are compiled at the first step too)."""
     counters, first_step = compiled_run(corpus, tmp_path, monkeypatch, case, f"data.packing={packing}")
     assert dict(counters["frames"]) == first_step
+    # the run says so itself, and what its first step cost
+    (record,) = [r for r in read_metrics(tmp_path / "run") if r["kind"] == "train"]
+    assert record["recompiles"] == 0 and record["first_step_s"] > 0

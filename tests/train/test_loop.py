@@ -240,6 +240,38 @@ def test_precision_auto_takes_bf16_where_the_gpu_computes_it(monkeypatch, device
     assert resolve_precision("bf16", torch.device("cpu")) == "bf16"
 
 
+def test_records_say_the_runs_speed_mfu_and_time_waiting_for_data(embedded_prepared, tmp_path, monkeypatch):
+    """Each record's ``mfu`` is the model's FLOPs (6·N per token and the attention per block: between 6·N and
+    6·N + 12·width·max_len per token) per second over the peak; ``data_wait`` the share of the window the loop
+    waited for its batches: most of it behind a loader that takes 30 ms a batch."""
+    from helpers import EMBEDDED_MAX_LEN, embedded_recipe
+    from spanlm.data.shards import PreparedCorpus
+    from spanlm.models.flops import training_flops
+    from spanlm.objectives import build_objective
+    from spanlm.train import loop
+
+    def run(name: str) -> list[dict]:
+        recipe = embedded_recipe(
+            "spanbert", embedded_prepared, tmp_path / name, "train.log_every=2", "train.peak_tflops=0.001"
+        )
+        return [r for r in read_metrics(pretrain(recipe, **QUIET)) if r["kind"] == "train"]
+
+    recipe = embedded_recipe("spanbert", embedded_prepared, tmp_path / "x")
+    flops = training_flops(build_objective(recipe, PreparedCorpus(embedded_prepared)))
+    width = sum(flops.attention.values())
+    quick = run("quick")
+    assert len(quick) == 2
+    for record in quick:
+        per_token = record["mfu"] * 1e9 / record["tokens_per_s"]
+        assert 6 * flops.dense_weights <= per_token <= 6 * flops.dense_weights + 12 * width * EMBEDDED_MAX_LEN
+        assert 0 <= record["data_wait"] < 1
+
+    to_device = loop._to
+    monkeypatch.setattr(loop, "_to", lambda batch, device: time.sleep(0.03) or to_device(batch, device))
+    slow = run("slow")
+    assert all(r["data_wait"] > 0.5 and r["data_wait"] > q["data_wait"] for r, q in zip(slow, quick))
+
+
 @pytest.mark.slow
 def test_torch_compile_option(prepared, tmp_path):
     run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2, compile=True), **QUIET)

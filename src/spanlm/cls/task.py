@@ -31,6 +31,7 @@ from spanlm.finetune.batches import build_window_loader, held_out_batches
 from spanlm.finetune.model import PER_EXAMPLE_FILE, export_task_model
 from spanlm.finetune.task import check_max_length, encoder_featurizer
 from spanlm.models.encoder import describe_start, load_encoder
+from spanlm.models.flops import training_flops
 from spanlm.models.packed import resolve_packing
 from spanlm.train.dist import is_main_process
 from spanlm.train.loop import StartingPoint, TrainingSetup, train
@@ -143,7 +144,14 @@ def cls_setup(
         train_features, recipe.train, recipe.seed, env.rank, env.world_size, data.tokens_per_batch
     )
     if dev is None:
-        return TrainingSetup(objective, loader, lambda: iter(()), resume_keeps=RESUME_KEEPS, recipe=recipe)
+        return TrainingSetup(
+            objective,
+            loader,
+            lambda: iter(()),
+            resume_keeps=RESUME_KEEPS,
+            recipe=recipe,
+            flops=training_flops(objective),
+        )
     dev_features = make_features(encoder.tokenizer, dev, data.max_length, task.labels, featurizer)
     dev_features.packed = packed
     batch_size = recipe.train.batch_size
@@ -156,7 +164,9 @@ def cls_setup(
         logits = predict_logits(module, dev_features, batch_size, env.device)
         return score(task, recipe, dev, logits)[0]
 
-    return TrainingSetup(objective, loader, held_out, evaluate, resume_keeps=RESUME_KEEPS, recipe=recipe)
+    return TrainingSetup(
+        objective, loader, held_out, evaluate, resume_keeps=RESUME_KEEPS, recipe=recipe, flops=training_flops(objective)
+    )
 
 
 def export_model(run_dir: Path, recipe: ClsRecipe, labels: list[str] | None) -> Path:

@@ -28,6 +28,7 @@ from spanlm.finetune.batches import build_window_loader, held_out_batches
 from spanlm.finetune.model import PER_EXAMPLE_FILE, export_task_model
 from spanlm.finetune.task import check_max_length, encoder_featurizer
 from spanlm.models.encoder import describe_start, load_encoder
+from spanlm.models.flops import training_flops
 from spanlm.models.packed import resolve_packing
 from spanlm.ner.config import NerRecipe
 from spanlm.ner.data import NerDocument, input_format, label_set, read_documents
@@ -108,7 +109,14 @@ def ner_setup(
         train_windows, recipe.train, recipe.seed, env.rank, env.world_size, data.tokens_per_batch
     )
     if all_dev is None:
-        return TrainingSetup(objective, loader, lambda: iter(()), resume_keeps=RESUME_KEEPS, recipe=recipe)
+        return TrainingSetup(
+            objective,
+            loader,
+            lambda: iter(()),
+            resume_keeps=RESUME_KEEPS,
+            recipe=recipe,
+            flops=training_flops(objective),
+        )
 
     dev_docs = all_dev[: data.eval_docs or None]
     dev_format = input_format(data.dev, data)
@@ -141,7 +149,9 @@ def ner_setup(
             metrics["cluener_macro_f1"] = scores["cluener_macro_f1"]["f1"]
         return metrics
 
-    return TrainingSetup(objective, loader, held_out, evaluate, resume_keeps=RESUME_KEEPS, recipe=recipe)
+    return TrainingSetup(
+        objective, loader, held_out, evaluate, resume_keeps=RESUME_KEEPS, recipe=recipe, flops=training_flops(objective)
+    )
 
 
 def export_model(run_dir: Path, recipe: NerRecipe) -> Path:

@@ -13,6 +13,7 @@ from spanlm.data.prepare import prepare, record_run
 from spanlm.data.shards import PreparedCorpus, ShardedCorpus, resolve_shards
 from spanlm.errors import ConfigError
 from spanlm.models.backbone import shortest_position_table
+from spanlm.models.flops import training_flops
 from spanlm.models.packed import resolve_packing
 from spanlm.objectives import build_objective
 from spanlm.objectives.pretrained_heads import describe_heads
@@ -94,6 +95,7 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
         tokenizer_fingerprint=corpus.meta["tokenizer_fingerprint"],
         keep_with_run=functools.partial(keep_tokenizer, corpus),
         resume_keeps=RESUME_KEEPS,
+        flops=training_flops(objective),
     )
 
 

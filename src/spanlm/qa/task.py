@@ -22,6 +22,7 @@ from spanlm.finetune.batches import build_window_loader, held_out_batches
 from spanlm.finetune.model import PER_EXAMPLE_FILE, export_task_model
 from spanlm.finetune.task import check_max_length, encoder_featurizer
 from spanlm.models.encoder import describe_start, load_encoder
+from spanlm.models.flops import training_flops
 from spanlm.models.packed import resolve_packing
 from spanlm.qa.config import QARecipe
 from spanlm.qa.data import QAExample, read_squad
@@ -96,7 +97,9 @@ def qa_setup(
         predictions = predict(module, tokenizer, dev_examples, recipe, recipe.train.batch_size, env.device, dev_windows)
         return evaluate_predictions(predictions, dev_examples, recipe)
 
-    return TrainingSetup(objective, loader, held_out, evaluate, resume_keeps=RESUME_KEEPS, recipe=recipe)
+    return TrainingSetup(
+        objective, loader, held_out, evaluate, resume_keeps=RESUME_KEEPS, recipe=recipe, flops=training_flops(objective)
+    )
 
 
 def export_model(run_dir: Path, recipe: QARecipe, threshold: float = 0.0) -> Path:

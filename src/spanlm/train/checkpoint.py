@@ -335,6 +335,7 @@ HARMLESS_SETTINGS = {
         "num_workers",
         "device",
         "compile",
+        "peak_tflops",
         "accel",
         "retain_freed_memory",
         "distributed",

@@ -34,6 +34,9 @@ class TrainConfig:
     # CUDA GPU that supports it), fp32 elsewhere (the CPU). The run's config.yaml records what auto became.
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     compile: bool = False  # torch.compile the objective's forward
+    # The device's peak in TFLOP/s that the logged ``mfu`` divides by; None: measured at the start (the best of a
+    # few matrix products in the run's dtype: bf16 under autocast).
+    peak_tflops: float | None = None
     # Recompute each transformer layer's activations in the backward pass instead of keeping them: less
     # memory for longer blocks or larger batches, one more forward pass of compute.
     activation_checkpointing: bool = False
@@ -68,6 +71,8 @@ class TrainConfig:
             raise ValueError(f"weight_decay must not be negative, got {self.weight_decay}")
         if not 0 < self.decay_share <= 1:
             raise ValueError(f"decay_share must be in (0, 1], got {self.decay_share}")
+        if self.peak_tflops is not None and not (math.isfinite(self.peak_tflops) and self.peak_tflops > 0):
+            raise ValueError(f"peak_tflops must be a positive finite number or null, got {self.peak_tflops}")
         if not math.isfinite(self.max_grad_norm):
             raise ValueError(f"max_grad_norm must be finite, got {self.max_grad_norm}")
         if len(self.betas) != 2:

@@ -25,6 +25,7 @@ from spanlm.cli_support import set_library_progress_bars
 from spanlm.config import save_config
 from spanlm.errors import SpanlmError
 from spanlm.train import checkpoint as ckpt
+from spanlm.train import speed
 from spanlm.train.checkpointer import Checkpointer, StartingPoint, starting_point
 from spanlm.train.dist import DistEnv, all_reduce, any_rank, init_distributed, shutdown
 from spanlm.train.metrics import MetricsLogger, MetricsWindow, trackers_to_start
@@ -114,6 +115,10 @@ class TrainingSetup:
     # The recipe with what the setup resolved (a label order, data.packing: auto → true / false), a copy: the
     # run's config.yaml, the resume check and the trackers record it. None: the recipe as given.
     recipe: Any = None
+    # The model's FLOPs for one forward and backward pass over a micro-batch (a float64 scalar on its device,
+    # computed there: no host read), from the model's dimensions and the batch's real tokens
+    # (spanlm.models.flops); the records' ``mfu`` divides them by the device's peak. None: no ``mfu``.
+    flops: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None
 
 
 def train(
@@ -169,6 +174,15 @@ class Trainer:
         self.recipe = recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, precision=precision))
         self.config = recipe.train
         self.log(f"precision: {_PRECISION_WORDS[precision]} on {env.device.type}")
+        self.peak_flops = None  # FLOP/s of the device that mfu divides by
+        if self.setup.flops is not None:
+            if self.config.peak_tflops is not None:
+                self.peak_flops, how = self.config.peak_tflops * 1e12, "train.peak_tflops"
+            else:
+                dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+                self.peak_flops = speed.measure_peak_flops(env.device, dtype)
+                how = f"measured: the best {str(dtype).removeprefix('torch.')} matmul"
+            self.log(f"mfu: the model's FLOPs per second over a peak of {self.peak_flops / 1e12:.1f} TFLOP/s ({how})")
         self.objective = self.setup.objective.to(env.device)
         # The device's speed backend, in place (spanlm.accel; on CPU its kernels are built now, not under the
         # progress bar), with a packed run's attention path
@@ -186,6 +200,7 @@ class Trainer:
         torch.manual_seed(recipe.seed + env.rank)  # dropout differs across ranks, reproducibly
         self.step = 0
         self.elapsed_before = 0.0  # seconds trained before this process (a resumed checkpoint's); see elapsed()
+        self.first_step_seconds, self.frames_after_first_step = None, 0  # train.compile's cost (_first_step_compiled)
         if env.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
 
@@ -280,18 +295,19 @@ class Trainer:
                     evaluation = self.evaluate()
                     if logger and evaluation:
                         logger.log({"kind": "eval", "step": 0, **self._clock(), **evaluation})
+                first_step, first_started = self.step + 1, time.perf_counter()
                 while self.step < config.max_steps:
                     self._step(batches, window)
                     progress.update(1)
+                    if self.step == first_step and config.compile:
+                        self._first_step_compiled(window, first_started)
 
                     if self.step % config.log_every == 0 or self.step == config.max_steps:
                         record = self._log_record(window, started, skipped)  # the one host read of the window
                         skipped = record["skipped_steps"]
                         if logger:
                             logger.log(record)
-                        progress.set_postfix(
-                            loss=f"{record.get('loss', float('nan')):.3f}", tok_s=f"{record['tokens_per_s']:.0f}"
-                        )
+                        progress.set_postfix(_progress_fields(record))
                         window, started = MetricsWindow(env.device), time.perf_counter()
                     if config.eval_every and (self.step % config.eval_every == 0 or self.step == config.max_steps):
                         self._check_finite(window)
@@ -322,7 +338,7 @@ class Trainer:
         At most one host read (none with fused AdamW): the metrics go to ``window``, on the device.
         """
         config = self.config
-        parts, step_tokens = self._train_step(batches)
+        parts, step_tokens, step_flops, data_wait = self._train_step(batches)
         bad = self._nonfinite(parts)
         if self._skips_on_device():
             # Fused AdamW leaves weights and moments alone where ``found_inf`` is set (the hook GradScaler
@@ -338,16 +354,23 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        window.add(parts, bad, step_tokens, self.step)
+        window.add(parts, bad, step_tokens, self.step, step_flops, data_wait)
 
-    def _train_step(self, batches) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """One optimiser step's forward/backward over ``grad_accum`` micro-batches; returns its metrics and
-        token count as tensors on the device (read only when a record is written: no host sync here)."""
+    def _train_step(self, batches) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor | None, float]:
+        """One optimiser step's forward/backward over ``grad_accum`` micro-batches; returns its metrics, token count
+        and model FLOPs as tensors on the device (read only when a record is written: no host sync here), and the
+        seconds the host waited for the loader's batches."""
         config = self.config
         parts, tokens = {}, torch.zeros((), dtype=torch.int64, device=self.env.device)
+        flops, data_wait = None, 0.0
         for micro in range(config.grad_accum):
+            asked = time.perf_counter()
             batch = _to(next(batches), self.env.device)
+            data_wait += time.perf_counter() - asked
             tokens = tokens + batch["attention_mask"].sum()
+            if self.setup.flops is not None:
+                micro_flops = self.setup.flops(batch)
+                flops = micro_flops if flops is None else flops + micro_flops
             with no_sync(self.model, self.objective, config, self.env, micro == config.grad_accum - 1):
                 with self._autocast():
                     output = self.model(batch)
@@ -361,7 +384,7 @@ class Trainer:
             .detach()
             .double()
         )
-        return parts, tokens
+        return parts, tokens, flops, data_wait
 
     def _nonfinite(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:
         """A bool scalar on the device: a part or the gradient norm is not finite here or on another rank."""
@@ -382,7 +405,8 @@ class Trainer:
         env = self.env
         self._check_finite(window)
         keys = window.keys
-        means = all_reduce(torch.cat([window.sums / window.counted.clamp(min=1), window.tokens.double()[None]]), env)
+        counts = torch.stack([window.tokens.double(), window.flops, window.flops.new_tensor(window.data_wait)])
+        means = all_reduce(torch.cat([window.sums / window.counted.clamp(min=1), counts]), env)
         if window.keys and bool(window.skipped):  # nonfinite=skip: say which step went bad first
             step, values = window.first_bad_step()
             more = int(window.skipped) - 1
@@ -392,14 +416,32 @@ class Trainer:
                 + (f" ({more} more skipped by step {self.step})" if more else "")
             )
         values = means.tolist()
-        record = {"kind": "train", "step": self.step, **self._clock(), **dict(zip(keys, values[:-1]))}
+        tokens, flops, data_wait = values[-3:]
+        seconds = max(time.perf_counter() - started, 1e-9)
+        record = {"kind": "train", "step": self.step, **self._clock(), **dict(zip(keys, values[:-3]))}
         rates = self.scheduler.get_last_lr()
         record["lr"] = rates[0]  # the first parameter group's (fine-tuning: the encoder's, or a frozen one's head's)
         for name, group in self.rate_groups.items():  # fine-tuning: both, named (0.0: a frozen encoder)
             record[name] = rates[group] if group is not None else 0.0
-        record["tokens_per_s"] = values[-1] * env.world_size / max(time.perf_counter() - started, 1e-9)
+        record["tokens_per_s"] = tokens * env.world_size / seconds
+        if self.peak_flops is not None:  # the mean rank's FLOPs per second over its device's peak
+            record["mfu"] = flops / seconds / self.peak_flops
+        record["data_wait"] = data_wait / seconds  # the mean rank's share of the window spent waiting for batches
+        if self.config.compile:
+            record["recompiles"] = speed.compiled_frames() - self.frames_after_first_step
+        if self.first_step_seconds is not None:  # the first record of a compiled run: what compiling cost
+            record["first_step_s"], self.first_step_seconds = self.first_step_seconds, None
         record["skipped_steps"] = skipped + int(window.skipped)
         return record
+
+    def _first_step_compiled(self, window: "MetricsWindow", started: float) -> None:
+        """Under train.compile, after this process's first step: wait for it (one host read, once) and say how long
+        it took, tracing and compiling included; count the frames compiled so far (``recompiles`` counts later
+        ones)."""
+        int(window.tokens)  # waits for the step's work on the device
+        self.first_step_seconds = round(time.perf_counter() - started, 3)
+        self.frames_after_first_step = speed.compiled_frames()
+        self.log(f"train.compile: the first step took {self.first_step_seconds:.1f} s (tracing and compiling)")
 
     def elapsed(self) -> float:
         """Seconds of training so far: this process's since run() began, plus those of the checkpoint it resumed."""
@@ -424,6 +466,15 @@ def _nonfinite_message(step: int, parts: dict[str, float | torch.Tensor]) -> str
 def _to(batch: dict[str, torch.Tensor | int], device: torch.device) -> dict[str, torch.Tensor | int]:
     # A packed batch's longest segment (max_seq_len) is an int the attention takes on the host: kept as it is.
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def _progress_fields(record: dict) -> dict[str, str]:
+    """The progress bar's view of a record: loss, tokens/s, MFU and the share of time waiting for data."""
+    fields = {"loss": f"{record.get('loss', float('nan')):.3f}", "tok_s": f"{record['tokens_per_s']:.0f}"}
+    if "mfu" in record:
+        fields["mfu"] = f"{100 * record['mfu']:.1f}%"
+    fields["wait"] = f"{100 * record['data_wait']:.0f}%"
+    return fields
 
 
 def _progress_bar(total: int, initial: int, enabled: bool):

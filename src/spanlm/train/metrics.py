@@ -350,6 +350,8 @@ class MetricsWindow:
         self.counted = torch.zeros((), dtype=torch.int64, device=device)  # finite steps
         self.skipped = torch.zeros((), dtype=torch.int64, device=device)  # non-finite steps
         self.tokens = torch.zeros((), dtype=torch.int64, device=device)
+        self.flops = torch.zeros((), dtype=torch.float64, device=device)  # the model's, counted by the task
+        self.data_wait = 0.0  # seconds the host waited for the loader's next batch (host time: no device read)
         self.bad_step = torch.full((), -1, dtype=torch.int64, device=device)  # the first non-finite step, or −1
         self.bad_values = self.sums  # (K,) its parts
 
@@ -358,7 +360,15 @@ class MetricsWindow:
         """A bool scalar on the device: some step of the window was not finite."""
         return self.bad_step >= 0
 
-    def add(self, parts: dict[str, torch.Tensor], bad: torch.Tensor, tokens: torch.Tensor, step: int) -> None:
+    def add(
+        self,
+        parts: dict[str, torch.Tensor],
+        bad: torch.Tensor,
+        tokens: torch.Tensor,
+        step: int,
+        flops: torch.Tensor | None = None,
+        data_wait: float = 0.0,
+    ) -> None:
         if not self.keys:
             self.keys = sorted(parts)
             self.sums = self.bad_values = self.sums.new_zeros(len(self.keys))
@@ -367,6 +377,9 @@ class MetricsWindow:
         self.counted = self.counted + (~bad).long()
         self.skipped = self.skipped + bad.long()
         self.tokens = self.tokens + tokens
+        if flops is not None:
+            self.flops = self.flops + flops
+        self.data_wait += data_wait
         first = bad & (self.bad_step < 0)
         self.bad_step = torch.where(first, step, self.bad_step)
         self.bad_values = torch.where(first, values, self.bad_values)
