@@ -1,57 +1,77 @@
-"""Benchmark on a GPU: where a bf16 pretraining step's time goes, spanlm against transformers' BertForMaskedLM.
+"""GPU benchmark: spanlm's bf16 pretraining step and its CLI run against BertForMaskedLM, ModernBertForMaskedLM.
 
-Arms (``--arms``; each one optimiser step per batch: bf16 autocast forward, backward, clipping at 1.0,
-fused AdamW, ``zero_grad(set_to_none=True)``; weights and optimiser states fp32; every arm trains on the
-same blocks; BERT-base by default: hidden 768, 12 layers, 12 heads, intermediate 3072, 512 positions,
-dropout 0.1, vocab 30,522)
-    spanbert-padded-eager / -compiled, spanbert-packed-eager / -compiled
-                spanlm's SpanBERT (``build_objective``: MLM and SBO heads at the target rows), its blocks
-                one per row padded to the longest, or packed into one stream (``MaskedBatches(packed=)``,
-                what ``data.packing`` does), with the device's speed backend as the trainer applies it
-                (``spanlm.accel.apply``), ``build_optimizer``'s fused AdamW and ``clip_gradients``;
-                compiled as the trainer compiles (``torch.compile(objective.forward)``).
-    gdes-padded-eager / -compiled
-                spanlm's ELECTRA with DeBERTa-V3's gradient-disentangled embedding sharing
-                (configs/pretrain/deberta_v3_gdes.yaml's objective at the BERT-base sizes: a generator of
-                half the depth), padded: what ``data.packing: auto`` runs for DeBERTa, and ``true`` under
-                compile; ``gdes-packed-eager / -compiled`` (by ``--arms`` only) packed.
-    peer-sdpa-eager / -compiled
-                ``transformers.BertForMaskedLM`` (``attn_implementation="sdpa"``) with ``labels`` (its head
-                projects every position onto the vocabulary), fed by ``DataCollatorForLanguageModeling
-                (mlm_probability=0.15)`` (padded to the longest); ``torch.optim.AdamW(fused=True)`` (the HF
-                Trainer's default) without decay on biases and LayerNorm, ``clip_grad_norm_`` at 1.0.
+The strongest transformers setup a user would pick is the bar; every arm runs in one process.
+
+Arms (``--arms``; each one optimiser step per batch: bf16 autocast forward, backward, clipping at 1.0, fused AdamW,
+``zero_grad(set_to_none=True)``; weights and optimiser states fp32; every arm trains on blocks of the same corpus
+and tokenizer (WordPiece of ``--vocab`` entries, BERT's 30,522 by default)). Names are KIND-LAYOUT-MODE, MODE
+``eager`` or ``compiled``:
+
+BERT-base (hidden 768, 12 layers, 12 heads, intermediate 3,072, 512 positions, dropout 0.1)
+    mlm-packed-*, spanbert-packed-*, spanbert-padded-*
+                spanlm's MLM or SpanBERT (``build_objective``: the heads at the target rows), its blocks (whole
+                sentences, at most ``--seq`` tokens) packed into one stream (``data.packing``) or one per row padded
+                to the longest, with the device's speed backend as the trainer applies it (``spanlm.accel.apply``),
+                ``build_optimizer``'s fused AdamW and ``clip_gradients``; compiled as the trainer compiles
+                (``spanlm.train.parallel.compile_forward``: once, the batch's lengths symbolic).
+    gdes-padded-* (gdes-packed-* by ``--arms`` only)
+                ELECTRA with DeBERTa-V3's gradient-disentangled embedding sharing
+                (configs/pretrain/deberta_v3_gdes.yaml's objective at these sizes), padded: what ``data.packing:
+                auto`` runs for DeBERTa.
+    peer-blocks-*
+                ``transformers.BertForMaskedLM`` (``sdpa``) fed full blocks of exactly ``--seq`` tokens cut from the
+                blocks' token stream, the way ``run_mlm.py``'s ``group_texts`` builds them (no padding at all), 15%
+                masked by ``DataCollatorForLanguageModeling``, ``labels`` given (its head decodes every position);
+                ``torch.optim.AdamW(fused=True)`` without decay on biases and norms (the HF Trainer's default),
+                ``clip_grad_norm_``.
+    peer-sdpa-* the same model fed the spanlm arms' blocks, padded to the longest by the same collator.
     peer-flash-flattened
-                the same model with ``attn_implementation="flash_attention_2"``, its masked blocks
-                flattened into one row by ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``
-                (transformers' padding-free training); where flash-attn is not installed the arm records why.
+                the same model with ``flash_attention_2`` on ``DataCollatorWithFlattening``'s rows (transformers'
+                padding-free training); where flash-attn is not installed the arm says why.
+ModernBERT-base (hidden 768, 22 layers, 12 heads, GeGLU 1,152, sliding window 128 on two of every three layers,
+global every third, no dropout; 30% MLM)
+    modern-packed-*
+                spanlm's MLM on ``model.family: modernbert``, packed (its local layers through the varlen kernel's
+                own window).
+    modernpeer-sdpa-*
+                ``transformers.ModernBertForMaskedLM`` (``sdpa``, ``sparse_prediction``: its head decodes the
+                labelled rows only) on the same blocks, padded, 30% masked.
+    modernpeer-flash-flattened
+                the same with ``flash_attention_2`` on ``DataCollatorWithFlattening``'s rows, where installed.
+The run itself
+    cli-mlm-compiled, cli-modern-compiled
+                ``python -m spanlm pretrain`` on the recipe of the mlm / modern arm (the same corpus, tokenizer,
+                model, masking, batch size and length, ``train.compile: true``, ``train.precision: auto``, the
+                recipe's own data loading) for ``--cli-steps`` steps; its figures are what its metrics.jsonl says of
+                itself: the median ``tokens_per_s``, ``mfu`` and ``data_wait`` of its log windows after the first
+                (which holds the compile), ``first_step_s`` (tracing and compiling) and ``recompiles``.
 
 Data: the *.txt files under ``--data`` (default: the first of external/english_text (data/README.md),
-shared/data/english_text and the embedded data/corpus), one document per file, prepared with a WordPiece
-of 30,522 entries; ``--batches`` batches of ``--batch`` blocks of at most ``--seq`` tokens (whole
-sentences, as training reads them), built before timing and cycled.
+shared/data/english_text and the embedded data/corpus), one document per file; ``--batches`` batches of
+``--batch`` blocks, built before timing and cycled.
 
-Per arm: ``--warmup`` untimed steps (compiled arms: at least every batch once, so that recompiles happen
-there), then one step under ``torch.profiler`` (the attention kernels it saw: names containing flash,
-efficient, fmha, cudnn, math or attention), one step under ``torch.cuda.set_sync_debug_mode("warn")``
-(``host_syncs``: the warnings it raised, ``host_sync_sites``: the Python line each names; a non-logging step
-should raise none), then ``--steps`` timed
-steps between two device synchronisations. ``tokens_per_s`` counts real tokens (no padding);
-``max_memory_gib`` is the arm's peak allocation; compiled arms report dynamo's counters: ``graph_breaks``
-(with the first reasons), ``compiled_frames`` and ``recompiles`` (frames compiled after the first step).
+Per arm: ``--warmup`` untimed steps (compiled arms: at least every batch once, so that any recompile happens
+there), then one step under ``torch.profiler`` (the attention kernels it saw; ``top_kernels``: the costliest
+kernels, each with its share), one under ``torch.cuda.set_sync_debug_mode("warn")`` (``host_syncs`` and the
+Python line of each, ``host_sync_sites``), then ``--steps`` timed steps between two device synchronisations.
+``tokens_per_s`` counts real tokens (no padding); ``max_memory_gib`` is the arm's peak allocation; compiled arms
+report dynamo's counters (``recompiles``: frames compiled after the first step).
 
-FLOPs and MFU: every arm is credited with the same dense-formula FLOPs for its blocks (padding and
-spanlm's sparse heads do not count), per block of n tokens ``6·N·n + 12·L·H·n²``, N the matmul weights
-a dense model runs per token (SpanBERT and the peer: the encoder's ``L·(4H² + 2H·I)`` and BertForMaskedLM's
-head ``H² + H·V``; GDES: its generator's and discriminator's encoders, the generator's MLM head and the
-discriminator's head; DeBERTa's relative-position terms are not credited). ``mfu`` = those FLOPs per
-second ÷ the bf16 matmul peak measured in the same run (``torch.mm`` of two ``--peak-size``² bf16
-matrices, best of 10, before and after the arms; the best sample is used and printed beside it).
+FLOPs and MFU: every arm is credited by the formula the run logs (``spanlm.models.flops.training_flops`` of its
+own model, on its own real tokens and blocks): ``6·N`` per token, N the encoders' dense weights (embeddings and a
+tied decoder excluded), and ``12·d·n·r`` per attention layer and block of n tokens, r = n, or at most the window
+in ModernBERT's local layers; DeBERTa's relative-position terms are not credited. ``mfu`` = those FLOPs per second
+÷ the bf16 matmul peak measured in the same run (``torch.mm`` of two ``--peak-size``² bf16 matrices, best of 10,
+before and after the arms; the best sample is used).
 
-``--budget`` seconds: an arm is not started once they are spent (it records why); the GPU check passes
-the time its tests left. An arm that raises (a compiler error) records the error and the others still run.
-``--tiny --device cpu`` runs the same code on a tiny model and the embedded corpus: a dry run where no GPU
-is at hand (its figures mean nothing). Output: one JSON line on stdout (anything
-printed meanwhile goes to stderr).
+Ratios (tokens/s): ``headline`` = the CLI's MLM run ÷ the strongest BERT peer arm that ran; ``modern_headline``
+likewise for ModernBERT; ``cli_vs_bench_step`` = each CLI arm ÷ the bench's own step of the same recipe (goal:
+within 5%).
+
+``--budget`` seconds: an arm is not started once they are spent (it records why); the GPU check passes the time its
+tests left. An arm that raises records the error and the others still run. ``--tiny --device cpu`` runs the same
+code on tiny models and the embedded corpus: a dry run where no GPU is at hand (its figures mean nothing). Output:
+one JSON line on stdout (anything printed meanwhile goes to stderr).
 """
 
 from __future__ import annotations
@@ -78,21 +98,30 @@ SCRIPT = "bench/train_step_gpu.py"
 IGNORE_INDEX = -100
 # In this order (the headline first, so that a --budget that runs out cuts the least telling)
 ARMS = [
-    "spanbert-packed-compiled",
-    "peer-sdpa-eager",
+    "cli-mlm-compiled",
+    "mlm-packed-compiled",
+    "peer-blocks-compiled",
     "peer-sdpa-compiled",
-    "spanbert-packed-eager",
-    "spanbert-padded-eager",
-    "spanbert-padded-compiled",
     "peer-flash-flattened",
+    "cli-modern-compiled",
+    "modern-packed-compiled",
+    "modernpeer-sdpa-compiled",
+    "modernpeer-flash-flattened",
+    "spanbert-packed-compiled",
     "gdes-padded-compiled",
-    "gdes-padded-eager",
+    "peer-blocks-eager",
+    "mlm-packed-eager",
+    "spanbert-padded-compiled",
 ]
 # What a dry run on the CPU runs by default (compiling the others takes minutes there)
-TINY_ARMS = ["spanbert-packed-eager", "spanbert-padded-eager", "peer-sdpa-eager", "peer-sdpa-compiled"]
-TINY_ARMS += ["peer-flash-flattened", "gdes-padded-eager"]
-# Named with --arms only: DeBERTa-V3 packed, which data.packing: true runs eager (auto and train.compile pad it)
-EXTRA_ARMS = ["gdes-packed-eager", "gdes-packed-compiled"]
+TINY_ARMS = ["mlm-packed-eager", "spanbert-padded-eager", "peer-blocks-eager", "peer-sdpa-compiled"]
+TINY_ARMS += ["peer-flash-flattened", "gdes-padded-eager", "modern-packed-eager", "modernpeer-sdpa-eager"]
+# Named with --arms only
+EXTRA_ARMS = ["gdes-packed-eager", "gdes-packed-compiled", "spanbert-packed-eager", "spanbert-padded-eager"]
+EXTRA_ARMS += ["peer-sdpa-eager", "modern-packed-compiled", "modernpeer-sdpa-compiled", "modern-packed-eager"]
+EXTRA_ARMS += ["modernpeer-sdpa-eager", "gdes-padded-eager", "cli-mlm-eager", "cli-modern-eager"]
+BERT_PEERS = ("peer-blocks-", "peer-sdpa-", "peer-flash-")
+MODERN_PEERS = ("modernpeer-",)
 KERNEL_WORDS = ("flash", "efficient", "fmha", "cudnn", "math", "attention")
 
 
@@ -107,22 +136,29 @@ class Size:
 
 
 BERT_BASE = Size(hidden=768, layers=12, heads=12, intermediate=3072, vocab=30522, positions=512)
+MODERNBERT_BASE = Size(hidden=768, layers=22, heads=12, intermediate=1152, vocab=30522, positions=8192)
 TINY = Size(hidden=64, layers=2, heads=2, intermediate=128, vocab=1000, positions=128)
+TINY_MODERN = Size(hidden=64, layers=3, heads=2, intermediate=96, vocab=1000, positions=128)
+MODERN_WINDOW = 128  # ModernBERT's local_attention (a half-width of 64 each side)
+MODERN_RATE = 0.3  # ModernBERT's masking rate
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (with --tiny: a dry run)")
-    parser.add_argument("--tiny", action="store_true", help="a tiny model on the embedded corpus (dry run)")
+    parser.add_argument("--tiny", action="store_true", help="tiny models on the embedded corpus (dry run)")
     parser.add_argument("--arms", help=f"comma-separated, in order (default: {ARMS}; --tiny: {TINY_ARMS})")
     parser.add_argument("--seq", type=int, default=None, help="block max_len (default 512; --tiny: 64)")
     parser.add_argument("--batch", type=int, default=None, help="blocks per step (default 32; --tiny: 2)")
+    parser.add_argument("--vocab", type=int, default=None, help="WordPiece entries (default BERT's 30,522)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per arm")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per arm (compiled: >= --batches + 1)")
     parser.add_argument("--batches", type=int, default=3, help="distinct pre-built batches, cycled")
+    parser.add_argument("--cli-steps", type=int, default=60, help="steps of a cli-* arm's run (logged every 10)")
     parser.add_argument("--budget", type=float, default=math.inf, help="seconds after which no arm is started")
     parser.add_argument("--peak-size", type=int, default=8192, help="matrix size of the bf16 matmul-peak measurement")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--partial", help="a JSON file rewritten after every arm with the figures so far")
     parser.add_argument("--data", default=None, help="directory searched recursively for *.txt")
     parser.add_argument(
         "--work", default=str(REPO / "runs" / "bench" / "train_step_gpu"), help="where the prepared corpus is kept"
@@ -133,6 +169,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown arm(s) {', '.join(unknown)}; known: {', '.join(ARMS + EXTRA_ARMS)}")
     args.size = TINY if args.tiny else BERT_BASE
+    args.modern_size = TINY_MODERN if args.tiny else MODERNBERT_BASE
+    args.vocab = args.vocab or args.size.vocab
     args.seq = args.seq or (64 if args.tiny else 512)
     args.batch = args.batch or (2 if args.tiny else 32)
     if args.data is None:
@@ -141,14 +179,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-# ---------------------------------------------------------------- data (untimed)
+# ---------------------------------------------------------------- recipes and data (untimed)
 
 
-def base_recipe(inputs: list[str], size: Size, work: Path, seq: int, batch: int) -> dict:
+def base_recipe(inputs: list[str], size: Size, vocab: int, work: Path, seq: int, batch: int) -> dict:
+    """The BERT-base SpanBERT recipe every BERT arm derives from (the tokenizer and corpus all arms share)."""
     return {
         "seed": 0,
-        "data": {"inputs": inputs, "prepared_dir": str(work / f"prepared-{size.vocab}"), "max_len": seq},
-        "tokenizer": {"kind": "wordpiece", "vocab_size": size.vocab, "min_frequency": 1, "lowercase": True},
+        "data": {"inputs": inputs, "prepared_dir": str(work / f"prepared-{vocab}"), "max_len": seq},
+        "tokenizer": {"kind": "wordpiece", "vocab_size": vocab, "min_frequency": 1, "lowercase": True},
         "model": {
             "family": "bert",
             "hidden_size": size.hidden,
@@ -163,16 +202,33 @@ def base_recipe(inputs: list[str], size: Size, work: Path, seq: int, batch: int)
     }
 
 
-def gdes_recipe(recipe: dict) -> dict:
-    """configs/pretrain/deberta_v3_gdes.yaml's model family and objective at ``recipe``'s sizes."""
+def kind_recipe(kind: str, recipe: dict, modern: Size) -> dict:
+    """The recipe of a spanlm arm's ``kind`` (spanbert, mlm, gdes, modern) from the BERT-base SpanBERT one."""
     import yaml
 
-    shipped = yaml.safe_load((REPO / "configs" / "pretrain" / "deberta_v3_gdes.yaml").read_text(encoding="utf-8"))
-    gdes = json.loads(json.dumps(recipe))
-    gdes["model"]["family"] = shipped["model"]["family"]
-    gdes["masking"] = shipped["masking"]
-    gdes["objective"] = shipped["objective"]
-    return gdes
+    derived = json.loads(json.dumps(recipe))
+    if kind == "mlm":
+        derived["masking"], derived["objective"] = {"scheme": "mlm"}, {"name": "mlm"}
+    elif kind == "gdes":  # configs/pretrain/deberta_v3_gdes.yaml's family and objective at these sizes
+        path = REPO / "configs" / "pretrain" / "deberta_v3_gdes.yaml"
+        shipped = yaml.safe_load(path.read_text(encoding="utf-8"))
+        derived["model"]["family"] = shipped["model"]["family"]
+        derived["masking"], derived["objective"] = shipped["masking"], shipped["objective"]
+    elif kind == "modern":
+        derived["model"] = {
+            "family": "modernbert",
+            "hidden_size": modern.hidden,
+            "num_layers": modern.layers,
+            "num_heads": modern.heads,
+            "intermediate_size": modern.intermediate,
+            "max_position_embeddings": modern.positions,
+            "local_attention": MODERN_WINDOW,
+            "global_attention_every": 3,
+            "hidden_dropout": 0.0,
+            "attention_dropout": 0.0,
+        }
+        derived["masking"], derived["objective"] = {"scheme": "mlm", "mlm": {"rate": MODERN_RATE}}, {"name": "mlm"}
+    return derived
 
 
 def choose_blocks(blocks, count: int, seed: int) -> list[np.ndarray]:
@@ -201,36 +257,52 @@ def build_spanlm(recipe_dict: dict, corpus, device: torch.device, seed: int, pac
     return objective, build_optimizer(objective, recipe.train)
 
 
-def build_peer(corpus, recipe_dict: dict, size: Size, device: torch.device, seed: int, attention: str):
-    from transformers import AutoConfig, AutoModelForMaskedLM
+def trainer_optimizer(model, weight_decay: float, device: torch.device) -> torch.optim.Optimizer:
+    """The HF Trainer's default optimiser: fused AdamW, no decay on biases and norms (get_decay_parameter_names)."""
     from transformers.trainer_pt_utils import get_parameter_names
 
-    config = AutoConfig.for_model(
-        "bert",
-        vocab_size=corpus.vocab_size,
-        hidden_size=size.hidden,
-        num_hidden_layers=size.layers,
-        num_attention_heads=size.heads,
-        intermediate_size=size.intermediate,
-        max_position_embeddings=size.positions,
-        pad_token_id=corpus.special_ids["pad"],
-    )
+    forbidden = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]
+    decay = set(get_parameter_names(model, [torch.nn.LayerNorm], forbidden))
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for n, p in named if n in decay], "weight_decay": weight_decay},
+        {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
+    ]
+    fused = {"fused": True} if device.type == "cuda" else {}
+    return torch.optim.AdamW(groups, lr=1e-4, **fused)
+
+
+def build_peer(corpus, family: str, size: Size, device: torch.device, seed: int, attention: str):
+    """transformers' ``BertForMaskedLM`` or ``ModernBertForMaskedLM`` (sparse prediction) of ``size``."""
+    from transformers import AutoConfig, AutoModelForMaskedLM
+
+    special = corpus.special_ids
+    common = {
+        "vocab_size": corpus.vocab_size,
+        "hidden_size": size.hidden,
+        "num_hidden_layers": size.layers,
+        "num_attention_heads": size.heads,
+        "intermediate_size": size.intermediate,
+        "max_position_embeddings": size.positions,
+        "pad_token_id": special["pad"],
+    }
+    if family == "modernbert":
+        common |= {
+            "local_attention": MODERN_WINDOW,
+            "global_attn_every_n_layers": 3,
+            "sparse_prediction": True,
+            "bos_token_id": special["cls"],
+            "eos_token_id": special["sep"],
+            "cls_token_id": special["cls"],
+            "sep_token_id": special["sep"],
+        }
+    config = AutoConfig.for_model(family, **common)
     torch.manual_seed(seed)
     # flash-attn's check at init wants a half-precision model; the weights then go back to fp32, as in every arm
     dtype = {"dtype": torch.bfloat16} if attention == "flash_attention_2" else {}
     model = AutoModelForMaskedLM.from_config(config, attn_implementation=attention, **dtype).float().to(device)
     model.train()
-    # Trainer.get_decay_parameter_names + create_optimizer with the default optim (adamw_torch_fused).
-    forbidden = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]
-    decay = set(get_parameter_names(model, [torch.nn.LayerNorm], forbidden))
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    train = recipe_dict["train"]
-    groups = [
-        {"params": [p for n, p in named if n in decay], "weight_decay": train.get("weight_decay", 0.01)},
-        {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
-    ]
-    fused = {"fused": True} if device.type == "cuda" else {}
-    return model, torch.optim.AdamW(groups, lr=1e-4, **fused)
+    return model, trainer_optimizer(model, 0.01, device)
 
 
 def make_step(module, optimizer, forward: Callable, device: torch.device, clip: Callable):
@@ -254,31 +326,52 @@ def to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
-def spanlm_arm(kind: str, packed: bool, compiled: bool, setting: dict) -> tuple[Callable, list[dict]]:
+def spanlm_arm(kind: str, packed: bool, compiled: bool, setting: dict) -> tuple[Callable, list[dict], float]:
+    """The step, the batches and the mean model FLOPs of a batch (``training_flops``, as the run logs them)."""
+    from spanlm.models.flops import training_flops
     from spanlm.pretrain.batches import MaskedBatches
     from spanlm.train.optim import clip_gradients
+    from spanlm.train.parallel import compile_forward
 
-    recipe = setting["recipe"] if kind == "spanbert" else gdes_recipe(setting["recipe"])
-    objective, optimizer = build_spanlm(recipe, setting["corpus"], setting["device"], setting["seed"], packed)
+    device = setting["device"]
+    recipe = kind_recipe(kind, setting["recipe"], setting["modern_size"])
+    objective, optimizer = build_spanlm(recipe, setting["corpus"], device, setting["seed"], packed)
     data = MaskedBatches(
         setting["blocks"], objective.masker, setting["pad"], seed=setting["seed"], rank=0, packed=packed
     )
-    batches = [to_device(data[(0, k, group)], setting["device"]) for k, group in enumerate(setting["groups"])]
-    forward = torch.compile(objective.forward) if compiled else objective.forward
-    step = make_step(objective, optimizer, lambda b: forward(b)["loss"], setting["device"], clip_gradients)
-    return step, batches
+    batches = [to_device(data[(0, k, group)], device) for k, group in enumerate(setting["groups"])]
+    flops = training_flops(objective)
+    forward = compile_forward(objective.forward, device) if compiled else objective.forward
+    step = make_step(objective, optimizer, lambda b: forward(b)["loss"], device, clip_gradients)
+    return step, batches, float(np.mean([float(flops(b)) for b in batches]))
 
 
-def peer_arm(compiled: bool, flattened: bool, setting: dict) -> tuple[Callable, list[dict]]:
+def peer_arm(family: str, layout: str, compiled: bool, setting: dict) -> tuple[Callable, list[dict], float]:
+    """transformers' model of ``family`` fed by its collators: ``blocks`` (group_texts: full rows of --seq tokens),
+    ``sdpa`` (the arms' blocks padded) or ``flash`` (the same blocks flattened, flash_attention_2)."""
     from transformers import DataCollatorForLanguageModeling, DataCollatorWithFlattening
 
-    device, corpus = setting["device"], setting["corpus"]
-    attention = "flash_attention_2" if flattened else "sdpa"
-    model, optimizer = build_peer(corpus, setting["recipe"], setting["size"], device, setting["seed"], attention)
-    collator = DataCollatorForLanguageModeling(corpus.tokenizer, mlm_probability=0.15, seed=setting["seed"])
-    blocks = setting["blocks"]
-    batches = [dict(collator([{"input_ids": blocks[int(i)].ids.tolist()} for i in g])) for g in setting["groups"]]
-    if flattened:  # the same masked blocks without their padding, one row, with flash-attn's sequence bounds
+    from spanlm.models.flops import training_flops
+
+    device, corpus, blocks = setting["device"], setting["corpus"], setting["blocks"]
+    size = setting["modern_size"] if family == "modernbert" else setting["size"]
+    attention = "flash_attention_2" if layout == "flash" else "sdpa"
+    model, optimizer = build_peer(corpus, family, size, device, setting["seed"], attention)
+    rate = MODERN_RATE if family == "modernbert" else 0.15
+    collator = DataCollatorForLanguageModeling(corpus.tokenizer, mlm_probability=rate, seed=setting["seed"])
+    if layout == "blocks":  # run_mlm.py's group_texts: the token stream of the same blocks cut into full rows
+        seq, rows = setting["seq"], len(setting["groups"][0])
+        stream = np.concatenate([blocks[int(i)].ids for g in setting["groups"] for i in g])
+        stream = np.resize(stream, len(setting["groups"]) * rows * seq)  # wrapped around where it falls short
+        examples = [stream[k * seq : (k + 1) * seq] for k in range(len(setting["groups"]) * rows)]
+        batches = [
+            dict(collator([{"input_ids": x.tolist()} for x in examples[k * rows : (k + 1) * rows]]))
+            for k in range(len(setting["groups"]))
+        ]
+    else:
+        batches = [dict(collator([{"input_ids": blocks[int(i)].ids.tolist()} for i in g])) for g in setting["groups"]]
+    lengths = [b["attention_mask"].sum(-1) for b in batches]
+    if layout == "flash":  # the same masked blocks without their padding, one row, with flash-attn's bounds
         flatten = DataCollatorWithFlattening(return_flash_attn_kwargs=True)
         batches = [
             flatten(
@@ -290,6 +383,8 @@ def peer_arm(compiled: bool, flattened: bool, setting: dict) -> tuple[Callable, 
             for b in batches
         ]
     batches = [to_device(b, device) for b in batches]
+    flops = training_flops(model)
+    mean_flops = float(np.mean([float(flops.of(n.sum(), n)) for n in lengths]))
     forward = torch.compile(model.forward) if compiled else model.forward
     step = make_step(
         model,
@@ -298,11 +393,11 @@ def peer_arm(compiled: bool, flattened: bool, setting: dict) -> tuple[Callable, 
         device,
         lambda _, params, norm: torch.nn.utils.clip_grad_norm_(params, norm),
     )
-    return step, batches
+    return step, batches, mean_flops
 
 
 def flash_unavailable(device: torch.device) -> str | None:
-    """Why the flattened peer cannot run here (None: it can)."""
+    """Why a flattened peer cannot run here (None: it can)."""
     from transformers.utils import is_flash_attn_2_available
 
     if device.type != "cuda":
@@ -315,33 +410,6 @@ def flash_unavailable(device: torch.device) -> str | None:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-# ---------------------------------------------------------------- FLOPs and peak
-
-
-def dense_flops(lengths: list[int], encoders: list[tuple[int, int, int]], head_weights: int) -> float:
-    """Dense-formula FLOPs of one step on blocks of ``lengths`` tokens, for encoders of (layers, hidden,
-    intermediate) and ``head_weights`` matmul weights per token: 6·N·n + 12·L·H·n² per block."""
-    weights = sum(layers * (4 * hidden**2 + 2 * hidden * inter) for layers, hidden, inter in encoders) + head_weights
-    attention = sum(12 * layers * hidden for layers, hidden, _ in encoders)
-    return float(sum(6 * weights * n + attention * n * n for n in lengths))
-
-
-def credited_flops(kind: str, lengths: list[int], size: Size, vocab: int, recipe: dict) -> float:
-    bert_head = size.hidden**2 + size.hidden * vocab
-    encoder = (size.layers, size.hidden, size.intermediate)
-    if kind != "gdes":
-        return dense_flops(lengths, [encoder], bert_head)
-    electra = gdes_recipe(recipe)["objective"]["electra"]
-    width = electra.get("generator_width", 1.0)
-    generator = (
-        max(1, round(size.layers * electra.get("generator_depth", 1.0))),
-        round(size.hidden * width),
-        round(size.intermediate * width),
-    )
-    heads = generator[1] ** 2 + generator[1] * vocab + size.hidden**2 + size.hidden  # generator MLM + RTD
-    return dense_flops(lengths, [generator, encoder], heads)
 
 
 def matmul_peak(size: int, device: torch.device, reps: int = 10) -> float:
@@ -357,6 +425,64 @@ def matmul_peak(size: int, device: torch.device, reps: int = 10) -> float:
         synchronize(device)
         best = min(best, time.perf_counter() - start)
     return 2 * size**3 / best
+
+
+# ---------------------------------------------------------------- the CLI's own run
+
+
+def cli_arm(kind: str, compiled: bool, setting: dict, args) -> dict:
+    """``python -m spanlm pretrain`` on the recipe of the bench's ``kind`` arm for ``--cli-steps`` steps, in a
+    subprocess on the same device; what its metrics.jsonl says of itself."""
+    import statistics
+    import subprocess
+
+    import yaml
+
+    work = Path(args.work)
+    recipe = kind_recipe(kind, setting["recipe"], setting["modern_size"])
+    output = work / f"cli-{kind}"
+    if output.exists():
+        import shutil
+
+        shutil.rmtree(output)
+    recipe["train"] = {
+        **recipe["train"],
+        "precision": "auto",
+        "compile": compiled,
+        "device": setting["device"].type,
+        "output_dir": str(output),
+        "max_steps": args.cli_steps,
+        "log_every": max(1, args.cli_steps // 6),
+        "eval_every": 0,
+        "save_every": args.cli_steps,
+        "keep_last": 1,
+    }
+    recipe["logging"] = {"report_to": [], "progress": False}
+    path = work / f"cli-{kind}.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False), encoding="utf-8")
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "spanlm", "pretrain", str(path)], stdout=sys.stderr, timeout=900)
+    if done.returncode:
+        return {"error": f"spanlm pretrain exited {done.returncode}"}
+    from spanlm.train.metrics import read_metrics
+
+    records = [r for r in read_metrics(output) if r["kind"] == "train"]
+    steady = records[1:] or records
+
+    def median(key: str) -> float | None:
+        values = [r[key] for r in steady if isinstance(r.get(key), (int, float))]
+        return statistics.median(values) if values else None
+
+    return {
+        "tokens_per_s": round(median("tokens_per_s"), 1),
+        "mfu_logged": round(median("mfu"), 4) if median("mfu") is not None else None,
+        "data_wait": round(median("data_wait"), 4),
+        "first_step_s": records[0].get("first_step_s"),
+        "recompiles": records[-1].get("recompiles"),
+        "tokens_per_s_windows": [round(r["tokens_per_s"], 1) for r in records],
+        "steps": args.cli_steps,
+        "arm_s": round(time.perf_counter() - started, 1),
+    }
 
 
 # ---------------------------------------------------------------- what a step does
@@ -420,8 +546,10 @@ def run_arm(name: str, setting: dict, args) -> dict:
     device = setting["device"]
     kind, layout, mode = name.split("-")
     compiled = mode == "compiled"
-    if name == "peer-flash-flattened" and (reason := flash_unavailable(device)):
+    if layout == "flash" and (reason := flash_unavailable(device)):
         return {"skipped": reason}
+    if kind == "cli":
+        return cli_arm(layout, compiled, setting, args)
     torch._dynamo.reset()
     from torch._dynamo.utils import counters
 
@@ -430,10 +558,12 @@ def run_arm(name: str, setting: dict, args) -> dict:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     started = time.perf_counter()
-    if kind == "peer":
-        step, batches = peer_arm(compiled, layout == "flattened", setting)
+    if kind in ("peer", "modernpeer"):
+        family = "modernbert" if kind == "modernpeer" else "bert"
+        step, batches, flops = peer_arm(family, layout, compiled, setting)
     else:
-        step, batches = spanlm_arm(kind, layout == "packed", compiled, setting)
+        step, batches, flops = spanlm_arm(kind, layout == "packed", compiled, setting)
+    tokens = float(np.mean([float(b["attention_mask"].sum()) for b in batches]))
     warmup = max(args.warmup, args.batches + 1) if compiled else args.warmup
     losses = [step(batches[0])]
     first = dynamo_counts()
@@ -448,10 +578,10 @@ def run_arm(name: str, setting: dict, args) -> dict:
         losses.append(step(batches[(warmup + 2 + i) % args.batches]))
     synchronize(device)
     seconds = (time.perf_counter() - start) / args.steps
-    flops = setting["flops"]["gdes" if kind == "gdes" else "bert"]
     result = {
-        "tokens_per_s": round(setting["tokens"] / seconds, 1),
+        "tokens_per_s": round(tokens / seconds, 1),
         "step_ms": round(1000 * seconds, 2),
+        "tokens_per_step": round(tokens, 1),
         "_flops_per_s": flops / seconds,
         "loss_first_last": [round(float(losses[0]), 3), round(float(losses[-1]), 3)],
         "attention_kernels": kernels,
@@ -470,6 +600,73 @@ def run_arm(name: str, setting: dict, args) -> dict:
     return result
 
 
+def ratios(arms: dict) -> dict:
+    """The headline ratios of tokens/s (None where an arm did not run)."""
+
+    def rate(name: str) -> float | None:
+        return arms.get(name, {}).get("tokens_per_s")
+
+    def strongest(prefixes: tuple[str, ...]) -> str | None:
+        ran = [name for name in arms if name.startswith(prefixes) and rate(name)]
+        return max(ran, key=rate) if ran else None
+
+    def ratio(a: str | None, b: str | None) -> float | None:
+        return round(rate(a) / rate(b), 3) if a and b and rate(a) and rate(b) else None
+
+    bert_peer, modern_peer = strongest(BERT_PEERS), strongest(MODERN_PEERS)
+    return {
+        "strongest_peer": bert_peer,
+        "headline": ratio("cli-mlm-compiled", bert_peer),
+        "bench_mlm_vs_strongest_peer": ratio("mlm-packed-compiled", bert_peer),
+        "spanbert_vs_strongest_peer": ratio("spanbert-packed-compiled", bert_peer),
+        "strongest_modern_peer": modern_peer,
+        "modern_headline": ratio("cli-modern-compiled", modern_peer),
+        "bench_modern_vs_strongest_peer": ratio("modern-packed-compiled", modern_peer),
+        "cli_vs_bench_step": {
+            "mlm": ratio("cli-mlm-compiled", "mlm-packed-compiled"),
+            "modern": ratio("cli-modern-compiled", "modern-packed-compiled"),
+        },
+        "packed_vs_padded_eager": ratio("spanbert-packed-eager", "spanbert-padded-eager"),
+    }
+
+
+def summary(arms: dict, peaks: list[float], lengths: list[list[int]], corpus, args, began: float) -> dict:
+    """The bench's output: every arm's figures, MFU against the best peak measured so far, the ratios."""
+    import transformers
+
+    peak = max(peaks)
+    arms = {name: dict(arm) for name, arm in arms.items()}
+    for arm in arms.values():
+        if "_flops_per_s" in arm:
+            arm["mfu"] = round(arm.pop("_flops_per_s") / peak, 4)
+    device = torch.device(args.device)
+    tokens = float(np.mean([sum(g) for g in lengths]))
+    return {
+        "bench": "train_step_gpu",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)",
+        "mfu": {name: arm["mfu"] for name, arm in arms.items() if "mfu" in arm},
+        "tokens_per_s": {name: arm["tokens_per_s"] for name, arm in arms.items() if "tokens_per_s" in arm},
+        "ratios": ratios(arms),
+        "arms": arms,
+        "seq": args.seq,
+        "batch": args.batch,
+        "tokens_per_step": round(tokens, 1),
+        # of the padded arms (each batch padded to its longest block)
+        "padding_share": round(1 - tokens / float(np.mean([len(g) * max(g) for g in lengths])), 4),
+        "peak_bf16_tflops": round(peak / 1e12, 2),
+        "peak_samples_tflops": [round(p / 1e12, 2) for p in peaks],
+        "peak_method": f"torch.mm {args.peak_size}x{args.peak_size} bf16, best of 10, before and after the arms",
+        "vocab": corpus.vocab_size,
+        "model": dataclasses.asdict(args.size) | {"dropout": 0.1},
+        "modern_model": dataclasses.asdict(args.modern_size) | {"window": MODERN_WINDOW, "rate": MODERN_RATE},
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "batches": args.batches,
+        "seconds": round(time.monotonic() - began, 1),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda},
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     device = torch.device(args.device)
@@ -480,8 +677,6 @@ def main(argv: list[str] | None = None) -> None:
     began = time.monotonic()
     stdout = sys.stdout
     with contextlib.redirect_stdout(sys.stderr):
-        import transformers
-
         from spanlm.config import from_dict
         from spanlm.data.blocks import BlockDataset
         from spanlm.data.prepare import prepare
@@ -492,7 +687,7 @@ def main(argv: list[str] | None = None) -> None:
         inputs = step_inputs.book_inputs(
             Path(args.data), work / "books", SCRIPT, skip=lambda path: "hongloumeng" in path.name
         )
-        recipe = base_recipe(inputs, args.size, work, args.seq, args.batch)
+        recipe = base_recipe(inputs, args.size, args.vocab, work, args.seq, args.batch)
         corpus = PreparedCorpus(prepare(from_dict(Recipe, recipe), log=lambda message: print(message, file=sys.stderr)))
         blocks = BlockDataset(corpus, args.seq)
         chosen = choose_blocks(blocks, args.batches * args.batch, args.seed)
@@ -504,14 +699,11 @@ def main(argv: list[str] | None = None) -> None:
             "device": device,
             "seed": args.seed,
             "size": args.size,
+            "modern_size": args.modern_size,
+            "seq": args.seq,
             "blocks": blocks,
             "groups": groups,
             "pad": corpus.special_ids["pad"],
-            "tokens": float(np.mean([sum(g) for g in lengths])),
-            "flops": {
-                kind: float(np.mean([credited_flops(kind, g, args.size, corpus.vocab_size, recipe) for g in lengths]))
-                for kind in ("bert", "gdes")
-            },
         }
         peaks = [matmul_peak(args.peak_size, device)]
         arms = {}
@@ -527,44 +719,10 @@ def main(argv: list[str] | None = None) -> None:
                 message = str(error).strip().splitlines()
                 arms[name] = {"error": f"{type(error).__name__}: {message[0][:300] if message else ''}"}
                 print(f"{SCRIPT}: {name} failed: {arms[name]['error']}", file=sys.stderr)
+            if args.partial:  # a check cut short keeps what ran
+                Path(args.partial).write_text(json.dumps(summary(arms, peaks, lengths, corpus, args, began)) + "\n")
         peaks.append(matmul_peak(args.peak_size, device))
-    peak = max(peaks)
-    for arm in arms.values():
-        if "_flops_per_s" in arm:
-            arm["mfu"] = round(arm.pop("_flops_per_s") / peak, 4)
-
-    def rate(name: str) -> float | None:
-        return arms.get(name, {}).get("tokens_per_s")
-
-    def ratio(a: str, b: str) -> float | None:
-        return round(rate(a) / rate(b), 3) if rate(a) and rate(b) else None
-
-    output = {
-        "bench": "train_step_gpu",
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)",
-        "mfu": {name: arm["mfu"] for name, arm in arms.items() if "mfu" in arm},
-        "tokens_per_s": {name: arm["tokens_per_s"] for name, arm in arms.items() if "tokens_per_s" in arm},
-        "ratio_packed_compiled_vs_peer_eager": ratio("spanbert-packed-compiled", "peer-sdpa-eager"),
-        "ratio_packed_compiled_vs_peer_compiled": ratio("spanbert-packed-compiled", "peer-sdpa-compiled"),
-        "ratio_packed_vs_padded_eager": ratio("spanbert-packed-eager", "spanbert-padded-eager"),
-        "arms": arms,
-        "seq": args.seq,
-        "batch": args.batch,
-        "tokens_per_step": round(setting["tokens"], 1),
-        # of the padded arms (each batch padded to its longest block)
-        "padding_share": round(1 - setting["tokens"] / float(np.mean([len(g) * max(g) for g in lengths])), 4),
-        "dense_flops_per_step": {kind: f"{flops:.4g}" for kind, flops in setting["flops"].items()},
-        "peak_bf16_tflops": round(peak / 1e12, 2),
-        "peak_samples_tflops": [round(p / 1e12, 2) for p in peaks],
-        "peak_method": f"torch.mm {args.peak_size}x{args.peak_size} bf16, best of 10, before and after the arms",
-        "vocab": corpus.vocab_size,
-        "model": dataclasses.asdict(args.size) | {"dropout": 0.1},
-        "steps": args.steps,
-        "warmup": args.warmup,
-        "batches": args.batches,
-        "seconds": round(time.monotonic() - began, 1),
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda},
-    }
+    output = summary(arms, peaks, lengths, corpus, args, began)
     print(json.dumps(output), file=stdout)
 
 

@@ -124,6 +124,9 @@ def test_the_check_installs_from_the_wheels_alone_and_runs_the_gpu_tests_and_ben
     assert macbert["outcome"] == "skipped" and "gensim" in macbert["message"]
     assert report["bench"]["bench"] == "train_step_gpu" and report["bench"]["device"] == "cpu (dry run)"
     assert report["bench_exit"] == 0 and set(report["seconds"]) >= {"install", "tests", "bench"}
+    # what a check cut short would keep: the figures after the last arm
+    partial = json.loads((out / "bench_partial.json").read_text())
+    assert partial["arms"].keys() == report["bench"]["arms"].keys()
 
     # The same on this machine as a GPU check: it stops before the tests, saying why, in the JSON file too.
     command = [str(target_python), str(SCRIPT), "run", "--wheels", str(wheels), "--out", str(tmp_path / "cuda")]

@@ -35,7 +35,10 @@ folder here and keep it small with ``--skip`` (what that machine has), for examp
     python3 tools/gpu_check.py run --wheels .whl --out "$OUT"
 
 The tests and the bench together are bounded by ``--budget`` seconds (480 by default: what one H100 check
-may take; installing is not counted); the bench gets what the tests left and starts no arm after that.
+may take; installing is not counted); the bench gets what the tests left and starts no arm after that, and
+rewrites DIR/bench_partial.json after every arm (a bench stopped at the deadline keeps what ran). Options after
+``--`` go to the bench (``-- --arms cli-modern-compiled,modern-packed-compiled``); ``--bench-only`` skips the
+tests (a second call on the same checkout).
 """
 
 from __future__ import annotations
@@ -333,29 +336,31 @@ def run_check(args) -> int:
             env["SPANLM_GPU_TESTS_DEVICE"] = "cpu"
         write()
 
-        # 4. the gpu tests.
+        # 4. the gpu tests (not with --bench-only: a second call that measures more arms).
         deadline = time.monotonic() + args.budget
-        files = gpu_test_files()
-        log.say(f"pytest -m gpu on {' '.join(files)}")
-        junit = out / "pytest-gpu.xml"
-        command = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-rs", "-p", "no:cacheprovider"]
-        command += [f"--junitxml={junit}", *files]
-        code, stdout, seconds = log.run(command, env=env, cwd=REPO, timeout=args.budget)
-        report["seconds"]["tests"] = round(seconds, 1)
-        report["tests"] = test_outcomes(junit)
         counts: dict[str, int] = {}
-        for entry in report["tests"].values():
-            counts[entry["outcome"]] = counts.get(entry["outcome"], 0) + 1
-        report["test_counts"] = counts
-        report["pytest_exit"] = code
-        log.say(f"tests: {counts} (pytest exit {code}, {seconds:.0f} s)")
-        write()
+        if not args.bench_only:
+            files = gpu_test_files()
+            log.say(f"pytest -m gpu on {' '.join(files)}")
+            junit = out / "pytest-gpu.xml"
+            command = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-rs", "-p", "no:cacheprovider"]
+            command += [f"--junitxml={junit}", *files]
+            code, stdout, seconds = log.run(command, env=env, cwd=REPO, timeout=args.budget)
+            report["seconds"]["tests"] = round(seconds, 1)
+            report["tests"] = test_outcomes(junit)
+            for entry in report["tests"].values():
+                counts[entry["outcome"]] = counts.get(entry["outcome"], 0) + 1
+            report["test_counts"] = counts
+            report["pytest_exit"] = code
+            log.say(f"tests: {counts} (pytest exit {code}, {seconds:.0f} s)")
+            write()
 
-        # 5. the GPU bench, in the time left.
-        # an arm starts only while --budget lasts, and one compiled BERT-base arm may take two minutes
+        # 5. the GPU bench, in the time left: an arm starts only while its --budget lasts (a compiled base-size arm
+        # takes about a minute); the figures so far are rewritten into OUT/bench_partial.json after every arm, so a
+        # bench stopped at the deadline keeps what ran.
         left = deadline - time.monotonic() - 10
         bench = [sys.executable, str(REPO / "bench" / "train_step_gpu.py"), "--work", str(prefix / "bench")]
-        bench += ["--budget", str(round(max(left - 120, 0)))]
+        bench += ["--budget", str(round(max(left - 75, 0))), "--partial", str(out / "bench_partial.json")]
         if args.device == "cpu":  # the dry run, at its smallest: the rehearsal is of this script, not of the bench
             bench += ["--tiny", "--device", "cpu", "--steps", "2", "--warmup", "1", "--batches", "2"]
             bench += ["--peak-size", "256", "--arms", "spanbert-packed-eager,peer-sdpa-eager,gdes-padded-eager"]
@@ -366,8 +371,10 @@ def run_check(args) -> int:
         report["bench_exit"] = code
         lines = [line for line in stdout.splitlines() if line.startswith("{")]
         report["bench"] = json.loads(lines[-1]) if code == 0 and lines else None
-        passed = code == 0 and report["bench"] is not None and report["pytest_exit"] == 0
-        passed = passed and counts.get("passed", 0) > 0 and not counts.get("failed") and not counts.get("error")
+        passed = code == 0 and report["bench"] is not None
+        if not args.bench_only:
+            passed = passed and report["pytest_exit"] == 0 and counts.get("passed", 0) > 0
+            passed = passed and not counts.get("failed") and not counts.get("error")
         return finish(report, write, log, 0 if passed else 1)
     finally:
         if not args.prefix:
@@ -398,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the rehearsal without a GPU")
     run.add_argument("--prefix", help="install spanlm here and keep it (default: a temporary folder, removed)")
     run.add_argument("--budget", type=float, default=480, help="seconds for the tests and the bench together")
+    run.add_argument("--bench-only", action="store_true", help="the bench alone (a second call's other arms)")
     run.add_argument("bench_args", nargs="*", help="after --: extra options for bench/train_step_gpu.py")
     args = parser.parse_args(argv)
     return download_wheels(args) if args.command == "wheels" else run_check(args)

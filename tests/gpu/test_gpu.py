@@ -85,6 +85,31 @@ def train_losses(run: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(run) if r["kind"] == "train"}
 
 
+@pytest.mark.parametrize(
+    "name, overrides",
+    # the flash kernel's path (packed), CharBERT's recurrent layers inside the graph (a GPU's cuDNN GRU); ModernBERT
+    # and the others compile once in the bench's cli-* arms
+    [("spanbert", []), ("charbert", CASES["charbert"][1])],
+)
+def test_a_compiled_run_compiles_once_and_says_so(name, overrides, embedded_prepared, tmp_path, monkeypatch):
+    """train.compile on the device: eight steps of batches of changing lengths (the packed stream's width, its
+    longest segment: the flash kernel's host int; the number of targets) and an evaluation compile nothing after
+    the first step (dynamo's graph capture, with its aot_eager backend: the inductor's code generation is the
+    bench's), and the run's records say so: ``recompiles`` 0, ``first_step_s``, ``mfu`` and ``data_wait``."""
+    compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda function, **kwargs: compile(function, backend="aot_eager", **kwargs))
+    torch._dynamo.reset()
+    run = tmp_path / "run"
+    pretrain(
+        recipe(name, embedded_prepared, run, overrides, compile="true", max_steps=8, eval_every=4, log_every=4),
+        **QUIET,
+    )
+    records = [r for r in read_metrics(run) if r["kind"] == "train"]
+    assert [r["step"] for r in records] == [4, 8]
+    assert [r["recompiles"] for r in records] == [0, 0] and records[0]["first_step_s"] > 0
+    assert all(0 < r["mfu"] < 1 and 0 <= r["data_wait"] < 1 for r in records)
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_one_bf16_step_a_matching_resume_and_export(case, embedded_prepared, tmp_path):
     name, overrides = CASES[case]
