@@ -257,6 +257,7 @@ for kind, command in (
         ("bad_choice", "train.optimizer=sgd", ["train.optimizer", "one of"]),
         ("negative_weight_decay", "train.weight_decay=-1", ["'train': weight_decay", "negative"]),
         ("betas_out_of_range", "train.betas=[0.9,1.5]", ["'train': betas", "[0, 1)"]),
+        ("negative_seed", "seed=-1", ["recipe: config key 'seed'", "non-negative", "-1"]),
     ):
 
         def build(ctx: Ctx, command=command, build_recipe=build_recipe, override=override, expected=expected):
@@ -1200,7 +1201,7 @@ def _(ctx):
     model = ctx.copy("ner_model", "model")
     return ["ner", "predict", model, "--input", texts_file(ctx), "--output", model / "config.json"], [
         str(model / "config.json"),
-        "--output is the input",
+        "--output is inside the input",
     ]
 
 
@@ -1222,7 +1223,7 @@ def _(ctx):
     model = ctx.copy("ner_model", "model")
     return ["ner", "eval", model, "--data", CONLL_DEV, "--output", model / "labels.json"], [
         str(model / "labels.json"),
-        "--output is the input",
+        "--output is inside the input",
     ]
 
 
@@ -1246,7 +1247,7 @@ def _(ctx):
 def _(ctx):
     model = ctx.copy("qa_model", "model")
     return ["qa", "eval", model, "--data", SQUAD, "--predictions", model / "model.safetensors"], [
-        "--predictions is the input"
+        "--predictions is inside the input"
     ]
 
 
@@ -1294,7 +1295,7 @@ def _(ctx):
     run, _ = run_copy(ctx)
     return ["compare", run, "--metric", "loss", "--out", run / "metrics.jsonl"], [
         str(run / "metrics.jsonl"),
-        "--out is the input",
+        "--out is inside the input",
     ]
 
 

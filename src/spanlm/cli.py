@@ -7,7 +7,14 @@ import json
 import sys
 from pathlib import Path
 
-from spanlm.cli_support import add_training_command, log, number, set_library_progress_bars
+from spanlm.cli_support import (
+    add_training_command,
+    guard_outputs,
+    guard_training_outputs,
+    log,
+    number,
+    set_library_progress_bars,
+)
 
 
 def _prepare(args: argparse.Namespace) -> int:
@@ -16,6 +23,8 @@ def _prepare(args: argparse.Namespace) -> int:
     from spanlm.pretrain.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
+    inputs = {key: value for key, value in recipe.input_paths().items() if not key.startswith("data.prepared")}
+    guard_outputs({"data.prepared_dir": recipe.data.prepared_dir}, {"the recipe": args.recipe, **inputs})
     set_library_progress_bars(recipe.logging.progress)
     directory = prepare(recipe, force=args.force, log=log, shard=_shard(args.shard))
     meta = read_meta(directory)
@@ -46,6 +55,7 @@ def _pretrain(args: argparse.Namespace) -> int:
     from spanlm.train.dist import is_main_process
 
     recipe = load_recipe(args.recipe, args.overrides)
+    guard_training_outputs(args.recipe, recipe, args.weights_from)
     run_dir = pretrain(recipe, resume=args.resume, log=log, weights_from=args.weights_from)
     if is_main_process():  # under torchrun every rank returns here; one reports
         print(json.dumps({"run_dir": str(run_dir)}))
@@ -55,6 +65,7 @@ def _pretrain(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from spanlm.pretrain.export import export_checkpoint
 
+    guard_outputs({"--out": args.out}, {"the checkpoint": args.checkpoint})
     print(json.dumps({"exported": str(export_checkpoint(args.checkpoint, args.out))}))
     return 0
 
@@ -67,10 +78,9 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from spanlm.files import files_of, refuse_to_overwrite_inputs
     from spanlm.report import compare_runs
 
-    refuse_to_overwrite_inputs(args.out, [path for run in args.run_dirs for path in files_of(run)], "--out")
+    guard_outputs({"--out": args.out}, {"the run directories": args.run_dirs})
     print(json.dumps({"plot": str(compare_runs(args.run_dirs, args.metric, args.out, args.kind))}))
     return 0
 
@@ -80,17 +90,17 @@ def _preview(args: argparse.Namespace) -> int:
     from spanlm.pretrain.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
-    if args.jsonl:
-        from spanlm.files import refuse_to_overwrite_inputs
-
-        refuse_to_overwrite_inputs(args.jsonl, [args.recipe, *recipe.data.inputs], "--jsonl")
+    guard_outputs({"--jsonl": args.jsonl}, {"the recipe": args.recipe, **recipe.input_paths()})
     preview(recipe, n=args.n, stats_blocks=args.stats_blocks, jsonl=args.jsonl, log=log, step=args.step)
     return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
     from spanlm.demo import F1_KEYS, run_demo
+    from spanlm.recipes import shipped_root
 
+    root = shipped_root()
+    guard_outputs({"--out": args.out}, {"spanlm's embedded data": root / "data", "its recipes": root / "configs"})
     summary = run_demo(
         args.out, quick=args.quick, seeds=tuple(args.seeds), log=log, pretrain_recipe=args.pretrain_recipe
     )
@@ -128,8 +138,9 @@ def _recipes_list(args: argparse.Namespace) -> int:
 
 
 def _recipes_copy(args: argparse.Namespace) -> int:
-    from spanlm.recipes import copy_recipe
+    from spanlm.recipes import copy_destination, copy_recipe, shipped_root
 
+    guard_outputs({"DEST": copy_destination(args.name, args.dest)}, {"the shipped recipes": shipped_root() / "configs"})
     print(json.dumps({"recipe": args.name, "copied": str(copy_recipe(args.name, args.dest, force=args.force))}))
     return 0
 

@@ -96,15 +96,20 @@ def add_model_command(actions, name: str, help: str, task: str, run: Callable):
     return command
 
 
-def refuse_outputs_onto_inputs(outputs: dict[str, str | None], data: str | None, model: str) -> None:
-    """A command on an exported model writes none of ``outputs`` (option → path, None: not given) onto its
-    ``data`` file or a file of the ``model`` directory (its own earlier ``eval-*.json`` results aside)."""
-    from spanlm.files import files_of, refuse_to_overwrite_inputs
+def guard_outputs(outputs: dict, inputs: dict) -> None:
+    """spanlm.files.guard_outputs, imported when a command runs (``spanlm --help`` loads no more than it needs)."""
+    from spanlm.files import guard_outputs as guard
 
-    inputs = [data, *(path for path in files_of(model) if not path.name.startswith("eval-"))]
-    for option, path in outputs.items():
-        if path:
-            refuse_to_overwrite_inputs(path, inputs, option)
+    guard(outputs, inputs)
+
+
+def guard_training_outputs(recipe_file: str, recipe, weights_from: str | None) -> None:
+    """A training command's ``train.output_dir`` is none of what its run reads (the recipe file, the recipe's
+    inputs, a ``--resume-weights-only`` checkpoint), nor inside nor around one (spanlm.files.guard_outputs)."""
+    from spanlm.files import guard_outputs
+
+    inputs = {"the recipe": recipe_file, **recipe.input_paths(), "--resume-weights-only": weights_from}
+    guard_outputs({"train.output_dir": recipe.train.output_dir}, inputs)
 
 
 def write_lines_or_stdout(lines: list[str], output: str | None, what: str) -> None:

@@ -102,7 +102,15 @@ def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as error:  # __post_init__ validation or a missing required field
-        raise ConfigError(f"config section '{prefix.rstrip('.') or cls.__name__}': {error}") from None
+        if not prefix:  # the recipe itself: its own top-level keys (seed)
+            raise ConfigError(f"recipe: {error}") from None
+        raise ConfigError(f"config section '{prefix.rstrip('.')}': {error}") from None
+
+
+def check_seed(seed: int) -> None:
+    """A recipe's top-level ``seed`` seeds NumPy's and torch's generators, which take no negative number."""
+    if seed < 0:
+        raise ValueError(f"config key 'seed' must be a non-negative integer, got {seed}")
 
 
 def to_dict(config: Any) -> Any:

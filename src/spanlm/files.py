@@ -16,7 +16,7 @@ import re
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +221,44 @@ def refuse_to_overwrite_inputs(
             raise InputError(
                 f"{output}: {option} {what} the input {given}; write it elsewhere (the input is untouched)"
             )
+
+
+def guard_outputs(outputs: Mapping[str, str | Path | None], inputs: Mapping[str, object]) -> None:
+    """Refuse, before anything is written, an output that is one of the command's inputs, lies inside one, or holds
+    one: one :class:`InputError` naming the output option, the input and its setting.
+
+    ``outputs``: option or key (``train.output_dir``, ``--out``) → path (None: not given); ``inputs``: what the
+    command reads (``model.path``, ``data.train``, ``recipe``…) → a path, a list of paths or None. Dataset names
+    (``hf:…``) are not paths. A link to an input counts as the input. Why: a command reads its inputs before it
+    writes, so it would succeed — writing checkpoints into the encoder it fine-tunes, replacing the recipe it read —
+    and the only copy of the input would be changed or gone. Every command calls this (tests/test_output_guard.py
+    enumerates them).
+    """
+    given = [(name, path) for name, value in inputs.items() for path in _paths(value)]
+    for option, output in outputs.items():
+        if not output:
+            continue
+        out = Path(output).resolve()
+        for name, source_path in given:
+            source = Path(source_path).resolve()
+            if out == source or (out.exists() and source.exists() and os.path.samefile(out, source)):
+                relation = "is"
+            elif out.is_relative_to(source):
+                relation = "is inside"
+            elif source.is_relative_to(out):
+                relation = "holds"
+            else:
+                continue
+            raise InputError(
+                f"{output}: {option} {relation} the input {source_path} ({name}); write it elsewhere (the input is "
+                "untouched)"
+            )
+
+
+def _paths(value) -> list[str | Path]:
+    """The file-system paths of an input setting: one path, a list of them, neither None, empty nor a dataset name."""
+    values = value if isinstance(value, (list, tuple)) else [value]
+    return [v for v in values if v and not str(v).startswith(("hf:", "hf://"))]
 
 
 def files_of(directory: str | Path) -> list[Path]:

@@ -112,6 +112,14 @@ def _map_strings(value: Any, function: Callable[[str], str]) -> Any:
     return value
 
 
+def copy_destination(name: str, destination: str | Path) -> Path:
+    """The file ``spanlm recipes copy NAME DEST`` writes: DEST, or the recipe's file name in DEST, a directory."""
+    target = Path(destination)
+    if target.is_dir() or str(destination).endswith(("/", os.sep)):
+        target = target / find_recipe(name).path.name
+    return target
+
+
 def copy_recipe(name: str, destination: str | Path, force: bool = False) -> Path:
     """Write the shipped recipe ``name`` to ``destination`` (a file, or a directory to put it in, keeping its
     file name) with its embedded-data paths absolute; returns the file written.
@@ -120,9 +128,7 @@ def copy_recipe(name: str, destination: str | Path, force: bool = False) -> Path
     written.
     """
     recipe = find_recipe(name)
-    target = Path(destination)
-    if target.is_dir() or str(destination).endswith(("/", os.sep)):
-        target = target / recipe.path.name
+    target = copy_destination(name, destination)
     if target.exists() and not force:
         raise InputError(f"{target}: already exists (--force replaces it)")
     text = with_embedded_data_paths(recipe.path.read_text(encoding="utf-8"), shipped_root())

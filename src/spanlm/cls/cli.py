@@ -9,8 +9,8 @@ from pathlib import Path
 from spanlm.cli_support import (
     add_model_command,
     add_training_command,
+    guard_outputs,
     log,
-    refuse_outputs_onto_inputs,
     write_lines_or_stdout,
 )
 
@@ -30,7 +30,9 @@ def _eval(args: argparse.Namespace) -> int:
     from spanlm.cls.predict import ClsModel
     from spanlm.cls.task import evaluate_model
 
-    refuse_outputs_onto_inputs({"--output": args.output, "--predictions": args.predictions}, args.data, args.model)
+    guard_outputs(
+        {"--output": args.output, "--predictions": args.predictions}, {"MODEL": args.model, "--data": args.data}
+    )
     model = ClsModel(args.model, device=args.device)
     # The column layout of the training data carries over; --format / --task read another layout.
     data = dataclasses.replace(
@@ -57,7 +59,7 @@ def _predict(args: argparse.Namespace) -> int:
     from spanlm.cls.data import Example, read_texts
     from spanlm.cls.predict import ClsModel
 
-    refuse_outputs_onto_inputs({"--output": args.output}, args.input, args.model)
+    guard_outputs({"--output": args.output}, {"MODEL": args.model, "--input": args.input})
     if args.text is not None:
         examples = [Example(args.text, args.text_pair, None, "--text")]
     else:

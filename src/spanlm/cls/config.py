@@ -6,6 +6,7 @@ import dataclasses
 from typing import Literal
 
 from spanlm.cls.tasks import TASKS
+from spanlm.config import check_seed
 from spanlm.models.hf_model import EncoderConfig
 from spanlm.train.config import LoggingConfig, TrainConfig
 
@@ -86,3 +87,10 @@ class ClsRecipe:
         default_factory=lambda: TrainConfig(output_dir="runs/cls", lr=2e-5, warmup_steps=0)
     )
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        check_seed(self.seed)
+
+    def input_paths(self) -> dict[str, str | None]:
+        """What a run of this recipe reads, by key: its output may be none of them, nor inside nor around one."""
+        return {"model.path": self.model.path, "data.train": self.data.train, "data.dev": self.data.dev}

@@ -31,7 +31,7 @@ def run_suite(
     from spanlm.evaluate.cells import CellRunner, check_windows, default_jobs, parse_encoders, plan_cells
     from spanlm.evaluate.suite import load_suite
     from spanlm.evaluate.verdict import markdown, verdict, write_report
-    from spanlm.files import refuse_to_overwrite_inputs
+    from spanlm.files import guard_outputs
 
     suite = load_suite(suite_name, settings)
     encoders = parse_encoders(encoder_specs)
@@ -47,8 +47,7 @@ def run_suite(
 
     out = Path(out)
     # The cells' folders are replaced on a changed setting: no input may live in them, nor OUT in an input.
-    refuse_to_overwrite_inputs(out, [suite.path, *(e.path for e in encoders)], "--out", enters=True)
-    refuse_to_overwrite_inputs(out / "cells", [e.path for e in encoders], "--out", replaces_directory=True)
+    guard_outputs({"--out": out}, {"the suite": suite.path, "--encoders": [e.path for e in encoders]})
     cells = plan_cells(suite, encoders, seeds, out)
     log(
         f"{suite.path}: {len(suite.tasks)} task(s) × {len(encoders)} encoder(s) × arms × {len(seeds)} seed(s) = "

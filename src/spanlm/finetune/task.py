@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from spanlm.cli_support import guard_training_outputs
 from spanlm.config import load_config
 from spanlm.errors import ConfigError
 from spanlm.finetune.model import EncoderTask, check_task_directory, ready_for_inference
@@ -76,6 +77,7 @@ def run_training(args, recipe_class: type, train_task: Callable, summary: Callab
     from spanlm.train.dist import is_main_process
 
     recipe = load_config(args.recipe, args.overrides, cls=recipe_class)
+    guard_training_outputs(args.recipe, recipe, args.weights_from)
     run_dir, scores = train_task(recipe, resume=args.resume, log=log, weights_from=args.weights_from)
     if is_main_process():  # the main process reports; the others only trained
         result = {"run_dir": str(run_dir), "model_dir": str(run_dir / "model")}

@@ -10,9 +10,9 @@ from pathlib import Path
 from spanlm.cli_support import (
     add_model_command,
     add_training_command,
+    guard_outputs,
     log,
     number,
-    refuse_outputs_onto_inputs,
     write_lines_or_stdout,
 )
 
@@ -66,7 +66,9 @@ def _eval(args: argparse.Namespace) -> int:
     from spanlm.ner.predict import NerModel
     from spanlm.ner.task import evaluate_model
 
-    refuse_outputs_onto_inputs({"--output": args.output, "--predictions": args.predictions}, args.data, args.model)
+    guard_outputs(
+        {"--output": args.output, "--predictions": args.predictions}, {"MODEL": args.model, "--data": args.data}
+    )
     model = NerModel(args.model, device=args.device)
     fmt = _format(args.data, args.format, model.recipe.data.format)
     documents, report = _read(model, args.data, fmt, args.on_bad_record, args.split)
@@ -115,7 +117,7 @@ def _predict(args: argparse.Namespace) -> int:
     from spanlm.ner.data import document_record
     from spanlm.ner.predict import NerModel
 
-    refuse_outputs_onto_inputs({"--output": args.output}, args.input, args.model)
+    guard_outputs({"--output": args.output}, {"MODEL": args.model, "--input": args.input})
     documents = _texts(args)  # before the model loads: a bad input fails at once
     model = NerModel(args.model, device=args.device)
     flat = True if args.flat else None
@@ -135,11 +137,7 @@ def _genia(args: argparse.Namespace) -> int:
     names = [name for name in ("train", "dev", "test") if (splits / f"{name}.txt").is_file()]
     if not names:
         raise InputError(f"{splits}: no train.txt, dev.txt or test.txt (files of MEDLINE ids, one per line)")
-    from spanlm.files import refuse_to_overwrite_inputs
-
-    sources = [args.archive, *(splits / f"{name}.txt" for name in names)]
-    for name in names:
-        refuse_to_overwrite_inputs(Path(args.out) / f"{name}.jsonlines", sources, "--out")
+    guard_outputs({"--out": args.out}, {"the archive": args.archive, "--splits": splits})
     corpus = read_genia(args.archive)  # read once for every split
     log(f"read {len(corpus)} articles from {args.archive}")
     summary = {}

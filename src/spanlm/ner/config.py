@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from spanlm.config import check_seed
 from spanlm.heads.global_pointer import GlobalPointerConfig
 from spanlm.heads.zlpr import ZlprConfig
 from spanlm.models.hf_model import EncoderConfig
@@ -78,3 +79,10 @@ class NerRecipe:
         default_factory=lambda: TrainConfig(output_dir="runs/ner", lr=2e-5, warmup_steps=0)
     )
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        check_seed(self.seed)
+
+    def input_paths(self) -> dict[str, str | None]:
+        """What a run of this recipe reads, by key: its output may be none of them, nor inside nor around one."""
+        return {"model.path": self.model.path, "data.train": self.data.train, "data.dev": self.data.dev}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from spanlm.config import load_config
+from spanlm.config import check_seed, load_config
 from spanlm.data.corpus import TOKENIZER_KEY, DataConfig
 from spanlm.data.tokenizer import TokenizerConfig, settings_key
 from spanlm.masking.base import MaskingConfig
@@ -27,7 +27,20 @@ class Recipe:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
 
+    def input_paths(self) -> dict[str, str | list[str] | None]:
+        """What a run of this recipe reads, by key: its output may be none of them, nor inside nor around one."""
+        data = self.data
+        return {
+            "data.inputs": data.inputs,
+            "data.prepared_dir": data.prepared_dir,
+            "data.prepared_shards": data.prepared_shards,
+            "data.similar_words_file": data.similar_words_file,
+            "model.path": self.model.path,
+            "tokenizer.path": self.tokenizer.path,
+        }
+
     def __post_init__(self) -> None:
+        check_seed(self.seed)
         # "{tokenizer}" in data.prepared_dir names the tokenizer the directory holds, so recipes with
         # other tokenizers never prepare the same directory (each would replace the other's ids).
         if TOKENIZER_KEY in self.data.prepared_dir:

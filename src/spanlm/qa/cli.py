@@ -9,8 +9,8 @@ from pathlib import Path
 from spanlm.cli_support import (
     add_model_command,
     add_training_command,
+    guard_outputs,
     log,
-    refuse_outputs_onto_inputs,
     write_lines_or_stdout,
 )
 
@@ -27,7 +27,7 @@ def _eval(args: argparse.Namespace) -> int:
     from spanlm.qa.data import read_squad
     from spanlm.qa.predict import QAModel, final_answer
 
-    refuse_outputs_onto_inputs({"--predictions": args.predictions}, args.data, args.model)
+    guard_outputs({"--predictions": args.predictions}, {"MODEL": args.model, "--data": args.data})
     model = QAModel(args.model, device=args.device)
     examples, report = read_squad(
         args.data, model.recipe.data.repair_window, allow_impossible=model.recipe.qa.no_answer, for_training=False
@@ -57,7 +57,7 @@ def _predict(args: argparse.Namespace) -> int:
     from spanlm.qa.data import read_questions_jsonl
     from spanlm.qa.predict import QAModel
 
-    refuse_outputs_onto_inputs({"--output": args.output}, args.input, args.model)
+    guard_outputs({"--output": args.output}, {"MODEL": args.model, "--input": args.input})
     examples = read_questions_jsonl(args.input)  # before the model loads: a bad input fails at once
     if not examples:
         log(f"{args.input}: no questions")
