@@ -101,6 +101,19 @@ def test_tiny_model_learns_the_sentences(tiny_encoder_dir, sentences_file, tmp_p
     assert encoder.config.hidden_size == 32
 
 
+def test_a_resume_on_relabelled_data_is_refused_naming_the_labels(tiny_encoder_dir, sentences_file, tmp_path):
+    """The head's type ids mean the labels in their order: data whose label set changed (PER renamed HUMAN, so
+    the ids trained as LOC and ORG would shift) cannot continue the run, as cls refuses it."""
+    from spanlm.errors import InputError
+
+    quiet = {"log": lambda *_: None}
+    train_ner(recipe(tiny_encoder_dir, sentences_file, tmp_path / "run", "train.max_steps=1"), **quiet)
+    relabelled = tmp_path / "relabelled.jsonl"
+    relabelled.write_text(sentences_file.read_text(encoding="utf-8").replace('"PER"', '"HUMAN"'), encoding="utf-8")
+    with pytest.raises(InputError, match=r"data.labels: \['LOC', 'ORG', 'PER'\] → \['HUMAN', 'LOC', 'ORG'\]"):
+        train_ner(recipe(tiny_encoder_dir, relabelled, tmp_path / "run", "train.max_steps=2"), resume="auto", **quiet)
+
+
 @pytest.mark.slow
 def test_resume_is_exact(tiny_encoder_dir, sentences_file, tmp_path):
     # A constant schedule: the first leg's max_steps=3 must not change the learning rates.

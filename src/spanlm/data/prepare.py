@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -123,8 +124,13 @@ def prepare(
     keep_tokenizer: str | None = None,
     kept_copy: Path | None = None,
     shard: tuple[int, int] | None = None,
+    deferred: list[Callable[[], None]] | None = None,
 ) -> Path:
     """Prepare ``recipe.data.inputs`` into ``recipe.data.prepared_dir``; returns that directory.
+
+    ``deferred``: a run's list of what it writes into the directory once it is known to start; a directory
+    reused as it is (its inputs moved or touched, the same bytes) then has its recorded fingerprint refreshed
+    by the run that starts, never by one that is refused or fails (a pretraining run passes it).
 
     ``shard=(i, n)``: prepare only the i-th of n consecutive parts of the inputs, into
     ``prepared_dir/shard-i-of-n`` (see :func:`shard_inputs`); the tokenizer must be given (tokenizer.path).
@@ -155,8 +161,12 @@ def prepare(
     # Times or paths changed (a copy, a touch, a checkout): the same bytes need no new tokenizer —
     # a tokenizer trained again may differ (tokens, numbering), and checkpoints would not resume.
     if existing and not force and existing.get("content_fingerprint") == content_fingerprint:
-        existing["fingerprint"] = fingerprint
-        _write_json_atomically(final / "meta.json", existing)
+        refreshed = {**existing, "fingerprint": fingerprint}
+
+        def refresh() -> None:
+            _write_json_atomically(final / "meta.json", refreshed)
+
+        refresh() if deferred is None else deferred.append(refresh)
         log(f"{final}: its inputs moved or were touched but hold the same bytes, reusing it")
         return final
     if (

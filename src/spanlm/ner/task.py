@@ -51,7 +51,16 @@ from spanlm.train.dist import is_main_process
 from spanlm.train.loop import StartingPoint, TrainingSetup, train
 
 # The window settings and batch layout: another value changes every batch, so a resume must keep them.
-RESUME_KEEPS = ("data.max_len", "data.stride", "data.train_docs", "data.packing", "data.tokens_per_batch")
+# data.labels: the label set in the head's order, read from the data when the recipe does not name it: another set
+# would continue the run with each type id meaning another type
+RESUME_KEEPS = (
+    "data.max_len",
+    "data.stride",
+    "data.train_docs",
+    "data.packing",
+    "data.tokens_per_batch",
+    "data.labels",
+)
 
 
 def read_split(path: str, recipe: NerRecipe, name: str, labels: list[str] | None, log) -> list[NerDocument]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -37,9 +38,15 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
     # Rank 0 prepares the corpus (or finds it up to date; a sharded one is prepared beforehand) and its
     # block index; the others wait and memory-map both.
     shards = resolve_shards(recipe.data.prepared_shards) if recipe.data.prepared_shards else None
+    # What the run writes into its prepared corpus (an input it shares with other runs) waits until the run is
+    # known to start: a run refused or failing leaves the corpus as it found it.
+    on_start: list[Callable[[], None]] = []
     if env.is_main:
-        for directory in shards or [prepare(recipe, log=log, keep_tokenizer=fingerprint, kept_copy=kept_copy)]:
-            record_run(directory, recipe.train.output_dir, log=log)
+        directories = shards or [
+            prepare(recipe, log=log, keep_tokenizer=fingerprint, kept_copy=kept_copy, deferred=on_start)
+        ]
+        for directory in directories:
+            on_start.append(functools.partial(record_run, directory, recipe.train.output_dir, log=log))
             share_block_index(PreparedCorpus(directory), recipe.data.max_len, log=log)
     barrier(env)
     corpus = ShardedCorpus(shards) if shards else PreparedCorpus(recipe.data.prepared_dir)
@@ -96,6 +103,7 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
         keep_with_run=functools.partial(keep_tokenizer, corpus),
         resume_keeps=RESUME_KEEPS,
         flops=training_flops(objective),
+        on_start=lambda: [write() for write in on_start],
     )
 
 

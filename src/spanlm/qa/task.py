@@ -34,7 +34,15 @@ from spanlm.train.dist import is_main_process
 from spanlm.train.loop import StartingPoint, TrainingSetup, train
 
 # The window settings and batch layout: another value changes every batch, so a resume must keep them.
-RESUME_KEEPS = ("data.max_length", "data.doc_stride", "data.max_query_length", "data.packing", "data.tokens_per_batch")
+# data.repair_window moves the answers it repairs: the training targets themselves
+RESUME_KEEPS = (
+    "data.max_length",
+    "data.doc_stride",
+    "data.max_query_length",
+    "data.repair_window",
+    "data.packing",
+    "data.tokens_per_batch",
+)
 
 
 def read_split(path: str, recipe: QARecipe, name: str, log) -> list[QAExample]:

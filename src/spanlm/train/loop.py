@@ -119,6 +119,10 @@ class TrainingSetup:
     # computed there: no host read), from the model's dimensions and the batch's real tokens
     # (spanlm.models.flops); the records' ``mfu`` divides them by the device's peak. None: no ``mfu``.
     flops: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None
+    # Called on rank 0 once the run is known to start — its resume checks passed, its trackers started — before the
+    # first step: what the task writes outside the run's own directory (pretraining: the run's line in its prepared
+    # corpus's runs.txt), so that a run refused or failing before it writes nothing there.
+    on_start: Callable[[], object] | None = None
 
 
 def train(
@@ -257,6 +261,8 @@ class Trainer:
         with logger or contextlib.nullcontext():
             if env.is_main:  # only now: a refused or failed start (a tracker too) leaves the run's recipe as it was
                 save_config(self.recipe, self.output_dir / "config.yaml")
+                if self.setup.on_start is not None and not nothing_to_train:
+                    self.setup.on_start()
             if nothing_to_train:
                 self.log(
                     f"step {self.step} already reaches train.max_steps {config.max_steps}: nothing to train "
