@@ -313,6 +313,15 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{error.filename}: " if error.filename else ""
         print(f"spanlm {args.command}: error: {where}{error.strerror or error}", file=sys.stderr)
         return 2
+    except Exception as error:
+        # A write the device refused, wrapped by a library in its own error type (torch.save's RuntimeError):
+        # wherever it happens, one line. What writes spanlm's files names the file and what was kept itself.
+        from spanlm.files import out_of_space
+
+        if (reason := out_of_space(error)) is None:
+            raise
+        print(f"spanlm {args.command}: error: a write failed ({reason}); no file was half written", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"spanlm {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -53,23 +53,28 @@ def replace_directory(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-# How libraries that wrap the OSError say it: safetensors "(os error 28)", numpy's short write.
+# A write the device refused: a full disk, a quota, a file-size limit, or the device failing (EIO).
+OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
+# How libraries that wrap the OSError say it: safetensors "(os error 28)", numpy's short write, torch.save's zip
+# writer, which checks its position after each write and loses the errno of a short one ("unexpected pos N vs M").
 _OUT_OF_SPACE_TEXT = re.compile(
-    r"No space left on device|Disk quota exceeded|File too large|\d+ requested and \d+ written"
+    r"No space left on device|Disk quota exceeded|File too large|Input/output error|\d+ requested and \d+ written"
+    r"|unexpected pos \d+ vs \d+|PytorchStreamWriter failed writing"
 )
+_SHORT_WRITE = "the device took fewer bytes than were written: a full disk or a failing device"
 
 
 def out_of_space(error: BaseException) -> str | None:
     """Why, when ``error`` or what led to it is the file system refusing more bytes (a full disk, a quota,
-    a file-size limit); else None. The chain is searched because libraries wrap the OSError (torch.save
+    a file-size limit, an I/O error); else None. The chain is searched because libraries wrap the OSError (torch.save
     raises a RuntimeError in whose context it is; safetensors and numpy raise their own types)."""
     seen: BaseException | None = error
     while seen is not None:
         if isinstance(seen, OSError) and seen.errno in OUT_OF_SPACE:
             return os.strerror(seen.errno)
         if (match := _OUT_OF_SPACE_TEXT.search(str(seen))) is not None:
-            return match.group(0)
+            found = match.group(0)
+            return _SHORT_WRITE if found.startswith(("unexpected pos", "PytorchStreamWriter")) else found
         seen = seen.__cause__ or seen.__context__
     return None
 

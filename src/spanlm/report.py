@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import html
 import json
+import os
 from pathlib import Path
 
 from spanlm.errors import InputError
-from spanlm.files import read_metadata
+from spanlm.files import full_disk_is_an_input_error, read_metadata, write_text_atomically
 from spanlm.train.metrics import NOT_METRICS, read_metrics
 
 # Which columns go on which figure; a figure is drawn when the run logged any of its columns.
@@ -23,6 +24,7 @@ PLOTS = {
     "eval.png": ("Held-out evaluation", lambda key: key not in NOT_METRICS, "eval"),
 }
 RATE_WORDS = ("accuracy", "precision", "recall", "f1")
+KEPT = "the run's metrics and checkpoints are untouched (a plot is written whole or not at all)"
 
 
 def is_count(key: str) -> bool:
@@ -107,7 +109,7 @@ def write_report(run_dir: str | Path) -> Path:
             axis.set_visible(False)
         figure.suptitle(title)
         figure.tight_layout()
-        figure.savefig(run_dir / filename)
+        save_figure(figure, run_dir / filename, KEPT)
         plt.close(figure)
         plots.append((title, filename))
 
@@ -143,9 +145,21 @@ def write_report(run_dir: str | Path) -> Path:
     ]
     page.append(f"<h2>Configuration</h2><pre>{html.escape(config)}</pre></body></html>")
     out = run_dir / "report.html"
-    out.write_text("\n".join(page), encoding="utf-8")
-    (run_dir / "summary.json").write_text(json.dumps(final, indent=2) + "\n", encoding="utf-8")
+    write_text_atomically(out, "\n".join(page))
+    write_text_atomically(run_dir / "summary.json", json.dumps(final, indent=2) + "\n")
     return out
+
+
+def save_figure(figure, path: Path, kept: str) -> None:
+    """``figure`` as ``path`` (its suffix the format), whole or not at all: a full disk is one line saying what is
+    ``kept``."""
+    partial = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
+    try:
+        with full_disk_is_an_input_error(path, kept):
+            figure.savefig(partial)
+            os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def _format(value) -> str:
@@ -189,6 +203,6 @@ def compare_runs(run_dirs: list[str | Path], metrics: list[str], out: str | Path
     figure.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out)
+    save_figure(figure, out, "nothing else was written")
     plt.close(figure)
     return out

@@ -24,7 +24,7 @@ import yaml
 
 from spanlm.config import to_dict
 from spanlm.errors import ConfigError, InputError, SpanlmError
-from spanlm.files import read_metadata
+from spanlm.files import out_of_space, read_metadata
 from spanlm.train.config import LoggingConfig
 
 IDS_FILE = "trackers.json"
@@ -111,8 +111,16 @@ class MetricsLogger:
 
     def log(self, record: dict) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
-        self.handle.write(json.dumps(clean) + "\n")
-        self.handle.flush()
+        try:
+            self.handle.write(json.dumps(clean) + "\n")
+            self.handle.flush()
+        except OSError as error:
+            if (reason := out_of_space(error)) is None:
+                raise
+            raise InputError(
+                f"{self.path}: could not be written ({reason}); the records before step {record['step']} and the "
+                "run's checkpoints are kept (a torn last line is dropped when the run resumes)"
+            ) from None
         kind, step = record.get("kind", "train"), record["step"]
         metrics = {k: v for k, v in record.items() if k not in NOT_METRICS and isinstance(v, (int, float))}
         for name, tracker in list(self.trackers.items()):
