@@ -55,7 +55,7 @@ def _pretrain(args: argparse.Namespace) -> int:
     from spanlm.train.dist import is_main_process
 
     recipe = load_recipe(args.recipe, args.overrides)
-    guard_training_outputs(args.recipe, recipe, args.weights_from)
+    guard_training_outputs(args.recipe, recipe, args.resume, args.weights_from)
     run_dir = pretrain(recipe, resume=args.resume, log=log, weights_from=args.weights_from)
     if is_main_process():  # under torchrun every rank returns here; one reports
         print(json.dumps({"run_dir": str(run_dir)}))

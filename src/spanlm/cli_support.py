@@ -103,12 +103,18 @@ def guard_outputs(outputs: dict, inputs: dict) -> None:
     guard(outputs, inputs)
 
 
-def guard_training_outputs(recipe_file: str, recipe, weights_from: str | None) -> None:
+def guard_training_outputs(recipe_file: str, recipe, resume: str | None, weights_from: str | None) -> None:
     """A training command's ``train.output_dir`` is none of what its run reads (the recipe file, the recipe's
-    inputs, a ``--resume-weights-only`` checkpoint), nor inside nor around one (spanlm.files.guard_outputs)."""
+    inputs, a ``--resume-weights-only`` checkpoint), nor inside nor around one (spanlm.files.guard_outputs).
+
+    One exception: a run resumed from its own ``config.yaml`` (what it recorded; the resume check compares the
+    two) reads that file inside its directory."""
+    from pathlib import Path
+
     from spanlm.files import guard_outputs
 
-    inputs = {"the recipe": recipe_file, **recipe.input_paths(), "--resume-weights-only": weights_from}
+    own = resume is not None and Path(recipe_file).resolve() == Path(recipe.train.output_dir).resolve() / "config.yaml"
+    inputs = {"the recipe": None if own else recipe_file, **recipe.input_paths(), "--resume-weights-only": weights_from}
     guard_outputs({"train.output_dir": recipe.train.output_dir}, inputs)
 
 

@@ -82,3 +82,15 @@ def test_a_touched_input_is_refingerprinted_by_the_run_that_starts_not_by_one_th
     after = snapshot(corpus)
     assert after["meta.json"] != before["meta.json"] and after["ids.npy"] == before["ids.npy"]
     assert str((tmp_path / "other").resolve()) in dependent_runs(corpus)
+
+
+def test_a_run_resumed_from_its_own_config_yaml_reads_it_in_its_directory(prepared, tmp_path, capsys):
+    """The one exception: `spanlm pretrain RUN/config.yaml --resume auto` (what the run recorded, compared with the
+    checkpoint's by the resume check); the same file starting a new run into RUN is refused."""
+    from spanlm.cli import main
+
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=1), **QUIET)
+    assert main(["pretrain", str(run / "config.yaml"), "train.max_steps=2", "--resume", "auto"]) == 0
+    capsys.readouterr()
+    assert main(["pretrain", str(run / "config.yaml"), "train.max_steps=2"]) == 2
+    assert "train.output_dir holds the input" in capsys.readouterr().err

@@ -77,7 +77,7 @@ def run_training(args, recipe_class: type, train_task: Callable, summary: Callab
     from spanlm.train.dist import is_main_process
 
     recipe = load_config(args.recipe, args.overrides, cls=recipe_class)
-    guard_training_outputs(args.recipe, recipe, args.weights_from)
+    guard_training_outputs(args.recipe, recipe, args.resume, args.weights_from)
     run_dir, scores = train_task(recipe, resume=args.resume, log=log, weights_from=args.weights_from)
     if is_main_process():  # the main process reports; the others only trained
         result = {"run_dir": str(run_dir), "model_dir": str(run_dir / "model")}
