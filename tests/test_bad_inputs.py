@@ -181,6 +181,11 @@ class Ctx:
         shutil.copytree(self.fixture(fixture), out)
         return out
 
+    def folder_(self, name: str) -> Path:
+        path = self.tmp / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
     def recipe(self, data: dict, name: str = "recipe.yaml") -> Path:
         return self.file(name, yaml.safe_dump(data, allow_unicode=True))
 
@@ -1489,8 +1494,433 @@ def _(ctx):
     return ["cls", "train", ctx.cls_recipe(), "cls.metrics=[pearson]"], ["cls.metrics", "pearson", "classification"]
 
 
+# ---- sentence classification, continued: every input of train / eval / predict ------------------------------
+
+SST2_DEV = REPO / "data" / "cls" / "sst2" / "dev.tsv"
+
+
+@pytest.fixture(scope="module")
+def cls_model(tiny_encoder_dir, tmp_path_factory) -> Path:
+    """The model/ directory of one step of `cls train` on a few SST-2 sentences."""
+    out = tmp_path_factory.mktemp("cls_model") / "run"
+    recipe = out.parent / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(cls_recipe(tiny_encoder_dir, out, dev="")), encoding="utf-8")
+    assert main(["cls", "train", str(recipe), "train.max_steps=1"]) == 0
+    return out / "model"
+
+
+FIXTURE_NAMES["cls_model"] = "cls_model"
+
+
+def cls_train_case(name: str, files: dict[str, str | bytes], data: dict, expected: list[str], **recipe_changes):
+    """A `cls train` case whose data settings ``data`` may name ``files`` written first ({NAME} → their paths)."""
+
+    @case(f"cls_{name}")
+    def _(ctx):
+        paths = {key: ctx.file(key, text) for key, text in files.items()}
+        settings = {
+            k: (
+                v.format(**{n.replace(".", "_").replace("/", "_"): p for n, p in paths.items()})
+                if isinstance(v, str)
+                else v
+            )
+            for k, v in data.items()
+        }
+        recipe = cls_recipe(ctx.fixture("encoder"), ctx.tmp / "run", **settings)
+        for section, values in recipe_changes.items():
+            recipe.setdefault(section, {}).update(values)
+        path = ctx.recipe(recipe, "cls.yaml")
+        return ["cls", "train", path], [needle.format(tmp=ctx.tmp) for needle in expected]
+
+
+JSONL = {"task": None, "dev": ""}
+cls_train_case(
+    "train_missing_file",
+    {},
+    {"train": "/nonexistent-spanlm/nowhere.tsv"},
+    ["nowhere.tsv", "no such file"],
+)
+cls_train_case(
+    "train_not_utf8",
+    {"train.tsv": b"sentence\tlabel\n\xff\xfe caf\xe9\t1\n"},
+    {"train": "{train_tsv}"},
+    ["train.tsv", "UTF-8"],
+)
+cls_train_case("train_empty", {"train.tsv": ""}, {"train": "{train_tsv}"}, ["train.tsv", "empty"])
+cls_train_case(
+    "train_header_only", {"train.tsv": "sentence\tlabel\n"}, {"train": "{train_tsv}"}, ["train.tsv", "no example"]
+)
+cls_train_case(
+    "jsonl_broken_line",
+    {"t.jsonl": '{"text": "a", "label": "1"}\n{"text": "b", "label":\n'},
+    {"train": "{t_jsonl}", **JSONL},
+    ["t.jsonl:2", "JSON"],
+)
+cls_train_case(
+    "jsonl_not_an_object", {"t.jsonl": '["a", "1"]\n'}, {"train": "{t_jsonl}", **JSONL}, ["t.jsonl:1", "object"]
+)
+cls_train_case(
+    "jsonl_no_text", {"t.jsonl": '{"label": "1"}\n'}, {"train": "{t_jsonl}", **JSONL}, ["t.jsonl:1", "'text'"]
+)
+cls_train_case(
+    "jsonl_text_a_number",
+    {"t.jsonl": '{"text": 5, "label": "1"}\n'},
+    {"train": "{t_jsonl}", **JSONL},
+    ["t.jsonl:1", "'text'"],
+)
+cls_train_case(
+    "jsonl_no_label", {"t.jsonl": '{"text": "fine"}\n'}, {"train": "{t_jsonl}", **JSONL}, ["t.jsonl:1", "'label'"]
+)
+cls_train_case(
+    "jsonl_label_a_list",
+    {"t.jsonl": '{"text": "fine", "label": [1]}\n'},
+    {"train": "{t_jsonl}", **JSONL},
+    ["t.jsonl:1", "'label'"],
+)
+cls_train_case(
+    "csv_no_label_column", {"t.csv": "text,score\nfine,1\n"}, {"train": "{t_csv}", **JSONL}, ["t.csv", "'label'"]
+)
+cls_train_case("tsv_row_short_of_columns", {"t.tsv": "sentence\tlabel\nfine\n"}, {"train": "{t_tsv}"}, ["t.tsv:2"])
+cls_train_case(
+    "custom_field_missing",
+    {"t.jsonl": '{"text": "a", "label": "1"}\n'},
+    {"train": "{t_jsonl}", **JSONL, "text_field": "sentence"},
+    ["t.jsonl:1", "'sentence'"],
+)
+cls_train_case("labels_given_twice", {}, {"labels": ["0", "0"]}, ["data", "labels"])
+cls_train_case(
+    "labels_given_miss_one",
+    {"t.tsv": "sentence\tlabel\nfine\t1\nbad\t0\n"},
+    {"train": "{t_tsv}", "labels": ["1"]},
+    ["t.tsv:3", "'0'"],
+)
+cls_train_case("unknown_format", {}, {"format": "xml"}, ["data.format", "one of"])
+cls_train_case("max_length_zero", {}, {"max_length": 0}, ["max_length"])
+cls_train_case("max_length_beyond_positions", {}, {"max_length": 100000}, ["100000"])
+cls_train_case("dev_missing", {}, {"dev": "/nonexistent-spanlm/dev.tsv"}, ["dev.tsv", "no such file"])
+cls_train_case("dev_not_utf8", {"dev.tsv": b"sentence\tlabel\n\xff\t1\n"}, {"dev": "{dev_tsv}"}, ["dev.tsv", "UTF-8"])
+cls_train_case(
+    "model_path_missing",
+    {},
+    {},
+    ["nowhere", "no such directory", "model.path"],
+    model={"path": "/nonexistent-spanlm/nowhere"},
+)
+cls_train_case("model_path_a_file", {"enc.txt": "x"}, {}, ["enc.txt"], model={"path": "{tmp}/enc.txt"})
+cls_train_case("model_dropout_out_of_range", {}, {}, ["dropout", "[0, 1)"], model={"dropout": 1.5})
+cls_train_case("unknown_cls_key", {}, {}, ["cls.poolingg", "unknown"], cls={"poolingg": "mean"})
+cls_train_case("regression_metric_on_classes", {}, {}, ["cls.metrics", "spearman"], cls={"metrics": ["spearman"]})
+
+
+@case("cls_train_a_directory_of_no_dataset")
+def _(ctx):
+    folder = ctx.folder_("folder")
+    return ["cls", "train", ctx.cls_recipe(train=str(folder))], [str(folder)]
+
+
+@case("cls_model_path_a_file_named")
+def _(ctx):
+    encoder = ctx.file("encoder.bin", b"\x00\x01")
+    recipe = cls_recipe(encoder, ctx.tmp / "run")
+    return ["cls", "train", ctx.recipe(recipe, "cls.yaml")], [str(encoder)]
+
+
+@case("cls_model_path_not_a_model")
+def _(ctx):
+    folder = ctx.tmp / "folder"
+    folder.mkdir()
+    return ["cls", "train", ctx.recipe(cls_recipe(folder, ctx.tmp / "run"), "cls.yaml")], [str(folder)]
+
+
+@case("cls_output_dir_is_the_encoder")
+def _(ctx):
+    encoder = ctx.copy("encoder")
+    recipe = cls_recipe(encoder, encoder)
+    return ["cls", "train", ctx.recipe(recipe, "cls.yaml")], ["train.output_dir is the input", "model.path"]
+
+
+@case("cls_resume_on_other_labels")
+def _(ctx):
+    """The labels read from the data (none named) are resumed by; the same sentences relabelled are refused."""
+    run = ctx.tmp / "run"
+    train = ctx.file("train.tsv", "sentence\tlabel\n" + "fine\t1\nbad\t0\n" * 4)
+    recipe = ctx.recipe(cls_recipe(ctx.fixture("encoder"), run, train=str(train), dev=""), "cls.yaml")
+    assert main(["cls", "train", str(recipe), "train.max_steps=1"]) == 0
+    train.write_text("sentence\tlabel\n" + "fine\tgood\nbad\tpoor\n" * 4, encoding="utf-8")
+    return ["cls", "train", recipe, "train.max_steps=2", "--resume", "auto"], [
+        "data.labels: ['0', '1'] → ['good', 'poor']",
+        "resuming with changed settings",
+    ]
+
+
+def cls_model_case(name: str, verb: str, build: Callable[[Ctx, Path], tuple[list, list[str]]]):
+    @case(f"cls_{verb}_{name}")
+    def _(ctx):
+        argv, expected = build(ctx, ctx.copy("cls_model", "model"))
+        return ["cls", verb, *argv], expected
+
+
+cls_model_case("model_missing", "eval", lambda c, m: ([c.tmp / "nowhere", "--data", SST2_DEV], ["nowhere"]))
+cls_model_case("model_a_file", "eval", lambda c, m: ([c.file("m.txt", "x"), "--data", SST2_DEV], ["m.txt"]))
+cls_model_case("data_missing", "eval", lambda c, m: ([m, "--data", c.tmp / "dev.tsv"], ["dev.tsv", "no such file"]))
+cls_model_case("data_a_directory", "eval", lambda c, m: ([m, "--data", m], [str(m), "directory"]))
+cls_model_case(
+    "data_not_utf8",
+    "eval",
+    lambda c, m: ([m, "--data", c.file("dev.tsv", b"sentence\tlabel\n\xff\t1\n")], ["dev.tsv", "UTF-8"]),
+)
+cls_model_case(
+    "data_label_the_model_never_had",
+    "eval",
+    lambda c, m: ([m, "--data", c.file("dev.tsv", "sentence\tlabel\nfine\t7\n")], ["dev.tsv:2", "'7'"]),
+)
+cls_model_case("data_empty", "eval", lambda c, m: ([m, "--data", c.file("dev.tsv", "")], ["dev.tsv", "no example"]))
+cls_model_case(
+    "output_a_directory",
+    "eval",
+    lambda c, m: ([m, "--data", SST2_DEV, "--output", o := c.folder_("out")], [str(o), "is a directory"]),
+)
+cls_model_case(
+    "predictions_onto_the_data",
+    "eval",
+    lambda c, m: (
+        [m, "--data", d := c.file("dev.tsv", SST2_DEV.read_text()), "--predictions", d],
+        ["--predictions is the input"],
+    ),
+)
+cls_model_case(
+    "weights_cut_short",
+    "eval",
+    lambda c, m: (cut(m / "model.safetensors"), [m, "--data", SST2_DEV])[1:] + (["model.safetensors"],),
+)
+cls_model_case(
+    "config_json_broken",
+    "eval",
+    lambda c, m: ((m / "config.json").write_text("{"), [m, "--data", SST2_DEV])[1:] + (["config.json"],),
+)
+cls_model_case(
+    "input_empty", "predict", lambda c, m: ([m, "--input", c.file("in.jsonl", "")], ["in.jsonl", "no texts"])
+)
+cls_model_case(
+    "input_blank_lines", "predict", lambda c, m: ([m, "--input", c.file("in.txt", "\n\n")], ["in.txt", "no texts"])
+)
+cls_model_case(
+    "input_missing", "predict", lambda c, m: ([m, "--input", c.tmp / "in.jsonl"], ["in.jsonl", "no such file"])
+)
+cls_model_case("input_a_directory", "predict", lambda c, m: ([m, "--input", c.tmp], [str(c.tmp), "directory"]))
+cls_model_case(
+    "input_broken_json",
+    "predict",
+    lambda c, m: ([m, "--input", c.file("in.jsonl", '{"text": \n')], ["in.jsonl:1", "JSON"]),
+)
+cls_model_case(
+    "input_no_text",
+    "predict",
+    lambda c, m: ([m, "--input", c.file("in.jsonl", '{"txt": "a"}\n')], ["in.jsonl:1", "'text'"]),
+)
+cls_model_case(
+    "input_not_utf8", "predict", lambda c, m: ([m, "--input", c.file("in.txt", b"caf\xe9\n")], ["in.txt", "UTF-8"])
+)
+cls_model_case(
+    "output_a_directory",
+    "predict",
+    lambda c, m: ([m, "--text", "fine", "--output", o := c.folder_("out")], [str(o), "is a directory"]),
+)
+cls_model_case(
+    "output_is_the_input",
+    "predict",
+    lambda c, m: ([m, "--input", i := c.file("in.txt", "fine\n"), "--output", i], ["--output is the input"]),
+)
+cls_model_case(
+    "output_inside_the_model",
+    "predict",
+    lambda c, m: ([m, "--text", "fine", "--output", m / "p.jsonl"], ["--output is inside the input"]),
+)
+cls_model_case(
+    "labels_json_broken",
+    "predict",
+    lambda c, m: ((m / "cls.json").write_text("["), [m, "--text", "fine"])[1:] + (["cls.json"],),
+)
+
+
+def cut(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+# ---- spanlm eval: the suite, its tasks, the encoders and the options --------------------------------------------
+
+
+def eval_suite(ctx: Ctx, mutate: Callable[[dict], object] | None = None, text: str | bytes | None = None) -> Path:
+    """The quick suite (two NER steps on the WNUT fixtures) as ``mutate`` changes it, or ``text`` as it is."""
+    if text is not None:
+        return ctx.file("suite.yaml", text)
+    suite = {
+        "seeds": [0],
+        "tasks": [
+            {
+                "name": "wnut-mini",
+                "kind": "ner",
+                "recipe": str(REPO / "configs/ner/wnut17.yaml"),
+                "metric": "f1",
+                "arms": ["fine-tuned"],
+                "settings": {
+                    "data.train": str(CONLL_TRAIN),
+                    "data.dev": str(CONLL_DEV),
+                    "data.max_len": 32,
+                    "data.stride": 8,
+                    "train.max_steps": 1,
+                    "train.device": "cpu",
+                },
+            }
+        ],
+    }
+    if mutate is not None:
+        mutate(suite)
+    return ctx.file("suite.yaml", yaml.safe_dump(suite))
+
+
+def eval_case(name: str, build: Callable[[Ctx, Path], tuple[list, list[str]]]):
+    """A `spanlm eval` case: ``build(ctx, encoder)`` → (the arguments after `eval`, what the error names)."""
+
+    @case(f"eval_{name}")
+    def _(ctx):
+        argv, expected = build(ctx, ctx.fixture("encoder"))
+        if "--out" not in argv:
+            argv = [*argv, "--out", ctx.tmp / "out"]
+        return ["eval", *argv], expected
+
+
+def task(key: str, value):
+    return lambda suite: suite["tasks"][0].__setitem__(key, value)
+
+
+def setting(key: str, value):
+    return lambda suite: suite["tasks"][0]["settings"].__setitem__(key, value)
+
+
+def encoders(e: Path, *more: str) -> list:
+    return ["--encoders", f"tiny={e}", f"random=random:{e}", *more]
+
+
+eval_case("suite_missing", lambda c, e: ([c.tmp / "suite.yaml", *encoders(e)], ["suite.yaml", "no such file"]))
+eval_case("suite_a_directory", lambda c, e: ([c.tmp, *encoders(e)], [str(c.tmp), "directory"]))
+eval_case(
+    "suite_binary",
+    lambda c, e: ([eval_suite(c, text=b"\x89PNG\r\n\x1a\n\x00\xff"), *encoders(e)], ["suite.yaml", "UTF-8"]),
+)
+eval_case("suite_not_yaml", lambda c, e: ([eval_suite(c, text="tasks: [\n"), *encoders(e)], ["suite.yaml", "YAML"]))
+eval_case("suite_a_list", lambda c, e: ([eval_suite(c, text="- a\n- b\n"), *encoders(e)], ["suite.yaml"]))
+eval_case(
+    "suite_without_tasks",
+    lambda c, e: ([eval_suite(c, lambda s: s.pop("tasks")), *encoders(e)], ["suite.yaml", "tasks"]),
+)
+eval_case(
+    "suite_tasks_empty",
+    lambda c, e: ([eval_suite(c, lambda s: s.__setitem__("tasks", [])), *encoders(e)], ["suite.yaml", "tasks"]),
+)
+eval_case(
+    "suite_unknown_key", lambda c, e: ([eval_suite(c, lambda s: s.__setitem__("seedz", [0])), *encoders(e)], ["seedz"])
+)
+eval_case(
+    "suite_seeds_negative",
+    lambda c, e: ([eval_suite(c, lambda s: s.__setitem__("seeds", [-1])), *encoders(e)], ["seeds"]),
+)
+eval_case(
+    "task_unknown_kind", lambda c, e: ([eval_suite(c, task("kind", "summarisation")), *encoders(e)], ["summarisation"])
+)
+eval_case("task_unknown_metric", lambda c, e: ([eval_suite(c, task("metric", "bleu")), *encoders(e)], ["bleu"]))
+eval_case(
+    "task_unknown_arm", lambda c, e: ([eval_suite(c, task("arms", ["half-frozen"])), *encoders(e)], ["half-frozen"])
+)
+eval_case(
+    "task_without_a_name", lambda c, e: ([eval_suite(c, lambda s: s["tasks"][0].pop("name")), *encoders(e)], ["name"])
+)
+eval_case(
+    "task_recipe_missing",
+    lambda c, e: ([eval_suite(c, task("recipe", str(c.tmp / "ner.yaml"))), *encoders(e)], ["ner.yaml", "no such file"]),
+)
+eval_case(
+    "task_recipe_not_utf8",
+    lambda c, e: (
+        [eval_suite(c, task("recipe", str(c.file("ner.yaml", b"model:\n  path: caf\xe9\n")))), *encoders(e)],
+        ["ner.yaml", "UTF-8"],
+    ),
+)
+eval_case(
+    "task_recipe_unknown_name",
+    lambda c, e: ([eval_suite(c, task("recipe", "ner/nothing")), *encoders(e)], ["ner/nothing"]),
+)
+eval_case(
+    "task_settings_not_a_mapping", lambda c, e: ([eval_suite(c, task("settings", ["a"])), *encoders(e)], ["settings"])
+)
+eval_case(
+    "task_setting_unknown",
+    lambda c, e: ([eval_suite(c, setting("train.max_stepz", 3)), *encoders(e)], ["train.max_stepz"]),
+)
+eval_case(
+    "task_data_missing",
+    lambda c, e: ([eval_suite(c, setting("data.dev", str(c.tmp / "dev.conll"))), *encoders(e)], ["data.dev"]),
+)
+eval_case(
+    "encoder_missing",
+    lambda c, e: ([eval_suite(c), "--encoders", f"tiny={c.tmp / 'nowhere'}"], ["nowhere", "no such directory"]),
+)
+eval_case(
+    "encoder_a_file",
+    lambda c, e: (
+        [eval_suite(c), "--encoders", f"tiny={c.file('enc.bin', 'x')}"],
+        ["enc.bin", "is a file, not a directory"],
+    ),
+)
+eval_case(
+    "encoder_not_a_model",
+    lambda c, e: (
+        [eval_suite(c), "--encoders", f"tiny={(c.tmp / 'empty').mkdir() or c.tmp / 'empty'}"],
+        ["empty", "config.json"],
+    ),
+)
+eval_case("encoder_without_a_name", lambda c, e: ([eval_suite(c), "--encoders", str(e)], ["NAME=DIR"]))
+eval_case("encoder_name_with_a_slash", lambda c, e: ([eval_suite(c), "--encoders", f"a/b={e}"], ["a name is letters"]))
+eval_case(
+    "encoder_names_twice",
+    lambda c, e: ([eval_suite(c), "--encoders", f"tiny={e}", f"tiny=random:{e}"], ["its own name"]),
+)
+eval_case("baseline_unknown", lambda c, e: ([eval_suite(c), *encoders(e), "--baseline", "nobody"], ["nobody"]))
+eval_case("seeds_twice", lambda c, e: ([eval_suite(c), *encoders(e), "--seeds", "0", "0"], ["--seeds"]))
+eval_case("out_is_an_encoder", lambda c, e: ([eval_suite(c), *encoders(e), "--out", e], ["--out is the input"]))
+eval_case(
+    "out_holds_the_suite",
+    lambda c, e: ([s := eval_suite(c), *encoders(e), "--out", s.parent], ["--out holds the input", "suite"]),
+)
+eval_case("out_is_a_file", lambda c, e: ([eval_suite(c), *encoders(e), "--out", c.file("out.txt", "x")], ["out.txt"]))
+eval_case(
+    "windows_beyond_positions", lambda c, e: ([eval_suite(c, setting("data.max_len", 4096)), *encoders(e)], ["4096"])
+)
+
+
+@case("ner_predict_output_a_directory")
+def _(ctx):
+    out = ctx.folder_("out")
+    return ["ner", "predict", ctx.copy("ner_model", "model"), "--text", "Holmes .", "--output", out], [
+        f"{out}: is a directory"
+    ]
+
+
+@case("ner_predict_input_empty")
+def _(ctx):
+    path = ctx.file("texts.jsonl", "")
+    return ["ner", "predict", ctx.copy("ner_model", "model"), "--input", path], [str(path), "no texts"]
+
+
+@case("qa_predict_input_empty")
+def _(ctx):
+    path = ctx.file("questions.jsonl", "\n")
+    return ["qa", "predict", ctx.copy("qa_model", "model"), "--input", path], [str(path), "no questions"]
+
+
 def test_table_is_large_enough():
     assert len(CASES) >= 100 and len({c.name for c in CASES}) == len(CASES)
+    assert len([c for c in CASES if c.name.startswith(("cls_", "eval_"))]) >= 60
 
 
 @pytest.mark.parametrize("bad", CASES, ids=[c.name for c in CASES])

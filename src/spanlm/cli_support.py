@@ -118,6 +118,16 @@ def guard_training_outputs(recipe_file: str, recipe, resume: str | None, weights
     guard_outputs({"train.output_dir": recipe.train.output_dir}, inputs)
 
 
+def require_records(records: list, path: str | None, what: str) -> list:
+    """``records`` read from a predict verb's ``--input`` ``path``, unless there are none: an empty input is one line
+    naming the file (a stale ``--output`` from an earlier call would otherwise look like this call's)."""
+    if not records:
+        from spanlm.errors import InputError
+
+        raise InputError(f"{path}: no {what} in it (an empty file, or only blank lines)")
+    return records
+
+
 def write_lines_or_stdout(lines: list[str], output: str | None, what: str) -> None:
     """JSON lines (each ending in a newline) to ``output``, or to stdout when it is None."""
     if output:

@@ -42,6 +42,26 @@ def require_file(path, setting: str | None = None) -> None:
         raise InputError(f"{path}: is {_special_kind(mode)}, not a regular file{given}; save its content to a file")
 
 
+def require_directory(path, setting: str | None = None) -> None:
+    """An :class:`InputError` unless ``path`` is a directory (or a link to one): a file is named as a file, not as a
+    missing directory. ``setting``: the option or key that gave the path, said in the error."""
+    import stat
+    from pathlib import Path
+
+    path = Path(path)
+    given = f" ({setting})" if setting else ""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such directory{given}") from None
+    except OSError as error:
+        raise InputError(f"{path}: cannot be read{given} ({error.strerror or error})") from None
+    if stat.S_ISREG(mode):
+        raise InputError(f"{path}: is a file, not a directory{given}")
+    if not stat.S_ISDIR(mode):
+        raise InputError(f"{path}: is {_special_kind(mode)}, not a directory{given}")
+
+
 def _special_kind(mode: int) -> str:
     import stat
 

@@ -91,8 +91,21 @@ def full_disk_is_an_input_error(target: Path, kept: str):
         raise InputError(f"{target}: could not be written ({reason}); {kept}") from None
 
 
+def require_file_to_write(path: Path) -> None:
+    """An :class:`InputError` naming ``path``, the output a user gave, when it is a directory: not an error about
+    the temporary file beside it that the write goes through."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory; give the path of a file to write")
+    if not path.parent.is_dir():
+        raise InputError(
+            f"{path}: its folder {path.parent} does not exist" + (" (a file)" if path.parent.exists() else "")
+        )
+
+
 def write_text_atomically(path: Path, text: str) -> None:
     """``path`` holds ``text`` whole, or what it held before (a full disk leaves it as it was)."""
+    require_file_to_write(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     kept = f"the previous {path} is intact" if path.exists() else "nothing was written"
     try:

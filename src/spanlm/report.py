@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from spanlm.errors import InputError
-from spanlm.files import full_disk_is_an_input_error, read_metadata, write_text_atomically
+from spanlm.files import full_disk_is_an_input_error, read_metadata, require_file_to_write, write_text_atomically
 from spanlm.train.metrics import NOT_METRICS, read_metrics
 
 # Which columns go on which figure; a figure is drawn when the run logged any of its columns.
@@ -153,6 +153,7 @@ def write_report(run_dir: str | Path) -> Path:
 def save_figure(figure, path: Path, kept: str) -> None:
     """``figure`` as ``path`` (its suffix the format), whole or not at all: a full disk is one line saying what is
     ``kept``."""
+    require_file_to_write(path)
     partial = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
     try:
         with full_disk_is_an_input_error(path, kept):

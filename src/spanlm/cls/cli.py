@@ -11,6 +11,7 @@ from spanlm.cli_support import (
     add_training_command,
     guard_outputs,
     log,
+    require_records,
     write_lines_or_stdout,
 )
 
@@ -63,7 +64,7 @@ def _predict(args: argparse.Namespace) -> int:
     if args.text is not None:
         examples = [Example(args.text, args.text_pair, None, "--text")]
     else:
-        examples = read_texts(args.input)  # before the model loads: a bad input fails at once
+        examples = require_records(read_texts(args.input), args.input, "texts")  # before the model loads
     model = ClsModel(args.model, device=args.device)
     lines = [
         json.dumps(record, ensure_ascii=False) + "\n"

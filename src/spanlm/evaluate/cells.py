@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from spanlm.config import save_config, to_dict
-from spanlm.errors import ConfigError, InputError
+from spanlm.errors import ConfigError, InputError, require_directory
 from spanlm.evaluate.suite import WINDOW_KEYS, Suite, Task
 
 RANDOM_PREFIX = "random:"  # NAME=random:DIR: DIR's architecture and tokenizer, freshly initialised
@@ -55,8 +55,7 @@ def parse_encoders(specs: list[str]) -> list[Encoder]:
             raise ConfigError(f"--encoders {spec}: a name is letters, digits, '-', '_' and '.' (it names folders)")
         random = target.startswith(RANDOM_PREFIX)
         path = Path(target.removeprefix(RANDOM_PREFIX))
-        if not path.is_dir():
-            raise InputError(f"--encoders {spec}: {path}: no such directory")
+        require_directory(path, f"--encoders {spec}")
         if not (path / "config.json").is_file():
             raise InputError(f"--encoders {spec}: {path}: not a Hugging Face model directory (no config.json)")
         encoders.append(Encoder(name, path, random))

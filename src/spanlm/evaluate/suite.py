@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from spanlm.errors import ConfigError, InputError
+from spanlm.errors import ConfigError, InputError, read_text
 
 ARMS = ("fine-tuned", "frozen")
 
@@ -110,10 +110,8 @@ def load_suite(name_or_path: str, settings: dict | None = None) -> Suite:
     from spanlm.recipes import describe, find_recipe, shipped_root, with_embedded_data_paths
 
     path = Path(name_or_path)
-    if path.is_file():
-        text = path.read_text(encoding="utf-8")
-    elif path.suffix in (".yaml", ".yml") or path.is_dir():
-        raise InputError(f"{path}: no such suite file")
+    if path.exists() or path.suffix in (".yaml", ".yml"):  # a file given (or meant): it must be one, of UTF-8 text
+        text = read_text(path)
     else:
         name = name_or_path if name_or_path.startswith("eval/") else f"eval/{name_or_path}"
         path = find_recipe(name).path
@@ -186,10 +184,11 @@ def _task(path: Path, index: int, entry: Any) -> Task:
 
     source = str(entry["recipe"])
     recipe_path = Path(source)
-    if recipe_path.is_file():
-        text = recipe_path.read_text(encoding="utf-8")
-    elif recipe_path.suffix in (".yaml", ".yml"):
-        raise InputError(f"{where}: recipe {source}: no such file")
+    if recipe_path.exists() or recipe_path.suffix in (".yaml", ".yml"):
+        try:
+            text = read_text(recipe_path)
+        except InputError as error:
+            raise InputError(f"{where}: recipe {error}") from None
     else:
         text = with_embedded_data_paths(find_recipe(source).path.read_text(encoding="utf-8"), shipped_root())
     data = yaml.safe_load(text) or {}

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from spanlm.data.tokenizer import save_tokenizer
-from spanlm.errors import ConfigError, InputError
+from spanlm.errors import ConfigError, InputError, require_directory
 from spanlm.models.backbone import max_sequence_length
 from spanlm.models.charbert import is_charbert_directory, load_charbert_encoder
 from spanlm.models.hf_model import (
@@ -100,6 +100,7 @@ def load_encoder(config: EncoderConfig) -> nn.Module:
     if not config.path:
         raise ConfigError("model.path is required: a Hugging Face checkpoint directory or a spanlm export")
     directory = Path(config.path)
+    require_directory(directory, "model.path")  # a missing path, or a file, named as what it is
     if not (directory / "config.json").is_file():
         raise InputError(
             f"{directory}: not a model directory (no config.json); pass a Hugging Face checkpoint "

@@ -13,6 +13,7 @@ from spanlm.cli_support import (
     guard_outputs,
     log,
     number,
+    require_records,
     write_lines_or_stdout,
 )
 
@@ -80,10 +81,12 @@ def _eval(args: argparse.Namespace) -> int:
         attacked_documents, counts = attack_documents(documents, args.noise, args.noise_seed)
         attacked, _ = evaluate_model(model, attacked_documents, cluener=fmt == "cluener", batch_size=args.batch_size)
         result["attacked"] = {"noise": args.noise, "noise_seed": args.noise_seed, **counts.summary(), **attacked}
+    from spanlm.files import write_text_atomically
+
     output = (
         Path(args.output) if args.output else Path(args.model) / f"eval-{_data_name(args.data, fmt, args.split)}.json"
     )
-    output.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_text_atomically(output, json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     if args.predictions:
         # The lines `ner predict` writes, each entity with its score
         lines = [json.dumps(document_record(d, scores), ensure_ascii=False) + "\n" for d, scores in predicted]
@@ -118,7 +121,7 @@ def _predict(args: argparse.Namespace) -> int:
     from spanlm.ner.predict import NerModel
 
     guard_outputs({"--output": args.output}, {"MODEL": args.model, "--input": args.input})
-    documents = _texts(args)  # before the model loads: a bad input fails at once
+    documents = require_records(_texts(args), args.input, "texts")  # before the model loads: bad input fails at once
     model = NerModel(args.model, device=args.device)
     flat = True if args.flat else None
     lines = [

@@ -11,6 +11,7 @@ from spanlm.cli_support import (
     add_training_command,
     guard_outputs,
     log,
+    require_records,
     write_lines_or_stdout,
 )
 
@@ -58,10 +59,7 @@ def _predict(args: argparse.Namespace) -> int:
     from spanlm.qa.predict import QAModel
 
     guard_outputs({"--output": args.output}, {"MODEL": args.model, "--input": args.input})
-    examples = read_questions_jsonl(args.input)  # before the model loads: a bad input fails at once
-    if not examples:
-        log(f"{args.input}: no questions")
-        return 0
+    examples = require_records(read_questions_jsonl(args.input), args.input, "questions")  # before the model loads
     model = QAModel(args.model, device=args.device)
     lines = [json.dumps(model.answer(p), ensure_ascii=False) + "\n" for p in model.predict(examples, args.batch_size)]
     write_lines_or_stdout(lines, args.output, "answers")
