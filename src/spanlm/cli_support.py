@@ -107,14 +107,22 @@ def guard_training_outputs(recipe_file: str, recipe, resume: str | None, weights
     """A training command's ``train.output_dir`` is none of what its run reads (the recipe file, the recipe's
     inputs, a ``--resume-weights-only`` checkpoint), nor inside nor around one (spanlm.files.guard_outputs).
 
-    One exception: a run resumed from its own ``config.yaml`` (what it recorded; the resume check compares the
-    two) reads that file inside its directory."""
+    One exception: a resumed run may read what it keeps in its own directory — its ``config.yaml`` (the resume check
+    compares it with the checkpoint's), its copy of its tokenizer (``tokenizer.path`` as a refused resume advises).
+    """
     from pathlib import Path
 
     from spanlm.files import guard_outputs
 
-    own = resume is not None and Path(recipe_file).resolve() == Path(recipe.train.output_dir).resolve() / "config.yaml"
-    inputs = {"the recipe": None if own else recipe_file, **recipe.input_paths(), "--resume-weights-only": weights_from}
+    inputs = {"the recipe": recipe_file, **recipe.input_paths(), "--resume-weights-only": weights_from}
+    if resume is not None:
+        run = Path(recipe.train.output_dir).resolve()
+
+        def kept_by_the_run(value) -> bool:
+            path = Path(value).resolve() if isinstance(value, (str, Path)) and value else None
+            return path is not None and path != run and path.is_relative_to(run)
+
+        inputs = {key: value for key, value in inputs.items() if not kept_by_the_run(value)}
     guard_outputs({"train.output_dir": recipe.train.output_dir}, inputs)
 
 
