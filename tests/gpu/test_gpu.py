@@ -91,6 +91,7 @@ def train_losses(run: Path) -> dict[int, float]:
     # and the others compile once in the bench's cli-* arms
     [("spanbert", []), ("charbert", CASES["charbert"][1])],
 )
+@pytest.mark.skipif(DEVICE == "cpu", reason="on the CPU: tests/train/test_device_agnostic.py's compiled runs")
 def test_a_compiled_run_compiles_once_and_says_so(name, overrides, embedded_prepared, tmp_path, monkeypatch):
     """train.compile on the device: eight steps of batches of changing lengths (the packed stream's width, its
     longest segment: the flash kernel's host int; the number of targets) and an evaluation compile nothing after
