@@ -131,8 +131,13 @@ def write_report(run_dir: str | Path) -> Path:
         "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:.3em .6em;text-align:right}img{max-width:100%}</style></head><body>",
         f"<h1>spanlm run: {html.escape(str(run_dir))}</h1>",
-        "<h2>Final metrics</h2>",
     ]
+    # What the run said of its learning (spanlm.train.health), first: a run that is not learning says so here
+    health = [r for r in records if r.get("kind") == "health"]
+    if health:
+        items = "".join(f"<li>step {r['step']}: {html.escape(str(r.get('message', '')))}</li>" for r in health)
+        page.append(f"<h2>Learning health</h2><ul>{items}</ul>")
+    page.append("<h2>Final metrics</h2>")
     for kind, record in final.items():
         if record:
             cells = "".join(
@@ -146,7 +151,8 @@ def write_report(run_dir: str | Path) -> Path:
     page.append(f"<h2>Configuration</h2><pre>{html.escape(config)}</pre></body></html>")
     out = run_dir / "report.html"
     write_text_atomically(out, "\n".join(page))
-    write_text_atomically(run_dir / "summary.json", json.dumps(final, indent=2) + "\n")
+    summary = {**final, "health": [{"step": r["step"], "message": r.get("message")} for r in health]}
+    write_text_atomically(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     return out
 
 

@@ -136,3 +136,18 @@ def test_resume_is_exact(cls_encoder_dir, tmp_path, capsys):
     a = load_file(str(latest_checkpoint(tmp_path / "a") / "model.safetensors"))
     b = load_file(str(latest_checkpoint(tmp_path / "b") / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_classifier_whose_loss_stays_at_chance_says_so(cls_encoder_dir, tmp_path, capsys):
+    """Two labels, a rate too small to move the weights: the training loss stays at ln 2 and, past the first fifth
+    of the run, the run says it is not learning (once), in its log and metrics.jsonl."""
+    from spanlm.train.metrics import read_metrics
+
+    sst2 = REPO / "data" / "cls" / "sst2"
+    data = {"train": str(sst2 / "dev.tsv"), "dev": "", "task": "sst2"}
+    recipe = write_recipe(tmp_path / "cls.yaml", cls_encoder_dir, tmp_path / "run", data, steps=10)
+    code, _, err = run(capsys, "cls", "train", recipe, "train.lr=1e-9", "train.log_every=1", "train.eval_every=0")
+    assert code == 0, err
+    health = [r for r in read_metrics(tmp_path / "run") if r["kind"] == "health"]
+    assert len(health) == 1 and f"chance ({math.log(2):.4f})" in health[0]["message"]
+    assert "not learning: the training loss" in err and "train.encoder_lr" in err

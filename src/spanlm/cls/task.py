@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,7 @@ from spanlm.errors import ConfigError, InputError
 from spanlm.files import write_text_atomically
 from spanlm.finetune.batches import build_window_loader, held_out_batches
 from spanlm.finetune.model import PER_EXAMPLE_FILE, export_task_model
-from spanlm.finetune.task import check_max_length, encoder_featurizer
+from spanlm.finetune.task import FINE_TUNING_HINT, check_max_length, encoder_featurizer
 from spanlm.models.encoder import describe_start, load_encoder
 from spanlm.models.flops import training_flops
 from spanlm.models.packed import resolve_packing
@@ -140,6 +141,11 @@ def cls_setup(
         resolved["recipe"] = recipe
     train_features = make_features(encoder.tokenizer, train_examples, data.max_length, task.labels, featurizer)
     train_features.packed = packed
+    # Learning health: a classifier that has learnt nothing has the training loss ln K of K labels
+    health = {
+        "learning_hint": FINE_TUNING_HINT,
+        "chance_loss": math.log(len(task.labels)) if task.labels is not None and len(task.labels) > 1 else None,
+    }
     loader = build_window_loader(
         train_features, recipe.train, recipe.seed, env.rank, env.world_size, data.tokens_per_batch
     )
@@ -151,6 +157,7 @@ def cls_setup(
             resume_keeps=RESUME_KEEPS,
             recipe=recipe,
             flops=training_flops(objective),
+            **health,
         )
     dev_features = make_features(encoder.tokenizer, dev, data.max_length, task.labels, featurizer)
     dev_features.packed = packed
@@ -165,7 +172,14 @@ def cls_setup(
         return score(task, recipe, dev, logits)[0]
 
     return TrainingSetup(
-        objective, loader, held_out, evaluate, resume_keeps=RESUME_KEEPS, recipe=recipe, flops=training_flops(objective)
+        objective,
+        loader,
+        held_out,
+        evaluate,
+        resume_keeps=RESUME_KEEPS,
+        recipe=recipe,
+        flops=training_flops(objective),
+        **health,
     )
 
 

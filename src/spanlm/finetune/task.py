@@ -70,6 +70,11 @@ def load_task_model(
     return LoadedModel(recipe, objective, ready_for_inference(objective, directory, device, state))
 
 
+# What usually makes a fine-tuning run that is not learning learn (spanlm.train.health): the rates and their warm-up,
+# the budget, the dropout (Mosbach et al. 2021, "On the Stability of Fine-tuning BERT")
+FINE_TUNING_HINT = "train.lr / train.encoder_lr and train.warmup_steps, train.max_steps, model.dropout"
+
+
 def run_training(args, recipe_class: type, train_task: Callable, summary: Callable[[dict], dict], log) -> int:
     """The ``TASK train RECIPE [OVERRIDES] [--resume …] [--resume-weights-only …]`` verb: load the recipe, train
     (``train_task(recipe, resume=, log=, weights_from=)`` → (run dir, dev scores or None)), and on the main

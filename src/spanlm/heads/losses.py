@@ -42,6 +42,9 @@ class TokenLoss:
     count: Tensor  # int64 scalar: number of targets
     correct: Tensor  # int64 scalar: targets whose arg-max prediction is the label (no gradient)
     samples: Tensor | None = None  # (N,) what the target's ``sampler`` drew from its rows (no gradient; VocabTarget)
+    # In an evaluation (no gradient): each target's vocabulary tally, of its labels and of its arg-max predictions,
+    # (V,) float64 counts (prediction_tallies); None in training
+    tallies: tuple[Tensor, Tensor] | None = None
 
     @property
     def accuracy(self) -> Tensor:
@@ -55,8 +58,13 @@ def token_cross_entropy(logits: Tensor, labels: Tensor) -> TokenLoss:
         # A sum over an empty set is 0 (with a gradient of 0), never the NaN of 0/0 a mean would give.
         total = F.cross_entropy(logits.float(), labels, reduction="sum", ignore_index=IGNORE_INDEX)
     with torch.no_grad():
-        correct = ((logits.argmax(dim=-1) == labels) & valid).sum()
-    return TokenLoss(total=total, count=valid.sum(), correct=correct)
+        predicted = logits.argmax(dim=-1)  # (N,)
+        correct = ((predicted == labels) & valid).sum()
+    tallies = None
+    if not torch.is_grad_enabled():  # an evaluation: what a collapsed model shows (spanlm.train.health)
+        vocab = logits.shape[-1]
+        tallies = tuple(torch.bincount(ids[valid], minlength=vocab).double() for ids in (labels, predicted))
+    return TokenLoss(total=total, count=valid.sum(), correct=correct, tallies=tallies)
 
 
 @dataclasses.dataclass
@@ -79,7 +87,7 @@ def vocab_cross_entropies(targets: Sequence[VocabTarget]) -> list[TokenLoss]:
     the targets instead: the same values and gradients to float tolerance.
     """
     backend = getattr(targets[0].decoder, "cross_entropies", None)
-    if backend is not None:
+    if backend is not None and torch.is_grad_enabled():  # an evaluation takes the plain path: its tallies
         return backend(targets)
     return plain_vocab_cross_entropies(targets)
 
@@ -102,10 +110,29 @@ def plain_vocab_cross_entropies(targets: Sequence[VocabTarget]) -> list[TokenLos
     return results
 
 
+def prediction_tallies(**parts: TokenLoss) -> dict[str, Tensor]:
+    """In an evaluation, each part's (V,) tallies as ``{name}_target_counts`` and ``{name}_predicted_counts``: the
+    engine sums them over the held-out batches into the part's unigram line (the accuracy of always guessing the
+    most frequent target of this masking) and the diversity of its predictions (spanlm.train.health). Empty in
+    training."""
+    return {
+        f"{name}_{kind}_counts": tally
+        for name, loss in parts.items()
+        if loss.tallies is not None
+        for kind, tally in zip(("target", "predicted"), loss.tallies)
+    }
+
+
 def masked_lm_loss(mlm: TokenLoss) -> dict[str, Tensor]:
     """MLM loss per target token, ``MLM_sum / n_mlm`` (0 when there is no target), and its metrics."""
     loss = mlm.total / mlm.count.clamp(min=1)
-    return {"loss": loss, "mlm_loss": loss.detach(), "n_mlm": mlm.count, "mlm_accuracy": mlm.accuracy}
+    return {
+        "loss": loss,
+        "mlm_loss": loss.detach(),
+        "n_mlm": mlm.count,
+        "mlm_accuracy": mlm.accuracy,
+        **prediction_tallies(mlm=mlm),
+    }
 
 
 def span_bert_loss(mlm: TokenLoss, sbo: TokenLoss, w_sbo: float = 1.0) -> dict[str, Tensor]:
@@ -125,4 +152,5 @@ def span_bert_loss(mlm: TokenLoss, sbo: TokenLoss, w_sbo: float = 1.0) -> dict[s
         "n_sbo": sbo.count,
         "mlm_accuracy": mlm.accuracy,
         "sbo_accuracy": sbo.accuracy,
+        **prediction_tallies(mlm=mlm, sbo=sbo),
     }

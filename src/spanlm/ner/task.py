@@ -26,7 +26,7 @@ from spanlm.errors import ConfigError, InputError
 from spanlm.files import write_text_atomically
 from spanlm.finetune.batches import build_window_loader, held_out_batches
 from spanlm.finetune.model import PER_EXAMPLE_FILE, export_task_model
-from spanlm.finetune.task import check_max_length, encoder_featurizer
+from spanlm.finetune.task import FINE_TUNING_HINT, check_max_length, encoder_featurizer
 from spanlm.models.encoder import describe_start, load_encoder
 from spanlm.models.flops import training_flops
 from spanlm.models.packed import resolve_packing
@@ -125,6 +125,7 @@ def ner_setup(
             resume_keeps=RESUME_KEEPS,
             recipe=recipe,
             flops=training_flops(objective),
+            learning_hint=FINE_TUNING_HINT,
         )
 
     dev_docs = all_dev[: data.eval_docs or None]
@@ -159,7 +160,14 @@ def ner_setup(
         return metrics
 
     return TrainingSetup(
-        objective, loader, held_out, evaluate, resume_keeps=RESUME_KEEPS, recipe=recipe, flops=training_flops(objective)
+        objective,
+        loader,
+        held_out,
+        evaluate,
+        resume_keeps=RESUME_KEEPS,
+        recipe=recipe,
+        flops=training_flops(objective),
+        learning_hint=FINE_TUNING_HINT,
     )
 
 

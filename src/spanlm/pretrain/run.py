@@ -27,6 +27,13 @@ from spanlm.train.loop import StartingPoint, TrainingSetup, train
 RESUME_KEEPS = ("data.max_len", "data.packing", "data.tokens_per_batch")
 
 
+# What usually makes a masked LM that stays at its unigram line learn (spanlm.train.health)
+PRETRAINING_HINT = (
+    "train.lr and train.warmup_steps, the masking rate (masking.<scheme>.rate), model.hidden_dropout and "
+    "model.attention_dropout, tokenizer.vocab_size"
+)
+
+
 def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = StartingPoint()) -> TrainingSetup:
     """Prepared shards → blocks → the objective's masker in DataLoader workers.
 
@@ -104,6 +111,7 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
         resume_keeps=RESUME_KEEPS,
         flops=training_flops(objective),
         on_start=lambda: [write() for write in on_start],
+        learning_hint=PRETRAINING_HINT,
     )
 
 

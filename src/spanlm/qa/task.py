@@ -20,7 +20,7 @@ from spanlm.errors import ConfigError, InputError
 from spanlm.files import write_text_atomically
 from spanlm.finetune.batches import build_window_loader, held_out_batches
 from spanlm.finetune.model import PER_EXAMPLE_FILE, export_task_model
-from spanlm.finetune.task import check_max_length, encoder_featurizer
+from spanlm.finetune.task import FINE_TUNING_HINT, check_max_length, encoder_featurizer
 from spanlm.models.encoder import describe_start, load_encoder
 from spanlm.models.flops import training_flops
 from spanlm.models.packed import resolve_packing
@@ -106,7 +106,14 @@ def qa_setup(
         return evaluate_predictions(predictions, dev_examples, recipe)
 
     return TrainingSetup(
-        objective, loader, held_out, evaluate, resume_keeps=RESUME_KEEPS, recipe=recipe, flops=training_flops(objective)
+        objective,
+        loader,
+        held_out,
+        evaluate,
+        resume_keeps=RESUME_KEEPS,
+        recipe=recipe,
+        flops=training_flops(objective),
+        learning_hint=FINE_TUNING_HINT,
     )
 
 

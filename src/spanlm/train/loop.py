@@ -28,6 +28,7 @@ from spanlm.train import checkpoint as ckpt
 from spanlm.train import speed
 from spanlm.train.checkpointer import Checkpointer, StartingPoint, starting_point
 from spanlm.train.dist import DistEnv, all_reduce, any_rank, init_distributed, shutdown
+from spanlm.train.health import LearningHealth, summarise_tallies
 from spanlm.train.metrics import MetricsLogger, MetricsWindow, trackers_to_start
 from spanlm.train.objective import Objective
 from spanlm.train.optim import build_optimizer, build_scheduler, clip_gradients, total_norm
@@ -123,6 +124,10 @@ class TrainingSetup:
     # first step: what the task writes outside the run's own directory (pretraining: the run's line in its prepared
     # corpus's runs.txt), so that a run refused or failing before it writes nothing there.
     on_start: Callable[[], object] | None = None
+    # Learning health (spanlm.train.health): the recipe keys that usually make a run that is not learning learn, as
+    # the task words them, and a fine-tuning task's training loss when it has learnt nothing (ln K for K labels).
+    learning_hint: str | None = None
+    chance_loss: float | None = None
 
 
 def train(
@@ -197,6 +202,7 @@ class Trainer:
         self.optimizer = build_optimizer(self.objective, self.config)
         self.scheduler = build_scheduler(self.optimizer, self.config)
         self.rate_groups = _encoder_and_head_groups(self.objective, self.optimizer)
+        self.health = LearningHealth(self.setup.learning_hint, self.setup.chance_loss, self.config.max_steps)
         self.loader = self.setup.loader
         self.checkpointer = Checkpointer(
             self.model, self.objective, self.optimizer, self.scheduler, self.loader, self.setup, recipe, env
@@ -223,12 +229,15 @@ class Trainer:
         # Eager under train.compile: a forward without gradients would be a second graph, compiled at the first
         # evaluation; the held-out batches are few, the training step is what the compiler is for.
         self.objective.eval()
-        sums, batches = defaultdict(float), 0
+        sums, tallies, batches = defaultdict(float), {}, 0
         for batch in self.setup.eval_batches():
             with self._autocast():
                 output = self.model(_to(batch, self.env.device))
             for key, value in output.items():
-                sums[key] += float(value)
+                if value.dim() == 0:
+                    sums[key] += float(value)
+                else:  # a tally (spanlm.train.health): summed over the batches
+                    tallies[key] = tallies[key] + value if key in tallies else value
             batches += 1
         metrics = {}
         if sums:
@@ -237,6 +246,8 @@ class Trainer:
                 torch.tensor([sums[k] / batches for k in keys], dtype=torch.float64, device=self.env.device), self.env
             )
             metrics = dict(zip(keys, means.tolist()))
+        if tallies:
+            metrics.update(summarise_tallies({k: all_reduce(v, self.env, op="sum") for k, v in tallies.items()}))
         if self.setup.evaluate is not None:
             with self._autocast():
                 metrics.update(self.setup.evaluate(self.model))
@@ -301,6 +312,7 @@ class Trainer:
                     evaluation = self.evaluate()
                     if logger and evaluation:
                         logger.log({"kind": "eval", "step": 0, **self._clock(), **evaluation})
+                    self._say_health(logger, self.health.after_evaluation(0, evaluation))
                 first_step, first_started = self.step + 1, time.perf_counter()
                 while self.step < config.max_steps:
                     self._step(batches, window)
@@ -313,6 +325,7 @@ class Trainer:
                         skipped = record["skipped_steps"]
                         if logger:
                             logger.log(record)
+                        self._say_health(logger, self.health.after_train_record(self.step, record.get("loss")))
                         progress.set_postfix(_progress_fields(record))
                         window, started = MetricsWindow(env.device), time.perf_counter()
                     if config.eval_every and (self.step % config.eval_every == 0 or self.step == config.max_steps):
@@ -320,6 +333,7 @@ class Trainer:
                         evaluation = self.evaluate()
                         if logger and evaluation:
                             logger.log({"kind": "eval", "step": self.step, **self._clock(), **evaluation})
+                        self._say_health(logger, self.health.after_evaluation(self.step, evaluation))
                     received = any_rank(stop.received is not None, env)  # host-side: no device sync
                     if received:
                         self._check_finite(window)
@@ -439,6 +453,13 @@ class Trainer:
             record["first_step_s"], self.first_step_seconds = self.first_step_seconds, None
         record["skipped_steps"] = skipped + int(window.skipped)
         return record
+
+    def _say_health(self, logger: MetricsLogger | None, lines: list[str]) -> None:
+        """Each learning-health line in the log and, as a ``health`` record, in metrics.jsonl (spanlm report)."""
+        for line in lines:
+            self.log(line)
+            if logger:
+                logger.log({"kind": "health", "step": self.step, **self._clock(), "message": line})
 
     def _first_step_compiled(self, window: "MetricsWindow", started: float) -> None:
         """Under train.compile, after this process's first step: wait for it (one host read, once) and say how long

@@ -32,7 +32,7 @@ import torch
 from spanlm.data.chars import CharVocab, Spelling, build_char_vocab, char_stream
 from spanlm.errors import ConfigError, InputError
 from spanlm.heads.hf import HEADS_FILE
-from spanlm.heads.losses import TokenLoss, VocabTarget, vocab_cross_entropies
+from spanlm.heads.losses import TokenLoss, VocabTarget, prediction_tallies, vocab_cross_entropies
 from spanlm.masking.base import KEEP, MaskedBatch
 from spanlm.models.backbone import build_backbone, layer_norm_eps, mlm_head
 from spanlm.models.charbert import (
@@ -92,6 +92,7 @@ def charbert_loss(mlm: TokenLoss, nlm: TokenLoss, nlm_weight: float) -> dict[str
         "n_nlm": nlm.count,
         "mlm_accuracy": mlm.accuracy,
         "nlm_accuracy": nlm.accuracy,
+        **prediction_tallies(mlm=mlm, nlm=nlm),
     }
 
 
