@@ -368,3 +368,15 @@ def test_resume_is_bit_exact_under_a_masking_rate_schedule(prepared, tmp_path):
     assert all(torch.equal(final_full[k], final_resumed[k]) for k in final_full)
     constant = pretrain(recipe("constant", None, max_steps=1), **QUIET)
     assert losses(constant)[1] != losses(full)[1]
+
+
+def test_a_log_that_is_not_a_terminal_gets_a_line_per_window_not_a_bar(prepared, tmp_path, capsys):
+    """stderr redirected to a file (here: captured): no progress bar redraws, one line per log window instead."""
+    recipe = toy_recipe(prepared, tmp_path / "run", max_steps=4, log_every=2)
+    recipe.logging.progress = True
+    said = []
+    pretrain(recipe, log=said.append)
+    lines = [line for line in said if line.startswith("step ")]
+    assert [line.split(":")[0] for line in lines] == ["step 2/4", "step 4/4"]
+    assert all("loss" in line and "tok_s" in line for line in lines)
+    assert "train:" not in capsys.readouterr().err  # no tqdm bar

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import signal
+import sys
 import time
 import traceback
 from collections import defaultdict
@@ -172,7 +173,10 @@ class Trainer:
         self.trackers = trackers_to_start(recipe.logging)  # a tracker named but not installed: refused before any work
         self.output_dir = Path(self.config.output_dir)
 
-        set_library_progress_bars(recipe.logging.progress)  # before the setup loads a model or a dataset
+        # Bars only on a terminal: redirected to a file, a bar's every redraw is a line (the run logs a line per
+        # window instead: _train)
+        self.bars = recipe.logging.progress and sys.stderr.isatty()
+        set_library_progress_bars(self.bars)  # before the setup loads a model or a dataset
         env.packs_by_default = accel.packs_by_default(env.device)  # what the setup resolves data.packing: auto to
         self.setup = build_setup(recipe, env, self.log, start)
         if self.setup.recipe is not None:  # what the setup resolved, never written into the recipe it was given
@@ -300,7 +304,8 @@ class Trainer:
 
     def _train(self, logger: MetricsLogger | None) -> Path:
         config, env = self.config, self.env
-        progress = _progress_bar(config.max_steps, self.step, env.is_main and self.recipe.logging.progress)
+        progress = _progress_bar(config.max_steps, self.step, env.is_main and self.bars)
+        window_lines = self.recipe.logging.progress and not self.bars  # a log that is a file: a line per window
         batches = iter(self.loader)
         window, started, skipped = MetricsWindow(env.device), time.perf_counter(), 0
         self.objective.train()
@@ -327,6 +332,9 @@ class Trainer:
                             logger.log(record)
                         self._say_health(logger, self.health.after_train_record(self.step, record.get("loss")))
                         progress.set_postfix(_progress_fields(record))
+                        if window_lines:
+                            fields = " ".join(f"{k} {v}" for k, v in _progress_fields(record).items())
+                            self.log(f"step {self.step}/{config.max_steps}: {fields}")
                         window, started = MetricsWindow(env.device), time.perf_counter()
                     if config.eval_every and (self.step % config.eval_every == 0 or self.step == config.max_steps):
                         self._check_finite(window)
