@@ -30,6 +30,11 @@ def test_tallies_give_the_unigram_line_the_distinct_predictions_and_their_entrop
     }
 
 
+def test_one_predicted_token_has_an_entropy_of_zero_not_minus_zero():
+    metrics = summarise_tallies({"mlm_target_counts": torch.ones(3), "mlm_predicted_counts": torch.tensor([0.0, 3, 0])})
+    assert metrics["mlm_prediction_entropy"] == 0.0 and str(metrics["mlm_prediction_entropy"]) == "0.0"
+
+
 def test_a_part_stuck_at_its_unigram_line_is_said_once_after_three_evaluations():
     health = LearningHealth("train.lr", None, max_steps=1000)
     stuck = {"mlm_accuracy": 0.064, "mlm_unigram_accuracy": 0.070, "mlm_distinct_predictions": 1}

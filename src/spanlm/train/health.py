@@ -38,7 +38,8 @@ def summarise_tallies(tallies: dict[str, torch.Tensor]) -> dict[str, float]:
         if predicted is not None and predicted.sum() > 0:
             shares = predicted.double() / predicted.sum()
             metrics[f"{part}_distinct_predictions"] = int((predicted > 0).sum())
-            metrics[f"{part}_prediction_entropy"] = float(-(shares[shares > 0] * shares[shares > 0].log2()).sum())
+            seen = shares[shares > 0]
+            metrics[f"{part}_prediction_entropy"] = max(0.0, float(-(seen * seen.log2()).sum()))  # never -0.0
     return metrics
 
 
