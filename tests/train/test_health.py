@@ -46,6 +46,16 @@ def test_a_part_stuck_at_its_unigram_line_is_said_once_after_three_evaluations()
     assert health.after_evaluation(400, stuck) == []  # once
 
 
+def test_only_the_masked_tokens_own_part_is_judged_where_there_is_one():
+    health = LearningHealth("train.lr", None, max_steps=1000)
+    learning_mlm_slow_sbo = {"mlm_accuracy": 0.09, "mlm_unigram_accuracy": 0.058, "sbo_accuracy": 0.06}
+    learning_mlm_slow_sbo["sbo_unigram_accuracy"] = 0.058
+    assert all(health.after_evaluation(step, learning_mlm_slow_sbo) == [] for step in (100, 200, 300, 400))
+    nlm_only = LearningHealth("train.lr", None, max_steps=1000)
+    stuck = {"nlm_accuracy": 0.01, "nlm_unigram_accuracy": 0.01}
+    assert [nlm_only.after_evaluation(step, stuck) for step in (100, 200, 300)][-1]  # no MLM part: each is judged
+
+
 def test_a_part_that_leaves_its_line_is_not_said():
     health = LearningHealth("train.lr", None, max_steps=1000)
     for step, accuracy in ((100, 0.06), (200, 0.09), (300, 0.12), (400, 0.15)):
@@ -82,7 +92,8 @@ def test_a_run_that_does_not_learn_says_so_with_its_tallies_exact(embedded_prepa
         assert 1 <= record["mlm_distinct_predictions"] <= len(labels) and record["mlm_prediction_entropy"] >= 0
         assert "sbo_unigram_accuracy" in record
     health = [r for r in records if r["kind"] == "health"]
-    assert {r["step"] for r in health} == {6} and any("mlm_accuracy" in r["message"] for r in health)
+    # one line, of the MLM part (SBO's auxiliary predictions are recorded, not judged)
+    assert [r["step"] for r in health] == [6] and "held-out mlm_accuracy" in health[0]["message"]
     assert all("train.lr and train.warmup_steps" in r["message"] for r in health)
     assert any(line.startswith("not learning: held-out mlm_accuracy") for line in said)
     write_report(run)

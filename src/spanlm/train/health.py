@@ -6,7 +6,9 @@ tallies (an objective's ``{part}_target_counts`` / ``{part}_predicted_counts``, 
 spanlm.heads.losses.prediction_tallies), which :func:`summarise_tallies` turns into ``{part}_unigram_accuracy``,
 ``{part}_distinct_predictions`` and ``{part}_prediction_entropy`` (bits) beside ``{part}_accuracy``.
 
-:class:`LearningHealth` watches the records: a part whose held-out accuracy has not left its unigram line after
+:class:`LearningHealth` watches the records: the judged part (the masked tokens' own, ``mlm``, where the objective
+has one: SBO's and NLM's auxiliary predictions learn later and are recorded, not judged) whose held-out accuracy
+has not left its unigram line after
 :data:`PLATEAU_EVALUATIONS` evaluations, or a fine-tuning run whose training loss stays at chance (the task's
 ``chance_loss``: ln K for K balanced labels) over the last :data:`PLATEAU_RECORDS` records past the first fifth of
 its steps, is said once, in one line naming the recipe keys that usually fix it (the task's ``hint``).
@@ -59,11 +61,12 @@ class LearningHealth:
 
     def after_evaluation(self, step: int, metrics: dict[str, float]) -> list[str]:
         """Lines for the parts whose last evaluations all stayed at their unigram line (step 0 does not count)."""
+        if step == 0:
+            return []
         lines = []
-        for key, line in metrics.items():
-            if not key.endswith("_unigram_accuracy") or step == 0:
-                continue
-            part = key.removesuffix("_unigram_accuracy")
+        parts = [key.removesuffix("_unigram_accuracy") for key in metrics if key.endswith("_unigram_accuracy")]
+        for part in ["mlm"] if "mlm" in parts else parts:
+            line = metrics[f"{part}_unigram_accuracy"]
             accuracy = metrics.get(f"{part}_accuracy")
             if accuracy is None:
                 continue
