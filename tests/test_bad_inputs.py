@@ -1862,6 +1862,38 @@ eval_case(
     lambda c, e: ([eval_suite(c, setting("data.dev", str(c.tmp / "dev.conll"))), *encoders(e)], ["data.dev"]),
 )
 eval_case(
+    "task_data_not_of_the_recipes_format",
+    lambda c, e: (
+        [eval_suite(c, setting("data.dev", str(c.file("dev.conll", "Holmes Q-person\n")))), *encoders(e)],
+        ["task wnut-mini", "dev.conll:1"],
+    ),
+)
+eval_case(
+    "cls_task_data_without_its_column",
+    lambda c, e: (
+        [
+            eval_suite(
+                c,
+                lambda s: s["tasks"].__setitem__(
+                    0,
+                    {
+                        "name": "sst2",
+                        "kind": "cls",
+                        "recipe": str(REPO / "configs/cls/sst2.yaml"),
+                        "metric": "accuracy",
+                        "settings": {
+                            "data.train": str(SST2_DEV),
+                            "data.dev": str(c.file("dev.tsv", "text\tscore\nfine\t1\n")),
+                        },
+                    },
+                ),
+            ),
+            *encoders(e),
+        ],
+        ["task sst2", "dev.tsv:1", "sentence"],
+    ),
+)
+eval_case(
     "encoder_missing",
     lambda c, e: ([eval_suite(c), "--encoders", f"tiny={c.tmp / 'nowhere'}"], ["nowhere", "no such directory"]),
 )

@@ -230,7 +230,7 @@ def test_precision_auto_is_fp32_on_the_cpu_said_first_and_recorded(prepared, tmp
     [("cpu", True, "fp32"), ("cuda", True, "bf16"), ("cuda", False, "fp32")],
 )
 def test_precision_auto_takes_bf16_where_the_gpu_computes_it(monkeypatch, device, native_bf16, expected):
-    from spanlm.train.loop import resolve_precision
+    from spanlm.train.speed import resolve_precision
 
     asked = []
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda **kw: asked.append(kw) or native_bf16)

@@ -82,6 +82,16 @@ def read_split(recipe: ClsRecipe, name: str, log) -> list[Example]:
     return examples
 
 
+def check_data(recipe: ClsRecipe) -> None:
+    """Read ``data.train`` and ``data.dev`` as :func:`cls_setup` reads them, the dev labels checked against the
+    training labels: what `spanlm eval` checks of every task before any cell runs."""
+    quiet = lambda *_: None  # noqa: E731
+    task = resolve_task(recipe, read_split(recipe, "train", quiet))
+    dev = read_split(recipe, "dev", quiet)
+    if task.labels is not None:
+        check_labels(dev, task.labels)
+
+
 def resolve_task(recipe: ClsRecipe, train_examples: list[Example]) -> ClsTask:
     regression = is_regression(recipe)
     metrics = resolve_metrics(recipe, regression)

@@ -17,8 +17,9 @@
 
 A suite's relative paths are relative to the working directory, as a recipe's; in a shipped suite (and in the
 shipped recipes it names) the paths into the embedded data (``data/…``) name the data this spanlm ships.
-Each task is resolved into its typed recipe here, before any cell runs, so an unknown key, a missing data file
-or an unknown task kind stops the suite with one line before anything is trained.
+Each task is resolved into its typed recipe, and its data read by its task's own reader (``check_data``), here,
+before any cell runs, so an unknown key, a missing data file, data that does not fit the recipe's layout or an
+unknown task kind stops the suite with one line before anything is trained.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ TASK_KINDS = {
         },
     ),
 }
+# kind → the module whose check_data(recipe) reads a task's train and dev data as its run will (before any cell)
+DATA_CHECKS = {"ner": "spanlm.ner.task", "qa": "spanlm.qa.task", "cls": "spanlm.cls.task"}
 # kind → the recipe's window length (data.KEY): what must fit in the positions of every encoder of the suite
 WINDOW_KEYS = {"ner": "max_len", "qa": "max_length", "cls": "max_length"}
 SUITE_KEYS = {"seeds", "baseline", "tasks"}
@@ -211,4 +214,9 @@ def _task(path: Path, index: int, entry: Any) -> Task:
             raise ConfigError(f"{where}: data.{split} is required: every cell is scored on its dev set")
         if not data.startswith("hf:") and not Path(data).exists():
             raise InputError(f"{where}: data.{split} {data}: no such file or directory")
+    if not any(getattr(recipe.data, split).startswith("hf:") for split in ("train", "dev")):  # a dataset: at its cell
+        try:  # its data read as its cells will read it: a missing column or a wrong format stops the suite here
+            importlib.import_module(DATA_CHECKS[kind]).check_data(recipe)
+        except (InputError, ConfigError) as error:
+            raise type(error)(f"{where}: {error}") from None
     return Task(name, kind, entry["metric"], tuple(arms), recipe, source)

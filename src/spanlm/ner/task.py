@@ -78,6 +78,15 @@ def read_split(path: str, recipe: NerRecipe, name: str, labels: list[str] | None
     return documents
 
 
+def check_data(recipe: NerRecipe) -> None:
+    """Read ``data.train`` and ``data.dev`` as :func:`ner_setup` reads them (the label set from the training
+    documents where the recipe names none): what `spanlm eval` checks of every task before any cell runs."""
+    quiet = lambda *_: None  # noqa: E731
+    train_docs = read_split(recipe.data.train, recipe, "train", recipe.data.labels, quiet)
+    labels = recipe.data.labels if recipe.data.labels is not None else label_set(train_docs)
+    read_split(recipe.data.dev, recipe, "dev", labels, quiet)
+
+
 def ner_setup(
     recipe: NerRecipe, env, log=print, start: StartingPoint = StartingPoint(), resolved: dict | None = None
 ) -> TrainingSetup:

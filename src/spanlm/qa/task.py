@@ -59,6 +59,13 @@ def read_split(path: str, recipe: QARecipe, name: str, log) -> list[QAExample]:
     return examples
 
 
+def check_data(recipe: QARecipe) -> None:
+    """Read ``data.train`` and ``data.dev`` as :func:`qa_setup` reads them: what `spanlm eval` checks of every task
+    before any cell runs."""
+    for name in ("train", "dev"):
+        read_split(getattr(recipe.data, name), recipe, name, lambda *_: None)
+
+
 def qa_setup(
     recipe: QARecipe, env, log=print, start: StartingPoint = StartingPoint(), resolved: dict | None = None
 ) -> TrainingSetup:

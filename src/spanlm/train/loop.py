@@ -30,23 +30,10 @@ from spanlm.train import speed
 from spanlm.train.checkpointer import Checkpointer, StartingPoint, starting_point
 from spanlm.train.dist import DistEnv, all_reduce, any_rank, init_distributed, shutdown
 from spanlm.train.health import LearningHealth, summarise_tallies
-from spanlm.train.metrics import MetricsLogger, MetricsWindow, trackers_to_start
+from spanlm.train.metrics import MetricsLogger, MetricsWindow, progress_bar, progress_fields, trackers_to_start
 from spanlm.train.objective import Objective
 from spanlm.train.optim import build_optimizer, build_scheduler, clip_gradients, total_norm
 from spanlm.train.parallel import no_sync, wrap
-
-_PRECISION_WORDS = {"bf16": "bf16 autocast (fp32 weights and optimiser)", "fp32": "fp32"}
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """``train.precision`` on ``device``: ``auto`` is bf16 autocast on a CUDA GPU that computes bf16 natively
-    (Ampere and later), where it runs the matmuls on the tensor cores at several times the fp32 rate, and fp32
-    elsewhere (the CPU's bf16 is emulated on most hosts and changes the numerics of the tests' references)."""
-    if precision != "auto":
-        return precision
-    if device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False):
-        return "bf16"
-    return "fp32"
 
 
 class TrainingHalted(SpanlmError):
@@ -183,10 +170,10 @@ class Trainer:
             self.recipe = recipe = self.setup.recipe
         # train.precision: auto resolved for this device, in a copy (the run's config.yaml and the resume check see
         # what ran), and said before anything is computed
-        precision = resolve_precision(recipe.train.precision, env.device)
+        precision = speed.resolve_precision(recipe.train.precision, env.device)
         self.recipe = recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, precision=precision))
         self.config = recipe.train
-        self.log(f"precision: {_PRECISION_WORDS[precision]} on {env.device.type}")
+        self.log(f"precision: {speed.PRECISION_WORDS[precision]} on {env.device.type}")
         self.peak_flops = None  # FLOP/s of the device that mfu divides by
         if self.setup.flops is not None:
             if self.config.peak_tflops is not None:
@@ -304,7 +291,7 @@ class Trainer:
 
     def _train(self, logger: MetricsLogger | None) -> Path:
         config, env = self.config, self.env
-        progress = _progress_bar(config.max_steps, self.step, env.is_main and self.bars)
+        progress = progress_bar(config.max_steps, self.step, env.is_main and self.bars)
         window_lines = self.recipe.logging.progress and not self.bars  # a log that is a file: a line per window
         batches = iter(self.loader)
         window, started, skipped = MetricsWindow(env.device), time.perf_counter(), 0
@@ -331,9 +318,9 @@ class Trainer:
                         if logger:
                             logger.log(record)
                         self._say_health(logger, self.health.after_train_record(self.step, record.get("loss")))
-                        progress.set_postfix(_progress_fields(record))
+                        progress.set_postfix(progress_fields(record))
                         if window_lines:
-                            fields = " ".join(f"{k} {v}" for k, v in _progress_fields(record).items())
+                            fields = " ".join(f"{k} {v}" for k, v in progress_fields(record).items())
                             self.log(f"step {self.step}/{config.max_steps}: {fields}")
                         window, started = MetricsWindow(env.device), time.perf_counter()
                     if config.eval_every and (self.step % config.eval_every == 0 or self.step == config.max_steps):
@@ -501,18 +488,3 @@ def _nonfinite_message(step: int, parts: dict[str, float | torch.Tensor]) -> str
 def _to(batch: dict[str, torch.Tensor | int], device: torch.device) -> dict[str, torch.Tensor | int]:
     # A packed batch's longest segment (max_seq_len) is an int the attention takes on the host: kept as it is.
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-
-
-def _progress_fields(record: dict) -> dict[str, str]:
-    """The progress bar's view of a record: loss, tokens/s, MFU and the share of time waiting for data."""
-    fields = {"loss": f"{record.get('loss', float('nan')):.3f}", "tok_s": f"{record['tokens_per_s']:.0f}"}
-    if "mfu" in record:
-        fields["mfu"] = f"{100 * record['mfu']:.1f}%"
-    fields["wait"] = f"{100 * record['data_wait']:.0f}%"
-    return fields
-
-
-def _progress_bar(total: int, initial: int, enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, disable=not enabled, desc="train", unit="step", dynamic_ncols=True)

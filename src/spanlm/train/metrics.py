@@ -395,3 +395,18 @@ class MetricsWindow:
     def first_bad_step(self) -> tuple[int, dict[str, float]]:
         """The first non-finite step and its parts (host reads: only when the window is known to hold one)."""
         return int(self.bad_step), dict(zip(self.keys, self.bad_values.tolist()))
+
+
+def progress_fields(record: dict) -> dict[str, str]:
+    """The progress bar's view of a record: loss, tokens/s, MFU and the share of time waiting for data."""
+    fields = {"loss": f"{record.get('loss', float('nan')):.3f}", "tok_s": f"{record['tokens_per_s']:.0f}"}
+    if "mfu" in record:
+        fields["mfu"] = f"{100 * record['mfu']:.1f}%"
+    fields["wait"] = f"{100 * record['data_wait']:.0f}%"
+    return fields
+
+
+def progress_bar(total: int, initial: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, disable=not enabled, desc="train", unit="step", dynamic_ncols=True)

@@ -1,4 +1,4 @@
-"""What a run says of its own speed: the device's matmul peak that its MFU divides by, and what compiling cost.
+"""How fast a run computes and says so: the precision it computes in, the matmul peak its MFU divides by, compiles.
 
 MFU (model FLOPs utilisation; Chowdhery et al. 2022, PaLM, appendix B) is the model's FLOPs per second — counted
 from its dimensions and the real tokens by the task (``TrainingSetup.flops``), never from what the kernels happened
@@ -12,6 +12,20 @@ from __future__ import annotations
 import time
 
 import torch
+
+PRECISION_WORDS = {"bf16": "bf16 autocast (fp32 weights and optimiser)", "fp32": "fp32"}
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``train.precision`` on ``device``: ``auto`` is bf16 autocast on a CUDA GPU that computes bf16 natively
+    (Ampere and later), where it runs the matmuls on the tensor cores at several times the fp32 rate, and fp32
+    elsewhere (the CPU's bf16 is emulated on most hosts and changes the numerics of the tests' references)."""
+    if precision != "auto":
+        return precision
+    if device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False):
+        return "bf16"
+    return "fp32"
+
 
 # The side of the measured products: large enough to reach the tensor cores' rate on a GPU, small enough on the CPU
 # to cost a fraction of a second at every start.
