@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import scipy.stats
+import torch
 import yaml
+from safetensors.torch import load_file
 
 from helpers import REPO
 from spanlm.cli import main
@@ -353,3 +356,29 @@ def test_a_cls_suite_runs_its_cells(tiny_encoder_dir, tmp_path, capsys):
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     cells = [c for c in results["cells"] if c["task"] == "sst2-mini"]
     assert len(cells) == 2 and all(0 <= c["score"] <= 100 for c in cells)
+
+
+@pytest.mark.slow
+def test_an_interrupted_cell_resumed_scores_what_it_would_have_scored(tiny_encoder_dir, tmp_path, capsys):
+    """A cell stopped after its first checkpoint (its final checkpoint, model and scores not written) continues from
+    that checkpoint when the suite runs again, and ends with the uninterrupted cell's scores, to the last digit."""
+    suite = quick_suite(tmp_path, **{"train.max_steps": 4, "train.save_every": 2, "train.eval_every": 4})
+    out = tmp_path / "out"
+    arguments = [str(suite), "--encoders", f"tiny={tiny_encoder_dir}", f"random=random:{tiny_encoder_dir}"]
+    arguments += ["--out", str(out), "--jobs", "1", "--seeds", "0"]
+    assert run_eval(arguments, capsys)[0] == 0
+    cell = out / "cells/wnut-mini/tiny/fine-tuned/seed-0/run"
+    uninterrupted = json.loads((cell / "eval.json").read_text(encoding="utf-8"))
+    weights = load_file(str(cell / "model" / "model.safetensors"))
+    # what a stop after step 2 leaves: step 2's checkpoint, no final checkpoint, model or scores
+    from spanlm.train import checkpoint as ckpt
+
+    shutil.rmtree(ckpt.step_dir(cell, 4))
+    shutil.rmtree(cell / "model")
+    (cell / "eval.json").unlink()
+    code, _, err = run_eval(arguments, capsys)
+    assert code == 0 and "1 of 2 cells already finished" in err
+    resumed = json.loads((cell / "eval.json").read_text(encoding="utf-8"))
+    assert resumed == uninterrupted  # every count of the dev scores (here: the same 234 predicted spans)
+    again = load_file(str(cell / "model" / "model.safetensors"))
+    assert again.keys() == weights.keys() and all(torch.equal(again[k], weights[k]) for k in weights)
