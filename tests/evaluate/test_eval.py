@@ -382,3 +382,15 @@ def test_an_interrupted_cell_resumed_scores_what_it_would_have_scored(tiny_encod
     assert resumed == uninterrupted  # every count of the dev scores (here: the same 234 predicted spans)
     again = load_file(str(cell / "model" / "model.safetensors"))
     assert again.keys() == weights.keys() and all(torch.equal(again[k], weights[k]) for k in weights)
+
+
+def test_keep_predictions_writes_each_cells_dev_predictions_finished_cells_too(evaluated, capsys):
+    """--keep-predictions: each scored cell's dev predictions, the lines `spanlm ner eval --predictions` writes (one
+    document a line, every entity with its score), beside the cell's scores; cells finished earlier get theirs."""
+    suite, out, arguments = evaluated
+    code, _, err = run_eval([*arguments, "--keep-predictions"], capsys)
+    assert code == 0 and "4 of 4 cells already finished" in err
+    dev_documents = [line for line in (FIXTURES / "wnut_dev_mini.conll").read_text().split("\n\n") if line.strip()]
+    for cell in json.loads((out / "results.json").read_text(encoding="utf-8"))["cells"]:
+        lines = (Path(cell["directory"]) / "predictions.jsonl").read_text(encoding="utf-8").splitlines()
+        assert len(lines) == len(dev_documents) and all("entities" in json.loads(line) for line in lines)

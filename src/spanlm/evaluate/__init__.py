@@ -19,6 +19,7 @@ def run_suite(
     force: bool = False,
     log=print,
     settings: dict | None = None,
+    keep_predictions: bool = False,
 ) -> dict:
     """Run every cell not yet finished, then write the verdict into ``out``; returns results.json's content.
 
@@ -26,7 +27,8 @@ def run_suite(
     every task's windows fit in their positions), the baselines and the seeds. ``baseline`` is one encoder's
     name, compared against by every other encoder, or a list of such a name and ``ENCODER=NAME`` pairs for
     encoders with a baseline of their own (encoders of other architectures, each against its own random
-    init). ``settings`` (dotted keys) are added to every task's (the demo's budgets).
+    init). ``settings`` (dotted keys) are added to every task's (the demo's budgets). ``keep_predictions``: each
+    scored cell's dev predictions in its folder (``predictions.jsonl``), for checks outside spanlm.
     """
     from spanlm.evaluate.cells import CellRunner, check_windows, default_jobs, parse_encoders, plan_cells
     from spanlm.evaluate.suite import load_suite
@@ -43,7 +45,7 @@ def run_suite(
     if jobs is not None and jobs < 1:
         raise ConfigError(f"--jobs must be at least 1, got {jobs}")
     default, threads = default_jobs()
-    runner = CellRunner(jobs or default, threads if jobs is None else max(1, default // jobs), log)
+    runner = CellRunner(jobs or default, threads if jobs is None else max(1, default // jobs), log, keep_predictions)
 
     out = Path(out)
     # The cells' folders are replaced on a changed setting: no input may live in them, nor OUT in an input.

@@ -174,6 +174,7 @@ def _ready(cell: Cell, force: bool) -> None:
         encoding="utf-8",
     )
     (run / "eval.json").unlink(missing_ok=True)  # written again at the run's end; its absence marks "not done"
+    (cell.directory / PREDICTIONS_FILE).unlink(missing_ok=True)  # an earlier model's: written again after the run
 
 
 @dataclasses.dataclass
@@ -189,8 +190,8 @@ class CellRunner:
     """Runs cells in ``jobs`` processes; a signal stops new cells and passes itself to the running ones, which
     finish their step and save (they continue on the next run)."""
 
-    def __init__(self, jobs: int, threads: int | None, log=print):
-        self.jobs, self.threads, self.log = jobs, threads, log
+    def __init__(self, jobs: int, threads: int | None, log=print, keep_predictions: bool = False):
+        self.jobs, self.threads, self.log, self.keep_predictions = jobs, threads, log, keep_predictions
         self.running: dict[int, subprocess.Popen] = {}
         self.lock = threading.Lock()
         self.stopped: str | None = None
@@ -205,6 +206,8 @@ class CellRunner:
                 outcomes.append(Outcome(cell, scores, 0.0, skipped=True))
         if outcomes:
             self.log(f"{len(outcomes)} of {len(cells)} cells already finished with these settings: kept")
+            if self.keep_predictions:  # finished before --keep-predictions was asked for: their dev predictions now
+                outcomes = [self._with_predictions(outcome) for outcome in outcomes]
         if not todo:
             return outcomes
         self.log(f"running {len(todo)} cells, {self.jobs} at a time")
@@ -268,7 +271,36 @@ class CellRunner:
             if self.stopped:
                 return Outcome(cell, None, seconds)
             return Outcome(cell, None, seconds, error="the run ended before its last step")
-        return Outcome(cell, scores, seconds)
+        return self._with_predictions(Outcome(cell, scores, seconds))
+
+    def _with_predictions(self, outcome: Outcome) -> Outcome:
+        """Under ``--keep-predictions``, a scored cell's dev predictions in ``CELL/predictions.jsonl`` (what `spanlm
+        KIND eval MODEL --predictions` writes: one line per document, question or example) unless already there."""
+        cell = outcome.cell
+        predictions = cell.directory / PREDICTIONS_FILE
+        if not self.keep_predictions or outcome.scores is None or predictions.is_file() or self.stopped:
+            return outcome
+        command = [
+            sys.executable, "-m", "spanlm", cell.task.kind, "eval", str(cell.directory / "run" / "model"),
+            "--data", cell.task.recipe.data.dev, "--predictions", str(predictions),
+            "--output", str(cell.directory / "predictions-scores.json"),
+        ]  # fmt: skip
+        if cell.task.kind == "qa":  # qa eval writes its scores to stdout, and its predictions
+            command = command[:-2]
+        with open(cell.directory / "log.txt", "a", encoding="utf-8") as log_file:
+            log_file.write(f"$ {' '.join(command)}\n")
+            log_file.flush()
+            returncode = subprocess.run(
+                command, stdout=log_file, stderr=subprocess.STDOUT, env=cell_environment(self.threads)
+            ).returncode
+        if returncode != 0:
+            error = f"its predictions: exit {returncode}: {_last_line(cell.directory / 'log.txt')}"
+            return dataclasses.replace(outcome, error=error)
+        return outcome
+
+
+# Under --keep-predictions, each scored cell's dev predictions, in the cell's folder
+PREDICTIONS_FILE = "predictions.jsonl"
 
 
 def cell_environment(threads: int | None) -> dict[str, str]:

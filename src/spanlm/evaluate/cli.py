@@ -12,7 +12,15 @@ def _eval(args: argparse.Namespace) -> int:
     from spanlm.evaluate import run_suite
 
     results = run_suite(
-        args.suite, args.encoders, args.out, args.seeds, args.baseline, args.jobs, force=args.force, log=log
+        args.suite,
+        args.encoders,
+        args.out,
+        args.seeds,
+        args.baseline,
+        args.jobs,
+        force=args.force,
+        log=log,
+        keep_predictions=args.keep_predictions,
     )
     failed = [c for c in results["cells"] if c.get("status") == "failed"]
     print(
@@ -70,4 +78,9 @@ def add_eval_command(commands) -> None:
         help="cells at a time (default: one per core on a CPU, one on a GPU)",
     )
     command.add_argument("--force", action="store_true", help="rerun every cell, finished or not")
+    command.add_argument(
+        "--keep-predictions",
+        action="store_true",
+        help="write each cell's dev predictions into its folder (predictions.jsonl; finished cells too)",
+    )
     command.set_defaults(run=_eval)
