@@ -79,3 +79,33 @@ def test_errors_name_the_directory(tiny_encoder_dir, tmp_path):
         InputError, match=r"mismatch: the tokenizer has \d+ tokens but the model's embedding has 100 rows"
     ):
         load_encoder(EncoderConfig(path=str(broken)))
+
+
+def test_reinit_layers_draws_the_top_layers_afresh_and_keeps_the_rest(tiny_encoder_dir):
+    """Zhang et al. 2021's re-initialisation: the top layer's weights drawn by the model's own initialiser (another
+    draw than the checkpoint's, the same for the same seed), every other weight as pretrained."""
+    import pytest
+    import torch
+    from safetensors.torch import load_file
+
+    from spanlm.errors import ConfigError
+    from spanlm.models.encoder import load_encoder
+    from spanlm.models.hf_model import EncoderConfig
+
+    pretrained = {k.removeprefix("bert."): v for k, v in load_file(str(tiny_encoder_dir / "model.safetensors")).items()}
+    torch.manual_seed(0)
+    encoder = load_encoder(EncoderConfig(path=str(tiny_encoder_dir), reinit_layers=1))
+    top = "encoder.layer.1."
+    for name, value in encoder.model.state_dict().items():
+        if name not in pretrained:
+            continue
+        if name.startswith(top) and name.endswith("weight") and "LayerNorm" not in name:
+            assert not torch.equal(value, pretrained[name]), name
+        elif not name.startswith(top):
+            assert torch.equal(value, pretrained[name]), name
+    assert torch.equal(encoder.model.state_dict()[top + "output.LayerNorm.weight"], torch.ones(32))  # its init
+    torch.manual_seed(0)
+    again = load_encoder(EncoderConfig(path=str(tiny_encoder_dir), reinit_layers=1))
+    assert all(torch.equal(a, b) for a, b in zip(encoder.state_dict().values(), again.state_dict().values()))
+    with pytest.raises(ConfigError, match="3 is more than the encoder's 2 layers"):
+        load_encoder(EncoderConfig(path=str(tiny_encoder_dir), reinit_layers=3))

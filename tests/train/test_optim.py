@@ -167,3 +167,49 @@ def test_bad_wsd_settings_are_one_line_config_errors(settings, message):
 
     with pytest.raises(ConfigError, match=message):
         from_dict(Recipe, {"train": {"schedule": "wsd", **settings}})
+
+
+class FineTuned(torch.nn.Module):
+    """An encoder (a tiny BERT of 3 layers) and a task head, as a fine-tuning objective holds them."""
+
+    def __init__(self):
+        super().__init__()
+        from transformers import BertConfig, BertModel
+
+        config = BertConfig(
+            vocab_size=50, hidden_size=8, num_hidden_layers=3, num_attention_heads=2, intermediate_size=16
+        )
+        self.encoder = BertModel(config)
+        self.head = torch.nn.Linear(8, 2)
+
+
+def test_layer_decay_gives_each_layer_its_rate_and_the_head_the_full_one():
+    """ELECTRA's layer-wise decay: layer i of L at rate · d^(L + 1 − i), the embeddings at · d^(L + 2), the pooler
+    above the layers at · d, the head at lr; with encoder_lr the encoder's rates start from it."""
+    from spanlm.train.config import TrainConfig
+    from spanlm.train.optim import build_optimizer
+
+    model = FineTuned()
+    for encoder_lr, base in ((None, 1e-3), (1e-4, 1e-4)):
+        optimizer = build_optimizer(model, TrainConfig(lr=1e-3, encoder_lr=encoder_lr, layer_decay=0.5))
+        rate = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
+        names = dict(model.named_parameters())
+        assert rate[id(names["head.weight"])] == 1e-3
+        assert rate[id(names["encoder.embeddings.word_embeddings.weight"])] == pytest.approx(base * 0.5**5)
+        for layer in range(3):
+            expected = base * 0.5 ** (3 + 1 - layer)
+            assert rate[id(names[f"encoder.encoder.layer.{layer}.attention.self.query.weight"])] == pytest.approx(
+                expected
+            )
+            assert rate[id(names[f"encoder.encoder.layer.{layer}.output.LayerNorm.bias"])] == pytest.approx(expected)
+        assert rate[id(names["encoder.pooler.dense.weight"])] == pytest.approx(base * 0.5)
+        assert len(rate) == len(names)  # every parameter once
+
+
+def test_layer_decay_needs_an_encoder():
+    from spanlm.errors import ConfigError
+    from spanlm.train.config import TrainConfig
+    from spanlm.train.optim import build_optimizer
+
+    with pytest.raises(ConfigError, match="train.layer_decay apply to fine-tuning"):
+        build_optimizer(torch.nn.Linear(2, 2), TrainConfig(layer_decay=0.8))

@@ -24,7 +24,7 @@ from torch import nn
 
 from spanlm.data.tokenizer import save_tokenizer
 from spanlm.errors import ConfigError, InputError, require_directory
-from spanlm.models.backbone import max_sequence_length
+from spanlm.models.backbone import backbone_layers, max_sequence_length
 from spanlm.models.charbert import is_charbert_directory, load_charbert_encoder
 from spanlm.models.hf_model import (
     EncoderConfig,
@@ -95,6 +95,22 @@ def describe_start(config: EncoderConfig) -> str:
     return start + (", frozen (model.frozen: only the head trains)" if config.frozen else ", fine-tuned")
 
 
+def reinitialise_top_layers(encoder: nn.Module, count: int) -> None:
+    """The top ``count`` transformer layers of ``encoder``'s model drawn afresh by the model's own initialiser
+    (``_init_weights``: its config's ``initializer_range``), from torch's generator as seeded by the run."""
+    model = getattr(encoder, "model", None)
+    layers = backbone_layers(model) if model is not None else []
+    if not layers:
+        raise ConfigError(f"model.reinit_layers: {type(encoder).__name__} has no transformer layers spanlm can reach")
+    if count > len(layers):
+        raise ConfigError(f"model.reinit_layers: {count} is more than the encoder's {len(layers)} layers")
+    for layer in layers[-count:]:
+        # transformers' initialisers pass over a tensor it marked as loaded from the checkpoint: unmark them first
+        for tensor in [*layer.parameters(), *layer.buffers()]:
+            tensor._is_hf_initialized = False
+        layer.apply(model._init_weights)
+
+
 def load_encoder(config: EncoderConfig) -> nn.Module:
     """The encoder (with ``.tokenizer``, ``.hidden_size``, ``forward(batch)``) in ``config.path``."""
     if not config.path:
@@ -113,6 +129,8 @@ def load_encoder(config: EncoderConfig) -> nn.Module:
     else:
         encoder = Encoder(load_hf_model(directory, config), load_fast_tokenizer(directory))
         check_tokenizer_fits(encoder, directory)
+    if config.reinit_layers:
+        reinitialise_top_layers(encoder, config.reinit_layers)
     if config.frozen:
         encoder.requires_grad_(False)  # the optimiser takes trainable parameters only (parameter_groups)
     return encoder

@@ -23,10 +23,16 @@ class EncoderConfig:
     # true: only the task head trains and the encoder keeps the weights it was loaded with — a probe of
     # what its pretraining learnt (pretrained vs random init), and a cheaper backward pass
     frozen: bool = False
+    # Re-initialise the top this many transformer layers of a pretrained encoder before fine-tuning (Zhang et al.
+    # 2021, "Revisiting Few-sample BERT Fine-tuning", §5.3: the top layers specialise in the pretraining task and
+    # transfer worst); the rest keep their pretrained weights. 0: none.
+    reinit_layers: int = 0
 
     def __post_init__(self) -> None:
         if self.dropout is not None and not 0 <= self.dropout < 1:
             raise ValueError("dropout must be in [0, 1)")
+        if self.reinit_layers < 0:
+            raise ValueError(f"reinit_layers must not be negative, got {self.reinit_layers}")
 
 
 # The config fields of every dropout of the families whose names are not BERT's (EuroBERT has only its attention's).

@@ -20,6 +20,10 @@ class TrainConfig:
     # Fine-tuning (NER, QA): the peak rate of the pretrained encoder's parameters, the task head keeping
     # ``lr``; a new head learns fast while the encoder's weights are only adjusted. None: ``lr`` for all.
     encoder_lr: float | None = None
+    # Fine-tuning: layer-wise learning-rate decay (ELECTRA, Clark et al. 2020, appendix A; DeBERTa-V3): the encoder's
+    # layer i of L at its rate · layer_decay^(L + 1 − i), its embeddings at · layer_decay^(L + 2), the task head at
+    # ``lr``: the lower layers, which hold what pretraining taught, move least. 1.0: every layer at one rate.
+    layer_decay: float = 1.0
     betas: list[float] = dataclasses.field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-6
     weight_decay: float = 0.01  # not applied to biases and LayerNorm weights
@@ -65,6 +69,8 @@ class TrainConfig:
             raise ValueError(f"lr must be a positive finite number, got {self.lr}")
         if self.encoder_lr is not None and not (math.isfinite(self.encoder_lr) and self.encoder_lr > 0):
             raise ValueError(f"encoder_lr must be a positive finite number or null, got {self.encoder_lr}")
+        if not 0 < self.layer_decay <= 1:
+            raise ValueError(f"layer_decay must be in (0, 1], got {self.layer_decay}")
         if not (math.isfinite(self.eps) and self.eps > 0):
             raise ValueError(f"eps must be a positive finite number, got {self.eps}")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):

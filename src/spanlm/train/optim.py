@@ -7,6 +7,7 @@ them). LAMB (You et al. 2020) is provided for the large-batch setting MacBERT us
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 
 import torch
@@ -40,7 +41,8 @@ def encoder_groups(model: nn.Module, groups: list[dict], encoder_lr: float) -> l
     encoder = getattr(model, "encoder", None)
     if not isinstance(encoder, nn.Module):
         raise ConfigError(
-            f"train.encoder_lr applies to fine-tuning an encoder (NER, QA); {type(model).__name__} has none"
+            f"train.encoder_lr and train.layer_decay apply to fine-tuning an encoder (NER, QA, cls); "
+            f"{type(model).__name__} has none"
         )
     in_encoder = {id(p) for p in encoder.parameters()}
     split = []
@@ -48,6 +50,36 @@ def encoder_groups(model: nn.Module, groups: list[dict], encoder_lr: float) -> l
         split.append({**group, "params": [p for p in group["params"] if id(p) in in_encoder], "lr": encoder_lr})
         split.append({**group, "params": [p for p in group["params"] if id(p) not in in_encoder]})
     return [group for group in split if group["params"]]
+
+
+# A transformer layer's index in its parameter's name (BERT's encoder.layer.3., ModernBERT's layers.3.)
+_LAYER = re.compile(r"(?:^|\.)(?:layer|layers)\.(\d+)\.")
+
+
+def layer_depth(name: str, layers: int) -> int:
+    """The depth of an encoder parameter as ELECTRA's layer-wise decay counts it: the embeddings 0, layer i
+    (from 0) i + 1, anything above the layers (a pooler, a final norm) layers + 1."""
+    if (match := _LAYER.search(name)) is not None:
+        return int(match.group(1)) + 1
+    return 0 if "embed" in name else layers + 1
+
+
+def layer_decay_groups(model: nn.Module, groups: list[dict], decay: float) -> list[dict]:
+    """``groups`` (encoder and head split, encoder_groups) with each encoder group split by depth, its rate times
+    ``decay^(layers + 2 − depth)``; the head's groups unchanged."""
+    names = {id(p): name for name, p in model.encoder.named_parameters()}
+    layers = 1 + max((int(m.group(1)) for n in names.values() if (m := _LAYER.search(n))), default=-1)
+    split = []
+    for group in groups:
+        if not all(id(p) in names for p in group["params"]):
+            split.append(group)  # the task head's
+            continue
+        depths: dict[int, list] = {}
+        for parameter in group["params"]:
+            depths.setdefault(layer_depth(names[id(parameter)], layers), []).append(parameter)
+        for depth, parameters in sorted(depths.items()):
+            split.append({**group, "params": parameters, "lr": group["lr"] * decay ** (layers + 2 - depth)})
+    return split
 
 
 class Lamb(torch.optim.Optimizer):
@@ -88,8 +120,10 @@ class Lamb(torch.optim.Optimizer):
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     groups = parameter_groups(model, config.weight_decay)
-    if config.encoder_lr is not None:
-        groups = encoder_groups(model, groups, config.encoder_lr)
+    if config.encoder_lr is not None or config.layer_decay < 1:
+        groups = encoder_groups(model, groups, config.encoder_lr or config.lr)
+    if config.layer_decay < 1:
+        groups = layer_decay_groups(model, groups, config.layer_decay)
     if config.optimizer == "lamb":
         return Lamb(groups, lr=config.lr, betas=config.betas, eps=config.eps)
     # The fused kernel (one pass over each parameter, CPU and CUDA) is what Hugging Face's Trainer uses
