@@ -394,3 +394,29 @@ def test_keep_predictions_writes_each_cells_dev_predictions_finished_cells_too(e
     for cell in json.loads((out / "results.json").read_text(encoding="utf-8"))["cells"]:
         lines = (Path(cell["directory"]) / "predictions.jsonl").read_text(encoding="utf-8").splitlines()
         assert len(lines) == len(dev_documents) and all("entities" in json.loads(line) for line in lines)
+
+
+@pytest.mark.slow
+def test_a_test_split_is_scored_by_each_cells_final_model_and_reported_beside_dev(tiny_encoder_dir, tmp_path, capsys):
+    """A task's ``test``: each cell's exported model scored on it (``spanlm ner eval``: CELL/test.json), tabled as
+    ``TASK (test)`` with the same seeds and differences (no bootstrap: no per-example test scores); a suite that
+    gains a test split keeps its finished cells and scores their models."""
+    suite = quick_suite(tmp_path)
+    raw = yaml.safe_load(suite.read_text(encoding="utf-8"))
+    out = tmp_path / "out"
+    arguments = [str(suite), "--encoders", f"tiny={tiny_encoder_dir}", f"random=random:{tiny_encoder_dir}"]
+    arguments += ["--out", str(out), "--seeds", "0"]
+    assert run_eval(arguments, capsys)[0] == 0
+    raw["tasks"][0]["test"] = str(FIXTURES / "wnut_train_mini.conll")
+    suite.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    code, _, err = run_eval(arguments, capsys)
+    assert code == 0 and "2 of 2 cells already finished" in err
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert [(t["task"], t["split"]) for t in results["tasks"]] == [("wnut-mini", "dev"), ("wnut-mini (test)", "test")]
+    for cell in results["cells"]:
+        test = json.loads((Path(cell["directory"]) / "test.json").read_text(encoding="utf-8"))
+        assert test["data"] == raw["tasks"][0]["test"] and cell["test_score"] == test["micro"]["f1"]
+    rows = {r["encoder"]: r for r in results["tasks"][1]["arms"][0]["encoders"]}
+    assert rows["tiny"]["seeds"]["0"] == next(c["test_score"] for c in results["cells"] if c["encoder"] == "tiny")
+    assert rows["tiny"]["difference"]["interval"] is None  # one seed, no per-example test scores
+    assert "## wnut-mini (test) (ner, f1), fine-tuned" in (out / "report.md").read_text(encoding="utf-8")

@@ -174,7 +174,8 @@ def _ready(cell: Cell, force: bool) -> None:
         encoding="utf-8",
     )
     (run / "eval.json").unlink(missing_ok=True)  # written again at the run's end; its absence marks "not done"
-    (cell.directory / PREDICTIONS_FILE).unlink(missing_ok=True)  # an earlier model's: written again after the run
+    for earlier in (PREDICTIONS_FILE, TEST_FILE):  # an earlier model's: written again after the run
+        (cell.directory / earlier).unlink(missing_ok=True)
 
 
 @dataclasses.dataclass
@@ -184,6 +185,7 @@ class Outcome:
     seconds: float
     skipped: bool = False
     error: str | None = None
+    test_scores: dict | None = None  # the final model's scores on the task's test split, where it names one
 
 
 class CellRunner:
@@ -206,8 +208,8 @@ class CellRunner:
                 outcomes.append(Outcome(cell, scores, 0.0, skipped=True))
         if outcomes:
             self.log(f"{len(outcomes)} of {len(cells)} cells already finished with these settings: kept")
-            if self.keep_predictions:  # finished before --keep-predictions was asked for: their dev predictions now
-                outcomes = [self._with_predictions(outcome) for outcome in outcomes]
+            # finished earlier: their test scores (and, asked for now, dev predictions) if they have none yet
+            outcomes = [self._after_training(outcome) for outcome in outcomes]
         if not todo:
             return outcomes
         self.log(f"running {len(todo)} cells, {self.jobs} at a time")
@@ -271,35 +273,57 @@ class CellRunner:
             if self.stopped:
                 return Outcome(cell, None, seconds)
             return Outcome(cell, None, seconds, error="the run ended before its last step")
-        return self._with_predictions(Outcome(cell, scores, seconds))
+        return self._after_training(Outcome(cell, scores, seconds))
 
-    def _with_predictions(self, outcome: Outcome) -> Outcome:
-        """Under ``--keep-predictions``, a scored cell's dev predictions in ``CELL/predictions.jsonl`` (what `spanlm
-        KIND eval MODEL --predictions` writes: one line per document, question or example) unless already there."""
+    def _after_training(self, outcome: Outcome) -> Outcome:
+        """A scored cell's final model run once more by `spanlm KIND eval` where asked: on the task's test split
+        (``CELL/test.json``, read into the outcome) and, under ``--keep-predictions``, on dev for its predictions
+        (``CELL/predictions.jsonl``: one line per document, question or example); each only once per cell."""
         cell = outcome.cell
-        predictions = cell.directory / PREDICTIONS_FILE
-        if not self.keep_predictions or outcome.scores is None or predictions.is_file() or self.stopped:
+        if outcome.scores is None or self.stopped:
             return outcome
+        test = cell.directory / TEST_FILE
+        if cell.task.test and not test.is_file():
+            qa = cell.task.kind == "qa"  # qa eval prints its scores; the others write them to --output
+            error = self._evaluate(cell, cell.task.test, [] if qa else ["--output", str(test)], test if qa else None)
+            if error:
+                return dataclasses.replace(outcome, error=f"its test split: {error}")
+        if cell.task.test:
+            outcome = dataclasses.replace(outcome, test_scores=json.loads(test.read_text(encoding="utf-8")))
+        predictions = cell.directory / PREDICTIONS_FILE
+        if self.keep_predictions and not predictions.is_file():
+            scores = ["--output", str(cell.directory / "predictions-scores.json")] if cell.task.kind != "qa" else []
+            error = self._evaluate(cell, cell.task.recipe.data.dev, ["--predictions", str(predictions), *scores], None)
+            if error:
+                return dataclasses.replace(outcome, error=f"its predictions: {error}")
+        return outcome
+
+    def _evaluate(self, cell: Cell, data: str, options: list[str], stdout_to: Path | None) -> str | None:
+        """`spanlm KIND eval` of the cell's model on ``data`` (its log in the cell's log.txt; ``stdout_to``: where
+        its printed scores go, qa's way of giving them); the error, or None."""
         command = [
             sys.executable, "-m", "spanlm", cell.task.kind, "eval", str(cell.directory / "run" / "model"),
-            "--data", cell.task.recipe.data.dev, "--predictions", str(predictions),
-            "--output", str(cell.directory / "predictions-scores.json"),
+            "--data", data, *options,
         ]  # fmt: skip
-        if cell.task.kind == "qa":  # qa eval writes its scores to stdout, and its predictions
-            command = command[:-2]
         with open(cell.directory / "log.txt", "a", encoding="utf-8") as log_file:
             log_file.write(f"$ {' '.join(command)}\n")
             log_file.flush()
-            returncode = subprocess.run(
-                command, stdout=log_file, stderr=subprocess.STDOUT, env=cell_environment(self.threads)
-            ).returncode
-        if returncode != 0:
-            error = f"its predictions: exit {returncode}: {_last_line(cell.directory / 'log.txt')}"
-            return dataclasses.replace(outcome, error=error)
-        return outcome
+            printed = subprocess.run(
+                command,
+                stdout=subprocess.PIPE if stdout_to else log_file,
+                stderr=log_file,
+                env=cell_environment(self.threads),
+                text=True,
+            )
+        if printed.returncode != 0:
+            return f"exit {printed.returncode}: {_last_line(cell.directory / 'log.txt')}"
+        if stdout_to is not None:
+            stdout_to.write_text(printed.stdout.strip().splitlines()[-1] + "\n", encoding="utf-8")
+        return None
 
 
-# Under --keep-predictions, each scored cell's dev predictions, in the cell's folder
+# Written by a scored cell where asked: its final model's scores on the task's test split; its dev predictions
+TEST_FILE = "test.json"
 PREDICTIONS_FILE = "predictions.jsonl"
 
 

@@ -73,7 +73,7 @@ DATA_CHECKS = {"ner": "spanlm.ner.task", "qa": "spanlm.qa.task", "cls": "spanlm.
 # kind → the recipe's window length (data.KEY): what must fit in the positions of every encoder of the suite
 WINDOW_KEYS = {"ner": "max_len", "qa": "max_length", "cls": "max_length"}
 SUITE_KEYS = {"seeds", "baseline", "tasks"}
-TASK_KEYS = {"name", "kind", "recipe", "metric", "arms", "settings"}
+TASK_KEYS = {"name", "kind", "recipe", "metric", "arms", "settings", "test"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +84,7 @@ class Task:
     arms: tuple[str, ...]
     recipe: Any  # the typed recipe with the suite's settings applied, before any encoder or seed
     source: str  # what the suite named as the recipe
+    test: str | None = None  # a test split scored by each cell's final model beside dev, reported on its own
 
     def score(self, eval_json: dict) -> float:
         """The task's metric in a run's final dev scores."""
@@ -214,9 +215,19 @@ def _task(path: Path, index: int, entry: Any) -> Task:
             raise ConfigError(f"{where}: data.{split} is required: every cell is scored on its dev set")
         if not data.startswith("hf:") and not Path(data).exists():
             raise InputError(f"{where}: data.{split} {data}: no such file or directory")
-    if not any(getattr(recipe.data, split).startswith("hf:") for split in ("train", "dev")):  # a dataset: at its cell
-        try:  # its data read as its cells will read it: a missing column or a wrong format stops the suite here
-            importlib.import_module(DATA_CHECKS[kind]).check_data(recipe)
+    test = entry.get("test")
+    if test is not None and not isinstance(test, str):
+        raise ConfigError(f"{where}: test is a data file (or hf:NAME), got {test!r}")
+    if test and not test.startswith("hf:") and not Path(test).exists():
+        raise InputError(f"{where}: test {test}: no such file or directory")
+    check = importlib.import_module(DATA_CHECKS[kind]).check_data
+    # every split read as its cells will read it (a dataset: at its cell): a missing column or a wrong format
+    # stops the suite here; the test split as the dev set is read
+    for dev in [recipe.data.dev, *([test] if test else [])]:
+        if any(path.startswith("hf:") for path in (recipe.data.train, dev)):
+            continue
+        try:
+            check(dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, dev=dev)))
         except (InputError, ConfigError) as error:
             raise type(error)(f"{where}: {error}") from None
-    return Task(name, kind, entry["metric"], tuple(arms), recipe, source)
+    return Task(name, kind, entry["metric"], tuple(arms), recipe, source, test or None)

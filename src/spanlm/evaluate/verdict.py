@@ -35,6 +35,14 @@ def verdict(
             ] = score
             record |= {"score": score, "scores": outcome.scores, "seconds": round(outcome.seconds, 1)}
             record["kept"] = outcome.skipped
+            if outcome.test_scores is not None:
+                test = cell.task.score(outcome.test_scores)
+                scores.setdefault(test_name(cell.task), {}).setdefault(cell.arm, {}).setdefault(cell.encoder.name, {})[
+                    cell.seed
+                ] = test
+                record |= {"test_score": test, "test_scores": outcome.test_scores}
+            if outcome.error:  # scored on dev, but its test split or predictions failed
+                record |= {"status": "failed", "error": outcome.error}
         else:
             record["status"] = "failed" if outcome.error else "not run"
             if outcome.error:
@@ -44,21 +52,25 @@ def verdict(
 
     tasks = []
     for task in suite.tasks:
-        arms = []
-        for arm in task.arms:
-            by_encoder = scores.get(task.name, {}).get(arm, {})
-            rows = []
-            for encoder in encoders:
-                per_seed = by_encoder.get(encoder.name, {})
-                row = {"encoder": encoder.name, "seeds": {str(s): v for s, v in sorted(per_seed.items())}}
-                if per_seed:
-                    row["spread"] = dataclasses.asdict(Spread.of(list(per_seed.values())))
-                baseline = baselines[encoder.name]
-                if encoder.name != baseline and per_seed:
-                    row["difference"] = _difference(task, arm, encoder.name, baseline, per_seed, by_encoder, runs)
-                rows.append(row)
-            arms.append({"arm": arm, "encoders": rows})
-        tasks.append({"task": task.name, "kind": task.kind, "metric": task.metric, "arms": arms})
+        # dev, then the test split where the task names one (its own table: same seeds, no bootstrap)
+        for name, split in [(task.name, "dev"), *([(test_name(task), "test")] if task.test else [])]:
+            arms = []
+            for arm in task.arms:
+                by_encoder = scores.get(name, {}).get(arm, {})
+                rows = []
+                for encoder in encoders:
+                    per_seed = by_encoder.get(encoder.name, {})
+                    row = {"encoder": encoder.name, "seeds": {str(s): v for s, v in sorted(per_seed.items())}}
+                    if per_seed:
+                        row["spread"] = dataclasses.asdict(Spread.of(list(per_seed.values())))
+                    baseline = baselines[encoder.name]
+                    if encoder.name != baseline and per_seed:
+                        row["difference"] = _difference(
+                            task, arm, encoder.name, baseline, per_seed, by_encoder, runs if split == "dev" else None
+                        )
+                    rows.append(row)
+                arms.append({"arm": arm, "encoders": rows})
+            tasks.append({"task": name, "kind": task.kind, "metric": task.metric, "split": split, "arms": arms})
 
     overall = {}
     for arm in ("fine-tuned", "frozen"):
@@ -93,15 +105,20 @@ def most_common_baseline(baselines: dict[str, str]) -> str:
     return max(dict.fromkeys(values), key=values.count)
 
 
-def _difference(task, arm: str, encoder: str, baseline: str, per_seed: dict, by_encoder: dict, runs: dict):
+def test_name(task) -> str:
+    """The verdict's name for a task's test split."""
+    return f"{task.name} (test)"
+
+
+def _difference(task, arm: str, encoder: str, baseline: str, per_seed: dict, by_encoder: dict, runs: dict | None):
     """The paired difference from the baseline, with its interval: over seeds, or for one seed a bootstrap over
-    the dev examples."""
+    the dev examples (``runs``: their per-example scores; None: no bootstrap, as for a test split)."""
     baseline_scores = by_encoder.get(baseline, {})
     difference = paired_difference(per_seed, baseline_scores)
     if difference is None:
         return None
     interval = f"t over {difference.n} seeds" if difference.n > 1 else None
-    if difference.n == 1 and task.per_example_score is not None:
+    if difference.n == 1 and task.per_example_score is not None and runs is not None:
         (seed,) = set(per_seed) & set(baseline_scores)
         bounds = _bootstrap(task, runs[task.name, arm, encoder, seed], runs[task.name, arm, baseline, seed])
         if bounds is not None:
