@@ -57,6 +57,9 @@ class DataConfig:
     packing: bool | Literal["auto"] = "auto"
     # Batches of blocks up to this many real tokens instead of train.batch_size blocks; 0 = off.
     tokens_per_batch: int = 0
+    # The seed of the training blocks' order (None: the recipe's seed); each phase of a phased run has its own, so
+    # that a phase does not replay the order of the one before.
+    order_seed: int | None = None
     # MacBERT similar-word table (similar_words.npz, see spanlm.data.similar_words): "word2vec" trains
     # gensim Word2Vec on the corpus; "synonyms" reads a TSV of word<TAB>synonym...; "vectors" reads a
     # word2vec-format vector file. similar_words_file is the TSV / vector file.

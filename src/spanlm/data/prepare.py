@@ -69,6 +69,7 @@ def input_fingerprint(recipe, inputs: list[Input], by_content: bool = False) -> 
         "split",
         "packing",
         "tokens_per_batch",
+        "order_seed",
     ):
         data.pop(irrelevant)
     tokenizer = dataclasses.asdict(recipe.tokenizer)

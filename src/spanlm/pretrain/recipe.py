@@ -11,6 +11,7 @@ from spanlm.data.tokenizer import TokenizerConfig, settings_key
 from spanlm.masking.base import MaskingConfig
 from spanlm.models.backbone import BackboneConfig
 from spanlm.objectives.config import ObjectiveConfig
+from spanlm.pretrain.phases import PhaseConfig, check_phases
 from spanlm.train.config import LoggingConfig, TrainConfig
 
 
@@ -26,6 +27,10 @@ class Recipe:
     objective: ObjectiveConfig = dataclasses.field(default_factory=ObjectiveConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
+    # A curriculum: phases run one after another in one output directory (spanlm.pretrain.phases)
+    phases: list[PhaseConfig] = dataclasses.field(default_factory=list)
+    # The phase a resolved phase recipe is (set by spanlm.pretrain.phases; every record of the run carries it)
+    phase: str | None = None
 
     def input_paths(self) -> dict[str, str | list[str] | None]:
         """What a run of this recipe reads, by key: its output may be none of them, nor inside nor around one."""
@@ -41,6 +46,9 @@ class Recipe:
 
     def __post_init__(self) -> None:
         check_seed(self.seed)
+        if self.phases:
+            check_phases(self)
+            self.train.max_steps = sum(phase.steps for phase in self.phases)
         # "{tokenizer}" in data.prepared_dir names the tokenizer the directory holds, so recipes with
         # other tokenizers never prepare the same directory (each would replace the other's ids).
         if TOKENIZER_KEY in self.data.prepared_dir:

@@ -20,11 +20,12 @@ from spanlm.objectives import build_objective
 from spanlm.objectives.pretrained_heads import describe_heads
 from spanlm.pretrain.batches import build_train_loader, eval_batches, split_blocks
 from spanlm.pretrain.kept_tokenizer import check_same_tokenizer, checkpoint_tokenizer_dir, keep_tokenizer
+from spanlm.pretrain.phases import pretrain_phases
 from spanlm.train.dist import DistEnv, barrier
 from spanlm.train.loop import StartingPoint, TrainingSetup, train
 
 # Block length, batch layout and size: another value changes every batch.
-RESUME_KEEPS = ("data.max_len", "data.packing", "data.tokens_per_batch")
+RESUME_KEEPS = ("data.max_len", "data.packing", "data.tokens_per_batch", "data.order_seed")
 
 
 # What usually makes a masked LM that stays at its unigram line learn (spanlm.train.health)
@@ -84,7 +85,7 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
         train_blocks,
         objective.masker,
         recipe.train,
-        recipe.seed,
+        recipe.seed if recipe.data.order_seed is None else recipe.data.order_seed,
         env.rank,
         env.world_size,
         recipe.data,
@@ -112,6 +113,7 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
         flops=training_flops(objective),
         on_start=lambda: [write() for write in on_start],
         learning_hint=PRETRAINING_HINT,
+        record_fields={"phase": recipe.phase} if recipe.phase else {},
     )
 
 
@@ -134,5 +136,13 @@ def check_max_len(objective: torch.nn.Module, max_len: int, noise_max_len: int |
 
 
 def pretrain(recipe, resume: str | None = None, log=print, weights_from: str | None = None) -> Path:
-    """Train ``recipe``'s pretraining objective; returns the run directory."""
+    """Train ``recipe``'s pretraining objective (its phases in turn, each exported: spanlm.pretrain.phases);
+    returns the run directory."""
+    if recipe.phases:
+        from spanlm.pretrain.export import export_checkpoint
+
+        def train_phase(phase, **start) -> Path:
+            return train(phase, pretraining_setup, log=log, **start)
+
+        return pretrain_phases(recipe, resume, log, weights_from, train_phase, export_checkpoint)
     return train(recipe, pretraining_setup, resume, log, weights_from)

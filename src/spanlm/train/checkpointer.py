@@ -25,6 +25,9 @@ class StartingPoint:
     checkpoint: Path | None = None
     weights_only: bool = False
     trainer_state: dict = dataclasses.field(default_factory=dict)
+    # A new phase of a phased run from the checkpoint that ended the last: its weights, optimiser, schedule, step
+    # and RNGs, a fresh data position, and the settings the phase changes (spanlm.pretrain.phases)
+    new_phase: bool = False
 
     @property
     def tokenizer_fingerprint(self) -> str | None:
@@ -33,15 +36,25 @@ class StartingPoint:
 
 
 def starting_point(
-    output_dir: Path, resume: str | None, weights_from: str | None, env: DistEnv, log=print
+    output_dir: Path,
+    resume: str | None,
+    weights_from: str | None,
+    env: DistEnv,
+    log=print,
+    phase_from: str | None = None,
 ) -> StartingPoint:
     """Resolve ``--resume`` / ``--resume-weights-only`` against ``output_dir`` once, before anything is built.
 
     Rank 0 first removes what killed saves left. A run directory that already holds a run is refused
-    unless it is being resumed.
+    unless it is being resumed, or continued by a new phase (``phase_from``: the checkpoint it starts from).
     """
     if env.is_main:
         ckpt.remove_leftovers(output_dir, log)
+    if phase_from is not None:
+        checkpoint = ckpt.resolve_resume(phase_from, output_dir, log)
+        with naming_an_earlier_checkpoint(checkpoint):
+            state = ckpt.load_file(checkpoint / "trainer_state.pt")
+        return StartingPoint(checkpoint, False, state, new_phase=True)
     if weights_from is not None and resume:
         raise ConfigError("--resume and --resume-weights-only exclude each other: pass one")
     checkpoint = ckpt.resolve_resume(weights_from or resume, output_dir, log)
@@ -149,7 +162,11 @@ class Checkpointer:
 
         path, trainer_state, env = start.checkpoint, start.trainer_state, self.env
         with naming_an_earlier_checkpoint(path):
-            if not start.weights_only:
+            if start.new_phase and trainer_state["world_size"] != env.world_size:
+                raise ConfigError(
+                    f"{path}: a phase continues on {trainer_state['world_size']} processes, not {env.world_size}"
+                )
+            if not (start.weights_only or start.new_phase):  # a new phase changes the settings its phase names
                 ckpt.check_same_settings(path, trainer_state, self.recipe, env.world_size, self.setup.resume_keeps)
             weights = ckpt.load_weights(path / "model.safetensors", self.objective)
             set_model_state_dict(self.model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
@@ -162,7 +179,8 @@ class Checkpointer:
                 options=StateDictOptions(full_state_dict=True),
             )
             self.scheduler.load_state_dict(trainer_state["scheduler"])
-            self.loader.load_state_dict(trainer_state["loaders"][env.rank])
+            if not start.new_phase:  # a new phase reads its own data from its start
+                self.loader.load_state_dict(trainer_state["loaders"][env.rank])
             ckpt.set_rng_state(ckpt.load_file(path / f"rng-rank{env.rank}.pt"))
         # Checkpoints written before the seconds trained were kept: 0.
         return int(trainer_state["step"]), float(trainer_state.get("elapsed", 0.0))

@@ -32,6 +32,9 @@ class TrainConfig:
     # wsd (warmup-stable-decay; Hu et al. 2024, MiniCPM; Hägele et al. 2024): the peak rate until the last
     # ``decay_share`` of max_steps, then down to 0 in that ``decay_shape`` (1-sqrt: Hägele et al.'s cooldown).
     decay_share: float = 0.1
+    # The steps the schedule spans when they are more than this run trains: a phased run's whole length, each
+    # phase training to its own max_steps on one schedule (spanlm.pretrain.phases). None: max_steps.
+    schedule_steps: int | None = None
     decay_shape: Literal["linear", "cosine", "1-sqrt"] = "1-sqrt"
     max_grad_norm: float = 1.0  # 0 disables clipping
     # bf16 = autocast (weights and optimiser stay fp32); auto = bf16 where the device computes it natively (a
@@ -62,6 +65,8 @@ class TrainConfig:
         for name in ("max_steps", "batch_size", "grad_accum", "keep_last", "log_every", "save_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        if self.schedule_steps is not None and self.schedule_steps < self.max_steps:
+            raise ValueError(f"schedule_steps {self.schedule_steps} is less than max_steps {self.max_steps}")
         for name in ("eval_every", "eval_blocks", "num_workers", "warmup_steps", "max_grad_norm"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")

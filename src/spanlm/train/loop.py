@@ -32,7 +32,13 @@ from spanlm.train.dist import DistEnv, all_reduce, any_rank, init_distributed, s
 from spanlm.train.health import LearningHealth, summarise_tallies
 from spanlm.train.metrics import MetricsLogger, MetricsWindow, progress_bar, progress_fields, trackers_to_start
 from spanlm.train.objective import Objective
-from spanlm.train.optim import build_optimizer, build_scheduler, clip_gradients, total_norm
+from spanlm.train.optim import (
+    build_optimizer,
+    build_scheduler,
+    clip_gradients,
+    encoder_and_head_groups,
+    total_norm,
+)
 from spanlm.train.parallel import no_sync, wrap
 
 
@@ -58,23 +64,6 @@ class StopSignal:
     def __exit__(self, *exc):
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
-
-
-def _encoder_and_head_groups(objective: torch.nn.Module, optimizer) -> dict[str, int | None]:
-    """For a fine-tuning objective (one with an ``encoder``): the index of the first optimiser group holding
-    encoder parameters (``lr_encoder``) and of the first holding others, the head's (``lr_head``); None where
-    no group does (a frozen encoder). Empty for pretraining objectives."""
-    encoder = getattr(objective, "encoder", None)
-    if not isinstance(encoder, torch.nn.Module):
-        return {}
-    in_encoder = {id(p) for p in encoder.parameters()}
-    groups: dict[str, int | None] = {"lr_encoder": None, "lr_head": None}
-    for index, group in enumerate(optimizer.param_groups):
-        found = {id(p) in in_encoder for p in group["params"]}
-        for name, wanted in (("lr_encoder", True), ("lr_head", False)):
-            if wanted in found and groups[name] is None:
-                groups[name] = index
-    return groups
 
 
 @dataclasses.dataclass
@@ -116,6 +105,8 @@ class TrainingSetup:
     # the task words them, and a fine-tuning task's training loss when it has learnt nothing (ln K for K labels).
     learning_hint: str | None = None
     chance_loss: float | None = None
+    # Fields every record of this run carries (a phased run's ``phase``), after its kind and step
+    record_fields: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def train(
@@ -124,18 +115,20 @@ def train(
     resume: str | None = None,
     log=print,
     weights_from: str | None = None,
+    phase_from: str | None = None,
 ) -> Path:
     """Train what ``build_setup(recipe, env, log, start)`` sets up; returns the run directory.
 
     ``recipe`` is any typed recipe with ``seed``, ``train`` (TrainConfig) and ``logging`` sections.
     ``resume``: None, "auto" or a checkpoint / run directory. ``weights_from``: a checkpoint / run
     directory whose weights start a new run (``--resume-weights-only``; any settings may differ).
+    ``phase_from``: the checkpoint that ended a phased run's last phase, which this one continues in the same
+    output directory (everything but the data position; the settings its phase changes may differ).
     """
     env = init_distributed(recipe.train.device)
     try:
-        start = starting_point(
-            Path(recipe.train.output_dir), resume, weights_from, env, log if env.is_main else (lambda *_: None)
-        )
+        quiet = log if env.is_main else (lambda *_: None)
+        start = starting_point(Path(recipe.train.output_dir), resume, weights_from, env, quiet, phase_from)
         return Trainer(recipe, env, build_setup, log, start).run()
     except BaseException as error:
         # The failed frames hold the trainer, and so the process group, for as long as the error lives: let go
@@ -192,7 +185,7 @@ class Trainer:
         self.model = wrap(self.objective, self.config, env)
         self.optimizer = build_optimizer(self.objective, self.config)
         self.scheduler = build_scheduler(self.optimizer, self.config)
-        self.rate_groups = _encoder_and_head_groups(self.objective, self.optimizer)
+        self.rate_groups = encoder_and_head_groups(self.objective, self.optimizer)
         self.health = LearningHealth(self.setup.learning_hint, self.setup.chance_loss, self.config.max_steps)
         self.loader = self.setup.loader
         self.checkpointer = Checkpointer(
@@ -253,6 +246,8 @@ class Trainer:
             self.step, self.elapsed_before = loaded
         if start.weights_only:
             self.log(f"started from the weights of {start.checkpoint} (new optimiser, schedule and data position)")
+        elif start.new_phase:
+            self.log(f"continued from {start.checkpoint} at step {self.step} (the last phase's end; its own data)")
         elif start.checkpoint is not None:
             self.log(f"resumed from {start.checkpoint} at step {self.step}")
             if env.is_main and (aside := ckpt.set_aside_later(self.output_dir, self.step)) is not None:
@@ -303,7 +298,9 @@ class Trainer:
                 if config.eval_at_start and self.step == 0:
                     evaluation = self.evaluate()
                     if logger and evaluation:
-                        logger.log({"kind": "eval", "step": 0, **self._clock(), **evaluation})
+                        logger.log(
+                            {"kind": "eval", "step": 0, **self.setup.record_fields, **self._clock(), **evaluation}
+                        )
                     self._say_health(logger, self.health.after_evaluation(0, evaluation))
                 first_step, first_started = self.step + 1, time.perf_counter()
                 while self.step < config.max_steps:
@@ -327,7 +324,15 @@ class Trainer:
                         self._check_finite(window)
                         evaluation = self.evaluate()
                         if logger and evaluation:
-                            logger.log({"kind": "eval", "step": self.step, **self._clock(), **evaluation})
+                            logger.log(
+                                {
+                                    "kind": "eval",
+                                    "step": self.step,
+                                    **self.setup.record_fields,
+                                    **self._clock(),
+                                    **evaluation,
+                                }
+                            )
                         self._say_health(logger, self.health.after_evaluation(self.step, evaluation))
                     received = any_rank(stop.received is not None, env)  # host-side: no device sync
                     if received:
@@ -433,7 +438,8 @@ class Trainer:
         values = means.tolist()
         tokens, flops, data_wait = values[-3:]
         seconds = max(time.perf_counter() - started, 1e-9)
-        record = {"kind": "train", "step": self.step, **self._clock(), **dict(zip(keys, values[:-3]))}
+        record = {"kind": "train", "step": self.step, **self.setup.record_fields, **self._clock()}
+        record.update(zip(keys, values[:-3]))
         rates = self.scheduler.get_last_lr()
         record["lr"] = rates[0]  # the first parameter group's (fine-tuning: the encoder's, or a frozen one's head's)
         for name, group in self.rate_groups.items():  # fine-tuning: both, named (0.0: a frozen encoder)
@@ -454,7 +460,9 @@ class Trainer:
         for line in lines:
             self.log(line)
             if logger:
-                logger.log({"kind": "health", "step": self.step, **self._clock(), "message": line})
+                logger.log(
+                    {"kind": "health", "step": self.step, **self.setup.record_fields, **self._clock(), "message": line}
+                )
 
     def _first_step_compiled(self, window: "MetricsWindow", started: float) -> None:
         """Under train.compile, after this process's first step: wait for it (one host read, once) and say how long

@@ -82,6 +82,23 @@ def layer_decay_groups(model: nn.Module, groups: list[dict], decay: float) -> li
     return split
 
 
+def encoder_and_head_groups(objective: torch.nn.Module, optimizer) -> dict[str, int | None]:
+    """For a fine-tuning objective (one with an ``encoder``): the index of the first optimiser group holding
+    encoder parameters (``lr_encoder``) and of the first holding others, the head's (``lr_head``); None where
+    no group does (a frozen encoder). Empty for pretraining objectives."""
+    encoder = getattr(objective, "encoder", None)
+    if not isinstance(encoder, torch.nn.Module):
+        return {}
+    in_encoder = {id(p) for p in encoder.parameters()}
+    groups: dict[str, int | None] = {"lr_encoder": None, "lr_head": None}
+    for index, group in enumerate(optimizer.param_groups):
+        found = {id(p) in in_encoder for p in group["params"]}
+        for name, wanted in (("lr_encoder", True), ("lr_head", False)):
+            if wanted in found and groups[name] is None:
+                groups[name] = index
+    return groups
+
+
 class Lamb(torch.optim.Optimizer):
     """LAMB: Adam's update rescaled per parameter tensor by the trust ratio ‖w‖ / ‖update‖."""
 
@@ -187,9 +204,14 @@ def clip_gradients(
     return total.full_tensor() if hasattr(total, "full_tensor") else total
 
 
+def schedule_length(config: TrainConfig) -> int:
+    """The steps the schedule spans: ``schedule_steps`` (a phased run's whole length) or ``max_steps``."""
+    return config.schedule_steps or config.max_steps
+
+
 def decay_steps(config: TrainConfig) -> int:
-    """The steps of a wsd schedule's decay: the last ``decay_share`` of max_steps, at least one."""
-    return max(1, round(config.decay_share * config.max_steps))
+    """The steps of a wsd schedule's decay: the last ``decay_share`` of the schedule, at least one."""
+    return max(1, round(config.decay_share * schedule_length(config)))
 
 
 def lr_factor(step: int, config: TrainConfig) -> float:
@@ -201,13 +223,13 @@ def lr_factor(step: int, config: TrainConfig) -> float:
         return 1.0
     if config.schedule == "wsd":
         decay = decay_steps(config)
-        progress = min(max((step - (config.max_steps - decay)) / decay, 0.0), 1.0)
+        progress = min(max((step - (schedule_length(config) - decay)) / decay, 0.0), 1.0)
         if config.decay_shape == "linear":
             return 1.0 - progress
         if config.decay_shape == "cosine":
             return 0.5 * (1.0 + math.cos(math.pi * progress))
         return 1.0 - math.sqrt(progress)
-    progress = (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps)
+    progress = (step - config.warmup_steps) / max(1, schedule_length(config) - config.warmup_steps)
     progress = min(max(progress, 0.0), 1.0)
     return 1.0 - progress if config.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
 

@@ -1,0 +1,167 @@
+"""A curriculum in one recipe: phases checked at load, resolved on top of one another, run in one directory with one
+schedule, each exported, and resumed bit for bit from a stop inside a phase or at a boundary."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from helpers import embedded_recipe
+from spanlm.config import read_yaml
+from spanlm.errors import ConfigError
+from spanlm.pretrain.phases import plan
+from spanlm.pretrain.run import pretrain
+from spanlm.train import checkpoint as ckpt
+from spanlm.train.metrics import read_metrics
+from spanlm.train.optim import lr_factor
+
+QUIET = {"log": lambda *_: None}
+# 4 steps at 32 tokens, 3 extended to 48, 3 decaying with a lower masking rate; the schedule one wsd over all 10
+PHASES = (
+    "[{name: pretrain, steps: 4}, {name: extend, steps: 3, set: {data.max_len: 48}}, "
+    "{name: decay, steps: 3, decay: true, set: {masking.mlm.rate: 0.1}}]"
+)
+
+
+def phased(prepared, out, *overrides):
+    return embedded_recipe(
+        "mlm",
+        prepared,
+        out,
+        "model.max_position_embeddings=64",
+        "train.max_steps=10",  # embedded_recipe states 4: here the phases' steps
+        "train.schedule=wsd",
+        "train.decay_shape=linear",
+        "train.warmup_steps=2",
+        "train.save_every=2",
+        "train.log_every=1",
+        "train.eval_every=0",
+        f"phases={PHASES}",
+        *overrides,
+    )
+
+
+@pytest.mark.parametrize(
+    "phases, message",
+    [
+        ("[{name: a, steps: 2, set: {model.hidden_size: 64}}]", "phases[0] (a): model.hidden_size cannot change"),
+        ("[{name: a, steps: 2, set: {masking.scheme: span}}]", "phases[0] (a): masking.scheme cannot change"),
+        ("[{name: a, steps: 2, set: {tokenizer.vocab_size: 900}}]", "tokenizer.vocab_size cannot change"),
+        ("[{name: a, steps: 2, set: {model.max_position_embeddings: 64}}]", "only RoPE families"),
+        ("[{name: a, steps: 2, decay: true}, {name: b, steps: 2}]", "phases[0] (a): decay: true"),
+        ("[{name: a, steps: 2}, {name: a, steps: 2}]", "each phase needs its own name"),
+        ("[{name: a/b, steps: 2}]", "letters, digits"),
+    ],
+)
+def test_a_phase_that_cannot_run_is_refused_at_load_naming_it(embedded_prepared, tmp_path, phases, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        embedded_recipe("mlm", embedded_prepared, tmp_path / "run", "train.schedule=wsd", f"phases={phases}")
+
+
+def test_a_stated_max_steps_must_be_the_phases(embedded_prepared, tmp_path):
+    with pytest.raises(ConfigError, match="a phased run's length is its phases' steps \\(10\\)"):
+        phased(embedded_prepared, tmp_path / "run", "train.max_steps=7")
+    assert phased(embedded_prepared, tmp_path / "run", "train.max_steps=10").train.max_steps == 10
+
+
+def test_each_phase_is_resolved_on_top_of_the_one_before(embedded_prepared, tmp_path):
+    recipe = phased(embedded_prepared, tmp_path / "run")
+    phases = plan(recipe)
+    assert [(p.config.name, p.start, p.end) for p in phases] == [("pretrain", 0, 4), ("extend", 4, 7), ("decay", 7, 10)]
+    assert [p.recipe.data.max_len for p in phases] == [32, 48, 48]  # the extension carries on into the decay
+    assert [p.recipe.masking.mlm.rate for p in phases] == [0.15, 0.15, 0.1]
+    assert [p.recipe.train.max_steps for p in phases] == [4, 7, 10]
+    assert {p.recipe.train.schedule_steps for p in phases} == {10} and {p.recipe.train.decay_share for p in phases} == {
+        0.3
+    }
+    assert [p.recipe.data.order_seed for p in phases] == [None, 1, 2] and [p.recipe.phase for p in phases] == [
+        "pretrain",
+        "extend",
+        "decay",
+    ]
+    assert all(not p.recipe.phases for p in phases)
+
+
+def stop_at(monkeypatch, step: int):
+    """SIGTERM to this process right after training step ``step``: the run saves there and returns."""
+    from spanlm.train.loop import Trainer
+
+    original = Trainer._step
+
+    def step_then_stop(self, *args):
+        original(self, *args)
+        if self.step == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(Trainer, "_step", step_then_stop)
+
+
+def losses(run) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(run) if r["kind"] == "train"}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(embedded_prepared, tmp_path_factory):
+    out = tmp_path_factory.mktemp("phases") / "run"
+    return pretrain(phased(embedded_prepared, out), **QUIET)
+
+
+def test_the_phases_run_in_one_directory_on_one_schedule_each_exported(uninterrupted, embedded_prepared, tmp_path):
+    records = [r for r in read_metrics(uninterrupted) if r["kind"] == "train"]
+    assert [r["step"] for r in records] == list(range(1, 11))
+    assert [r["phase"] for r in records] == ["pretrain"] * 4 + ["extend"] * 3 + ["decay"] * 3
+    # one wsd schedule over the ten steps (each record: the rate after its step), whatever phase trains them: the
+    # peak until step 7, then down to 0 at step 10 over the decay phase's three steps
+    train = plan(phased(embedded_prepared, tmp_path / "x"))[0].recipe.train
+    assert [r["lr"] for r in records] == pytest.approx([1e-3 * lr_factor(r["step"], train) for r in records])
+    assert [round(lr_factor(step, train), 4) for step in range(7, 11)] == [1.0, 0.6667, 0.3333, 0.0]
+    exported_words = []
+    for name, max_len in (("pretrain", 32), ("extend", 48), ("decay", 48)):
+        export = uninterrupted / f"phase-{name}"
+        assert json.loads((export / "config.json").read_text(encoding="utf-8"))["model_type"] == "bert"
+        saved = read_yaml(export / "config.yaml")  # the phase's own recipe
+        assert saved["phase"] == name and saved["data"]["max_len"] == max_len
+        exported = load_file(str(export / "model.safetensors"))
+        exported_words.append(next(v for k, v in exported.items() if k.endswith("word_embeddings.weight")))
+    final = load_file(str(ckpt.step_dir(uninterrupted, 10) / "model.safetensors"))
+    assert torch.equal(exported_words[-1], next(v for k, v in final.items() if k.endswith("word_embeddings.weight")))
+    assert not torch.equal(exported_words[0], exported_words[1])  # each phase's own weights
+
+
+@pytest.mark.parametrize("where", ["inside a phase", "at a boundary"])
+@pytest.mark.slow
+def test_a_stopped_curriculum_resumes_bit_for_bit(embedded_prepared, uninterrupted, tmp_path, monkeypatch, where):
+    """Stopped at step 5 (inside the extension) or right after the first phase ended (its export written, the next
+    not started), `--resume auto` continues to the losses and weights of the run that never stopped."""
+    out = tmp_path / "run"
+    recipe = phased(embedded_prepared, out)
+    with monkeypatch.context() as patch:
+        if where == "inside a phase":
+            stop_at(patch, 5)
+            pretrain(recipe, **QUIET)
+            assert ckpt.step_of(ckpt.latest_checkpoint(out)) == 5
+        else:
+            from spanlm.pretrain import export as export_module
+
+            export = export_module.export_checkpoint
+
+            def export_then_stop(checkpoint, directory):
+                export(checkpoint, directory)
+                raise KeyboardInterrupt  # killed before the next phase starts
+
+            patch.setattr(export_module, "export_checkpoint", export_then_stop)
+            with pytest.raises(KeyboardInterrupt):
+                pretrain(recipe, **QUIET)
+            assert ckpt.step_of(ckpt.latest_checkpoint(out)) == 4 and (out / "phase-pretrain").is_dir()
+    pretrain(recipe, resume="auto", **QUIET)
+    assert losses(out) == losses(uninterrupted)
+    a = load_file(str(ckpt.step_dir(out, 10) / "model.safetensors"))
+    b = load_file(str(ckpt.step_dir(uninterrupted, 10) / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert all((out / f"phase-{name}" / "config.json").is_file() for name in ("pretrain", "extend", "decay"))
