@@ -3,6 +3,7 @@ checkpoints made with transformers itself (the stand-in for a hub download), exp
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import yaml
 from safetensors.torch import load_file
 
 from helpers import EMBEDDED_CORPUS
-from spanlm.config import from_dict
+from spanlm.config import from_dict, to_dict
 from spanlm.data.blocks import BlockDataset, collate_blocks
 from spanlm.data.prepare import prepare
 from spanlm.data.shards import PreparedCorpus
@@ -23,6 +24,7 @@ from spanlm.pretrain.export import export_checkpoint
 from spanlm.pretrain.recipe import Recipe
 from spanlm.pretrain.run import pretrain
 from spanlm.train import checkpoint as ckpt
+from spanlm.train.metrics import read_metrics
 from toy_objective import losses, toy_recipe
 
 QUIET = {"log": lambda *_: None}
@@ -318,3 +320,68 @@ def test_the_cpu_backend_computes_the_same_losses_padded_and_packed(prepared, tm
             ours, theirs = fast(batch), plain(batch)
         for part in ("mlm_loss", "sbo_loss"):
             torch.testing.assert_close(ours[part], theirs[part], rtol=1e-5, atol=1e-5)
+
+
+def inverse_frequencies(theta: float, head_dim: int) -> torch.Tensor:
+    """RoPE's rotary frequencies for base ``theta`` (Su et al. 2021): theta^(−2i/d)."""
+    return 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)
+
+
+@pytest.mark.parametrize("family", ["modernbert", "eurobert"])
+def test_a_released_checkpoint_continues_with_the_rope_bases_the_recipe_states(prepared, tmp_path, family):
+    """A context extension of a released model: its config's RoPE bases (ModernBERT's global and local) and positions
+    replaced by the recipe's, its rotary tables built from them, every weight as released; unstated, its own."""
+    corpus = PreparedCorpus(prepared)
+    stock = stock_masked_lm(family, corpus, tmp_path / "stock")
+    settings = {"rope_theta": 160000.0, "max_position_embeddings": 256}
+    if family == "modernbert":
+        settings |= {"local_rope_theta": 20000.0}
+    extended = build_backbone(BackboneConfig(family=family, path=str(stock), **settings), corpus)
+    kept = build_backbone(BackboneConfig(family=family, path=str(stock)), corpus)
+    head_dim = 32 // 2
+    tables = dict(extended.rotary_emb.named_buffers())
+    if family == "modernbert":
+        assert extended.config.rope_parameters["full_attention"]["rope_theta"] == 160000.0
+        assert torch.allclose(tables["full_attention_inv_freq"], inverse_frequencies(160000.0, head_dim))
+        assert torch.allclose(tables["sliding_attention_inv_freq"], inverse_frequencies(20000.0, head_dim))
+        assert extended.config.sliding_window == kept.config.sliding_window  # the window as released
+    else:
+        assert extended.config.rope_parameters["rope_theta"] == 160000.0
+        assert torch.allclose(tables["inv_freq"], inverse_frequencies(160000.0, head_dim))
+    assert extended.config.max_position_embeddings == 256 and kept.config.max_position_embeddings == 64
+    assert kept.config.rope_parameters != extended.config.rope_parameters
+    released, loaded = kept.state_dict(), extended.state_dict()
+    assert all(torch.equal(released[k], loaded[k]) for k in released if "inv_freq" not in k)
+
+
+def test_a_released_modernbert_runs_only_the_extension_and_decay_phases(prepared, tmp_path):
+    """The curriculum's later phases from a stock ModernBertForMaskedLM (written by transformers) and the tokenizer
+    it came with: the extension at a longer block and a 160k global base, the decay at a lower masking rate; each
+    phase's export is a transformers directory whose config and rotary tables carry the extended base."""
+    from transformers import AutoModel
+
+    corpus = PreparedCorpus(prepared)
+    stock = stock_masked_lm("modernbert", corpus, tmp_path / "stock")
+    recipe = recipe_for(
+        prepared, tmp_path / "run", "modernbert", path=str(stock), schedule="wsd", warmup_steps=0, max_steps=5
+    )
+    recipe.tokenizer.path = str(stock)
+    recipe.data.prepared_dir = str(tmp_path / "prepared")
+    recipe = from_dict(
+        Recipe,
+        {
+            **to_dict(recipe),
+            "phases": [
+                {"name": "extend", "steps": 3, "set": {"data.max_len": 48, "model.rope_theta": 160000.0}},
+                {"name": "decay", "steps": 2, "decay": True, "set": {"masking.mlm.rate": 0.1}},
+            ],
+        },
+    )
+    run = pretrain(recipe, **QUIET)
+    for phase in ("extend", "decay"):
+        export = run / f"phase-{phase}"
+        config = json.loads((export / "config.json").read_text(encoding="utf-8"))
+        assert config["rope_parameters"]["full_attention"]["rope_theta"] == 160000.0
+        model = AutoModel.from_pretrained(str(export))
+        assert torch.allclose(model.rotary_emb.full_attention_inv_freq, inverse_frequencies(160000.0, 16))
+    assert [r["phase"] for r in read_metrics(run) if r["kind"] == "train"] == ["extend"] * 3 + ["decay"] * 2

@@ -18,6 +18,7 @@ Either way the model is the bare encoder (``BertModel``, ``RobertaModel``, ``Ele
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -321,10 +322,12 @@ def _load_checkpoint(config: BackboneConfig, corpus: PreparedCorpus) -> PreTrain
             f"{path} holds a '{found}' model but model.family is '{config.family}'; set model.family: {found}"
         )
     kwargs = {"add_pooling_layer": False} if config.family in _HAS_POOLER else {}
+    checkpoint_config = with_settings_of_no_weight(checkpoint_config, config)
     try:
         with quiet_load_report():
             model, info = AutoModel.from_pretrained(
                 str(path),
+                config=checkpoint_config,
                 local_files_only=True,
                 attn_implementation=ATTENTION[config.family],
                 output_loading_info=True,
@@ -340,6 +343,30 @@ def _load_checkpoint(config: BackboneConfig, corpus: PreparedCorpus) -> PreTrain
         )
     check_vocabulary(model, corpus, path)
     return model
+
+
+def with_settings_of_no_weight(checkpoint_config, config: BackboneConfig):
+    """A checkpoint's config with the recipe's settings that change no weight where the recipe states them: the RoPE
+    bases (ModernBERT's global and local, EuroBERT's), ModernBERT's window and the positions a RoPE model numbers.
+    What a context extension continuing a released model changes (Warner et al. 2024: 10k → 160k for the global
+    layers); every other setting of a checkpoint is its own."""
+    if config.family not in MODERN_FAMILIES:
+        return checkpoint_config
+    changes: dict[str, Any] = {}
+    rope = copy.deepcopy(checkpoint_config.rope_parameters)
+    if config.family == "modernbert":
+        for layers, theta in (("full_attention", config.rope_theta), ("sliding_attention", config.local_rope_theta)):
+            if theta is not None:
+                rope[layers]["rope_theta"] = theta
+        if config.local_attention is not None:
+            changes["local_attention"] = config.local_attention
+    elif config.rope_theta is not None:
+        rope["rope_theta"] = config.rope_theta
+    changes["rope_parameters"] = rope
+    if config.max_position_embeddings != BackboneConfig.max_position_embeddings:  # stated by the recipe
+        changes["max_position_embeddings"] = config.max_position_embeddings
+    # built again, not edited: a config derives some fields from others at its construction (the window's half)
+    return type(checkpoint_config)(**{**checkpoint_config.to_dict(), **changes})
 
 
 @contextlib.contextmanager
