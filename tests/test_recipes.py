@@ -80,7 +80,11 @@ def test_copy_replaces_an_existing_file_only_with_force(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("name", "close"),
     [
-        ("spanbert", "masking/spanbert, pretrain/spanbert, pretrain/modernbert_spanbert, pretrain/spanbert_chinese"),
+        (
+            "spanbert",
+            "masking/spanbert, pretrain/spanbert, pretrain/ettin_spanbert, pretrain/modernbert_spanbert, "
+            "pretrain/spanbert_chinese",
+        ),
         ("pretrain/spanbret", "pretrain/spanbert"),
     ],
 )

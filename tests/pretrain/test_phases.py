@@ -165,3 +165,24 @@ def test_a_stopped_curriculum_resumes_bit_for_bit(embedded_prepared, uninterrupt
     b = load_file(str(ckpt.step_dir(uninterrupted, 10) / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert all((out / f"phase-{name}" / "config.json").is_file() for name in ("pretrain", "extend", "decay"))
+
+
+@pytest.mark.parametrize("name, masking", [("ettin_modernbert", "mlm"), ("ettin_spanbert", "span")])
+def test_the_shipped_curricula_extend_then_decay(name, masking):
+    """configs/pretrain/ettin_*.yaml: 400 steps at 128 tokens with the global RoPE base at 10k and 30% masked, 100
+    at 256 with 160k, 100 decaying with 15% masked; one wsd schedule whose decay is the last phase."""
+    from helpers import REPO
+    from spanlm.pretrain.recipe import load_recipe
+
+    phases = plan(load_recipe(REPO / "configs" / "pretrain" / f"{name}.yaml"))
+    assert [(p.config.name, p.start, p.end) for p in phases] == [
+        ("pretrain", 0, 400),
+        ("extend", 400, 500),
+        ("decay", 500, 600),
+    ]
+    assert [p.recipe.data.max_len for p in phases] == [128, 256, 256]
+    assert [p.recipe.model.rope_theta for p in phases] == [10000, 160000, 160000]
+    assert [getattr(p.recipe.masking, masking).rate for p in phases] == [0.3, 0.3, 0.15]
+    assert {(p.recipe.train.schedule, p.recipe.train.decay_share, p.recipe.train.schedule_steps) for p in phases} == {
+        ("wsd", 100 / 600, 600)
+    }
