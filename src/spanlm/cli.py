@@ -91,7 +91,15 @@ def _preview(args: argparse.Namespace) -> int:
 
     recipe = load_recipe(args.recipe, args.overrides)
     guard_outputs({"--jsonl": args.jsonl}, {"the recipe": args.recipe, **recipe.input_paths()})
-    preview(recipe, n=args.n, stats_blocks=args.stats_blocks, jsonl=args.jsonl, log=log, step=args.step)
+    step = args.step
+    if recipe.phases:  # the phase that trains step N, with its settings (its masking schedule counts from its start)
+        from spanlm.pretrain.phases import phase_at
+
+        phase = phase_at(recipe, step)
+        changed = ", ".join(f"{k}={v}" for k, v in phase.config.set.items()) or "the recipe's own settings"
+        log(f"step {step}: phase {phase.config.name} (steps {phase.start + 1}–{phase.end}): {changed}")
+        recipe, step = phase.recipe, step - phase.start
+    preview(recipe, n=args.n, stats_blocks=args.stats_blocks, jsonl=args.jsonl, log=log, step=step)
     return 0
 
 

@@ -186,3 +186,22 @@ def test_the_shipped_curricula_extend_then_decay(name, masking):
     assert {(p.recipe.train.schedule, p.recipe.train.decay_share, p.recipe.train.schedule_steps) for p in phases} == {
         ("wsd", 100 / 600, 600)
     }
+
+
+def test_preview_at_a_step_shows_its_phase_and_masks_with_its_settings(embedded_prepared, tmp_path, capsys):
+    import yaml
+
+    from spanlm.cli import main
+    from spanlm.config import to_dict
+
+    recipe = to_dict(phased(embedded_prepared, tmp_path / "run"))
+    path = tmp_path / "phased.yaml"
+    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    ratios = {}
+    for step in (0, 8):
+        assert main(["preview", str(path), "--n", "0", "--stats-blocks", "64", "--step", str(step)]) == 0
+        captured = capsys.readouterr()
+        ratios[step] = json.loads(captured.out.strip().splitlines()[-1])["mask_ratio"]
+        if step == 8:
+            assert "step 8: phase decay (steps 8–10): masking.mlm.rate=0.1" in captured.err
+    assert ratios[0] == pytest.approx(0.15, abs=0.02) and ratios[8] == pytest.approx(0.1, abs=0.02)

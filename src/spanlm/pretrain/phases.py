@@ -151,6 +151,12 @@ def plan(recipe) -> list[Phase]:
     return phases
 
 
+def phase_at(recipe, step: int) -> Phase:
+    """The phase of ``recipe`` that trains step ``step`` (from 0; past the end: the last)."""
+    phases = plan(recipe)
+    return next((phase for phase in phases if step < phase.end), phases[-1])
+
+
 def pretrain_phases(recipe, resume: str | None, log, weights_from: str | None, train_phase, export) -> Path:
     """Run ``recipe``'s phases in turn (``train_phase(phase_recipe, resume=, weights_from=, phase_from=)`` runs one),
     each exported at its end (``export(checkpoint, directory)``); a resumed run starts at the phase its latest
