@@ -18,7 +18,6 @@ Either way the model is the bare encoder (``BertModel``, ``RobertaModel``, ``Ele
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -28,6 +27,7 @@ from torch import nn
 from spanlm.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from spanlm.errors import ConfigError, InputError
 from spanlm.heads.mlm import MLMHead
+from spanlm.models.modern_config import MODERN_FAMILIES, modern_values, with_settings_of_no_weight
 
 if TYPE_CHECKING:  # transformers is imported lazily: reading a recipe must not pay for it
     from transformers import PreTrainedModel
@@ -39,7 +39,6 @@ Family = Literal["bert", "roberta", "electra", "deberta-v2", "modernbert", "euro
 # The modern encoders (Warner et al. 2024, ModernBERT, arXiv 2412.13663; Boizard et al. 2025, EuroBERT, arXiv
 # 2503.05500): rotary positions (no position table), no biases, pre-norm layers with a final norm; ModernBERT
 # alternates sliding-window and global attention. Their own settings are BackboneConfig fields below.
-MODERN_FAMILIES = ("modernbert", "eurobert")
 
 # Attention implementation per family. BERT, RoBERTa and ELECTRA set `_supports_sdpa = True` in
 # transformers 5.23, so attention runs through torch.nn.functional.scaled_dot_product_attention
@@ -245,47 +244,10 @@ def _transformers_config(config: BackboneConfig, corpus: PreparedCorpus):
     if config.layer_norm_eps is not None:
         values["layer_norm_eps"] = config.layer_norm_eps
     if config.family in MODERN_FAMILIES:
-        values = _modern_values(config, values, special)
+        values = modern_values(config, values, special)
     _check_extra(config)
     values.update(config.extra)
     return AutoConfig.for_model(config.family, **values)
-
-
-def _modern_values(config: BackboneConfig, values: dict[str, Any], special: dict[str, int]) -> dict[str, Any]:
-    """The BERT-named ``values`` under ModernBERT's / EuroBERT's config names, with their own settings."""
-    renamed = {
-        "modernbert": {
-            "hidden_dropout_prob": ("embedding_dropout", "mlp_dropout"),
-            "attention_probs_dropout_prob": ("attention_dropout",),
-            "layer_norm_eps": ("norm_eps",),
-        },
-        # EuroBERT (Llama's layers) has no dropout but in its attention: hidden_dropout does not apply to it
-        "eurobert": {"attention_probs_dropout_prob": ("attention_dropout",), "layer_norm_eps": ("rms_norm_eps",)},
-    }[config.family]
-    out = {
-        key: value
-        for key, value in values.items()
-        if key not in ("hidden_dropout_prob", "attention_probs_dropout_prob")
-    }
-    out.pop("layer_norm_eps", None)
-    for old, new_names in renamed.items():
-        if old in values:
-            out.update({new: values[old] for new in new_names})
-    if config.family == "modernbert":
-        out.update(cls_token_id=special["cls"], sep_token_id=special["sep"])
-        if config.local_attention is not None:
-            out["local_attention"] = config.local_attention
-        if config.global_attention_every is not None:
-            out["global_attn_every_n_layers"] = config.global_attention_every
-        if config.rope_theta is not None:
-            out["global_rope_theta"] = config.rope_theta
-        if config.local_rope_theta is not None:
-            out["local_rope_theta"] = config.local_rope_theta
-    else:
-        out["mask_token_id"] = special["mask"]
-        if config.rope_theta is not None:
-            out["rope_parameters"] = {"rope_type": "default", "rope_theta": config.rope_theta}
-    return out
 
 
 def _check_extra(config: BackboneConfig) -> None:
@@ -343,30 +305,6 @@ def _load_checkpoint(config: BackboneConfig, corpus: PreparedCorpus) -> PreTrain
         )
     check_vocabulary(model, corpus, path)
     return model
-
-
-def with_settings_of_no_weight(checkpoint_config, config: BackboneConfig):
-    """A checkpoint's config with the recipe's settings that change no weight where the recipe states them: the RoPE
-    bases (ModernBERT's global and local, EuroBERT's), ModernBERT's window and the positions a RoPE model numbers.
-    What a context extension continuing a released model changes (Warner et al. 2024: 10k → 160k for the global
-    layers); every other setting of a checkpoint is its own."""
-    if config.family not in MODERN_FAMILIES:
-        return checkpoint_config
-    changes: dict[str, Any] = {}
-    rope = copy.deepcopy(checkpoint_config.rope_parameters)
-    if config.family == "modernbert":
-        for layers, theta in (("full_attention", config.rope_theta), ("sliding_attention", config.local_rope_theta)):
-            if theta is not None:
-                rope[layers]["rope_theta"] = theta
-        if config.local_attention is not None:
-            changes["local_attention"] = config.local_attention
-    elif config.rope_theta is not None:
-        rope["rope_theta"] = config.rope_theta
-    changes["rope_parameters"] = rope
-    if config.max_position_embeddings != BackboneConfig.max_position_embeddings:  # stated by the recipe
-        changes["max_position_embeddings"] = config.max_position_embeddings
-    # built again, not edited: a config derives some fields from others at its construction (the window's half)
-    return type(checkpoint_config)(**{**checkpoint_config.to_dict(), **changes})
 
 
 @contextlib.contextmanager
