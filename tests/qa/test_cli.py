@@ -143,3 +143,30 @@ def test_shipped_recipes_load(name, metric, no_answer):
 
     recipe = load_config(Path(__file__).resolve().parents[2] / "configs" / "qa" / f"{name}.yaml", cls=QARecipe)
     assert (recipe.qa.metric, recipe.qa.no_answer, recipe.data.doc_stride) == (metric, no_answer, 128)
+
+
+def test_a_span_head_at_chance_says_so(qa_encoder_dir, qa_fixtures, tmp_path, capsys):
+    """A rate too small to move the weights: the loss stays at the windows' mean log of their allowed positions (each
+    boundary spread over the context and [CLS]), and past the first fifth of the run the run says it is not
+    learning."""
+    data = str(qa_fixtures / "squad_v2_sample.json")
+    recipe = tmp_path / "recipe.yaml"
+    settings = {"train": data, "dev": data, "max_length": 48, "doc_stride": 16, "max_query_length": 16}
+    train = {"output_dir": str(tmp_path / "run"), "max_steps": 10, "batch_size": 4, "lr": 1e-9, "warmup_steps": 0}
+    train |= {"eval_every": 0, "save_every": 10, "log_every": 1, "num_workers": 0, "device": "cpu"}
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"path": str(qa_encoder_dir)},
+                "data": settings,
+                "qa": {"metric": "squad", "no_answer": True},
+                "train": train,
+                "logging": {"report_to": [], "progress": False},
+            }
+        )
+    )
+    code, _, err = run(capsys, "qa", "train", str(recipe))
+    assert code == 0, err
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    (health,) = [r for r in records if r["kind"] == "health"]
+    assert "not learning: the training loss" in health["message"] and "chance" in health["message"]

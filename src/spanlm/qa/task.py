@@ -13,6 +13,7 @@ import functools
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from spanlm.config import save_config
@@ -121,6 +122,9 @@ def qa_setup(
         recipe=recipe,
         flops=training_flops(objective),
         learning_hint=FINE_TUNING_HINT,
+        # A span head that has learnt nothing spreads each boundary evenly over the window's context and [CLS]: its
+        # loss is the windows' mean log of that count
+        chance_loss=float(np.mean(np.log(train_windows.context_mask[:, 1:].sum(1) + 1))),
     )
 
 
