@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import shutil
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -59,3 +62,89 @@ def test_resuming_with_a_shard_missing_names_it(tmp_path, capsys):
     errors = [line for line in err.splitlines() if line.startswith("spanlm pretrain: error:")]
     assert len(errors) == 1 and "shard-00001-of-00002: shard 1/2 is missing" in errors[0] and "Traceback" not in err
     assert [p.name for p in (run / "checkpoints").iterdir()] == [ckpt.step_dir(run, 2).name]
+
+
+def test_mixed_blocks_give_each_shard_its_weights_share_and_reach_every_block_over_epochs():
+    """Two shards of 49 training blocks each (blocks 5 and 60 held out) weighted 3 : 1: an epoch of 98 positions holds
+    74 of the first and 24 of the second; the second's window moves on each epoch, so every one of its blocks is
+    drawn within three epochs."""
+    from spanlm.pretrain.batches import MixedBlocks, TrainingBlocks
+
+    training = TrainingBlocks(100, np.array([5, 60]))
+    mixed = MixedBlocks(training, np.array([0, 50]), [3.0, 1.0])
+    assert len(mixed) == 98 and mixed.counts.tolist() == [74, 24]
+    epochs = [mixed.at(epoch, np.arange(98)) for epoch in range(3)]
+    for blocks in epochs:
+        assert (blocks < 50).sum() == 74 and (blocks >= 50).sum() == 24 and not set(blocks) & {5, 60}
+    second = set().union(*(set(blocks[blocks >= 50].tolist()) for blocks in epochs))
+    assert second == set(range(50, 100)) - {60}  # all 49 of its blocks by the third epoch
+    assert np.array_equal(mixed.at(1, np.arange(98)), epochs[1])  # a pure function of (epoch, position)
+
+
+def test_a_mixture_trains_each_shard_by_its_weight(tmp_path):
+    """data.shard_weights: the blocks one epoch of the loader draws come from the shards in the weights' ratio."""
+    from spanlm.pretrain.run import pretraining_setup
+    from spanlm.train.dist import init_distributed
+
+    _, recipe = sharded_recipe(tmp_path, tmp_path / "run", max_steps=2)
+    recipe.data.shard_weights = [1.0, 3.0]
+    setup = pretraining_setup(recipe, init_distributed("cpu"), **QUIET)
+    sampler = setup.loader.sampler
+    blocks = np.concatenate([key[2] for key in itertools.takewhile(lambda key: key[0] == 0, iter(sampler))])
+    mixed = sampler.blocks
+    assert len(blocks) == len(mixed) - len(mixed) % sampler.batch_size
+    boundary = mixed.training[mixed.first[1]]  # the second shard's first training block
+    share = (blocks >= boundary).mean()
+    assert share == pytest.approx(0.75, abs=0.05)
+
+
+def test_a_mixture_resumes_its_draws(tmp_path):
+    """The mixture's draws are a function of the position: a sampler restored from a state draws the next batches the
+    uninterrupted one draws."""
+    from spanlm.pretrain.run import pretraining_setup
+    from spanlm.train.dist import init_distributed
+
+    _, recipe = sharded_recipe(tmp_path, tmp_path / "run", max_steps=2)
+    recipe.data.shard_weights = [1.0, 3.0]
+    first = pretraining_setup(recipe, init_distributed("cpu"), **QUIET).loader.sampler
+    keys = iter(first)
+    for _ in range(3):
+        next(keys)
+    state, following = first.state_dict(), [next(keys) for _ in range(2)]
+    again = pretraining_setup(recipe, init_distributed("cpu"), **QUIET).loader.sampler
+    again.load_state_dict(state)
+    restored = iter(again)
+    assert all(
+        np.array_equal(a[2], b[2]) and a[:2] == b[:2] for a, b in zip(following, [next(restored) for _ in range(2)])
+    )
+
+
+def test_a_decay_phase_adds_a_source_by_weight(tmp_path):
+    """mmBERT's curriculum: the first phase trains on one source, the decay phase adds a second (each prepared on its
+    own with one tokenizer) with a weight; the decay phase draws from both."""
+    from spanlm.errors import ConfigError
+    from spanlm.pretrain.phases import PhaseConfig, plan
+    from spanlm.pretrain.run import pretraining_setup
+    from spanlm.train.dist import init_distributed
+
+    tokenizer = prepare(toy_recipe(tmp_path / "whole", tmp_path / "x"), **QUIET) / "tokenizer"
+    sources = []
+    for book in BOOKS:
+        source = toy_recipe(tmp_path / Path(book).stem, tmp_path / "run", max_steps=4, save_every=2)
+        source.data.inputs, source.tokenizer.path = [book], str(tokenizer)
+        sources.append(str(prepare(source, **QUIET)))
+    recipe = source
+    recipe.data.prepared_shards, recipe.train.schedule = sources[:1], "wsd"
+    recipe.phases = [
+        PhaseConfig("pretrain", 2),
+        PhaseConfig("decay", 2, set={"data.prepared_shards": sources, "data.shard_weights": [1.0, 3.0]}, decay=True),
+    ]
+    first, decay = (phase.recipe for phase in plan(recipe))
+    assert first.data.shard_weights == [] and decay.data.shard_weights == [1.0, 3.0]
+    mixed = pretraining_setup(decay, init_distributed("cpu"), **QUIET).loader.sampler.blocks
+    assert mixed.counts[1] == pytest.approx(3 * mixed.counts[0], rel=0.05)
+    run = pretrain(recipe, **QUIET)
+    assert (run / "phase-pretrain").is_dir() and (run / "phase-decay").is_dir()
+    decay.data.shard_weights = [1.0]  # one weight for two sources: refused naming both counts
+    with pytest.raises(ConfigError, match="1 weights for the 2 shards"):
+        pretraining_setup(decay, init_distributed("cpu"), **QUIET)

@@ -12,6 +12,7 @@ import dataclasses
 import glob
 import gzip
 import json
+import math
 import os
 import re
 from collections import Counter
@@ -42,6 +43,10 @@ class DataConfig:
     # job per shard, all with one tokenizer.path): prepared directories or glob patterns of them, read as
     # one corpus in this order. When set, pretraining reads these and prepares nothing.
     prepared_shards: list[str] = dataclasses.field(default_factory=list)
+    # A mixture: each shard's weight (one per shard, in order), its share of every epoch's training blocks (a
+    # downweighted shard's fewer, an upweighted one's repeated; spanlm.pretrain.batches.MixedBlocks). Empty: every
+    # training block once an epoch.
+    shard_weights: list[float] = dataclasses.field(default_factory=list)
     text_field: str = "text"  # the text column of .jsonl / .parquet records and of datasets
     split: str = "train"  # the split of a DatasetDict directory or an hf: name that does not name one
     # Word boundaries for whole-word / span masking: "none" = no segmenter, the fast tokenizer's own
@@ -71,6 +76,10 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.similar_words in ("synonyms", "vectors") and not self.similar_words_file:
             raise ValueError(f"similar_words: {self.similar_words} needs similar_words_file")
+        if self.shard_weights and not self.prepared_shards:
+            raise ValueError("shard_weights weigh the shards of data.prepared_shards, which lists none")
+        if any(not (math.isfinite(w) and w > 0) for w in self.shard_weights):
+            raise ValueError(f"shard_weights must be positive numbers, got {self.shard_weights}")
         if self.similar_words_k < 1 or self.similar_words_min_count < 1:
             raise ValueError("similar_words_k and similar_words_min_count must be at least 1")
         if self.max_line_chars < 16:

@@ -70,6 +70,7 @@ def input_fingerprint(recipe, inputs: list[Input], by_content: bool = False) -> 
         "packing",
         "tokens_per_batch",
         "order_seed",
+        "shard_weights",
     ):
         data.pop(irrelevant)
     tokenizer = dataclasses.asdict(recipe.tokenizer)

@@ -53,6 +53,40 @@ class TrainingBlocks:
         return positions + np.searchsorted(self.kept_before, positions, side="right")
 
 
+class MixedBlocks:
+    """The training blocks of a sharded corpus drawn by shard weight: each epoch holds ``c_s`` blocks of shard ``s``,
+    its share of the training blocks as its weight says (a downweighted shard's fewer, an upweighted one's repeated),
+    for a mixture of sources in one run (ModernBERT's and mmBERT's data mixes; a phase may change the weights).
+
+    Positions [0, M) are laid out shard after shard; position ``k`` of shard ``s``'s segment is its training block
+    ``(k + epoch · c_s) mod n_s``, so a downweighted shard's window moves on each epoch and every block is reached,
+    and the epoch's permutation of the positions (spanlm.train.loader) mixes the shards. A pure function of the
+    epoch and the position: nothing is held per block, and a resume draws the same blocks.
+    """
+
+    def __init__(self, training: TrainingBlocks, shard_block_starts: np.ndarray, weights: list[float]):
+        self.training = training
+        # each shard's training positions (shards are contiguous in block order): its blocks less the held-out ones
+        bounds = np.append(shard_block_starts, training.n_blocks)
+        held = training.held_out
+        first = bounds[:-1] - np.searchsorted(held, bounds[:-1])
+        last = bounds[1:] - np.searchsorted(held, bounds[1:])
+        self.first, self.sizes = first.astype(np.int64), (last - first).astype(np.int64)
+        shares = np.asarray(weights, dtype=np.float64) / float(np.sum(weights))
+        self.counts = np.where(self.sizes > 0, np.maximum(np.rint(len(training) * shares), 1), 0).astype(np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.counts)])
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def at(self, epoch: int, positions) -> np.ndarray:
+        """The block indices at ``positions`` of ``epoch``'s layout."""
+        positions = np.asarray(positions, dtype=np.int64)
+        shard = np.searchsorted(self.offsets, positions, side="right") - 1
+        within = (positions - self.offsets[shard] + epoch * self.counts[shard]) % self.sizes[shard]
+        return self.training[self.first[shard] + within]
+
+
 class BlockLengths:
     """Tokens of blocks ([CLS] and [SEP] included), read from the memory-mapped block index on demand.
 

@@ -39,6 +39,8 @@ PHASE_KEYS = (
     "data.max_len",
     "data.packing",
     "data.tokens_per_batch",
+    "data.prepared_shards",  # one tokenizer for all (checked): a source added for a phase, as mmBERT's decay adds
+    "data.shard_weights",
     "train.batch_size",
     "train.grad_accum",
     "train.log_every",

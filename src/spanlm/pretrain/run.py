@@ -6,6 +6,7 @@ import functools
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from spanlm.data.block_index import share_block_index
@@ -18,14 +19,20 @@ from spanlm.models.flops import training_flops
 from spanlm.models.packed import resolve_packing
 from spanlm.objectives import build_objective
 from spanlm.objectives.pretrained_heads import describe_heads
-from spanlm.pretrain.batches import build_train_loader, eval_batches, split_blocks
+from spanlm.pretrain.batches import MixedBlocks, build_train_loader, eval_batches, split_blocks
 from spanlm.pretrain.kept_tokenizer import check_same_tokenizer, checkpoint_tokenizer_dir, keep_tokenizer
 from spanlm.pretrain.phases import pretrain_phases
 from spanlm.train.dist import DistEnv, barrier
 from spanlm.train.loop import StartingPoint, TrainingSetup, train
 
 # Block length, batch layout and size: another value changes every batch.
-RESUME_KEEPS = ("data.max_len", "data.packing", "data.tokens_per_batch", "data.order_seed")
+RESUME_KEEPS = (
+    "data.max_len",
+    "data.packing",
+    "data.tokens_per_batch",
+    "data.order_seed",
+    "data.shard_weights",
+)
 
 
 # What usually makes a masked LM that stays at its unigram line learn (spanlm.train.health)
@@ -64,6 +71,15 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
         check_same_tokenizer(start.checkpoint, start.trainer_state, corpus.meta["tokenizer_fingerprint"], recipe)
     blocks = BlockDataset(corpus, recipe.data.max_len)
     train_blocks, held_out = split_blocks(len(blocks), recipe.train.eval_blocks, recipe.seed)
+    if recipe.data.shard_weights:  # a mixture: each shard its weight's share of every epoch
+        if len(recipe.data.shard_weights) != len(corpus.shards):
+            raise ConfigError(
+                f"data.shard_weights has {len(recipe.data.shard_weights)} weights for the "
+                f"{len(corpus.shards)} shards of data.prepared_shards; give one per shard, in their order"
+            )
+        # the first block of each shard: blocks never cross a document, so each shard's blocks are contiguous
+        shard_starts = np.searchsorted(blocks.index[:, 0], corpus.token_starts[:-1])
+        train_blocks = MixedBlocks(train_blocks, shard_starts, recipe.data.shard_weights)
     torch.manual_seed(recipe.seed)  # the same seed on every rank gives identical initial weights
     objective = build_objective(recipe, corpus).to(env.device)
     if objective.head_report and env.is_main:

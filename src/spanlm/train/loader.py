@@ -80,6 +80,12 @@ class BatchKeySampler:
                 f"{batch_size}: lower train.batch_size or give more data"
             )
 
+    def _blocks(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """The blocks at ``positions`` of ``epoch``'s order: ``blocks.at(epoch, positions)`` where the blocks drawn
+        change with the epoch (a mixture by weight: spanlm.pretrain.batches.MixedBlocks), else ``blocks[positions]``."""
+        at = getattr(self.blocks, "at", None)
+        return at(epoch, positions) if at is not None else self.blocks[positions]
+
     def _epoch_start(self) -> tuple[int, ...]:
         return (0,) * len(self.rank_orders)
 
@@ -105,7 +111,7 @@ class BatchKeySampler:
         """(CHUNK,) or fewer: tokens up to and including each block of ``chunk`` of ``rank``'s order."""
         sampler = self.rank_orders[rank]
         start = chunk * sampler.CHUNK
-        return np.cumsum(self.lengths[self.blocks[sampler.order(epoch, start, start + sampler.CHUNK)]])
+        return np.cumsum(self.lengths[self._blocks(epoch, sampler.order(epoch, start, start + sampler.CHUNK))])
 
     def _token_cut(self, sampler: BlockSampler, epoch: int, start: int) -> int | None:
         """The end of the greedy token batch of ``sampler``'s order that begins at ``start`` (the first block
@@ -119,7 +125,8 @@ class BatchKeySampler:
         # It runs to the chunk's end or past it: read from its start on.
         while True:
             stop = min(start + self._window, len(sampler))
-            total = np.cumsum(self.lengths[self.blocks[sampler.order(epoch, start, stop)]])  # tokens up to each block
+            # tokens up to each block
+            total = np.cumsum(self.lengths[self._blocks(epoch, sampler.order(epoch, start, stop))])
             end = int(np.searchsorted(total, self.tokens_per_batch, side="right"))
             if end < len(total):
                 return start + end
@@ -183,7 +190,7 @@ class BatchKeySampler:
                 self.epoch, self.batch, self.starts = self.epoch + 1, 0, self._epoch_start()
                 continue
             start, stop = self.starts[self.order.rank], ends[self.order.rank]
-            key = (self.epoch, self.batch, self.blocks[self.order.order(self.epoch, start, stop)])
+            key = (self.epoch, self.batch, self._blocks(self.epoch, self.order.order(self.epoch, start, stop)))
             self.batch, self.starts = self.batch + 1, ends
             yield key
 
