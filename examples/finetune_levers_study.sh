@@ -6,12 +6,14 @@
 #
 #   bash examples/finetune_levers_study.sh runs/levers-study     # needs external/ (data/README.md): SST-2, TNEWS
 #
-# baseline      the classification study's settings (600 steps, batch 32, head lr 3e-3, encoder lr 1e-3, warmup 10%)
+# baseline      the classification study's settings (600 steps, batch 32, head lr 3e-3, encoder lr 1e-3, warmup 10%),
+#               the head reading [CLS] (cls.pooling: cls, the stock BERT head's)
 # layer-decay   train.layer_decay=0.8 (ELECTRA's layer-wise decay)
 # reinit-1      model.reinit_layers=1 (the top layer drawn afresh: Zhang et al. 2021)
 # one-rate      train.lr=5e-4 and no encoder rate of its own (every weight at one rate)
 # warmup-30     30% of the steps warming up instead of 10%
 # longer        3× the steps
+# mean-pooling  cls.pooling: mean (the real tokens' mean; spanlm cls's default)
 #
 # The encoders are the classification study's (examples/classification_study.sh): pretrained for STEPS steps on the
 # books and the tasks' own training text (task-adaptive), reused when OUT already holds them. Rerunning keeps every
@@ -23,7 +25,7 @@ SPANLM=${SPANLM:-spanlm}
 STEPS=${STEPS:-1500}
 TASK_STEPS=${TASK_STEPS:-600}
 SEEDS=${SEEDS:-0, 1, 2}
-LEVERS=${LEVERS:-baseline layer-decay reinit-1 one-rate warmup-30 longer}
+LEVERS=${LEVERS:-baseline layer-decay reinit-1 one-rate warmup-30 longer mean-pooling}
 DEV=${DEV:-}
 for wanted in "$EXTERNAL/glue/SST-2/train.tsv" "$EXTERNAL/tnews/tnews_public.zip" "$EXTERNAL/tnews/dev.json"; do
     [ -e "$wanted" ] || { echo "finetune_levers_study.sh: $wanted: not found (data/README.md, external/)" >&2 && exit 2; }
@@ -82,7 +84,7 @@ $SETTINGS
 YAML
 }
 for lever in $LEVERS; do
-    steps=$TASK_STEPS lr=3.0e-3 encoder_lr=1.0e-3 warmup=$((TASK_STEPS / 10)) extra=""
+    steps=$TASK_STEPS lr=3.0e-3 encoder_lr=1.0e-3 warmup=$((TASK_STEPS / 10)) pooling=cls extra=""
     case $lever in
     baseline) ;;
     layer-decay) extra="train.layer_decay: 0.8" ;;
@@ -90,13 +92,15 @@ for lever in $LEVERS; do
     one-rate) lr=5.0e-4 encoder_lr=null ;;
     warmup-30) warmup=$((TASK_STEPS * 3 / 10)) ;;
     longer) steps=$((TASK_STEPS * 3)) warmup=$((TASK_STEPS * 3 / 10)) ;;
+    mean-pooling) pooling=mean ;;
     *) echo "finetune_levers_study.sh: unknown lever $lever" >&2 && exit 2 ;;
     esac
     SETTINGS="      train.max_steps: $steps
       train.save_every: $steps
       train.lr: $lr
       train.encoder_lr: $encoder_lr
-      train.warmup_steps: $warmup${extra:+
+      train.warmup_steps: $warmup
+      cls.pooling: $pooling${extra:+
       $extra}"
     for language in english chinese; do
         if [ $language = english ]; then

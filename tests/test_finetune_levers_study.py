@@ -58,5 +58,6 @@ def test_a_lever_is_compared_on_both_tasks_and_tabled(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     suite = (tmp_path / "out" / "reinit-1-english.yaml").read_text(encoding="utf-8")
     assert "model.reinit_layers: 1" in suite and "train.max_steps: 4" in suite
+    assert "cls.pooling: cls" in suite  # every lever but mean-pooling on the stock BERT head's [CLS]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| reinit-1 |")]
     assert [row.split("|")[2].strip() for row in rows] == ["sst2", "tnews"]

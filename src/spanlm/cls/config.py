@@ -66,6 +66,12 @@ class ClsConfig:
     # accuracy for mrpc / qqp; Matthews for cola; Pearson and Spearman for stsb).
     metrics: list[str] | None = None
     positive_label: str = "1"  # the class F1 scores (MRPC and QQP: 1 = paraphrase / duplicate)
+    # What the head reads: "mean", the mean of the real tokens' final states, or "cls", the first token's (the stock
+    # BERT / RoBERTa / ELECTRA / DeBERTa heads'). After MLM-only pretraining (SpanBERT, RoBERTa and their successors
+    # drop next-sentence prediction) no loss ever trained [CLS] to summarise its sequence, while every token's state
+    # was trained; ModernBERT's and EuroBERT's own heads read the mean. A BERT-family model with the mean exports
+    # in spanlm's layout (no stock class pools that way); "cls" keeps the stock *ForSequenceClassification.
+    pooling: Literal["mean", "cls"] = "mean"
 
     def __post_init__(self) -> None:
         for name in self.metrics or ():

@@ -36,13 +36,21 @@ def _dropout(config, *names: str) -> float:
     return 0.0
 
 
-class StockHead(nn.Module):
-    """The stock ``*ForSequenceClassification`` head of ``family`` for ``config`` (``num_labels`` set)."""
+# The families whose stock head reads the first token only: a mean-pooled head of theirs is fed the mean as that token
+FIRST_TOKEN_FAMILIES = ("bert", "roberta", "electra", "deberta-v2")
 
-    def __init__(self, family: str, config):
+
+class StockHead(nn.Module):
+    """The stock ``*ForSequenceClassification`` head of ``family`` for ``config`` (``num_labels`` set), reading
+    ``pooling`` ("cls": the first token; "mean": the real tokens' mean). ``stock``: whether the stock class pools
+    that way, so that its checkpoint is this head's export (ModernBERT and EuroBERT pool either way by their
+    ``classifier_pooling``; the first-token families only by the first token)."""
+
+    def __init__(self, family: str, config, pooling: str = "cls"):
         super().__init__()
         self.family = family
-        self.pooling = "cls"
+        self.pooling = pooling
+        self.stock = pooling == "cls" or family not in FIRST_TOKEN_FAMILIES
         labels = config.num_labels
         if family == "bert":
             from transformers.models.bert.modeling_bert import BertPooler
@@ -82,6 +90,8 @@ class StockHead(nn.Module):
     def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """(B, L, H) states and (B, L) mask of the real tokens → (B, labels) logits."""
         family = self.family
+        if family in FIRST_TOKEN_FAMILIES and self.pooling == "mean":
+            hidden = _mean(hidden, mask).unsqueeze(1)  # (B, 1, H): the stock modules read position 0
         if family in ("roberta", "electra"):
             return self.classifier(hidden)
         if family in ("bert", "deberta-v2"):
@@ -111,10 +121,14 @@ def _mean(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 class PoolerHead(nn.Module):
-    """BERT's head over any width: tanh(dense([CLS])), dropout, a linear classifier (Devlin et al. 2019, §4.1)."""
+    """BERT's head over any width: tanh(dense(pooled)), dropout, a linear classifier (Devlin et al. 2019, §4.1),
+    ``pooled`` the [CLS] state or the real tokens' mean."""
 
-    def __init__(self, hidden_size: int, labels: int, dropout: float, initializer_range: float):
+    stock = False
+
+    def __init__(self, hidden_size: int, labels: int, dropout: float, initializer_range: float, pooling: str = "cls"):
         super().__init__()
+        self.pooling = pooling
         self.dense = nn.Linear(hidden_size, hidden_size)
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(hidden_size, labels)
@@ -123,13 +137,19 @@ class PoolerHead(nn.Module):
             nn.init.zeros_(layer.bias)
 
     def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.dropout(torch.tanh(self.dense(hidden[:, 0]))))
+        pooled = hidden[:, 0] if self.pooling == "cls" else _mean(hidden, mask)
+        return self.classifier(self.dropout(torch.tanh(self.dense(pooled))))
 
 
-def classification_config(model_config, labels: list[str] | None):
+def classification_config(model_config, labels: list[str] | None, pooling: str = "cls"):
     """A copy of the encoder's config for the classification model: ``num_labels``, ``id2label`` / ``label2id``
-    and ``problem_type`` (``labels`` None: regression, one output)."""
+    and ``problem_type`` (``labels`` None: regression, one output), and for the families whose stock head pools
+    either way, its ``classifier_pooling`` (EuroBERT names the first token "bos")."""
     config = copy.deepcopy(model_config)
+    if getattr(config, "model_type", None) == "modernbert":
+        config.classifier_pooling = pooling
+    elif getattr(config, "model_type", None) == "eurobert":
+        config.classifier_pooling = "bos" if pooling == "cls" else pooling
     if labels is None:
         config.num_labels = 1
         config.problem_type = "regression"
@@ -140,18 +160,19 @@ def classification_config(model_config, labels: list[str] | None):
     return config
 
 
-def build_head(encoder, labels: list[str] | None) -> nn.Module:
-    """The head for ``encoder``: its family's stock head where spanlm's encoder is the stock model, else
-    :class:`PoolerHead`. Initialised as the stock class initialises it (the encoder model's ``_init_weights``)."""
+def build_head(encoder, labels: list[str] | None, pooling: str = "cls") -> nn.Module:
+    """The head for ``encoder`` reading ``pooling``: its family's stock head where spanlm's encoder is the stock
+    model, else :class:`PoolerHead`. Initialised as the stock class initialises it (the encoder model's
+    ``_init_weights``)."""
     model = getattr(encoder, "model", None)
     config = getattr(model, "config", None)
     family = getattr(config, "model_type", None)
     if family in EXPORT_PREFIX and encoder.hidden_size == config.hidden_size:
-        head = StockHead(family, classification_config(config, labels))
+        head = StockHead(family, classification_config(config, labels, pooling), pooling)
         for module in head.modules():
             model._init_weights(module)
         return head
     backbone = getattr(model, "backbone", model)
     dropout = _dropout(getattr(backbone, "config", None), "classifier_dropout", "hidden_dropout_prob")
     initializer_range = getattr(getattr(backbone, "config", None), "initializer_range", 0.02)
-    return PoolerHead(encoder.hidden_size, 1 if labels is None else len(labels), dropout, initializer_range)
+    return PoolerHead(encoder.hidden_size, 1 if labels is None else len(labels), dropout, initializer_range, pooling)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from spanlm.cls.head import StockHead, build_head, classification_config
+from spanlm.cls.head import build_head, classification_config
 from spanlm.errors import InputError
 from spanlm.files import check_safetensors, read_metadata
 from spanlm.finetune.model import TOKENIZER_FINGERPRINT_FILE, EncoderTask
@@ -31,17 +31,18 @@ class ClsObjective(EncoderTask):
     cross-entropy over the labels. ``forward`` returns the loss when the batch has ``labels`` and the logits
     otherwise."""
 
-    def __init__(self, encoder, labels: list[str] | None):
+    def __init__(self, encoder, labels: list[str] | None, pooling: str = "cls"):
         super().__init__()
         self.encoder = encoder
         self.labels = labels
+        self.pooling = pooling
         self.head_file = HEAD_FILE
-        self.head = build_head(encoder, labels)
+        self.head = build_head(encoder, labels, pooling)
 
     @property
     def stock(self) -> bool:
         """Whether the export is the family's transformers ``*ForSequenceClassification``."""
-        return isinstance(self.head, StockHead)
+        return self.head.stock
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         hidden = self.encoder(batch)  # (B, L, H); one sequence per row, packed or not
@@ -61,7 +62,7 @@ class ClsObjective(EncoderTask):
         from spanlm.data.tokenizer import save_tokenizer, tokenizer_fingerprint
 
         encoder_model = self.encoder.model
-        config = classification_config(encoder_model.config, self.labels)
+        config = classification_config(encoder_model.config, self.labels, self.pooling)
         config.architectures = None
         stock = AutoModelForSequenceClassification.from_config(config)
         prefix = stock.base_model_prefix
@@ -98,19 +99,27 @@ def head_state(directory: Path, objective: ClsObjective) -> dict[str, torch.Tens
     return state
 
 
-def write_settings(directory: Path, labels: list[str] | None, stock: bool) -> None:
-    settings = {"problem": "regression" if labels is None else "classification", "labels": labels, "stock": stock}
+def write_settings(directory: Path, labels: list[str] | None, stock: bool, pooling: str) -> None:
+    settings = {
+        "problem": "regression" if labels is None else "classification",
+        "labels": labels,
+        "stock": stock,
+        "pooling": pooling,
+    }
     (directory / SETTINGS_FILE).write_text(json.dumps(settings, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def read_settings(path: Path) -> list[str] | None:
-    """The label order of an exported model (None: regression)."""
+def read_settings(path: Path) -> tuple[list[str] | None, str]:
+    """The label order of an exported model (None: regression) and its head's pooling (a model exported before
+    ``cls.pooling`` read [CLS])."""
     settings = read_metadata(path, "restore the cls.json exported with the model")
-    problem, labels = settings.get("problem"), settings.get("labels")
+    problem, labels, pooling = settings.get("problem"), settings.get("labels"), settings.get("pooling", "cls")
+    if pooling not in ("cls", "mean"):
+        raise InputError(f"{path}: 'pooling' must be cls or mean, got {pooling!r}")
     if problem == "regression" and labels is None:
-        return None
+        return None, pooling
     if problem != "classification" or not (
         isinstance(labels, list) and labels and all(isinstance(label, str) for label in labels)
     ):
         raise InputError(f"{path}: 'problem' must be classification (with a list of 'labels') or regression")
-    return labels
+    return labels, pooling

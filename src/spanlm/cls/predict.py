@@ -54,8 +54,8 @@ class ClsModel:
         directory = Path(directory)
 
         def build(directory: Path, recipe: ClsRecipe) -> ClsObjective:
-            self.labels = read_settings(directory / SETTINGS_FILE)
-            return ClsObjective(load_encoder(EncoderConfig(path=str(directory))), self.labels)
+            self.labels, pooling = read_settings(directory / SETTINGS_FILE)
+            return ClsObjective(load_encoder(EncoderConfig(path=str(directory))), self.labels, pooling)
 
         loaded = load_task_model(
             directory, "cls", (RECIPE_FILE, SETTINGS_FILE), RECIPE_FILE, ClsRecipe, build, device, head_state

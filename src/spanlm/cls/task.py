@@ -23,7 +23,7 @@ from spanlm.cls.config import ClsRecipe
 from spanlm.cls.data import Example, check_labels, label_set, layout_of, read_examples
 from spanlm.cls.features import make_features
 from spanlm.cls.metrics import classification_scores, regression_scores
-from spanlm.cls.model import RECIPE_FILE, ClsObjective, write_settings
+from spanlm.cls.model import RECIPE_FILE, SETTINGS_FILE, ClsObjective, write_settings
 from spanlm.cls.predict import ClsModel, predict_logits
 from spanlm.config import save_config
 from spanlm.errors import ConfigError, InputError
@@ -142,7 +142,7 @@ def cls_setup(
     log(describe_start(recipe.model))
     check_max_length(encoder, data.max_length, "data.max_length", recipe.model.path)
     featurizer = encoder_featurizer(encoder)
-    objective = ClsObjective(encoder, task.labels)
+    objective = ClsObjective(encoder, task.labels, recipe.cls.pooling)
     packed = resolve_packing(data.packing, objective, env.packs_by_default, recipe.train.compile, log)
     # What the setup resolved goes into a copy (the run's config.yaml and the export record it), not into the recipe.
     labels = task.labels if task.labels is not None else data.labels
@@ -198,12 +198,14 @@ def export_model(run_dir: Path, recipe: ClsRecipe, labels: list[str] | None) -> 
     built = {}
 
     def build() -> ClsObjective:
-        built["objective"] = ClsObjective(load_encoder(dataclasses.replace(recipe.model, init="random")), labels)
+        built["objective"] = ClsObjective(
+            load_encoder(dataclasses.replace(recipe.model, init="random")), labels, recipe.cls.pooling
+        )
         return built["objective"]
 
     def write_files(directory: Path) -> None:
         save_config(recipe, directory / RECIPE_FILE)
-        write_settings(directory, labels, built["objective"].stock)
+        write_settings(directory, labels, built["objective"].stock, recipe.cls.pooling)
 
     return export_task_model(run_dir, build, write_files)
 
@@ -230,6 +232,11 @@ def train_cls(
         return run_dir, None
     task, recipe = resolved["task"], resolved["recipe"]  # the labels and packing the run used; dev read once
     model_dir = export_model(run_dir, recipe, task.labels)
+    if not json.loads((model_dir / SETTINGS_FILE).read_text(encoding="utf-8"))["stock"]:
+        log(
+            f"{model_dir}: spanlm's layout (spanlm cls eval / predict, ClsModel); cls.pooling: cls exports the "
+            "family's stock *ForSequenceClassification instead"
+        )
     if task.dev is None:
         return run_dir, None
     model = ClsModel(model_dir, device=recipe.train.device)
