@@ -81,7 +81,7 @@ def recipe_dict(args, inputs: list[str], work: Path, family: str) -> dict:
         "num_layers": args.layers,
         "num_heads": args.heads,
         "intermediate_size": args.intermediate if family == "modernbert" else 4 * args.hidden,
-        "max_position_embeddings": 512,
+        "max_position_embeddings": max(512, args.seq),
         "hidden_dropout": 0.0,
         "attention_dropout": 0.0,
     }
@@ -192,8 +192,8 @@ def main(argv=None) -> None:
     batches["peer"] = [
         collator(
             [
-                {"input_ids": blocks[int(i)].ids.tolist(), "special_tokens_mask": [1] + [0] * (args.seq - 2) + [1]}
-                for i in g
+                {"input_ids": ids.tolist(), "special_tokens_mask": [1] + [0] * (len(ids) - 2) + [1]}
+                for ids in (blocks[int(i)].ids for i in g)  # exactly --seq tokens unless the corpus has too few
             ]
         )
         for g in groups
