@@ -17,7 +17,11 @@ BERT-base (hidden 768, 12 layers, 12 heads, intermediate 3,072, 512 positions, d
     gdes-padded-* (gdes-packed-* by ``--arms`` only)
                 ELECTRA with DeBERTa-V3's gradient-disentangled embedding sharing
                 (configs/pretrain/deberta_v3_gdes.yaml's objective at these sizes), padded: what ``data.packing:
-                auto`` runs for DeBERTa.
+                auto`` runs for DeBERTa; its attention spanlm.accel.disentangled's (SDPA with the relative bias:
+                the recipe has attention dropout).
+    gdesflex-padded-*, gdeshf-padded-*
+                the same without attention dropout (FlexAttention with the relative terms in its score
+                modification), and with transformers' own DisentangledSelfAttention (``train.accel: off``).
     peer-blocks-*
                 ``transformers.BertForMaskedLM`` (``sdpa``) fed full blocks of exactly ``--seq`` tokens cut from the
                 blocks' token stream, the way ``run_mlm.py``'s ``group_texts`` builds them (no padding at all), 15%
@@ -109,6 +113,8 @@ ARMS = [
     "modernpeer-flash-flattened",
     "spanbert-packed-compiled",
     "gdes-padded-compiled",
+    "gdesflex-padded-compiled",
+    "gdeshf-padded-compiled",
     "peer-blocks-eager",
     "mlm-packed-eager",
     "spanbert-padded-compiled",
@@ -120,6 +126,7 @@ TINY_ARMS += ["peer-flash-flattened", "gdes-padded-eager", "modern-packed-eager"
 EXTRA_ARMS = ["gdes-packed-eager", "gdes-packed-compiled", "spanbert-packed-eager", "spanbert-padded-eager"]
 EXTRA_ARMS += ["peer-sdpa-eager", "modern-packed-compiled", "modernpeer-sdpa-compiled", "modern-packed-eager"]
 EXTRA_ARMS += ["modernpeer-sdpa-eager", "gdes-padded-eager", "cli-mlm-eager", "cli-modern-eager"]
+EXTRA_ARMS += ["gdesflex-padded-eager", "gdeshf-padded-eager"]
 BERT_PEERS = ("peer-blocks-", "peer-sdpa-", "peer-flash-")
 MODERN_PEERS = ("modernpeer-",)
 KERNEL_WORDS = ("flash", "efficient", "fmha", "cudnn", "math", "attention")
@@ -209,11 +216,15 @@ def kind_recipe(kind: str, recipe: dict, modern: Size) -> dict:
     derived = json.loads(json.dumps(recipe))
     if kind == "mlm":
         derived["masking"], derived["objective"] = {"scheme": "mlm"}, {"name": "mlm"}
-    elif kind == "gdes":  # configs/pretrain/deberta_v3_gdes.yaml's family and objective at these sizes
+    elif kind in ("gdes", "gdesflex", "gdeshf"):  # configs/pretrain/deberta_v3_gdes.yaml's objective, these sizes
         path = REPO / "configs" / "pretrain" / "deberta_v3_gdes.yaml"
         shipped = yaml.safe_load(path.read_text(encoding="utf-8"))
         derived["model"]["family"] = shipped["model"]["family"]
         derived["masking"], derived["objective"] = shipped["masking"], shipped["objective"]
+        if kind == "gdesflex":
+            derived["model"]["attention_dropout"] = 0.0
+        if kind == "gdeshf":
+            derived["train"]["accel"] = "off"
     elif kind == "modern":
         derived["model"] = {
             "family": "modernbert",
@@ -253,7 +264,7 @@ def build_spanlm(recipe_dict: dict, corpus, device: torch.device, seed: int, pac
     objective.train()
     # As the trainer does (its CPU kernels are a CPU-only speed-up: a dry run stays on plain PyTorch); a packed
     # run's attention is the device's varlen path under either mode
-    accel.apply(objective, device, "auto" if device.type == "cuda" else "off", packed=packed)
+    accel.apply(objective, device, recipe.train.accel if device.type == "cuda" else "off", packed=packed)
     return objective, build_optimizer(objective, recipe.train)
 
 
@@ -627,6 +638,9 @@ def ratios(arms: dict) -> dict:
             "modern": ratio("cli-modern-compiled", "modern-packed-compiled"),
         },
         "packed_vs_padded_eager": ratio("spanbert-packed-eager", "spanbert-padded-eager"),
+        # spanlm's disentangled attention against transformers' own, the whole GDES step
+        "gdes_vs_transformers_attention": ratio("gdes-padded-compiled", "gdeshf-padded-compiled"),
+        "gdesflex_vs_transformers_attention": ratio("gdesflex-padded-compiled", "gdeshf-padded-compiled"),
     }
 
 

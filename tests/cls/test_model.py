@@ -65,7 +65,7 @@ def test_the_export_is_the_stock_class(family, pooling, labels, make_cls_encoder
 
 
 @pytest.mark.parametrize("family", ["bert", "roberta", "electra", "deberta-v2"])
-def test_a_mean_pooled_head_reads_the_real_tokens_mean_and_exports_in_spanlms_layout(family, make_cls_encoder, tmp_path):
+def test_a_mean_pooled_head_reads_the_tokens_mean_and_exports_in_spanlms_layout(family, make_cls_encoder, tmp_path):
     """cls.pooling: mean on a family whose stock head reads [CLS]: the stock class's own head modules applied to the
     mean of the real tokens' final states (padding excluded), exported with the head in spanlm's file and loaded
     back to the same logits."""

@@ -11,8 +11,10 @@ train, as the recipe's ``train.accel`` says:
   (:mod:`spanlm.accel.rotary`) and ModernBERT's GeGLU gate (:mod:`spanlm.accel.glu`), the vocabulary
   cross-entropy fused with its projection (:mod:`spanlm.accel.cross_entropy`) handing its weight gradient
   to the tied embedding (:mod:`spanlm.accel.tied_embedding`), freed host memory kept mapped
-  (:mod:`spanlm.accel.host_memory`) and the clipping norm in one kernel call. Other devices get nothing:
-  their plain PyTorch path (SDPA's fused kernels, fused AdamW, ``torch.compile``) is what runs fast there.
+  (:mod:`spanlm.accel.host_memory`) and the clipping norm in one kernel call. On CUDA it is DeBERTa-V2 / V3's
+  disentangled attention as one fused call (:mod:`spanlm.accel.disentangled`: FlexAttention, or SDPA with the
+  relative terms as its bias under attention dropout); beyond that, CUDA's plain PyTorch path (SDPA's fused
+  kernels, fused AdamW, ``torch.compile``) is what runs fast there, and other devices get nothing.
 * under either mode, a packed run's attention is the device's path over the stream (:mod:`spanlm.accel.varlen`:
   per-segment SDPA on the CPU, FlashAttention's varlen kernel on CUDA), and whether ``data.packing: auto``
   packs is this package's decision (:func:`packs_by_default`).
@@ -36,9 +38,11 @@ Accel = Literal["auto", "off"]
 
 
 def backend(device: torch.device, mode: Accel = "auto") -> str:
-    """The backend :func:`apply` puts in for ``device``: ``"cpu"`` or ``"off"`` (none)."""
-    if mode == "off" or device.type != "cpu":
+    """The backend :func:`apply` puts in for ``device``: ``"cpu"``, ``"cuda"`` or ``"off"`` (none)."""
+    if mode == "off" or device.type not in ("cpu", "cuda"):
         return "off"
+    if device.type == "cuda":
+        return "cuda"
     from spanlm.accel import native
 
     return "cpu" if native.kernels() is not None else "off"  # not buildable here: warned once, with the reason
@@ -62,6 +66,10 @@ def apply(model: nn.Module, device: torch.device, mode: Accel = "auto", packed: 
 
         use_packed_attention(model)
     name = backend(device, mode)
+    if name == "cuda":
+        from spanlm.accel.disentangled import use_fused_disentangled_attention
+
+        use_fused_disentangled_attention(model)  # measured no faster on the CPU: CUDA only
     if name != "cpu":
         return name
     from spanlm.accel.attention import use_fused_self_attention

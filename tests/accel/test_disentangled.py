@@ -1,0 +1,129 @@
+"""DeBERTa's disentangled attention through one fused call (spanlm.accel.disentangled) against transformers' own
+module: the same outputs and gradients in float32, with padding, log-bucketed distances and each layout of the
+relative terms."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import DebertaV2Config, DebertaV2Model
+
+from spanlm.accel.disentangled import (
+    FusedDisentangledSelfAttention,
+    _flex,
+    _sdpa,
+    use_fused_disentangled_attention,
+)
+
+# DeBERTa-V3's layout (spanlm.models.backbone.DEBERTA_V3_DEFAULTS) with few buckets, so that a 40-token row
+# reaches the log buckets (|i − j| ≥ 4) and the clamp at the largest distance
+V3 = {
+    "relative_attention": True,
+    "position_buckets": 8,
+    "max_relative_positions": 32,
+    "pos_att_type": ["p2c", "c2p"],
+    "position_biased_input": False,
+    "norm_rel_ebd": "layer_norm",
+    "share_att_key": True,
+}
+# DeBERTa-V2's: separate position projections, no buckets (distance clamped at 16), one term only
+V2_C2P = {"relative_attention": True, "max_relative_positions": 16, "pos_att_type": ["c2p"], "share_att_key": False}
+V2_BOTH = {**V2_C2P, "pos_att_type": ["c2p", "p2c"]}
+
+
+def models(layout: dict):
+    config = DebertaV2Config(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        **layout,
+    )
+    torch.manual_seed(0)
+    theirs = DebertaV2Model(config)
+    ours = copy.deepcopy(theirs)
+    use_fused_disentangled_attention(ours)
+    assert isinstance(ours.encoder.layer[0].attention.self, FusedDisentangledSelfAttention)
+    return theirs, ours
+
+
+def batch(length: int = 40):
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 100, (3, length), generator=generator)
+    mask = torch.ones(3, length, dtype=torch.long)
+    mask[1, 25:] = 0  # padding
+    mask[2, 7:] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("layout", [V3, V2_C2P, V2_BOTH], ids=["v3", "v2-c2p", "v2-both"])
+def test_outputs_and_gradients_are_transformers(layout):
+    theirs, ours = models(layout)
+    ids, mask = batch()
+    # a loss of random weights on the tokens (a sum of squares after the last LayerNorm would be constant)
+    weights = torch.randn(*ids.shape, 32, generator=torch.Generator().manual_seed(3)) * mask[..., None]
+    outputs = []
+    for model in (theirs, ours):
+        model.train()
+        hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        (hidden * weights).sum().backward()
+        outputs.append(hidden)
+    # every row, padding too (its queries spread evenly over the row, as transformers' masked softmax does)
+    torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=1e-5)
+    for (name, a), (_, b) in zip(theirs.named_parameters(), ours.named_parameters()):
+        if a.grad is not None:
+            torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_attention_dropout_drops_in_training_only():
+    theirs, ours = models(V3)
+    for model in (theirs, ours):
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.5
+    ids, mask = batch()
+    ours.eval()
+    theirs.eval()
+    torch.testing.assert_close(ours(ids, mask).last_hidden_state, theirs(ids, mask).last_hidden_state)
+    ours.train()
+    first, second = (ours(ids, mask).last_hidden_state for _ in range(2))
+    assert not torch.allclose(first, second)
+
+
+def test_flex_equals_the_gathered_bias_on_token_rows():
+    """The CUDA path's score modification (run here by FlexAttention's reference loop) reads the same terms at
+    the same buckets as the gathered bias; rows whose query is padding are nobody's output."""
+    from spanlm.accel.disentangled import _relative_buckets
+
+    generator = torch.Generator().manual_seed(2)
+    batch_size, heads, length, width, span = 2, 2, 40, 8, 8
+    query, key, value = (torch.randn(batch_size, heads, length, width, generator=generator) for _ in range(3))
+    c2p, p2c = (torch.randn(batch_size, heads, length, 2 * span, generator=generator) for _ in range(2))
+    offsets = _relative_buckets(length, span, span, 32, torch.device("cpu"))
+    tokens = torch.ones(batch_size, length, dtype=torch.bool)
+    tokens[1, 30:] = False
+    mask = tokens[:, None, :, None] & tokens[:, None, None, :]  # (B, 1, L, L)
+    expected = _sdpa(query, key, value, mask, c2p, p2c, offsets, 0.25, 0.0)
+    with pytest.warns(UserWarning):  # the uncompiled loop says it is one
+        got = _flex(query, key, value, mask, c2p, p2c, offsets, 0.25)
+    rows = tokens[:, None, :, None].expand_as(got)
+    torch.testing.assert_close(got[rows], expected[rows], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "device, mode, fused", [("cuda", "auto", True), ("cuda", "off", False), ("cpu", "auto", False)]
+)
+def test_the_trainer_puts_it_in_on_cuda_only(device, mode, fused):
+    """accel.apply (what the trainer calls) swaps the attention's class on CUDA under train.accel: auto; on the CPU
+    it measured no faster than transformers' own (BENCHMARKS.md), so it stays out."""
+    from spanlm import accel
+
+    model, _ = models(V3)
+    accel.apply(model, torch.device(device), mode)
+    assert isinstance(model.encoder.layer[0].attention.self, FusedDisentangledSelfAttention) == fused
