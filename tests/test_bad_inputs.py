@@ -1741,6 +1741,17 @@ cls_model_case(
     "predict",
     lambda c, m: ((m / "cls.json").write_text("["), [m, "--text", "fine"])[1:] + (["cls.json"],),
 )
+cls_model_case(
+    "pooling_unknown",
+    "predict",
+    lambda c, m: (
+        (
+            (m / "cls.json").write_text(json.dumps({**json.loads((m / "cls.json").read_text()), "pooling": "max"})),
+            [m, "--text", "fine"],
+        )[1:]
+        + (["cls.json", "'pooling' must be cls or mean"],)
+    ),
+)
 
 
 def cut(path: Path) -> None:
