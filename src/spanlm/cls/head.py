@@ -96,10 +96,6 @@ class StockHead(nn.Module):
             return self.classifier(hidden)
         if family in ("bert", "deberta-v2"):
             return self.classifier(self.dropout(self.pooler(hidden)))
-        if family == "eurobert" and self.pooling == "late":  # every token classified, the logits averaged
-            logits = self.classifier(self.activation(self.dense(hidden)))
-            weights = mask.to(logits.dtype).unsqueeze(-1)
-            return (logits * weights).sum(1) / weights.sum(1)
         pooled = hidden[:, 0] if self.pooling in ("cls", "bos") else _mean(hidden, mask)
         if family == "modernbert":
             return self.classifier(self.dropout(self.head(pooled)))
