@@ -78,3 +78,23 @@ def test_bf16_training_steps_run_both_paths():
         assert torch.isfinite(loss) and all(
             torch.isfinite(p.grad).all() for p in ours.parameters() if p.grad is not None
         )
+
+
+def test_flex_follows_the_padded_length_from_batch_to_batch():
+    """Padded batches change length every step: the compiled FlexAttention takes each (its length made symbolic,
+    not a compile per length that would exhaust dynamo's cache) and stays transformers' on the tokens."""
+    if DEVICE != "cuda":
+        pytest.skip("the compiled FlexAttention runs on CUDA")
+    from torch._dynamo.utils import counters
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    theirs, ours = pair(0.0)
+    theirs.eval(), ours.eval()
+    counters.clear()
+    for length in (96, 131, 170, 203, 250):
+        ids = torch.randint(5, 1000, (2, length), device=DEVICE)
+        with torch.no_grad():
+            torch.testing.assert_close(
+                ours(input_ids=ids).last_hidden_state, theirs(input_ids=ids).last_hidden_state, atol=1e-4, rtol=1e-4
+            )
+    assert counters["stats"]["unique_graphs"] <= 4  # the first length, then a symbolic one: not one per length

@@ -116,15 +116,16 @@ _COMPILED_FLEX = None
 
 
 def _flex_kernel(query: Tensor):
-    """FlexAttention as it runs fast: compiled once on CUDA outside a compiled model (uncompiled it is a reference
-    loop), as it is inside one (the model's compile takes it in)."""
+    """FlexAttention as it runs fast: compiled on CUDA outside a compiled model (uncompiled it is a reference
+    loop), as it is inside one (the model's compile takes it in). Padded rows change length from batch to batch:
+    torch.compile's automatic dynamic shapes make the length symbolic at its second value, not a compile per length."""
     from torch.nn.attention.flex_attention import flex_attention
 
     global _COMPILED_FLEX
     if not query.is_cuda or torch.compiler.is_compiling():
         return flex_attention
     if _COMPILED_FLEX is None:
-        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+        _COMPILED_FLEX = torch.compile(flex_attention)
     return _COMPILED_FLEX
 
 
