@@ -69,7 +69,7 @@ class ClsConfig:
     # What the head reads: "mean", the mean of the real tokens' final states, or "cls", the first token's (the stock
     # BERT / RoBERTa / ELECTRA / DeBERTa heads'). After MLM-only pretraining (SpanBERT, RoBERTa and their successors
     # drop next-sentence prediction) no loss ever trained [CLS] to summarise its sequence, while every token's state
-    # was trained; ModernBERT's and EuroBERT's own heads read the mean. A BERT-family model with the mean exports
+    # was trained; ModernBERT's and EuroBERT's stock heads can read the mean. A BERT-family model with the mean exports
     # in spanlm's layout (no stock class pools that way); "cls" keeps the stock *ForSequenceClassification.
     pooling: Literal["mean", "cls"] = "mean"
 
