@@ -40,6 +40,7 @@ from transformers.models.electra.modeling_electra import ElectraSelfAttention
 from transformers.models.roberta.modeling_roberta import RobertaSelfAttention
 
 from spanlm.accel.dropout import apply_dropout, dropout_stream, fast_dropout_applies, kernels_for
+from spanlm.accel.subclasses import use_subclasses
 
 
 @dataclasses.dataclass(frozen=True)
@@ -385,8 +386,4 @@ FUSED = {
 def use_fused_self_attention(model: nn.Module) -> nn.Module:
     """Make every BERT / RoBERTa / ELECTRA self-attention module of ``model`` its ``Fused…`` subclass, in place:
     the same parameters and state-dict keys, a training forward through :class:`_SelfAttention`."""
-    for module in model.modules():
-        fused = FUSED.get(type(module))
-        if fused is not None:
-            module.__class__ = fused
-    return model
+    return use_subclasses(model, FUSED)

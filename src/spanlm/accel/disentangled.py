@@ -33,6 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers.models.deberta_v2.modeling_deberta_v2 import DisentangledSelfAttention, make_log_bucket_position
 
+from spanlm.accel.subclasses import use_subclasses
+
 
 def _relative_buckets(length: int, span: int, buckets: int, max_position: int, device: torch.device) -> Tensor:
     """(2·length − 1,) int64: for the offset ``i − j + length − 1``, the clamped bucket ``δ(i, j) + span`` that
@@ -158,7 +160,4 @@ FUSED = {DisentangledSelfAttention: FusedDisentangledSelfAttention}
 
 def use_fused_disentangled_attention(model) -> None:
     """Make every DeBERTa-V2 self-attention module of ``model`` a :class:`FusedDisentangledSelfAttention`, in place."""
-    for module in model.modules():
-        fused = FUSED.get(type(module))
-        if fused is not None:
-            module.__class__ = fused
+    use_subclasses(model, FUSED)

@@ -20,6 +20,8 @@ from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 from transformers.models.modernbert.modeling_modernbert import ModernBertMLP
 
+from spanlm.accel.subclasses import use_subclasses
+
 
 class _GatedGelu(torch.autograd.Function):
     @staticmethod
@@ -64,7 +66,4 @@ class FusedGegluModernBertMLP(ModernBertMLP):
 
 def use_fused_geglu(model: nn.Module) -> nn.Module:
     """Make every ModernBERT feed-forward block of ``model`` a :class:`FusedGegluModernBertMLP`, in place."""
-    for module in model.modules():
-        if type(module) is ModernBertMLP:
-            module.__class__ = FusedGegluModernBertMLP
-    return model
+    return use_subclasses(model, {ModernBertMLP: FusedGegluModernBertMLP})

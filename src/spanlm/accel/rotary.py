@@ -26,6 +26,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.eurobert.modeling_eurobert import EuroBertAttention
 from transformers.models.modernbert.modeling_modernbert import ModernBertAttention
 
+from spanlm.accel.subclasses import use_subclasses
+
 
 class _Rotary(torch.autograd.Function):
     """Rotate the first ``rotated`` entries of ``x``'s dimension −3 (all of them when None); the rest pass through.
@@ -166,8 +168,4 @@ FUSED = {ModernBertAttention: FusedRotaryModernBertAttention, EuroBertAttention:
 
 def use_fused_rotary(model: nn.Module) -> nn.Module:
     """Make every ModernBERT / EuroBERT attention module of ``model`` its ``FusedRotary…`` subclass, in place."""
-    for module in model.modules():
-        fused = FUSED.get(type(module))
-        if fused is not None:
-            module.__class__ = fused
-    return model
+    return use_subclasses(model, FUSED)
