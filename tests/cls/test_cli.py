@@ -60,6 +60,7 @@ def test_sst2_train_eval_predict_and_the_pipeline(cls_encoder_dir, tmp_path, cap
     recipe = write_recipe(tmp_path / "sst2.yaml", cls_encoder_dir, tmp_path / "run", sst2, cls=cls)
     code, out, err = run(capsys, "cls", "train", recipe)
     assert code == 0, err
+    assert ("spanlm's layout" in err) == (pooling == "mean")  # the run says which export it wrote
     trained = json.loads(out)
     model_dir = tmp_path / "run" / "model"
     assert trained["model_dir"] == str(model_dir) and trained["examples"] == 200 and 0 <= trained["accuracy"] <= 100

@@ -23,7 +23,7 @@ from spanlm.cls.config import ClsRecipe
 from spanlm.cls.data import Example, check_labels, label_set, layout_of, read_examples
 from spanlm.cls.features import make_features
 from spanlm.cls.metrics import classification_scores, regression_scores
-from spanlm.cls.model import RECIPE_FILE, SETTINGS_FILE, ClsObjective, write_settings
+from spanlm.cls.model import RECIPE_FILE, ClsObjective, write_settings
 from spanlm.cls.predict import ClsModel, predict_logits
 from spanlm.config import save_config
 from spanlm.errors import ConfigError, InputError
@@ -193,8 +193,9 @@ def cls_setup(
     )
 
 
-def export_model(run_dir: Path, recipe: ClsRecipe, labels: list[str] | None) -> Path:
-    """``<run>/model/`` from the run's latest checkpoint, with its recipe and labels."""
+def export_model(run_dir: Path, recipe: ClsRecipe, labels: list[str] | None, log=print) -> Path:
+    """``<run>/model/`` from the run's latest checkpoint, with its recipe and labels; says so when it is spanlm's
+    layout rather than the family's stock class."""
     built = {}
 
     def build() -> ClsObjective:
@@ -207,7 +208,13 @@ def export_model(run_dir: Path, recipe: ClsRecipe, labels: list[str] | None) -> 
         save_config(recipe, directory / RECIPE_FILE)
         write_settings(directory, labels, built["objective"].stock, recipe.cls.pooling)
 
-    return export_task_model(run_dir, build, write_files)
+    model_dir = export_task_model(run_dir, build, write_files)
+    if not built["objective"].stock:
+        log(
+            f"{model_dir}: spanlm's layout (spanlm cls eval / predict, ClsModel); cls.pooling: cls exports the "
+            "family's stock *ForSequenceClassification instead"
+        )
+    return model_dir
 
 
 def evaluate_model(
@@ -231,12 +238,7 @@ def train_cls(
     if not is_main_process():
         return run_dir, None
     task, recipe = resolved["task"], resolved["recipe"]  # the labels and packing the run used; dev read once
-    model_dir = export_model(run_dir, recipe, task.labels)
-    if not json.loads((model_dir / SETTINGS_FILE).read_text(encoding="utf-8"))["stock"]:
-        log(
-            f"{model_dir}: spanlm's layout (spanlm cls eval / predict, ClsModel); cls.pooling: cls exports the "
-            "family's stock *ForSequenceClassification instead"
-        )
+    model_dir = export_model(run_dir, recipe, task.labels, log)
     if task.dev is None:
         return run_dir, None
     model = ClsModel(model_dir, device=recipe.train.device)
