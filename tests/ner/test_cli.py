@@ -143,7 +143,11 @@ def test_recipes_load(name):
     assert recipe.data.stride < recipe.data.max_len - 2 and recipe.ner.head.head_size == 64
 
 
-@pytest.mark.parametrize("settings", [["train.encoder_lr=0.0001"], ["model.frozen=true"], []], ids=str)
+@pytest.mark.parametrize(
+    "settings",
+    [["train.encoder_lr=0.0001"], ["model.frozen=true"], ["train.probe_steps=2", "train.max_steps=3"], []],
+    ids=str,
+)
 def test_metrics_log_the_encoder_and_head_rates_by_name(tiny_encoder_dir, tmp_path, capsys, settings):
     recipe = write_wnut_recipe(tiny_encoder_dir, tmp_path / "run", steps=2)
     code, _, stderr = run_cli(capsys, "ner", "train", str(recipe), "train.log_every=1", "data.dev=", *settings)
@@ -153,6 +157,8 @@ def test_metrics_log_the_encoder_and_head_rates_by_name(tiny_encoder_dir, tmp_pa
     first = next(json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
     # Both at the same point of the schedule (no warm-up; linear decay): the peak rates' ratio
     head = first["lr_head"]
-    ratio = {"train.encoder_lr=0.0001": 0.1, "model.frozen=true": 0.0}.get(next(iter(settings), ""), 1.0)
+    held = {"train.encoder_lr=0.0001": 0.1, "model.frozen=true": 0.0, "train.probe_steps=2": 0.0}
+    ratio = held.get(next(iter(settings), ""), 1.0)
     assert 0 < head <= 0.001 and first["lr_encoder"] == pytest.approx(ratio * head)
-    assert first["lr"] == pytest.approx(first["lr_encoder"] or head)  # the first group's, as before
+    # the first group's, as before: the encoder's (0.0 while it is held back), the head's when it is frozen
+    assert first["lr"] == pytest.approx(head if "model.frozen=true" in settings else first["lr_encoder"])

@@ -211,5 +211,44 @@ def test_layer_decay_needs_an_encoder():
     from spanlm.train.config import TrainConfig
     from spanlm.train.optim import build_optimizer
 
-    with pytest.raises(ConfigError, match="train.layer_decay apply to fine-tuning"):
+    with pytest.raises(ConfigError, match="train.layer_decay and train.probe_steps apply to fine-tuning"):
         build_optimizer(torch.nn.Linear(2, 2), TrainConfig(layer_decay=0.8))
+    with pytest.raises(ConfigError, match="probe_steps apply to fine-tuning"):
+        build_optimizer(torch.nn.Linear(2, 2), TrainConfig(probe_steps=5))
+
+
+def test_probe_steps_hold_the_encoder_back_then_give_it_its_own_warmup_and_decay():
+    """LP-FT (Kumar et al. 2022): the head alone for probe_steps (the encoder's rate exactly 0, every layer under
+    layer-wise decay too), then the encoder warms up from 0 and decays to 0 at max_steps; the head's schedule is
+    the run's own."""
+    from spanlm.train.config import TrainConfig
+    from spanlm.train.optim import build_optimizer, build_scheduler, lr_factor
+
+    model = FineTuned()
+    config = TrainConfig(lr=1e-2, encoder_lr=1e-3, layer_decay=0.5, probe_steps=4, warmup_steps=2, max_steps=10)
+    optimizer = build_optimizer(model, config)
+    scheduler = build_scheduler(optimizer, config)
+    names = {id(p): name for name, p in model.named_parameters()}
+    rates = []
+    for _ in range(config.max_steps):
+        rates.append({names[id(group["params"][0])]: group["lr"] for group in optimizer.param_groups})
+        optimizer.step()
+        scheduler.step()
+    query = "encoder.encoder.layer.2.attention.self.query.weight"
+    peak = 1e-3 * 0.5**2  # the top layer's rate under layer-wise decay
+    for step, at in enumerate(rates):
+        assert at["head.weight"] == pytest.approx(1e-2 * lr_factor(step, config))
+        encoder = [rate for name, rate in at.items() if name.startswith("encoder.")]
+        if step < 4:
+            assert encoder and all(rate == 0.0 for rate in encoder)
+    # the encoder's own warmup over 2 steps from step 4, then linear decay to 0 over the 4 steps left of 6
+    assert [rates[step][query] / peak for step in range(4, 10)] == pytest.approx([0.5, 1.0, 1.0, 0.75, 0.5, 0.25])
+
+
+def test_probe_steps_must_leave_steps_to_fine_tune():
+    from spanlm.train.config import TrainConfig
+
+    with pytest.raises(ValueError, match="probe_steps 10 leaves none of max_steps 10"):
+        TrainConfig(max_steps=10, probe_steps=10)
+    with pytest.raises(ValueError, match="probe_steps must not be negative"):
+        TrainConfig(probe_steps=-1)

@@ -24,6 +24,11 @@ class TrainConfig:
     # layer i of L at its rate · layer_decay^(L + 1 − i), its embeddings at · layer_decay^(L + 2), the task head at
     # ``lr``: the lower layers, which hold what pretraining taught, move least. 1.0: every layer at one rate.
     layer_decay: float = 1.0
+    # Fine-tuning: the first probe_steps train the task head alone (the encoder's rate held at 0), then the encoder
+    # joins with its own warmup and decay over the steps left: linear probing, then fine-tuning (LP-FT; Kumar et
+    # al. 2022, "Fine-Tuning can Distort Pretrained Features"): a random head's first gradients no longer reshape
+    # the pretrained features before the head has learnt to read them. 0: the whole model trains from the start.
+    probe_steps: int = 0
     betas: list[float] = dataclasses.field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-6
     weight_decay: float = 0.01  # not applied to biases and LayerNorm weights
@@ -67,13 +72,15 @@ class TrainConfig:
                 raise ValueError(f"{name} must be at least 1")
         if self.schedule_steps is not None and self.schedule_steps < self.max_steps:
             raise ValueError(f"schedule_steps {self.schedule_steps} is less than max_steps {self.max_steps}")
-        for name in ("eval_every", "eval_blocks", "num_workers", "warmup_steps", "max_grad_norm"):
+        for name in ("eval_every", "eval_blocks", "num_workers", "warmup_steps", "max_grad_norm", "probe_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a positive finite number, got {self.lr}")
         if self.encoder_lr is not None and not (math.isfinite(self.encoder_lr) and self.encoder_lr > 0):
             raise ValueError(f"encoder_lr must be a positive finite number or null, got {self.encoder_lr}")
+        if self.probe_steps >= self.max_steps:
+            raise ValueError(f"probe_steps {self.probe_steps} leaves none of max_steps {self.max_steps} to fine-tune")
         if not 0 < self.layer_decay <= 1:
             raise ValueError(f"layer_decay must be in (0, 1], got {self.layer_decay}")
         if not (math.isfinite(self.eps) and self.eps > 0):

@@ -6,6 +6,8 @@ them). LAMB (You et al. 2020) is provided for the large-batch setting MacBERT us
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import re
 from collections.abc import Callable
@@ -36,18 +38,20 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def encoder_groups(model: nn.Module, groups: list[dict], encoder_lr: float) -> list[dict]:
-    """``groups`` each split in two: the parameters of ``model.encoder`` at ``encoder_lr``, the rest (the
-    task head) at the optimiser's ``lr``. The schedule scales each group's own peak rate."""
+    """``groups`` each split in two: the parameters of ``model.encoder`` at ``encoder_lr`` (marked ``encoder``: the
+    schedule holds them back during ``probe_steps``), the rest (the task head) at the optimiser's ``lr``. The
+    schedule scales each group's own peak rate."""
     encoder = getattr(model, "encoder", None)
     if not isinstance(encoder, nn.Module):
         raise ConfigError(
-            f"train.encoder_lr and train.layer_decay apply to fine-tuning an encoder (NER, QA, cls); "
-            f"{type(model).__name__} has none"
+            f"train.encoder_lr, train.layer_decay and train.probe_steps apply to fine-tuning an encoder (NER, QA, "
+            f"cls); {type(model).__name__} has none"
         )
     in_encoder = {id(p) for p in encoder.parameters()}
     split = []
     for group in groups:
-        split.append({**group, "params": [p for p in group["params"] if id(p) in in_encoder], "lr": encoder_lr})
+        encoder_params = [p for p in group["params"] if id(p) in in_encoder]
+        split.append({**group, "params": encoder_params, "lr": encoder_lr, "encoder": True})
         split.append({**group, "params": [p for p in group["params"] if id(p) not in in_encoder]})
     return [group for group in split if group["params"]]
 
@@ -137,7 +141,7 @@ class Lamb(torch.optim.Optimizer):
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     groups = parameter_groups(model, config.weight_decay)
-    if config.encoder_lr is not None or config.layer_decay < 1:
+    if config.encoder_lr is not None or config.layer_decay < 1 or config.probe_steps:
         groups = encoder_groups(model, groups, config.encoder_lr or config.lr)
     if config.layer_decay < 1:
         groups = layer_decay_groups(model, groups, config.layer_decay)
@@ -234,5 +238,25 @@ def lr_factor(step: int, config: TrainConfig) -> float:
     return 1.0 - progress if config.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def encoder_factor(step: int, config: TrainConfig) -> float:
+    """An encoder group's rate factor: 0 for the first ``probe_steps`` (the head trains alone), then the schedule
+    of a run ``probe_steps`` shorter, its warmup starting when the encoder joins."""
+    if step < config.probe_steps:
+        return 0.0
+    rest = dataclasses.replace(
+        config,
+        max_steps=config.max_steps - config.probe_steps,
+        schedule_steps=config.schedule_steps and config.schedule_steps - config.probe_steps,
+        probe_steps=0,
+    )
+    return lr_factor(step - config.probe_steps, rest)
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config))
+    """Each group's rate follows :func:`lr_factor`; the encoder's groups, under ``probe_steps``, :func:`encoder_factor`."""
+    head, encoder = functools.partial(lr_factor, config=config), functools.partial(encoder_factor, config=config)
+    if not config.probe_steps:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, head)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, [encoder if group.get("encoder") else head for group in optimizer.param_groups]
+    )
