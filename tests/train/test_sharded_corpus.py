@@ -148,3 +148,85 @@ def test_a_decay_phase_adds_a_source_by_weight(tmp_path):
     decay.data.shard_weights = [1.0]  # one weight for two sources: refused naming both counts
     with pytest.raises(ConfigError, match="1 weights for the 2 shards"):
         pretraining_setup(decay, init_distributed("cpu"), **QUIET)
+
+
+def weighed_inputs_recipe(tmp_path, weights):
+    """The toy recipe over the two books as two entries of data.inputs, prepared as one corpus, weighed."""
+    recipe = toy_recipe(tmp_path / "prepared", tmp_path / "run", max_steps=2)
+    recipe.data.inputs, recipe.data.input_weights = BOOKS, weights
+    return recipe
+
+
+def test_input_weights_mix_the_inputs_of_one_prepared_corpus(tmp_path):
+    """data.input_weights: the inputs of one `spanlm prepare` drawn by weight, each starting where prepare recorded
+    it (the second book's first token is the first book's token count, prepared alone with the same tokenizer); a
+    weight of 0 keeps an input out; changing the weights prepares nothing again."""
+    from spanlm.pretrain.run import pretraining_setup
+    from spanlm.train.dist import init_distributed
+
+    recipe = weighed_inputs_recipe(tmp_path, [1.0, 3.0])
+    directory = prepare(recipe, **QUIET)
+    alone = toy_recipe(tmp_path / "first-alone", tmp_path / "x")
+    alone.data.inputs, alone.tokenizer.path = BOOKS[:1], str(directory / "tokenizer")
+    first_alone = prepare(alone, **QUIET)
+    from spanlm.data.shards import PreparedCorpus
+
+    meta, meta_alone = PreparedCorpus(directory).meta, PreparedCorpus(first_alone).meta
+    assert meta["input_token_starts"] == [0, meta_alone["n_tokens"]] and meta["input_entries"] == [0, 1]
+
+    def drawn(weights):
+        recipe.data.input_weights = weights
+        sampler = pretraining_setup(recipe, init_distributed("cpu"), **QUIET).loader.sampler
+        blocks = np.concatenate([key[2] for key in itertools.takewhile(lambda key: key[0] == 0, iter(sampler))])
+        return blocks, sampler.blocks.training[sampler.blocks.first[1]]  # the second book's first training block
+
+    mtime = (directory / "ids.npy").stat().st_mtime_ns
+    blocks, boundary = drawn([1.0, 3.0])
+    assert (blocks >= boundary).mean() == pytest.approx(0.75, abs=0.05)
+    blocks, boundary = drawn([1.0, 0.0])
+    assert len(blocks) and (blocks < boundary).all()
+    assert (directory / "ids.npy").stat().st_mtime_ns == mtime  # the corpus was reused, not prepared again
+
+
+def test_a_decay_phase_weighs_in_an_input_kept_out_before(tmp_path):
+    """mmBERT's decay adds its low-resource languages: the second book weighed 0 until the decay phase weighs it 1,
+    from the one prepared corpus; the run trains through both phases."""
+    from spanlm.pretrain.phases import PhaseConfig, plan
+
+    recipe = weighed_inputs_recipe(tmp_path, [1.0, 0.0])
+    recipe.train.schedule, recipe.train.save_every = "wsd", 2
+    recipe.phases = [
+        PhaseConfig("pretrain", 2),
+        PhaseConfig("decay", 2, set={"data.input_weights": [1.0, 1.0]}, decay=True),
+    ]
+    first, decay = (phase.recipe for phase in plan(recipe))
+    assert first.data.input_weights == [1.0, 0.0] and decay.data.input_weights == [1.0, 1.0]
+    run = pretrain(recipe, **QUIET)
+    assert (run / "phase-pretrain").is_dir() and (run / "phase-decay").is_dir()
+
+
+def test_input_weights_are_checked_against_the_prepared_inputs(tmp_path):
+    from spanlm.data.corpus import DataConfig
+    from spanlm.errors import ConfigError, InputError
+    from spanlm.pretrain.run import pretraining_setup
+    from spanlm.train.dist import init_distributed
+
+    with pytest.raises(ValueError, match="1 weights for the 2 entries of inputs"):
+        DataConfig(inputs=BOOKS, input_weights=[1.0])
+    with pytest.raises(ValueError, match="input_weights must be numbers ≥ 0, one of them positive"):
+        DataConfig(inputs=BOOKS, input_weights=[0.0, 0.0])
+    with pytest.raises(ValueError, match="a corpus read from data.prepared_shards is weighed by shard_weights"):
+        DataConfig(inputs=BOOKS, input_weights=[1.0, 1.0], prepared_shards=["x"])
+    recipe = weighed_inputs_recipe(tmp_path, [1.0, 3.0])
+    directory = prepare(recipe, **QUIET)
+    recipe.data.input_weights = [1.0, 2.0, 3.0]  # set after the check, as a phase's keys are
+    with pytest.raises(ConfigError, match="3 weights for the 2 entries of data.inputs"):
+        pretraining_setup(recipe, init_distributed("cpu"), **QUIET)
+    import json
+
+    meta = json.loads((directory / "meta.json").read_text())
+    del meta["input_token_starts"]  # a corpus prepared by an older spanlm
+    (directory / "meta.json").write_text(json.dumps(meta))
+    recipe.data.input_weights = [1.0, 3.0]
+    with pytest.raises(InputError, match="prepared before spanlm recorded where each input starts"):
+        pretraining_setup(recipe, init_distributed("cpu"), **QUIET)

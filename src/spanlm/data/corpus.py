@@ -47,6 +47,10 @@ class DataConfig:
     # downweighted shard's fewer, an upweighted one's repeated; spanlm.pretrain.batches.MixedBlocks). Empty: every
     # training block once an epoch.
     shard_weights: list[float] = dataclasses.field(default_factory=list)
+    # A mixture inside one prepared corpus: each entry of ``inputs``'s weight (one per entry, in order; a glob
+    # pattern's files share theirs), drawn as shard_weights draws shards. 0 keeps an input out of training while
+    # its text still trains the tokenizer, for a phase to weigh in later (mmBERT adds languages in its decay).
+    input_weights: list[float] = dataclasses.field(default_factory=list)
     text_field: str = "text"  # the text column of .jsonl / .parquet records and of datasets
     split: str = "train"  # the split of a DatasetDict directory or an hf: name that does not name one
     # Word boundaries for whole-word / span masking: "none" = no segmenter, the fast tokenizer's own
@@ -78,8 +82,20 @@ class DataConfig:
             raise ValueError(f"similar_words: {self.similar_words} needs similar_words_file")
         if self.shard_weights and not self.prepared_shards:
             raise ValueError("shard_weights weigh the shards of data.prepared_shards, which lists none")
-        if any(not (math.isfinite(w) and w > 0) for w in self.shard_weights):
-            raise ValueError(f"shard_weights must be positive numbers, got {self.shard_weights}")
+        for name in ("shard_weights", "input_weights"):
+            weights = getattr(self, name)
+            if any(not (math.isfinite(w) and w >= 0) for w in weights) or (weights and not sum(weights) > 0):
+                raise ValueError(f"{name} must be numbers ≥ 0, one of them positive, got {weights}")
+        if self.input_weights and self.prepared_shards:
+            raise ValueError(
+                "input_weights weigh the inputs of one prepared corpus (data.prepared_dir); a corpus read from "
+                "data.prepared_shards is weighed by shard_weights"
+            )
+        if self.input_weights and self.inputs and len(self.input_weights) != len(self.inputs):
+            raise ValueError(
+                f"input_weights has {len(self.input_weights)} weights for the {len(self.inputs)} entries of inputs; "
+                "give one per entry, in their order"
+            )
         if self.similar_words_k < 1 or self.similar_words_min_count < 1:
             raise ValueError("similar_words_k and similar_words_min_count must be at least 1")
         if self.max_line_chars < 16:
@@ -106,26 +122,31 @@ Input = Path | DatasetSplit  # a file, or a split of a Hugging Face dataset
 def resolve_inputs(config: DataConfig) -> list[Input]:
     """Expand ``config.inputs``: check every file exists, is a supported kind, is not empty and is not
     binary; load every dataset split (memory-mapped) and check it has ``config.text_field``."""
+    return [source for sources in inputs_by_entry(config) for source in sources]
+
+
+def inputs_by_entry(config: DataConfig) -> list[list[Input]]:
+    """:func:`resolve_inputs`, grouped by the entry of ``config.inputs`` each came from (a pattern's files)."""
     if not config.inputs:
         raise InputError("no input files: set data.inputs (files, glob patterns, datasets)")
-    entries: list[str] = []
+    grouped: list[list[Input]] = []
     for pattern in config.inputs:
         if pattern.startswith(HF_PREFIX) or not glob.has_magic(pattern):  # a split may slice: hf:x:y:train[:10]
-            entries.append(pattern)
-            continue
-        matches = sorted(glob.glob(os.path.expanduser(pattern)))
-        if not matches:
-            raise InputError(f"{pattern}: no file matches this pattern")
-        entries.extend(matches)
-    inputs: list[Input] = []
-    for entry in entries:
-        if entry.startswith(HF_PREFIX) or is_saved_dataset(Path(entry)):
-            dataset = load_split(entry, config.split, "data.split")
-            dataset.require_columns(config.text_field, setting="data.text_field")
-            inputs.append(dataset)
+            names = [pattern]
         else:
-            inputs.append(_checked_file(Path(entry)))
-    return inputs
+            names = sorted(glob.glob(os.path.expanduser(pattern)))
+            if not names:
+                raise InputError(f"{pattern}: no file matches this pattern")
+        grouped.append([_resolved(name, config) for name in names])
+    return grouped
+
+
+def _resolved(entry: str, config: DataConfig) -> Input:
+    if entry.startswith(HF_PREFIX) or is_saved_dataset(Path(entry)):
+        dataset = load_split(entry, config.split, "data.split")
+        dataset.require_columns(config.text_field, setting="data.text_field")
+        return dataset
+    return _checked_file(Path(entry))
 
 
 def _checked_file(path: Path) -> Path:
@@ -202,12 +223,17 @@ class CorpusReader:
         self.inputs = inputs
         self.config = config
         self.stats: Counter[str] = Counter()
+        # The document index each input starts at, appended as the input is opened (an empty input shares the
+        # next one's): the sentences of input i are those of documents in [first_documents[i], first_documents[i + 1]).
+        self.first_documents: list[int] = []
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
         readers = {"txt": self._txt, "jsonl": self._jsonl, "parquet": self._parquet, "dataset": self._dataset}
         limit = self.config.max_line_chars
         document = 0
+        self.first_documents = []
         for source in self.inputs:
+            self.first_documents.append(document)
             kind = "dataset" if isinstance(source, DatasetSplit) else input_kind(source)
             started = False
             for line, new_document in readers[kind](source):

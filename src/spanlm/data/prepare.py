@@ -23,7 +23,7 @@ import numpy as np
 
 from spanlm.config import save_config
 from spanlm.data.block_index import write_block_index
-from spanlm.data.corpus import CorpusReader, Input, resolve_inputs
+from spanlm.data.corpus import CorpusReader, Input, inputs_by_entry
 from spanlm.data.hf_datasets import DatasetSplit, file_sha256
 from spanlm.data.shards import (
     FORMAT_VERSION,
@@ -71,6 +71,7 @@ def input_fingerprint(recipe, inputs: list[Input], by_content: bool = False) -> 
         "tokens_per_batch",
         "order_seed",
         "shard_weights",
+        "input_weights",
     ):
         data.pop(irrelevant)
     tokenizer = dataclasses.asdict(recipe.tokenizer)
@@ -145,7 +146,8 @@ def prepare(
     """
 
     config = recipe.data
-    inputs = resolve_inputs(config)
+    grouped = inputs_by_entry(config)
+    inputs = [source for sources in grouped for source in sources]
     final = Path(config.prepared_dir)
     if shard is not None:
         inputs = shard_inputs(inputs, *shard, tokenizer_given=bool(recipe.tokenizer.path))
@@ -216,6 +218,8 @@ def prepare(
             tokenizer_fingerprint=new_tokenizer,
             words=config.words,
             inputs=[str(source) for source in inputs],
+            # the entry of data.inputs each input came from (data.input_weights weigh entries); a shard holds a part
+            input_entries=None if shard is not None else [i for i, sources in enumerate(grouped) for _ in sources],
             stats=dict(reader.stats),
             shard=list(shard) if shard is not None else None,
         )
@@ -430,6 +434,7 @@ def _write_arrays(reader: CorpusReader, tokenizer, config, out: Path) -> dict:
     token_counts = np.zeros(vocab_size, dtype=np.int64)
     n_tokens = n_sentences = n_words = 0
     last_document = -1
+    input_token_starts: list[int] = []  # the token each input's text starts at (data.input_weights)
     try:
         arrays["sentence_offsets"].append(np.zeros(1))
         for documents, (ids, word_starts, lengths) in _encoded_batches(reader, tokenizer, config, config.processes()):
@@ -438,6 +443,12 @@ def _write_arrays(reader: CorpusReader, tokenizer, config, out: Path) -> dict:
             if not len(lengths):
                 continue
             new_document = np.concatenate([[documents[0] != last_document], documents[1:] != documents[:-1]])
+            # each input that starts in this batch starts at its first sentence's first token
+            source = np.searchsorted(reader.first_documents, documents, side="right") - 1
+            sentence_starts = n_tokens + np.cumsum(lengths) - lengths
+            while len(input_token_starts) <= source[-1]:
+                first = np.searchsorted(source, len(input_token_starts))
+                input_token_starts.append(int(sentence_starts[first]))
             arrays["document_offsets"].append(n_sentences + np.flatnonzero(new_document))
             arrays["sentence_offsets"].append(n_tokens + np.cumsum(lengths))
             arrays["ids"].append(ids)
@@ -469,6 +480,7 @@ def _write_arrays(reader: CorpusReader, tokenizer, config, out: Path) -> dict:
         "n_words": n_words,
         "n_sentences": n_sentences,
         "n_documents": int(arrays["document_offsets"].rows - 1),
+        "input_token_starts": input_token_starts + [n_tokens] * (len(reader.inputs) - len(input_token_starts)),
         "special_ids": special,
         "all_special_ids": sorted(int(i) for i in tokenizer.all_special_ids),
     }

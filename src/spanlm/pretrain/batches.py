@@ -73,7 +73,9 @@ class MixedBlocks:
         last = bounds[1:] - np.searchsorted(held, bounds[1:])
         self.first, self.sizes = first.astype(np.int64), (last - first).astype(np.int64)
         shares = np.asarray(weights, dtype=np.float64) / float(np.sum(weights))
-        self.counts = np.where(self.sizes > 0, np.maximum(np.rint(len(training) * shares), 1), 0).astype(np.int64)
+        # a source with blocks and a weight draws at least one a epoch; a weight of 0 keeps it out
+        drawn = (self.sizes > 0) & (shares > 0)
+        self.counts = np.where(drawn, np.maximum(np.rint(len(training) * shares), 1), 0).astype(np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.counts)])
 
     def __len__(self) -> int:

@@ -41,6 +41,7 @@ PHASE_KEYS = (
     "data.tokens_per_batch",
     "data.prepared_shards",  # one tokenizer for all (checked): a source added for a phase, as mmBERT's decay adds
     "data.shard_weights",
+    "data.input_weights",  # the inputs are prepared once: a phase changes only their weights
     "train.batch_size",
     "train.grad_accum",
     "train.log_every",

@@ -13,7 +13,7 @@ from spanlm.data.block_index import share_block_index
 from spanlm.data.blocks import BlockDataset
 from spanlm.data.prepare import prepare, record_run
 from spanlm.data.shards import PreparedCorpus, ShardedCorpus, resolve_shards
-from spanlm.errors import ConfigError
+from spanlm.errors import ConfigError, InputError
 from spanlm.models.backbone import shortest_position_table
 from spanlm.models.flops import training_flops
 from spanlm.models.packed import resolve_packing
@@ -32,6 +32,7 @@ RESUME_KEEPS = (
     "data.tokens_per_batch",
     "data.order_seed",
     "data.shard_weights",
+    "data.input_weights",
 )
 
 
@@ -40,6 +41,30 @@ PRETRAINING_HINT = (
     "train.lr and train.warmup_steps, the masking rate (masking.<scheme>.rate), model.hidden_dropout and "
     "model.attention_dropout, tokenizer.vocab_size"
 )
+
+
+def mixture_sources(data, corpus) -> tuple[list[float], list[int]]:
+    """The weights of a mixture and the token each of its sources starts at: the shards of
+    ``data.prepared_shards`` (``data.shard_weights``) or the entries of ``data.inputs`` (``data.input_weights``)."""
+    if data.shard_weights:
+        if len(data.shard_weights) != len(corpus.shards):
+            raise ConfigError(
+                f"data.shard_weights has {len(data.shard_weights)} weights for the {len(corpus.shards)} shards of "
+                "data.prepared_shards; give one per shard, in their order"
+            )
+        return data.shard_weights, list(corpus.token_starts[:-1])
+    starts, entries = corpus.meta.get("input_token_starts"), corpus.meta.get("input_entries")
+    if starts is None or entries is None:
+        raise InputError(
+            f"{corpus.directory}: prepared before spanlm recorded where each input starts (or as a shard), so "
+            "data.input_weights cannot weigh its inputs; prepare it again (`spanlm prepare RECIPE --force`)"
+        )
+    if len(data.input_weights) != entries[-1] + 1:
+        raise ConfigError(
+            f"data.input_weights has {len(data.input_weights)} weights for the {entries[-1] + 1} entries of "
+            f"data.inputs {corpus.directory} was prepared from; give one per entry, in their order"
+        )
+    return data.input_weights, [starts[entries.index(entry)] for entry in range(entries[-1] + 1)]
 
 
 def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = StartingPoint()) -> TrainingSetup:
@@ -71,15 +96,10 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
         check_same_tokenizer(start.checkpoint, start.trainer_state, corpus.meta["tokenizer_fingerprint"], recipe)
     blocks = BlockDataset(corpus, recipe.data.max_len)
     train_blocks, held_out = split_blocks(len(blocks), recipe.train.eval_blocks, recipe.seed)
-    if recipe.data.shard_weights:  # a mixture: each shard its weight's share of every epoch
-        if len(recipe.data.shard_weights) != len(corpus.shards):
-            raise ConfigError(
-                f"data.shard_weights has {len(recipe.data.shard_weights)} weights for the "
-                f"{len(corpus.shards)} shards of data.prepared_shards; give one per shard, in their order"
-            )
-        # the first block of each shard: blocks never cross a document, so each shard's blocks are contiguous
-        shard_starts = np.searchsorted(blocks.index[:, 0], corpus.token_starts[:-1])
-        train_blocks = MixedBlocks(train_blocks, shard_starts, recipe.data.shard_weights)
+    if recipe.data.shard_weights or recipe.data.input_weights:  # a mixture: each source its weight's share
+        weights, token_starts = mixture_sources(recipe.data, corpus)
+        # the first block of each source: blocks never cross a document, so each source's blocks are contiguous
+        train_blocks = MixedBlocks(train_blocks, np.searchsorted(blocks.index[:, 0], token_starts), weights)
     torch.manual_seed(recipe.seed)  # the same seed on every rank gives identical initial weights
     objective = build_objective(recipe, corpus).to(env.device)
     if objective.head_report and env.is_main:
