@@ -1,0 +1,56 @@
+"""examples/chinese_small_levers/: the suites RESULTS.md's chinese-small lever tables came from read with the
+embedded data, each task being chinese-small's own with the one lever its name says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO
+from spanlm.evaluate.suite import load_suite
+
+SUITES = sorted((REPO / "examples" / "chinese_small_levers").glob("*.yaml"))
+
+
+def lever(task) -> dict:
+    """What a lever task changes against chinese-small's task of its kind."""
+    shipped = {task.kind: task for task in load_suite("chinese-small").tasks}[task.kind]
+    changes = {}
+    for section in ("train", "model"):
+        mine, theirs = vars(getattr(task.recipe, section)), vars(getattr(shipped.recipe, section))
+        changes |= {f"{section}.{k}": v for k, v in mine.items() if v != theirs[k] and k != "output_dir"}
+    return changes
+
+
+@pytest.mark.parametrize("path", SUITES, ids=lambda p: p.stem)
+def test_each_lever_suite_reads_and_changes_what_its_tasks_say(path: Path):
+    suite = load_suite(str(path))
+    assert suite.tasks and suite.seeds == (0, 1, 2)
+    expected = {
+        "tnews": {},
+        "tnews-frozen": {},
+        "tnews-probe100": {"train.probe_steps": 100},
+        "tnews-reinit-1": {"model.reinit_layers": 1},
+        "tnews-layer-decay": {"train.layer_decay": 0.8},
+        "tnews-dropout-3": {"model.dropout": 0.3},
+        "tnews-probe-split": {"train.lr": 3e-3, "train.encoder_lr": 1e-4, "train.probe_steps": 100},
+        "tnews-longer": {"train.max_steps": 600, "train.save_every": 600, "train.warmup_steps": 60},
+        "tnews-lr-1e-3": {"train.lr": 1e-3},
+        "tnews-probe-split-longer": {
+            "train.max_steps": 600,
+            "train.save_every": 600,
+            "train.warmup_steps": 60,
+            "train.lr": 3e-3,
+            "train.encoder_lr": 1e-4,
+            "train.probe_steps": 300,
+        },
+        "cmrc-baseline": {},
+        "cmrc-probe100": {"train.probe_steps": 100},
+        "cmrc-layer-decay": {"train.layer_decay": 0.8},
+        "cmrc-reinit-1": {"model.reinit_layers": 1},
+    }
+    for task in suite.tasks:
+        assert lever(task) == expected[task.name], task.name
+        assert task.arms == (("frozen",) if task.name == "tnews-frozen" else ("fine-tuned",))
+        assert Path(task.recipe.data.train).is_file() and Path(task.recipe.data.dev).is_file()
