@@ -253,7 +253,7 @@ def encoder_factor(step: int, config: TrainConfig) -> float:
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    """Each group's rate follows :func:`lr_factor`; the encoder's groups, under ``probe_steps``, :func:`encoder_factor`."""
+    """Each group's rate follows :func:`lr_factor`; under ``probe_steps`` the encoder's, :func:`encoder_factor`."""
     head, encoder = functools.partial(lr_factor, config=config), functools.partial(encoder_factor, config=config)
     if not config.probe_steps:
         return torch.optim.lr_scheduler.LambdaLR(optimizer, head)
