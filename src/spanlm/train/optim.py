@@ -238,25 +238,28 @@ def lr_factor(step: int, config: TrainConfig) -> float:
     return 1.0 - progress if config.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def encoder_factor(step: int, config: TrainConfig) -> float:
-    """An encoder group's rate factor: 0 for the first ``probe_steps`` (the head trains alone), then the schedule
-    of a run ``probe_steps`` shorter, its warmup starting when the encoder joins."""
-    if step < config.probe_steps:
-        return 0.0
-    rest = dataclasses.replace(
+def encoder_factor(step: int, probe_steps: int, rest: TrainConfig) -> float:
+    """An encoder group's rate factor: 0 for the first ``probe_steps`` (the head trains alone), then ``rest``'s
+    schedule (a run ``probe_steps`` shorter, :func:`after_probe`), its warmup starting when the encoder joins."""
+    return 0.0 if step < probe_steps else lr_factor(step - probe_steps, rest)
+
+
+def after_probe(config: TrainConfig) -> TrainConfig:
+    """The schedule of the encoder once it joins: the run less its ``probe_steps``."""
+    return dataclasses.replace(
         config,
         max_steps=config.max_steps - config.probe_steps,
         schedule_steps=config.schedule_steps and config.schedule_steps - config.probe_steps,
         probe_steps=0,
     )
-    return lr_factor(step - config.probe_steps, rest)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
     """Each group's rate follows :func:`lr_factor`; under ``probe_steps`` the encoder's, :func:`encoder_factor`."""
-    head, encoder = functools.partial(lr_factor, config=config), functools.partial(encoder_factor, config=config)
+    head = functools.partial(lr_factor, config=config)
     if not config.probe_steps:
         return torch.optim.lr_scheduler.LambdaLR(optimizer, head)
+    encoder = functools.partial(encoder_factor, probe_steps=config.probe_steps, rest=after_probe(config))
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, [encoder if group.get("encoder") else head for group in optimizer.param_groups]
     )
