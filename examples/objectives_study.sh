@@ -17,7 +17,7 @@
 # architecture and vocabulary (ELECTRA-GDES is DeBERTa-V3's recipe on a DeBERTa-V2 backbone; MacBERT's corpus,
 # prepared with its similar-word table, has its own token ids). The settings were fixed before any run. Rerunning with the same OUT keeps every finished
 # pretraining run and cell. STEPS, SEEDS, NER_STEPS, QA_STEPS, DEV (the first DEV dev sentences or questions),
-# OBJECTIVES and JOBS (processes at once) change the budget: tests/examples run it with a few steps.
+# OBJECTIVES, ARMS (fine-tuned, frozen or both) and JOBS (processes at once) change the budget: tests/examples run it with a few steps.
 set -euo pipefail
 OUT=${1:?usage: objectives_study.sh OUT [ner|qa]}
 TASK=${2:-ner}
@@ -29,6 +29,7 @@ NER_STEPS=${NER_STEPS:-300}
 QA_STEPS=${QA_STEPS:-200}
 DEV=${DEV:-}
 OBJECTIVES=${OBJECTIVES:-mlm wwm spanbert macbert electra-gdes charbert}
+ARMS=${ARMS:-fine-tuned frozen}
 JOBS=${JOBS:-2}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} # one thread per process: JOBS processes side by side
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -166,7 +167,7 @@ read -ra BASELINES <<<"$(sed -n 2p <<<"$PLAN")"
     kind: ner
     recipe: ner/germeval2014
     metric: f1
-    arms: [fine-tuned, frozen]
+    arms: [${ARMS// /, }]
     settings:  # the demo's (configs/eval/demo.yaml), 64-token windows, scored once at the end
       data.train_docs: 500
       data.dev: $OUT/text/dev.conll
@@ -186,7 +187,7 @@ YAML
     kind: qa
     recipe: qa/cmrc2018
     metric: f1
-    arms: [fine-tuned, frozen]
+    arms: [${ARMS// /, }]
     settings:  # chinese-small's (configs/eval/chinese-small.yaml), CharBERT's 64-token windows
       data.train: $ROOT/data/qa/cmrc2018/train.json
       data.dev: $OUT/text/cmrc2018_dev.json

@@ -38,7 +38,8 @@ The tests and the bench together are bounded by ``--budget`` seconds (480 by def
 may take; installing is not counted); the bench gets what the tests left and starts no arm after that, and
 rewrites DIR/bench_partial.json after every arm (a bench stopped at the deadline keeps what ran). Options after
 ``--`` go to the bench (``-- --arms cli-modern-compiled,modern-packed-compiled``); ``--bench-only`` skips the
-tests (a second call on the same checkout).
+tests (a second call on the same checkout); ``--tests EXPR`` runs only the gpu tests ``pytest -k EXPR`` selects
+(the CPU suite's rehearsal of this script runs a few: ``make gpu-check`` runs them all).
 """
 
 from __future__ import annotations
@@ -344,7 +345,7 @@ def run_check(args) -> int:
             log.say(f"pytest -m gpu on {' '.join(files)}")
             junit = out / "pytest-gpu.xml"
             command = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-rs", "-p", "no:cacheprovider"]
-            command += [f"--junitxml={junit}", *files]
+            command += [f"--junitxml={junit}", *files, *(["-k", args.tests] if args.tests else [])]
             code, stdout, seconds = log.run(command, env=env, cwd=REPO, timeout=args.budget)
             report["seconds"]["tests"] = round(seconds, 1)
             report["tests"] = test_outcomes(junit)
@@ -406,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--prefix", help="install spanlm here and keep it (default: a temporary folder, removed)")
     run.add_argument("--budget", type=float, default=480, help="seconds for the tests and the bench together")
     run.add_argument("--bench-only", action="store_true", help="the bench alone (a second call's other arms)")
+    run.add_argument(
+        "--tests", help="only the gpu tests pytest -k selects by this expression (a bounded rehearsal; default: all)"
+    )
     run.add_argument("bench_args", nargs="*", help="after --: extra options for bench/train_step_gpu.py")
     args = parser.parse_args(argv)
     return download_wheels(args) if args.command == "wheels" else run_check(args)

@@ -250,17 +250,21 @@ def test_records_say_the_runs_speed_mfu_and_time_waiting_for_data(embedded_prepa
     from spanlm.objectives import build_objective
     from spanlm.train import loop
 
+    lines = []
+
     def run(name: str) -> list[dict]:
         recipe = embedded_recipe(
             "spanbert", embedded_prepared, tmp_path / name, "train.log_every=2", "train.peak_tflops=0.001"
         )
-        return [r for r in read_metrics(pretrain(recipe, **QUIET)) if r["kind"] == "train"]
+        return [r for r in read_metrics(pretrain(recipe, log=lines.append)) if r["kind"] == "train"]
 
     recipe = embedded_recipe("spanbert", embedded_prepared, tmp_path / "x")
     flops = training_flops(build_objective(recipe, PreparedCorpus(embedded_prepared)))
     width = sum(flops.attention.values())
     quick = run("quick")
     assert len(quick) == 2
+    # the peak as set, not rounded away (a CPU's measured peak is a small fraction of a TFLOP/s)
+    assert "mfu: the model's FLOPs per second over a peak of 0.001 TFLOP/s (train.peak_tflops)" in lines
     for record in quick:
         per_token = record["mfu"] * 1e9 / record["tokens_per_s"]
         assert 6 * flops.dense_weights <= per_token <= 6 * flops.dense_weights + 12 * width * EMBEDDED_MAX_LEN

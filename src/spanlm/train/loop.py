@@ -175,7 +175,7 @@ class Trainer:
                 dtype = torch.bfloat16 if precision == "bf16" else torch.float32
                 self.peak_flops = speed.measure_peak_flops(env.device, dtype)
                 how = f"measured: the best {str(dtype).removeprefix('torch.')} matmul"
-            self.log(f"mfu: the model's FLOPs per second over a peak of {self.peak_flops / 1e12:.1f} TFLOP/s ({how})")
+            self.log(f"mfu: the model's FLOPs per second over a peak of {self.peak_flops / 1e12:.3g} TFLOP/s ({how})")
         self.objective = self.setup.objective.to(env.device)
         # The device's speed backend, in place (spanlm.accel; on CPU its kernels are built now, not under the
         # progress bar), with a packed run's attention path
