@@ -35,6 +35,10 @@ OBJECTIVES = {
     "electra-sbo": ("electra", ["objective.electra.generator_head=sbo", "masking.scheme=span"]),
 }
 
+# The distinct training graphs: wwm and macbert train the shared masked-LM model of mlm (another masker, the same
+# model, batch fields and loss), so compiling or fusing theirs checks nothing mlm's does not.
+GRAPHS = [case for case in OBJECTIVES if case not in ("wwm", "macbert")]
+
 
 @pytest.fixture(scope="module")
 def corpus(embedded_prepared) -> PreparedCorpus:
@@ -61,7 +65,7 @@ def training_step(objective, batch) -> tuple[dict[str, torch.Tensor], dict[str, 
 
 
 @pytest.mark.skipif(native.kernels() is None, reason="spanlm's native kernels cannot be built here")
-@pytest.mark.parametrize("case", list(OBJECTIVES))
+@pytest.mark.parametrize("case", GRAPHS)
 @pytest.mark.slow
 def test_same_losses_and_gradients_as_the_cpu_backend(corpus, tmp_path, monkeypatch, case):
     objective, batch = objective_and_batch(corpus, tmp_path, case)
@@ -84,7 +88,7 @@ def test_same_losses_and_gradients_as_the_cpu_backend(corpus, tmp_path, monkeypa
         assert torch.allclose(gradient, cpu_gradients[name], rtol=1e-4, atol=1e-6), name
 
 
-@pytest.mark.parametrize("case", [*OBJECTIVES, "spanbert-accel", "electra-sbo-accel"])
+@pytest.mark.parametrize("case", [*GRAPHS, "spanbert-accel", "electra-sbo-accel"])
 @pytest.mark.slow
 def test_one_training_step_compiles_without_graph_breaks(corpus, tmp_path, case):
     objective, batch = objective_and_batch(corpus, tmp_path, case.removesuffix("-accel"))
