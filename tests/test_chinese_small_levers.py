@@ -60,6 +60,7 @@ def test_each_lever_suite_reads_and_changes_what_its_tasks_say(path: Path):
         "cmrc-probe100": {"train.probe_steps": 100},
         "cmrc-layer-decay": {"train.layer_decay": 0.8},
         "cmrc-reinit-1": {"model.reinit_layers": 1},
+        "cmrc-800": {"train.max_steps": 800, "train.save_every": 800, "train.warmup_steps": 80},
     }
     for task in suite.tasks:
         assert lever(task) == expected[task.name], task.name
