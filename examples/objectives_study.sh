@@ -17,7 +17,8 @@
 # architecture and vocabulary (ELECTRA-GDES is DeBERTa-V3's recipe on a DeBERTa-V2 backbone; MacBERT's corpus,
 # prepared with its similar-word table, has its own token ids). The settings were fixed before any run. Rerunning with the same OUT keeps every finished
 # pretraining run and cell. STEPS, SEEDS, NER_STEPS, QA_STEPS, DEV (the first DEV dev sentences or questions),
-# OBJECTIVES, ARMS (fine-tuned, frozen or both) and JOBS (processes at once) change the budget: tests/examples run it with a few steps.
+# OBJECTIVES, ARMS (fine-tuned, frozen or both) and JOBS (processes at once) change the budget: tests/examples run
+# it with a few steps.
 set -euo pipefail
 OUT=${1:?usage: objectives_study.sh OUT [ner|qa]}
 TASK=${2:-ner}
