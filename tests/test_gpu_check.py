@@ -103,7 +103,7 @@ def test_the_check_installs_from_the_wheels_alone_and_runs_the_gpu_tests_and_ben
     out = tmp_path / "out"
     command = [str(target_python), str(SCRIPT), "run", "--device", "cpu", "--wheels", str(wheels), "--out", str(out)]
     # Bounded: the variable-length attention's gpu tests and one that needs what the wheels lack (`make gpu-check`
-    # rehearses them all), and one bench arm (tests/test_bench_gpu.py runs the dry run's three).
+    # rehearses them all), and one bench arm (tests/test_bench_gpu.py runs the bench's CPU dry run over nine).
     command += ["--tests", "test_varlen or macbert", "--", "--arms", "spanbert-packed-eager"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=clean_env(), cwd=tmp_path)
     report = json.loads((out / "gpu_check.json").read_text())
