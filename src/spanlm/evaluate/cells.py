@@ -1,5 +1,5 @@
 """The cells of an evaluation: one fine-tuning run per (task, encoder, arm, seed), each exactly what
-``spanlm KIND train`` runs, in its own process.
+``spanlm KIND train`` runs, in its own process (started without importing torch again: spanlm.evaluate.launch).
 
 A cell's directory holds ``recipe.yaml`` (the task's recipe with the cell's encoder, arm, seed and output
 directory: the settings it runs with, whole), ``cell.json`` (their fingerprint, with the encoder's), the run
@@ -19,8 +19,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +26,7 @@ from pathlib import Path
 
 from spanlm.config import save_config, to_dict
 from spanlm.errors import ConfigError, InputError, require_directory
+from spanlm.evaluate import launch
 from spanlm.evaluate.suite import WINDOW_KEYS, Suite, Task
 
 RANDOM_PREFIX = "random:"  # NAME=random:DIR: DIR's architecture and tokenizer, freshly initialised
@@ -194,7 +193,7 @@ class CellRunner:
 
     def __init__(self, jobs: int, threads: int | None, log=print, keep_predictions: bool = False):
         self.jobs, self.threads, self.log, self.keep_predictions = jobs, threads, log, keep_predictions
-        self.running: dict[int, subprocess.Popen] = {}
+        self.running: dict[int, launch.Process] = {}
         self.lock = threading.Lock()
         self.stopped: str | None = None
 
@@ -248,23 +247,19 @@ class CellRunner:
         if self.stopped:
             return Outcome(cell, None, 0.0)
         _ready(cell, force)
-        environment = cell_environment(self.threads)
-        command = [
-            sys.executable, "-m", "spanlm", cell.task.kind, "train", str(cell.directory / "recipe.yaml"),
-            "--resume", "auto",
-        ]  # fmt: skip
+        command = [cell.task.kind, "train", str(cell.directory / "recipe.yaml"), "--resume", "auto"]
         clock = time.monotonic()
-        with open(cell.directory / "log.txt", "a", encoding="utf-8") as log_file:
-            log_file.write(f"$ {' '.join(command)}\n")
-            log_file.flush()
-            with self.lock:
-                if self.stopped:
-                    return Outcome(cell, None, 0.0)
-                process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=environment)
-                self.running[process.pid] = process
-            returncode = process.wait()
-            with self.lock:
-                del self.running[process.pid]
+        log = cell.directory / "log.txt"
+        with open(log, "a", encoding="utf-8") as log_file:
+            log_file.write(f"$ spanlm {' '.join(command)}\n")
+        with self.lock:
+            if self.stopped:
+                return Outcome(cell, None, 0.0)
+            process = launch.start(command, cell_environment(self.threads), log)
+            self.running[process.pid] = process
+        returncode = process.wait()
+        with self.lock:
+            del self.running[process.pid]
         seconds = time.monotonic() - clock
         if returncode != 0:
             return Outcome(cell, None, seconds, error=f"exit {returncode}: {_last_line(cell.directory / 'log.txt')}")
@@ -301,24 +296,17 @@ class CellRunner:
     def _evaluate(self, cell: Cell, data: str, options: list[str], stdout_to: Path | None) -> str | None:
         """`spanlm KIND eval` of the cell's model on ``data`` (its log in the cell's log.txt; ``stdout_to``: where
         its printed scores go, qa's way of giving them); the error, or None."""
-        command = [
-            sys.executable, "-m", "spanlm", cell.task.kind, "eval", str(cell.directory / "run" / "model"),
-            "--data", data, *options,
-        ]  # fmt: skip
-        with open(cell.directory / "log.txt", "a", encoding="utf-8") as log_file:
-            log_file.write(f"$ {' '.join(command)}\n")
-            log_file.flush()
-            printed = subprocess.run(
-                command,
-                stdout=subprocess.PIPE if stdout_to else log_file,
-                stderr=log_file,
-                env=cell_environment(self.threads),
-                text=True,
-            )
-        if printed.returncode != 0:
-            return f"exit {printed.returncode}: {_last_line(cell.directory / 'log.txt')}"
+        command = [cell.task.kind, "eval", str(cell.directory / "run" / "model"), "--data", data, *options]
+        log, printed = cell.directory / "log.txt", cell.directory / "eval-stdout.txt"
+        with open(log, "a", encoding="utf-8") as log_file:
+            log_file.write(f"$ spanlm {' '.join(command)}\n")
+        returncode = launch.start(command, cell_environment(self.threads), log, printed if stdout_to else None).wait()
+        if returncode != 0:
+            return f"exit {returncode}: {_last_line(log)}"
         if stdout_to is not None:
-            stdout_to.write_text(printed.stdout.strip().splitlines()[-1] + "\n", encoding="utf-8")
+            lines = printed.read_text(encoding="utf-8").strip().splitlines()
+            printed.unlink()
+            stdout_to.write_text(lines[-1] + "\n", encoding="utf-8")
         return None
 
 
