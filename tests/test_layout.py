@@ -25,7 +25,7 @@ LAYERS = [
     ["spanlm.evaluate", "spanlm.report"],  # `spanlm eval` (the tasks' training commands, a process per cell); plots
     ["spanlm.collators", "spanlm.demo"],  # the Hugging Face Trainer's collators; the demo
     ["spanlm.cli"],
-    ["spanlm.__main__"],
+    ["spanlm.__main__", "spanlm.fork_server"],  # `python -m spanlm`; the server that forks `spanlm eval`'s cells
 ]
 # The CharBERT modeling file travels with every CharBERT export (transformers' remote code), so it must stand
 # alone: it imports nothing of spanlm, and the data layer's char featurizer may share its code.

@@ -10,7 +10,6 @@ import sys
 import time
 
 import pytest
-import torch
 
 from spanlm.evaluate import launch
 
@@ -64,17 +63,6 @@ def test_the_server_outlives_a_signal_to_its_process_group(tmp_path, signum):
     assert server.poll() is None
     process = launch.start(["recipes", "list"], cells_environment(), tmp_path / "log.txt")
     assert isinstance(process, launch._Forked) and process.wait() == 0
-
-
-def test_a_forked_command_takes_the_cells_environment_and_thread_count(monkeypatch):
-    threads = torch.get_num_threads()
-    monkeypatch.setattr(os, "environ", dict(os.environ))  # taken over whole: a copy, restored after the test
-    try:
-        launch.take_environment({"OMP_NUM_THREADS": "1", "SPANLM_CELL": "yes"})
-        assert os.environ == {"OMP_NUM_THREADS": "1", "SPANLM_CELL": "yes"}
-        assert torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_without_linux_every_command_runs_a_fresh_interpreter(tmp_path, monkeypatch):

@@ -3,9 +3,9 @@
 A cell runs ``spanlm KIND train`` (and ``spanlm KIND eval`` after it) in a process of its own: its own exit code
 and signals, nothing shared with the suite's process or with the cells beside it. Importing what those commands
 need (torch, transformers, the tasks' modules) takes seconds on a CPU, often longer than a small cell's training.
-So the processes come from a fork server: ``python -m spanlm.evaluate.launch`` imports the commands' modules once
-(:data:`PRELOAD`), then forks a process for each command it is asked for on its stdin, and tells the pid and, when
-it ends, the exit code. The server has computed nothing and started no thread, so a child starts as a fresh
+So the processes come from a fork server (:mod:`spanlm.fork_server`, started here): it imports the commands'
+modules once, then forks a process for each command it is asked for on its stdin, and tells the pid and, when it
+ends, the exit code. The server has computed nothing and started no thread, so a child starts as a fresh
 interpreter would, its modules already loaded; it takes the cell's environment and thread count and writes to
 the cell's log, as a command started by ``subprocess`` does.
 
@@ -21,23 +21,14 @@ their exit codes. It ends when the suite's process closes its stdin (or ends).
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
-import select
-import signal
 import subprocess
 import sys
 import threading
-import traceback
 from pathlib import Path
 from typing import Protocol
 
-# What the cells' commands import: the parsers, then each task's training, model, data and prediction code.
-PRELOAD = [
-    "spanlm.cli",
-    *(f"spanlm.{kind}.{part}" for kind in ("cls", "ner", "qa") for part in ("cli", "task", "predict")),
-]
 # Variables read when a module is imported (the rest are read when used, in the child, from its own environment).
 IMPORT_TIME = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "TORCH", "PYTORCH", "CUDA", "SPANLM")
 IMPORT_TIME += ("OMP_", "MKL_", "OPENBLAS", "NUMBA", "KMP_", "PYTHON", "LD_", "PATH")
@@ -123,7 +114,7 @@ class _Server:
     def __init__(self, environment: dict[str, str]):
         self.environment = dict(environment)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "spanlm.evaluate.launch"],
+            [sys.executable, "-m", "spanlm.fork_server"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=self.environment,
@@ -160,85 +151,3 @@ class _Server:
             for child in self.children.values():
                 child.end(255)
             self.replied.notify_all()
-
-
-# ---------------------------------------------------------------- the server's side
-
-
-def serve() -> None:
-    """The fork server (``python -m spanlm.evaluate.launch``): import :data:`PRELOAD`, then for each request line
-    on stdin fork a process that runs it, and write ``{"pid"}`` at once and ``{"pid", "exit"}`` when it ends."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C reaches the whole process group too
-    replies = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # what an import prints must not reach the replies
-    for module in PRELOAD:
-        importlib.import_module(module)
-    requests, pending = sys.stdin.buffer.raw, b""
-    while True:
-        ready, _, _ = select.select([requests], [], [], 0.1)
-        if ready:
-            chunk = os.read(requests.fileno(), 65536)
-            if not chunk:
-                return  # the suite closed its end: its children keep running and are nobody's to wait for
-            pending += chunk
-            while b"\n" in pending:
-                line, pending = pending.split(b"\n", 1)
-                sys.stdout.flush()  # nothing buffered here may reach a child's output
-                sys.stderr.flush()
-                pid = os.fork()
-                if pid == 0:
-                    _child(json.loads(line), [requests.fileno(), replies.fileno()])
-                replies.write(json.dumps({"pid": pid}) + "\n")
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            replies.write(json.dumps({"pid": pid, "exit": os.waitstatus_to_exitcode(status)}) + "\n")
-
-
-def _child(request: dict, server_fds: list[int]) -> None:
-    """A forked command: the cell's environment, threads and output files, then ``spanlm ARGV``; never returns."""
-    code = 1
-    try:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        for fd in server_fds:
-            os.close(fd)
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        take_environment(request["environment"])
-        log = os.open(request["output"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        stdout = request["stdout"]
-        os.dup2(log, 2)
-        os.dup2(os.open(stdout, os.O_WRONLY | os.O_TRUNC | os.O_CREAT, 0o644) if stdout else log, 1)
-        sys.argv = ["spanlm", *request["argv"]]
-        from spanlm.cli import main
-
-        code = int(main(request["argv"]) or 0)
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
-def take_environment(environment: dict[str, str]) -> None:
-    """This process's environment becomes ``environment``, and torch's thread pool its ``OMP_NUM_THREADS`` (the
-    pool's size was read when torch was imported, in the server)."""
-    os.environ.clear()
-    os.environ.update(environment)
-    threads = environment.get("OMP_NUM_THREADS", "").strip()
-    if threads.isdigit() and int(threads) > 0:
-        import torch
-
-        torch.set_num_threads(int(threads))
-
-
-if __name__ == "__main__":
-    serve()

@@ -1,0 +1,105 @@
+"""The fork server behind ``spanlm eval``'s cells (``python -m spanlm.fork_server``, started by
+spanlm.evaluate.launch): it imports what a cell's ``spanlm`` commands need once (:data:`PRELOAD`: torch,
+transformers, the tasks' code), then forks a process for each command it reads on stdin, one JSON line each
+(``argv``, ``environment``, ``output``, ``stdout``), and writes ``{"pid"}`` on stdout at once and
+``{"pid", "exit"}`` when the command ends (the exit code, negative for a signal).
+
+The server has computed nothing and started no thread when it forks, so a child starts as a fresh interpreter
+would, its modules already loaded. A child takes the request's environment and thread count, sends its stdout
+and stderr to the request's files and runs ``spanlm ARGV``. The server ignores SIGTERM and SIGINT, which a
+scheduler or a ^C sends to the whole process group: the cells save and stop, and the server stays to pass on
+their exit codes. It ends when its stdin closes (the suite's process ended or let it go)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import select
+import signal
+import sys
+import traceback
+
+# What the cells' commands import: the parsers, then each task's training, model, data and prediction code.
+PRELOAD = [
+    "spanlm.cli",
+    *(f"spanlm.{kind}.{part}" for kind in ("cls", "ner", "qa") for part in ("cli", "task", "predict")),
+]
+
+
+def serve() -> None:
+    """Import :data:`PRELOAD`, then serve requests until stdin closes (module docstring)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C reaches the whole process group too
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # what an import prints must not reach the replies
+    for module in PRELOAD:
+        importlib.import_module(module)
+    requests, pending = sys.stdin.buffer.raw, b""
+    while True:
+        ready, _, _ = select.select([requests], [], [], 0.1)
+        if ready:
+            chunk = os.read(requests.fileno(), 65536)
+            if not chunk:
+                return  # the suite closed its end: its children keep running and are nobody's to wait for
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                sys.stdout.flush()  # nothing buffered here may reach a child's output
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    _child(json.loads(line), [requests.fileno(), replies.fileno()])
+                replies.write(json.dumps({"pid": pid}) + "\n")
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            replies.write(json.dumps({"pid": pid, "exit": os.waitstatus_to_exitcode(status)}) + "\n")
+
+
+def _child(request: dict, server_fds: list[int]) -> None:
+    """A forked command: the cell's environment, threads and output files, then ``spanlm ARGV``; never returns."""
+    code = 1
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for fd in server_fds:
+            os.close(fd)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        take_environment(request["environment"])
+        log = os.open(request["output"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        stdout = request["stdout"]
+        os.dup2(log, 2)
+        os.dup2(os.open(stdout, os.O_WRONLY | os.O_TRUNC | os.O_CREAT, 0o644) if stdout else log, 1)
+        sys.argv = ["spanlm", *request["argv"]]
+        from spanlm.cli import main
+
+        code = int(main(request["argv"]) or 0)
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def take_environment(environment: dict[str, str]) -> None:
+    """This process's environment becomes ``environment``, and torch's thread pool its ``OMP_NUM_THREADS`` (the
+    pool's size was read when torch was imported, in the server)."""
+    os.environ.clear()
+    os.environ.update(environment)
+    threads = environment.get("OMP_NUM_THREADS", "").strip()
+    if threads.isdigit() and int(threads) > 0:
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
+if __name__ == "__main__":
+    serve()
