@@ -4,11 +4,12 @@ transformers, the tasks' code), then forks a process for each command it reads o
 (``argv``, ``environment``, ``output``, ``stdout``), and writes ``{"pid"}`` on stdout at once and
 ``{"pid", "exit"}`` when the command ends (the exit code, negative for a signal).
 
-The server has computed nothing and started no thread when it forks, so a child starts as a fresh interpreter
-would, its modules already loaded. A child takes the request's environment and thread count, sends its stdout
-and stderr to the request's files and runs ``spanlm ARGV``. The server ignores SIGTERM and SIGINT, which a
-scheduler or a ^C sends to the whole process group: the cells save and stop, and the server stays to pass on
-their exit codes. It ends when its stdin closes (the suite's process ended or let it go)."""
+The server has only imported when it forks (the threads its libraries start on import, numpy's and scipy's OpenBLAS
+pools, stop themselves around a fork, as every DataLoader worker's fork relies on), so a child starts as a fresh
+interpreter would, its modules already loaded. A child takes the request's environment and thread count, sends its
+stdout and stderr to the request's files and runs ``spanlm ARGV``. The server ignores SIGTERM and SIGINT, which a
+scheduler or a ^C sends to the whole process group: the cells save and stop, and the server stays to pass on their
+exit codes. It ends when its stdin closes (the suite's process ended or let it go)."""
 
 from __future__ import annotations
 

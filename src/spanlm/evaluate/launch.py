@@ -5,7 +5,8 @@ and signals, nothing shared with the suite's process or with the cells beside it
 need (torch, transformers, the tasks' modules) takes seconds on a CPU, often longer than a small cell's training.
 So the processes come from a fork server (:mod:`spanlm.fork_server`, started here): it imports the commands'
 modules once, then forks a process for each command it is asked for on its stdin, and tells the pid and, when it
-ends, the exit code. The server has computed nothing and started no thread, so a child starts as a fresh
+ends, the exit code. The server has only imported (the threads its libraries start on import, the OpenBLAS pools,
+stop themselves around a fork, as every DataLoader worker's fork relies on), so a child starts as a fresh
 interpreter would, its modules already loaded; it takes the cell's environment and thread count and writes to
 the cell's log, as a command started by ``subprocess`` does.
 
