@@ -34,10 +34,13 @@ def serve() -> None:
     """Import :data:`PRELOAD`, then serve requests until stdin closes (module docstring)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C reaches the whole process group too
+    started_with = dict(os.environ)
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # what an import prints must not reach the replies
     for module in PRELOAD:
         importlib.import_module(module)
+    # What the imports set (torch's inductor cache directory): a fresh interpreter's imports would set it too.
+    set_on_import = {key: value for key, value in os.environ.items() if started_with.get(key) != value}
     requests, pending = sys.stdin.buffer.raw, b""
     while True:
         ready, _, _ = select.select([requests], [], [], 0.1)
@@ -52,7 +55,7 @@ def serve() -> None:
                 sys.stderr.flush()
                 pid = os.fork()
                 if pid == 0:
-                    _child(json.loads(line), [requests.fileno(), replies.fileno()])
+                    _child(json.loads(line), set_on_import, [requests.fileno(), replies.fileno()])
                 replies.write(json.dumps({"pid": pid}) + "\n")
         while True:
             try:
@@ -64,7 +67,7 @@ def serve() -> None:
             replies.write(json.dumps({"pid": pid, "exit": os.waitstatus_to_exitcode(status)}) + "\n")
 
 
-def _child(request: dict, server_fds: list[int]) -> NoReturn:
+def _child(request: dict, set_on_import: dict[str, str], server_fds: list[int]) -> NoReturn:
     """A forked command: the cell's environment, threads and output files, then ``spanlm ARGV``; never returns to
     the server's loop. It ends as ``python -m spanlm`` would, but for the teardown of every module (a second of
     freeing torch's and transformers' objects that nothing reads): the command's code (1 and the traceback for an
@@ -77,7 +80,7 @@ def _child(request: dict, server_fds: list[int]) -> NoReturn:
         for fd in server_fds:
             os.close(fd)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        take_environment(request["environment"])
+        take_environment({**set_on_import, **request["environment"]})
         log = os.open(request["output"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         stdout = request["stdout"]
         os.dup2(log, 2)
