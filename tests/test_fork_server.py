@@ -1,9 +1,12 @@
-"""spanlm.fork_server: what a forked command takes over before it runs (the serving itself: tests/evaluate/
-test_launch.py, through the client that starts the server)."""
+"""spanlm.fork_server: its protocol, and what a forked command takes over before it runs (the client that starts
+the server: tests/evaluate/test_launch.py)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import torch
 
@@ -19,3 +22,20 @@ def test_a_forked_command_takes_the_cells_environment_and_thread_count(monkeypat
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(threads)
+
+
+def test_the_server_answers_a_request_with_the_pid_then_the_exit_code(tmp_path):
+    """The protocol as its docstring gives it, without the client: one JSON line in; the pid, then the code out."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "spanlm.fork_server"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        request = {"argv": ["recipes", "list"], "environment": dict(os.environ), "output": str(tmp_path / "log.txt")}
+        server.stdin.write(json.dumps({**request, "stdout": str(tmp_path / "stdout.txt")}) + "\n")
+        server.stdin.flush()
+        started, ended = json.loads(server.stdout.readline()), json.loads(server.stdout.readline())
+        assert ended == {"pid": started["pid"], "exit": 0}
+        assert "pretrain/spanbert" in (tmp_path / "stdout.txt").read_text(encoding="utf-8")
+    finally:
+        server.stdin.close()  # the server ends when its stdin closes
+        assert server.wait(timeout=60) == 0
