@@ -39,3 +39,20 @@ def test_the_server_answers_a_request_with_the_pid_then_the_exit_code(tmp_path):
     finally:
         server.stdin.close()  # the server ends when its stdin closes
         assert server.wait(timeout=60) == 0
+
+
+def test_a_server_whose_suite_is_gone_ends_quietly(tmp_path):
+    """Nobody reads the replies any more (the suite's process was killed): the server ends, without a traceback."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "spanlm.fork_server"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    server.stdout.close()
+    request = {"argv": ["recipes", "list"], "environment": dict(os.environ), "output": str(tmp_path / "log.txt")}
+    server.stdin.write(json.dumps({**request, "stdout": None}) + "\n")
+    server.stdin.flush()
+    assert server.wait(timeout=120) == 0
+    assert "Traceback" not in server.stderr.read()

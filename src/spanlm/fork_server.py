@@ -56,7 +56,8 @@ def serve() -> None:
                 pid = os.fork()
                 if pid == 0:
                     _child(json.loads(line), set_on_import, [requests.fileno(), replies.fileno()])
-                replies.write(json.dumps({"pid": pid}) + "\n")
+                if not _tell(replies, {"pid": pid}):
+                    return
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -64,15 +65,25 @@ def serve() -> None:
                 break
             if pid == 0:
                 break
-            replies.write(json.dumps({"pid": pid, "exit": os.waitstatus_to_exitcode(status)}) + "\n")
+            if not _tell(replies, {"pid": pid, "exit": os.waitstatus_to_exitcode(status)}):
+                return
+
+
+def _tell(replies, message: dict) -> bool:
+    """One reply line; False when the suite's process is gone (nobody reads them any more)."""
+    try:
+        replies.write(json.dumps(message) + "\n")
+    except BrokenPipeError:
+        return False
+    return True
 
 
 def _child(request: dict, set_on_import: dict[str, str], server_fds: list[int]) -> NoReturn:
-    """A forked command: the cell's environment, threads and output files, then ``spanlm ARGV``; never returns to
-    the server's loop. It ends as ``python -m spanlm`` would, but for the teardown of every module (a second of
-    freeing torch's and transformers' objects that nothing reads): the command's code (1 and the traceback for an
-    exception), the exit handlers run (``atexit``: logging's flush, multiprocessing's clean-up), the output
-    flushed."""
+    """A forked command: the cell's environment, threads and output files, then ``spanlm ARGV``; never returns
+    to the server's loop. It ends as ``python -m spanlm`` would, but for the teardown of every module (freeing
+    torch's and transformers' objects that nothing reads, a large share of a small command): the command's code
+    (1 and the traceback for an exception), the exit handlers run (``atexit``: logging's flush,
+    multiprocessing's clean-up), the output flushed."""
     code = 1
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
