@@ -249,20 +249,17 @@ class CellRunner:
         _ready(cell, force)
         command = [cell.task.kind, "train", str(cell.directory / "recipe.yaml"), "--resume", "auto"]
         clock = time.monotonic()
-        log = cell.directory / "log.txt"
-        with open(log, "a", encoding="utf-8") as log_file:
-            log_file.write(f"$ spanlm {' '.join(command)}\n")
         with self.lock:
             if self.stopped:
                 return Outcome(cell, None, 0.0)
-            process = launch.start(command, cell_environment(self.threads), log)
+            process = self._start(cell, command)
             self.running[process.pid] = process
         returncode = process.wait()
         with self.lock:
             del self.running[process.pid]
         seconds = time.monotonic() - clock
         if returncode != 0:
-            return Outcome(cell, None, seconds, error=f"exit {returncode}: {_last_line(cell.directory / 'log.txt')}")
+            return Outcome(cell, None, seconds, error=f"exit {returncode}: {_last_line(cell.directory / LOG_FILE)}")
         scores = finished_scores(cell)
         if scores is None:
             if self.stopped:
@@ -297,19 +294,26 @@ class CellRunner:
         """`spanlm KIND eval` of the cell's model on ``data`` (its log in the cell's log.txt; ``stdout_to``: where
         its printed scores go, qa's way of giving them); the error, or None."""
         command = [cell.task.kind, "eval", str(cell.directory / "run" / "model"), "--data", data, *options]
-        log, printed = cell.directory / "log.txt", cell.directory / "eval-stdout.txt"
-        with open(log, "a", encoding="utf-8") as log_file:
-            log_file.write(f"$ spanlm {' '.join(command)}\n")
-        returncode = launch.start(command, cell_environment(self.threads), log, printed if stdout_to else None).wait()
+        printed = cell.directory / "eval-stdout.txt"  # stdout_to is written only whole, from the last line
+        returncode = self._start(cell, command, printed if stdout_to else None).wait()
         if returncode != 0:
-            return f"exit {returncode}: {_last_line(log)}"
+            return f"exit {returncode}: {_last_line(cell.directory / LOG_FILE)}"
         if stdout_to is not None:
             lines = printed.read_text(encoding="utf-8").strip().splitlines()
             printed.unlink()
             stdout_to.write_text(lines[-1] + "\n", encoding="utf-8")
         return None
 
+    def _start(self, cell: Cell, command: list[str], stdout: Path | None = None) -> launch.Process:
+        """``spanlm COMMAND`` for ``cell``: the command line, then its output (its stdout to ``stdout`` where
+        given), appended to the cell's log."""
+        log = cell.directory / LOG_FILE
+        with open(log, "a", encoding="utf-8") as log_file:
+            log_file.write(f"$ spanlm {' '.join(command)}\n")
+        return launch.start(command, cell_environment(self.threads), log, stdout)
 
+
+LOG_FILE = "log.txt"  # each of a cell's commands, then its output
 # Written by a scored cell where asked: its final model's scores on the task's test split; its dev predictions
 TEST_FILE = "test.json"
 PREDICTIONS_FILE = "predictions.jsonl"
