@@ -28,6 +28,7 @@ INTEGRATION_FIXTURES = {
     "wheel",  # test_recipes.py: an sdist and a wheel built by pip
     "target_python",  # test_gpu_check.py: a clean venv
     "transformers4",  # data/test_tokenizer.py: a venv with transformers 4
+    "study_environment",  # test_*_study.py: an examples/ study's script, run small
 }
 
 # The training-engine tests: those using the folder's toy corpus (`prepared`) pretrain on it.
@@ -60,6 +61,32 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.slow)
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)  # a stable sort: files stay whole and in order
+
+
+@pytest.fixture(scope="session")
+def study_environment():
+    """The environment an examples/ study's script runs in: this Python's ``spanlm`` first on PATH, and ``SPANLM``
+    the forked one (forked_spanlm: its commands forked from a server that imported torch and transformers once
+    per test process; on Linux)."""
+    import shutil
+    import sys
+    import tempfile
+
+    import forked_spanlm
+
+    environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    if not sys.platform.startswith("linux"):
+        yield environment
+        return
+    directory = Path(tempfile.mkdtemp(prefix="forked-spanlm-"))  # short: a socket's path has 107 bytes at most
+    server_socket = directory / "server"
+    environment |= {"SPANLM": str(forked_spanlm.shim(directory, server_socket))}
+    environment |= {forked_spanlm.SOCKET_VARIABLE: str(server_socket)}
+    server = forked_spanlm.start_server(server_socket, environment)
+    yield environment
+    server.stdin.close()
+    server.wait(timeout=60)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

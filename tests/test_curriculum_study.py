@@ -4,10 +4,7 @@ exports and a random init, each against the extension's export."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -17,7 +14,7 @@ from helpers import NER_FIXTURES, REPO
 pytestmark = pytest.mark.slow  # pretraining and fine-tuning runs in subprocesses
 
 
-def test_the_phase_exports_are_compared_with_the_extension(tmp_path):
+def test_the_phase_exports_are_compared_with_the_extension(study_environment, tmp_path):
     recipe = yaml.safe_load((REPO / "configs" / "pretrain" / "ettin_modernbert.yaml").read_text(encoding="utf-8"))
     recipe["data"]["inputs"] = [str(REPO / "data" / "corpus" / "alice_in_wonderland.txt")]
     recipe["data"]["prepared_dir"] = str(tmp_path / "prepared")
@@ -50,8 +47,7 @@ def test_the_phase_exports_are_compared_with_the_extension(tmp_path):
     }
     (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite), encoding="utf-8")
     environment = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",  # this Python's spanlm
+        **study_environment,
         "RECIPE": str(tmp_path / "recipe.yaml"),
         "SUITE": str(tmp_path / "suite.yaml"),
         "SEEDS": "0",

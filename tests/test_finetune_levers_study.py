@@ -35,7 +35,7 @@ def stand_in_external(root):
     (tnews / "dev.json").write_text("\n".join(lines[:16]) + "\n", encoding="utf-8")
 
 
-def test_a_lever_is_compared_on_both_tasks_and_tabled(tmp_path):
+def test_a_lever_is_compared_on_both_tasks_and_tabled(study_environment, tmp_path):
     stand_in_external(tmp_path / "external")
     environment = {
         **os.environ,

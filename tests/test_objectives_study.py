@@ -4,9 +4,7 @@ then `spanlm eval` compares each with the random init of its own architecture; a
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,9 +15,8 @@ from helpers import REPO, external_data
 SCRIPT = REPO / "examples" / "objectives_study.sh"
 
 
-def run_study(out: Path, task: str, **budget: str) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    environment |= {"STEPS": "6", "SEEDS": "3", "NER_STEPS": "4", "QA_STEPS": "4", "JOBS": "2", **budget}
+def run_study(environment: dict, out: Path, task: str, **budget: str) -> subprocess.CompletedProcess:
+    environment = {**environment, "STEPS": "6", "SEEDS": "3", "NER_STEPS": "4", "QA_STEPS": "4", "JOBS": "2", **budget}
     return subprocess.run(
         ["bash", str(SCRIPT), str(out), task], capture_output=True, text=True, timeout=900, env=environment
     )
@@ -30,10 +27,10 @@ def scored_cells(results: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_the_quick_ner_study_compares_each_objective_with_its_own_random_init(tmp_path):
+def test_the_quick_ner_study_compares_each_objective_with_its_own_random_init(study_environment, tmp_path):
     out = tmp_path / "study"
     # the fine-tuned arm here, the frozen one in the QA study's test: the same script writes both
-    result = run_study(out, "ner", OBJECTIVES="spanbert charbert", DEV="50", ARMS="fine-tuned")
+    result = run_study(study_environment, out, "ner", OBJECTIVES="spanbert charbert", DEV="50", ARMS="fine-tuned")
     assert result.returncode == 0, result.stderr[-3000:]
 
     results = json.loads((out / "eval" / "results.json").read_text(encoding="utf-8"))
@@ -73,7 +70,7 @@ def test_the_quick_ner_study_compares_each_objective_with_its_own_random_init(tm
 
     # A rerun keeps every pretraining run and cell.
     exported = {name: (out / "export" / name / "config.json").stat().st_mtime_ns for name in ("spanbert", "charbert")}
-    rerun = run_study(out, "ner", OBJECTIVES="spanbert charbert", DEV="50", ARMS="fine-tuned")
+    rerun = run_study(study_environment, out, "ner", OBJECTIVES="spanbert charbert", DEV="50", ARMS="fine-tuned")
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "4 of 4 cells already finished" in rerun.stderr
     assert exported == {name: (out / "export" / name / "config.json").stat().st_mtime_ns for name in exported}
@@ -84,9 +81,11 @@ CMRC = external_data("cmrc2018")
 
 @pytest.mark.slow
 @pytest.mark.skipif(not CMRC.is_dir(), reason="needs external/cmrc2018 and external/chinese_text (data/README.md)")
-def test_the_quick_qa_study_pretrains_on_chinese_text_and_scores_cmrc(tmp_path):
+def test_the_quick_qa_study_pretrains_on_chinese_text_and_scores_cmrc(study_environment, tmp_path):
     out = tmp_path / "study"
-    result = run_study(out, "qa", OBJECTIVES="spanbert", DEV="40", EXTERNAL=str(CMRC.parent), ARMS="frozen")
+    result = run_study(
+        study_environment, out, "qa", OBJECTIVES="spanbert", DEV="40", EXTERNAL=str(CMRC.parent), ARMS="frozen"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
 
     cells = scored_cells(json.loads((out / "eval" / "results.json").read_text(encoding="utf-8")))
@@ -114,8 +113,8 @@ def test_the_quick_qa_study_pretrains_on_chinese_text_and_scores_cmrc(tmp_path):
     assert pretrain["data"]["words"] == "jieba" and pretrain["tokenizer"]["vocab_size"] == 6000
 
 
-def test_the_qa_study_names_the_missing_dataset_in_one_line(tmp_path):
-    result = run_study(tmp_path / "study", "qa", EXTERNAL=str(tmp_path))
+def test_the_qa_study_names_the_missing_dataset_in_one_line(study_environment, tmp_path):
+    result = run_study(study_environment, tmp_path / "study", "qa", EXTERNAL=str(tmp_path))
     assert result.returncode == 2 and not (tmp_path / "study").exists()
     assert result.stderr.strip().splitlines() == [
         f"objectives_study.sh: {tmp_path}/cmrc2018/cmrc2018_dev.squad.json: not found; qa needs external/ "

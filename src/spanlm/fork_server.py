@@ -79,27 +79,35 @@ def _tell(replies, message: dict) -> bool:
 
 
 def _child(request: dict, set_on_import: dict[str, str], server_fds: list[int]) -> NoReturn:
-    """A forked command: the cell's environment, threads and output files, then ``spanlm ARGV``; never returns
-    to the server's loop. It ends as ``python -m spanlm`` would, but for the teardown of every module (freeing
-    torch's and transformers' objects that nothing reads, a large share of a small command): the command's code
-    (1 and the traceback for an exception), the exit handlers run (``atexit``: logging's flush,
-    multiprocessing's clean-up), the output flushed."""
-    code = 1
+    """A forked command: the cell's output files, then :func:`run_command`; never returns to the server's loop."""
     try:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
         for fd in server_fds:
             os.close(fd)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        take_environment({**set_on_import, **request["environment"]})
         log = os.open(request["output"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         stdout = request["stdout"]
         os.dup2(log, 2)
         os.dup2(os.open(stdout, os.O_WRONLY | os.O_TRUNC | os.O_CREAT, 0o644) if stdout else log, 1)
-        sys.argv = ["spanlm", *request["argv"]]
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+    run_command(request["argv"], {**set_on_import, **request["environment"]})
+
+
+def run_command(argv: list[str], environment: dict[str, str]) -> NoReturn:
+    """``spanlm ARGV`` in this forked process, with ``environment`` and its thread count. It ends as ``python -m
+    spanlm`` would, but for the teardown of every module (freeing torch's and transformers' objects that nothing
+    reads, a large share of a small command): the command's code (1 and the traceback for an exception), the exit
+    handlers run (``atexit``: logging's flush, multiprocessing's clean-up), the output flushed."""
+    code = 1
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        take_environment(environment)
+        sys.argv = ["spanlm", *argv]
         from spanlm.cli import main
 
-        code = main(request["argv"])
+        code = main(argv)
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
     except BaseException:
