@@ -168,6 +168,9 @@ def _handle(connection: socket.socket, started_with: dict, set_on_import: dict) 
             connection.close()
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)
+            for fd in fds:
+                if fd > 2:
+                    os.close(fd)
             os.chdir(request["cwd"])
             fork_server.run_command(request["argv"], {**set_on_import, **request["environment"]})
         for fd in fds:
