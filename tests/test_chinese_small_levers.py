@@ -12,15 +12,16 @@ import pytest
 from helpers import REPO
 from spanlm.evaluate.suite import load_suite
 
-SUITES = sorted((REPO / "examples" / "chinese_small_levers").glob("*.yaml"))
+FOLDER = REPO / "examples" / "chinese_small_levers"
+# the lever suites (tnews-shipped.yaml is the shipped task itself, for other encoders)
+SUITES = sorted(path for path in FOLDER.glob("*.yaml") if path.stem != "tnews-shipped")
 
 
 @functools.cache
 def baselines() -> dict:
     """The baseline tasks, by name: TNEWS's (in tnews-probe.yaml) and CMRC 2018's (in cmrc-levers.yaml)."""
-    folder = REPO / "examples" / "chinese_small_levers"
     return {
-        t.name: t for name in ("tnews-probe", "cmrc-levers") for t in load_suite(str(folder / f"{name}.yaml")).tasks
+        t.name: t for name in ("tnews-probe", "cmrc-levers") for t in load_suite(str(FOLDER / f"{name}.yaml")).tasks
     }
 
 
@@ -68,14 +69,24 @@ def test_each_lever_suite_reads_and_changes_what_its_tasks_say(path: Path):
         assert Path(task.recipe.data.train).is_file() and Path(task.recipe.data.dev).is_file()
 
 
-def test_chinese_small_tnews_is_the_lp_ft_lever():
-    """The shipped suite's TNEWS task fine-tunes as the LP-FT lever with split rates that RESULTS.md measured."""
-    (lever_task,) = [
-        t for t in load_suite(str(SUITES[0].parent / "tnews-levers.yaml")).tasks if t.name == "tnews-probe-split"
-    ]
-    shipped = {task.kind: task for task in load_suite("chinese-small").tasks}["cls"]
+def same_settings(task, other) -> None:
     for section in ("train", "model", "cls", "data"):
-        mine, theirs = vars(getattr(lever_task.recipe, section)), vars(getattr(shipped.recipe, section))
+        mine, theirs = vars(getattr(task.recipe, section)), vars(getattr(other.recipe, section))
         assert {k: v for k, v in mine.items() if k != "output_dir"} == {
             k: v for k, v in theirs.items() if k != "output_dir"
         }, section
+
+
+def test_chinese_small_tnews_is_the_lp_ft_lever():
+    """The shipped suite's TNEWS task fine-tunes as the LP-FT lever with split rates that RESULTS.md measured."""
+    (lever_task,) = [t for t in load_suite(str(FOLDER / "tnews-levers.yaml")).tasks if t.name == "tnews-probe-split"]
+    shipped = {task.kind: task for task in load_suite("chinese-small").tasks}["cls"]
+    same_settings(lever_task, shipped)
+
+
+def test_tnews_shipped_is_chinese_small_tnews_task():
+    """tnews-shipped.yaml (RESULTS.md's titles-only encoder) runs the shipped suite's TNEWS task, both arms."""
+    (task,) = load_suite(str(FOLDER / "tnews-shipped.yaml")).tasks
+    shipped = {task.kind: task for task in load_suite("chinese-small").tasks}["cls"]
+    same_settings(task, shipped)
+    assert (task.name, task.arms, task.metric) == (shipped.name, shipped.arms, shipped.metric)
