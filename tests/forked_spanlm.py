@@ -163,7 +163,7 @@ def _handle(connection: socket.socket, started_with: dict, set_on_import: dict) 
             connection.sendall(b'{"fresh": true}\n')
             return
         sys.stdout.flush()
-        pid = os.fork()
+        pid = fork_server.fork_command()  # the client passes a signal on as soon as it has the pid
         if pid == 0:
             connection.close()
             for target, fd in enumerate(fds):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -56,3 +57,28 @@ def test_a_server_whose_suite_is_gone_ends_quietly(tmp_path):
     server.stdin.flush()
     assert server.wait(timeout=120) == 0
     assert "Traceback" not in server.stderr.read()
+
+
+def test_a_sigterm_sent_as_soon_as_the_pid_is_known_ends_the_command(tmp_path):
+    """The server ignores SIGTERM; its child takes the default back before anything else. Its output is a FIFO
+    here, so the child waits in opening it while the signal comes: it must die of it, not run the command once
+    the FIFO is read."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "spanlm.fork_server"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        fifo = tmp_path / "log.fifo"
+        os.mkfifo(fifo)
+        request = {"argv": ["recipes", "list"], "environment": dict(os.environ), "output": str(fifo), "stdout": None}
+        server.stdin.write(json.dumps(request) + "\n")
+        server.stdin.flush()
+        started = json.loads(server.stdout.readline())
+        os.kill(started["pid"], signal.SIGTERM)
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a child that ignored the signal goes on from here
+        try:
+            assert json.loads(server.stdout.readline()) == {"pid": started["pid"], "exit": -signal.SIGTERM}
+        finally:
+            os.close(reader)
+    finally:
+        server.stdin.close()
+        assert server.wait(timeout=60) == 0

@@ -53,7 +53,7 @@ def serve() -> None:
                 line, pending = pending.split(b"\n", 1)
                 sys.stdout.flush()  # nothing buffered here may reach a child's output
                 sys.stderr.flush()
-                pid = os.fork()
+                pid = fork_command()
                 if pid == 0:
                     _child(json.loads(line), set_on_import, [requests.fileno(), replies.fileno()])
                 if not _tell(replies, {"pid": pid}):
@@ -101,8 +101,6 @@ def run_command(argv: list[str], environment: dict[str, str]) -> NoReturn:
     handlers run (``atexit``: logging's flush, multiprocessing's clean-up), the output flushed."""
     code = 1
     try:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
         take_environment(environment)
         sys.argv = ["spanlm", *argv]
         from spanlm.cli import main
@@ -119,6 +117,20 @@ def run_command(argv: list[str], environment: dict[str, str]) -> NoReturn:
             sys.stderr.flush()
         finally:
             os._exit(code if isinstance(code, int) else 1)
+
+
+def fork_command() -> int:
+    """``os.fork()`` for a command: the child has SIGTERM and SIGINT as a fresh interpreter has them (the server
+    ignores them) before it can receive one. Both are held across the fork and until then, so one sent as soon as the
+    child's pid is known waits for the defaults (a held signal stays pending on Linux, ignored or not) instead of
+    meeting the server's SIG_IGN and being lost."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    return pid
 
 
 def take_environment(environment: dict[str, str]) -> None:
