@@ -111,16 +111,12 @@ def start_server(server_socket: Path, environment: dict[str, str]):
 
 def serve(server_socket: str) -> None:
     """Import what the commands need, listen, then fork a handler per connection until stdin closes."""
-    import importlib
-
     from spanlm import fork_server
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     started_with = dict(os.environ)
-    for module in [*fork_server.PRELOAD, *COMMANDS]:
-        importlib.import_module(module)
-    set_on_import = {key: value for key, value in os.environ.items() if started_with.get(key) != value}
+    set_on_import = fork_server.preload([*fork_server.PRELOAD, *COMMANDS])
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(server_socket)
     listener.listen(16)
@@ -140,20 +136,10 @@ def serve(server_socket: str) -> None:
         connection.close()
 
 
-def forkable(environment: dict[str, str], server_environment: dict[str, str]) -> bool:
-    """Whether a command with ``environment`` may be forked from a server started with ``server_environment``:
-    the same variables read at import."""
-    from spanlm.evaluate.launch import IMPORT_TIME
-
-    def read_at_import(variables: dict[str, str]) -> dict[str, str]:
-        return {key: value for key, value in variables.items() if key.startswith(IMPORT_TIME)}
-
-    return read_at_import(environment) == read_at_import(server_environment)
-
-
 def _handle(connection: socket.socket, started_with: dict, set_on_import: dict) -> None:
     """One client: fork its command, tell its pid, then its exit code; end it if the client goes first."""
     from spanlm import fork_server
+    from spanlm.evaluate.launch import forkable
 
     code = 0
     try:

@@ -8,10 +8,10 @@ import signal
 import subprocess
 import time
 
-import forked_spanlm
 import yaml
 
 from helpers import EMBEDDED_INPUTS, REPO
+from spanlm.evaluate import launch
 
 
 def spanlm(environment: dict, *argv: str, cwd=None, **extra) -> subprocess.CompletedProcess:
@@ -41,9 +41,9 @@ def test_a_forked_command_exits_with_its_code_and_its_one_line_error(study_envir
 
 
 def test_a_changed_import_time_variable_runs_a_fresh_interpreter(study_environment):
-    assert forked_spanlm.forkable(study_environment, study_environment)
-    assert not forked_spanlm.forkable({**study_environment, "HF_HUB_OFFLINE": "1"}, study_environment)
-    assert forked_spanlm.forkable({**study_environment, "STEPS": "4"}, study_environment)
+    assert launch.forkable(study_environment, study_environment)
+    assert not launch.forkable({**study_environment, "HF_HUB_OFFLINE": "1"}, study_environment)
+    assert launch.forkable({**study_environment, "STEPS": "4"}, study_environment)
     listed = spanlm(study_environment, "recipes", "list", HF_HUB_OFFLINE="1")
     assert listed.returncode == 0 and "pretrain/spanbert" in listed.stdout, listed.stderr
 

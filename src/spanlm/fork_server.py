@@ -34,13 +34,9 @@ def serve() -> None:
     """Import :data:`PRELOAD`, then serve requests until stdin closes (module docstring)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C reaches the whole process group too
-    started_with = dict(os.environ)
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # what an import prints must not reach the replies
-    for module in PRELOAD:
-        importlib.import_module(module)
-    # What the imports set (torch's inductor cache directory): a fresh interpreter's imports would set it too.
-    set_on_import = {key: value for key, value in os.environ.items() if started_with.get(key) != value}
+    set_on_import = preload(PRELOAD)
     requests, pending = sys.stdin.buffer.raw, b""
     while True:
         ready, _, _ = select.select([requests], [], [], 0.1)
@@ -67,6 +63,15 @@ def serve() -> None:
                 break
             if not _tell(replies, {"pid": pid, "exit": os.waitstatus_to_exitcode(status)}):
                 return
+
+
+def preload(modules: list[str]) -> dict[str, str]:
+    """Import ``modules``; the environment variables the imports set (torch's inductor cache directory), which a
+    fresh interpreter's imports would set too and a forked command must therefore keep."""
+    started_with = dict(os.environ)
+    for module in modules:
+        importlib.import_module(module)
+    return {key: value for key, value in os.environ.items() if started_with.get(key) != value}
 
 
 def _tell(replies, message: dict) -> bool:

@@ -71,6 +71,12 @@ def _import_time(environment: dict[str, str]) -> dict[str, str]:
     return {key: value for key, value in environment.items() if key.startswith(IMPORT_TIME)}
 
 
+def forkable(environment: dict[str, str], server_environment: dict[str, str]) -> bool:
+    """Whether a command with ``environment`` may be forked from a server started with ``server_environment``: the
+    same values of every variable read at import."""
+    return _import_time(environment) == _import_time(server_environment)
+
+
 _lock = threading.Lock()
 _running: _Server | None = None
 
@@ -84,7 +90,7 @@ def _server(environment: dict[str, str]) -> _Server | None:
     with _lock:
         if _running is None:
             _running = _Server(environment)
-    if not _running.alive or _import_time(environment) != _import_time(_running.environment):
+    if not _running.alive or not forkable(environment, _running.environment):
         return None
     return _running
 
