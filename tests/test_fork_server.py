@@ -25,11 +25,15 @@ def test_a_forked_command_takes_the_cells_environment_and_thread_count(monkeypat
         torch.set_num_threads(threads)
 
 
+def start_server(**pipes) -> subprocess.Popen:
+    """``python -m spanlm.fork_server`` with its stdin and stdout as pipes (text)."""
+    command = [sys.executable, "-m", "spanlm.fork_server"]
+    return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **pipes)
+
+
 def test_the_server_answers_a_request_with_the_pid_then_the_exit_code(tmp_path):
     """The protocol as its docstring gives it, without the client: one JSON line in; the pid, then the code out."""
-    server = subprocess.Popen(
-        [sys.executable, "-m", "spanlm.fork_server"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
+    server = start_server()
     try:
         request = {"argv": ["recipes", "list"], "environment": dict(os.environ), "output": str(tmp_path / "log.txt")}
         server.stdin.write(json.dumps({**request, "stdout": str(tmp_path / "stdout.txt")}) + "\n")
@@ -44,13 +48,7 @@ def test_the_server_answers_a_request_with_the_pid_then_the_exit_code(tmp_path):
 
 def test_a_server_whose_suite_is_gone_ends_quietly(tmp_path):
     """Nobody reads the replies any more (the suite's process was killed): the server ends, without a traceback."""
-    server = subprocess.Popen(
-        [sys.executable, "-m", "spanlm.fork_server"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    server = start_server(stderr=subprocess.PIPE)
     server.stdout.close()
     request = {"argv": ["recipes", "list"], "environment": dict(os.environ), "output": str(tmp_path / "log.txt")}
     server.stdin.write(json.dumps({**request, "stdout": None}) + "\n")
@@ -60,12 +58,10 @@ def test_a_server_whose_suite_is_gone_ends_quietly(tmp_path):
 
 
 def test_a_sigterm_sent_as_soon_as_the_pid_is_known_ends_the_command(tmp_path):
-    """The server ignores SIGTERM; its child takes the default back before anything else. Its output is a FIFO
+    """The server ignores SIGTERM; its child gets the default back while the signal is held. Its output is a FIFO
     here, so the child waits in opening it while the signal comes: it must die of it, not run the command once
     the FIFO is read."""
-    server = subprocess.Popen(
-        [sys.executable, "-m", "spanlm.fork_server"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
+    server = start_server()
     try:
         fifo = tmp_path / "log.fifo"
         os.mkfifo(fifo)
