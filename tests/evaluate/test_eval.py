@@ -201,6 +201,12 @@ def test_a_rerun_keeps_finished_cells_and_runs_only_what_changed(evaluated, tmp_
     suite, out, arguments = evaluated
     code, _, err = run_eval(arguments, capsys)
     assert code == 0 and "4 of 4 cells already finished" in err and "running" not in err
+    # A longer seed list runs only the new seeds' cells and pools every seed in the verdict.
+    code, _, err = run_eval([*arguments, "--seeds", "0", "1", "2"], capsys)
+    assert code == 0 and "4 of 6 cells already finished" in err and "running 2 cells" in err
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    tiny = next(row for row in results["tasks"][0]["arms"][0]["encoders"] if row["encoder"] == "tiny")
+    assert sorted(tiny["seeds"]) == ["0", "1", "2"] and tiny["difference"]["n"] == 3
     # A cell stopped before its end (no final scores) runs again alone, continuing its run.
     stopped = out / "cells/wnut-mini/tiny/fine-tuned/seed-1/run/eval.json"
     stopped.unlink()
