@@ -57,6 +57,12 @@ def phased(prepared, out, *overrides):
         ("[{name: a, steps: 2, decay: true}, {name: b, steps: 2}]", "phases[0] (a): decay: true"),
         ("[{name: a, steps: 2}, {name: a, steps: 2}]", "each phase needs its own name"),
         ("[{name: a/b, steps: 2}]", "letters, digits"),
+        # what only a later phase's start would have found, after the phases before it trained
+        ("[{name: a, steps: 2}, {name: b, steps: 2, set: {masking.mlm.ratee: 0.2}}]", "phases[1] (b): unknown config"),
+        ("[{name: a, steps: 2}, {name: b, steps: 2, set: {masking.mlm.rate: 1.5}}]", "phases[1] (b): config section"),
+        ("[{name: a, steps: 2}, {name: b, steps: 2, set: {masking.span.max_targets: 20}}]", "max_targets cannot"),
+        ("[{name: a, steps: 2}, {name: b, steps: 2, set: {data.max_len: 1024}}]", "phases[1] (b): data.max_len 1024"),
+        ("[{name: a, steps: 2}, {name: b, steps: 2, set: {data.prepared_shards: [nowhere]}}]", "(b): data.prepared_shards: nowhere is not"),
     ],
 )
 def test_a_phase_that_cannot_run_is_refused_at_load_naming_it(embedded_prepared, tmp_path, phases, message):
@@ -80,12 +86,22 @@ def test_each_phase_is_resolved_on_top_of_the_one_before(embedded_prepared, tmp_
     assert {p.recipe.train.schedule_steps for p in phases} == {10} and {p.recipe.train.decay_share for p in phases} == {
         0.3
     }
-    assert [p.recipe.data.order_seed for p in phases] == [None, 1, 2] and [p.recipe.phase for p in phases] == [
-        "pretrain",
-        "extend",
-        "decay",
-    ]
+    assert [p.recipe.phase for p in phases] == ["pretrain", "extend", "decay"]
     assert all(not p.recipe.phases for p in phases)
+
+
+def test_each_phase_draws_its_own_block_order_and_no_two_seeds_share_one(embedded_prepared, tmp_path):
+    """The first phase keeps the recipe's order (data.order_seed, else seed); each next one an order of its own that
+    no phase of another seed or order seed repeats (seed + index did: seed 0's third phase was seed 1's second)."""
+    orders = {
+        seed: [p.recipe.data.order_seed for p in plan(phased(embedded_prepared, tmp_path / "run", f"seed={seed}"))]
+        for seed in (0, 1, 2)
+    }
+    assert all(order[0] is None for order in orders.values())  # the recipe's seed itself, as a run without phases
+    later = [seed for order in orders.values() for seed in order[1:]]
+    assert len(set(later)) == len(later) and not set(later) & {0, 1, 2}
+    kept = plan(phased(embedded_prepared, tmp_path / "run", "data.order_seed=7"))
+    assert kept[0].recipe.data.order_seed == 7 and kept[1].recipe.data.order_seed not in later
 
 
 def stop_at(monkeypatch, step: int):
@@ -134,18 +150,34 @@ def test_the_phases_run_in_one_directory_on_one_schedule_each_exported(uninterru
     assert not torch.equal(exported_words[0], exported_words[1])  # each phase's own weights
 
 
-@pytest.mark.parametrize("where", ["inside a phase", "at a boundary"])
+@pytest.mark.parametrize("where", ["inside a phase", "at a phase's last step", "during an export", "at a boundary"])
 @pytest.mark.slow
 def test_a_stopped_curriculum_resumes_bit_for_bit(embedded_prepared, uninterrupted, tmp_path, monkeypatch, where):
-    """Stopped at step 5 (inside the extension) or right after the first phase ended (its export written, the next
-    not started), `--resume auto` continues to the losses and weights of the run that never stopped."""
+    """Stopped by SIGTERM at step 5 (inside the extension), at step 4 (the first phase's last: the curriculum ends
+    there, not in the next phase), during the first phase's export, or killed right after that export (the next
+    phase not started), `--resume auto` continues to the losses and weights of the run that never stopped."""
     out = tmp_path / "run"
     recipe = phased(embedded_prepared, out)
     with monkeypatch.context() as patch:
-        if where == "inside a phase":
-            stop_at(patch, 5)
+        if where in ("inside a phase", "at a phase's last step"):
+            step = 5 if where == "inside a phase" else 4
+            stop_at(patch, step)
             pretrain(recipe, **QUIET)
-            assert ckpt.step_of(ckpt.latest_checkpoint(out)) == 5
+            assert ckpt.step_of(ckpt.latest_checkpoint(out)) == step and max(losses(out)) == step
+            assert not (out / "phase-extend").exists()
+        elif where == "during an export":
+            from spanlm.pretrain import export as export_module
+
+            export = export_module.export_checkpoint
+
+            def export_under_a_signal(checkpoint, directory):
+                os.kill(os.getpid(), signal.SIGTERM)  # a scheduler's stop while the phase is exported
+                export(checkpoint, directory)
+
+            patch.setattr(export_module, "export_checkpoint", export_under_a_signal)
+            pretrain(recipe, **QUIET)
+            assert ckpt.step_of(ckpt.latest_checkpoint(out)) == 4 and max(losses(out)) == 4
+            assert (out / "phase-pretrain" / "config.json").is_file() and not (out / "phase-extend").exists()
         else:
             from spanlm.pretrain import export as export_module
 
@@ -165,6 +197,27 @@ def test_a_stopped_curriculum_resumes_bit_for_bit(embedded_prepared, uninterrupt
     b = load_file(str(ckpt.step_dir(uninterrupted, 10) / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert all((out / f"phase-{name}" / "config.json").is_file() for name in ("pretrain", "extend", "decay"))
+
+
+@pytest.mark.parametrize("step", [6, 4])
+@pytest.mark.slow
+def test_resuming_from_an_earlier_checkpoint_branches_the_curriculum_there(
+    embedded_prepared, uninterrupted, tmp_path, step
+):
+    """`--resume PATH` to a checkpoint of a finished curriculum (inside the extension, or at the first phase's end)
+    trains from there again, its later checkpoints and phase exports set aside, to the same losses and weights."""
+    out = tmp_path / "run"
+    recipe = phased(embedded_prepared, out, "train.keep_last=10")
+    pretrain(recipe, **QUIET)
+    old_export = (out / "phase-decay" / "model.safetensors").stat().st_mtime_ns
+    pretrain(recipe, resume=str(ckpt.step_dir(out, step)), **QUIET)
+    assert losses(out) == losses(uninterrupted)
+    assert (out / "phase-decay" / "model.safetensors").stat().st_mtime_ns != old_export  # exported again
+    aside = next((out / "checkpoints").glob("superseded-*"))
+    assert (aside / "phase-decay").is_dir() and (aside / ckpt.step_dir(out, 10).name).is_dir()
+    a = load_file(str(ckpt.step_dir(out, 10) / "model.safetensors"))
+    b = load_file(str(ckpt.step_dir(uninterrupted, 10) / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 @pytest.mark.parametrize("name, masking", [("ettin_modernbert", "mlm"), ("ettin_spanbert", "span")])

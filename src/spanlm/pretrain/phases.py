@@ -32,6 +32,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from spanlm.errors import ConfigError
 
 # The keys a phase may change: none of them changes a weight's shape, the objective or the tokenizer.
@@ -53,7 +55,7 @@ PHASE_KEYS = (
     "model.max_position_embeddings",  # RoPE families only: a table of positions elsewhere
 )
 PHASE_PREFIXES = ("masking.",)  # the masking rate, its schedule, a scheme's settings (but masking.scheme itself)
-FIXED = ("masking.scheme",)
+FIXED = ("masking.scheme", "masking.span.max_targets")  # the objective; the SBO head's table of span positions
 ROPE_FAMILIES = ("modernbert", "eurobert")
 DEFAULT_MAX_STEPS = 200  # TrainConfig's: a phased recipe need not state train.max_steps
 
@@ -124,6 +126,45 @@ def check_phases(recipe) -> None:
         )
 
 
+def check_planned(recipe) -> None:
+    """Refuse, at load, what would stop a later phase at its start after the earlier ones trained: a value its
+    settings make invalid (:func:`plan` names the phase), blocks longer than its model numbers, shards that are not
+    there."""
+    from spanlm.data.shards import resolve_shards
+    from spanlm.errors import InputError
+
+    for phase in plan(recipe)[1:]:
+        where = f"phases[{phase.index}] ({phase.config.name})"
+        limit = position_limit(recipe, phase)
+        if limit is not None and phase.recipe.data.max_len > limit:
+            raise ConfigError(
+                f"{where}: data.max_len {phase.recipe.data.max_len} exceeds the {limit} positions the model numbers "
+                "(model.max_position_embeddings, or the checkpoint of model.path)"
+            )
+        if "data.prepared_shards" in phase.config.set:
+            try:
+                shards = resolve_shards(phase.recipe.data.prepared_shards)
+            except InputError as error:
+                raise ConfigError(f"{where}: {error}") from None
+            if missing := [str(shard) for shard in shards if not shard.is_dir()]:
+                raise ConfigError(f"{where}: data.prepared_shards: {missing[0]} is not a prepared directory")
+
+
+def position_limit(recipe, phase: Phase) -> int | None:
+    """The most tokens ``phase``'s model numbers: its recipe's table, or the checkpoint's of ``model.path`` unless a
+    phase up to this one sets ``model.max_position_embeddings`` (None where the checkpoint does not say)."""
+    import json
+
+    from spanlm.models.backbone import config_max_sequence_length
+
+    model = phase.recipe.model
+    set_here = any("model.max_position_embeddings" in p.set for p in recipe.phases[: phase.index + 1])
+    if model.path is None or set_here:
+        return model.max_position_embeddings
+    config = Path(model.path) / "config.json"
+    return config_max_sequence_length(json.loads(config.read_text(encoding="utf-8"))) if config.is_file() else None
+
+
 def plan(recipe) -> list[Phase]:
     """Each phase of ``recipe`` with its recipe resolved: the base recipe, every earlier phase's and this phase's
     settings applied in turn; the run's whole length as the schedule's; its own block order; ``phase`` its name."""
@@ -147,11 +188,25 @@ def plan(recipe) -> list[Phase]:
         train.update({"max_steps": end, "schedule_steps": total})
         if decay is not None:
             train["decay_share"] = decay / total
-        resolved.setdefault("data", {})["order_seed"] = None if index == 0 else recipe.seed + index
+        resolved.setdefault("data", {})["order_seed"] = phase_order_seed(recipe, index)
         resolved["phase"] = phase.name
-        phases.append(Phase(index, phase, start, end, from_dict(type(recipe), resolved)))
+        try:
+            phase_recipe = from_dict(type(recipe), resolved)
+        except (ConfigError, ValueError) as error:
+            raise ConfigError(f"phases[{index}] ({phase.name}): {error}") from None
+        phases.append(Phase(index, phase, start, end, phase_recipe))
         start = end
     return phases
+
+
+def phase_order_seed(recipe, index: int) -> int | None:
+    """The block order of phase ``index``: the recipe's own (``data.order_seed``, else ``seed``) for the first; for
+    each next one a seed drawn from that one and the phase's index, so no phase of one seed repeats another seed's
+    order (``seed + index`` would: seed 0's third phase would be seed 1's second)."""
+    if index == 0:
+        return recipe.data.order_seed
+    base = recipe.seed if recipe.data.order_seed is None else recipe.data.order_seed
+    return int(np.random.SeedSequence([base, index]).generate_state(1, dtype=np.uint32)[0])
 
 
 def phase_at(recipe, step: int) -> Phase:
@@ -162,29 +217,60 @@ def phase_at(recipe, step: int) -> Phase:
 
 def pretrain_phases(recipe, resume: str | None, log, weights_from: str | None, train_phase, export) -> Path:
     """Run ``recipe``'s phases in turn (``train_phase(phase_recipe, resume=, weights_from=, phase_from=)`` runs one),
-    each exported at its end (``export(checkpoint, directory)``); a resumed run starts at the phase its latest
-    checkpoint is in. Returns the run directory. A phase stopped by a signal ends the curriculum there (the next
-    ``--resume auto`` continues it)."""
+    each exported at its end (``export(checkpoint, directory)``); a resumed run (``--resume auto`` or a checkpoint)
+    starts at the phase its checkpoint is in. Returns the run directory. A stop signal, wherever it lands (in a
+    phase, its export or the next one's start), ends the curriculum at the checkpoint its phase saved, and the next
+    ``--resume auto`` continues from there."""
     from spanlm.train import checkpoint as ckpt
+    from spanlm.train.dist import is_main_process
+    from spanlm.train.loop import StopSignal
 
     phases = plan(recipe)
     output = Path(recipe.train.output_dir)
-    latest = ckpt.latest_checkpoint(output) if resume is not None else None
-    done = ckpt.step_of(latest) if latest is not None else 0
-    for phase in phases:
-        if done < phase.end:
-            log(f"phase {phase.config.name}: steps {phase.start + 1}–{phase.end} of {phases[-1].end}")
-            if done == 0:
-                train_phase(phase.recipe, resume=resume, weights_from=weights_from)
-            elif done == phase.start:
-                train_phase(phase.recipe, phase_from=str(ckpt.step_dir(output, phase.start)))
-            else:
-                train_phase(phase.recipe, resume="auto")
-            latest = ckpt.latest_checkpoint(output)
-            done = ckpt.step_of(latest) if latest is not None else 0
-            if done < phase.end:  # stopped by a signal: saved, to be resumed
+    start = ckpt.resolve_resume(resume, output) if resume is not None else None
+    done = ckpt.step_of(start) if start is not None else 0
+    if resume not in (None, "auto") and start is not None and is_main_process():
+        set_aside_later_phases(output, done, phases, log)
+
+    def checkpoint_at(step: int) -> Path:
+        return start if start is not None and ckpt.step_of(start) == step else ckpt.step_dir(output, step)
+
+    with StopSignal() as stop:
+        for phase in phases:
+            if stop.received is not None:
+                log(f"received {stop.received}: the curriculum stops before phase {phase.config.name}")
                 return output
-        if not (phase.export_dir / "config.json").is_file():
-            export(ckpt.step_dir(output, phase.end), phase.export_dir)
-            log(f"phase {phase.config.name}: exported step {phase.end} to {phase.export_dir}")
+            if done < phase.end:
+                log(f"phase {phase.config.name}: steps {phase.start + 1}–{phase.end} of {phases[-1].end}")
+                if done == 0:
+                    train_phase(phase.recipe, resume=resume, weights_from=weights_from)
+                elif done == phase.start:
+                    train_phase(phase.recipe, phase_from=str(checkpoint_at(phase.start)))
+                else:  # inside the phase: from the checkpoint asked for (a later one is set aside, as any run's)
+                    train_phase(phase.recipe, resume=str(start))
+                start = ckpt.latest_checkpoint(output)
+                done = ckpt.step_of(start) if start is not None else 0
+                if done < phase.end or stop.received is not None:  # stopped: saved, to be resumed
+                    return output
+            if not (phase.export_dir / "config.json").is_file():
+                export(checkpoint_at(phase.end), phase.export_dir)
+                log(f"phase {phase.config.name}: exported step {phase.end} to {phase.export_dir}")
     return output
+
+
+def set_aside_later_phases(output: Path, step: int, phases: list[Phase], log) -> None:
+    """A curriculum resumed from an earlier checkpoint of its own (``--resume PATH``) branches there: its later
+    checkpoints and the exports of the phases that end after ``step`` move out of the way, as any run's later
+    checkpoints do, so that neither ``--resume auto`` nor the exports keep the old branch."""
+    from spanlm.train import checkpoint as ckpt
+
+    aside = ckpt.set_aside_later(output, step)
+    later = [phase.export_dir for phase in phases if phase.end > step and phase.export_dir.is_dir()]
+    if later:
+        if aside is None:
+            aside = output / "checkpoints" / f"superseded-exports-{step}"
+            aside.mkdir(parents=True, exist_ok=True)
+        for directory in later:
+            directory.rename(aside / directory.name)
+    if aside is not None:
+        log(f"this run now continues from step {step}: its later checkpoints and exports were moved to {aside}")

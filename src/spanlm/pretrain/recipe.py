@@ -11,7 +11,7 @@ from spanlm.data.tokenizer import TokenizerConfig, settings_key
 from spanlm.masking.base import MaskingConfig
 from spanlm.models.backbone import BackboneConfig
 from spanlm.objectives.config import ObjectiveConfig
-from spanlm.pretrain.phases import PhaseConfig, check_phases
+from spanlm.pretrain.phases import PhaseConfig, check_phases, check_planned
 from spanlm.train.config import LoggingConfig, TrainConfig
 
 
@@ -53,6 +53,8 @@ class Recipe:
         # other tokenizers never prepare the same directory (each would replace the other's ids).
         if TOKENIZER_KEY in self.data.prepared_dir:
             self.data.prepared_dir = self.data.prepared_dir.replace(TOKENIZER_KEY, settings_key(self.tokenizer))
+        if self.phases:
+            check_planned(self)
 
 
 def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> Recipe:

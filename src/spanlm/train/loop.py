@@ -47,7 +47,10 @@ class TrainingHalted(SpanlmError):
 
 
 class StopSignal:
-    """SIGTERM / SIGINT set a flag; the loop finishes the step, saves and exits cleanly."""
+    """SIGTERM / SIGINT set a flag; the loop finishes the step, saves and exits cleanly.
+
+    Nested, an inner one (a run's) tells the outer ones (a curriculum's, between its runs) what it received and
+    starts with what they received before it: a stop is a stop of everything that runs, wherever it lands."""
 
     def __init__(self):
         self.received = None
@@ -56,10 +59,20 @@ class StopSignal:
     def __enter__(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.previous[sig] = signal.signal(sig, self._handle)
+            outer = getattr(self.previous[sig], "__self__", None)
+            if isinstance(outer, StopSignal) and outer.received is not None:
+                self.received = outer.received
         return self
 
+    def note(self, name: str) -> None:
+        """Record a stop (a signal, or another rank's) here and in every outer StopSignal."""
+        self.received = name
+        outer = getattr(self.previous.get(signal.SIGTERM), "__self__", None)
+        if isinstance(outer, StopSignal):
+            outer.note(name)
+
     def _handle(self, signum, frame):
-        self.received = signal.Signals(signum).name
+        self.note(signal.Signals(signum).name)
 
     def __exit__(self, *exc):
         for sig, handler in self.previous.items():
@@ -337,10 +350,8 @@ class Trainer:
                     received = any_rank(stop.received is not None, env)  # host-side: no device sync
                     if received:
                         self._check_finite(window)
-                        self.log(
-                            f"received {stop.received or 'a stop signal on another rank'}: saved step {self.step}, "
-                            "exiting"
-                        )
+                        stop.note(stop.received or "a stop signal on another rank")
+                        self.log(f"received {stop.received}: saved step {self.step}, exiting")
                         self.save()
                         return self.output_dir
                     if self.step % config.save_every == 0 and self.step < config.max_steps:
