@@ -104,6 +104,30 @@ def test_each_phase_draws_its_own_block_order_and_no_two_seeds_share_one(embedde
     assert kept[0].recipe.data.order_seed == 7 and kept[1].recipe.data.order_seed not in later
 
 
+SCHEDULE = "masking.rate_schedule={kind: piecewise, steps: [0, 5], rates: [0.3, 0.1]}"
+
+
+def test_a_masking_schedule_counts_the_runs_steps_in_every_phase(embedded_prepared, tmp_path):
+    """A schedule of the run's steps (0.3 until step 5, then 0.1) masks the extension's batches by their step in the
+    run, not from 0 again; a phase's own masking rate, which such a schedule overrides, is refused at load."""
+    import numpy as np
+
+    from spanlm.pretrain.batches import ScheduledRate
+    from spanlm.train.loader import BatchKeySampler
+
+    two = "phases=[{name: a, steps: 4}, {name: b, steps: 3, set: {data.max_len: 48}}]"
+    phases = plan(phased(embedded_prepared, tmp_path / "run", SCHEDULE, two, "train.max_steps=7"))
+    assert [p.recipe.train.first_step for p in phases] == [0, 4]
+    sampler = BatchKeySampler(np.arange(100), 4, 0, 0, 1)
+    rates = [
+        [ScheduledRate(p.recipe.masking.rate_schedule, sampler, 1, p.recipe.train.first_step)(0, b) for b in range(3)]
+        for p in phases
+    ]
+    assert rates == [[0.3, 0.3, 0.3], [0.3, 0.1, 0.1]]  # batch b of phase b trains step 4 + b (from 0) of the run
+    with pytest.raises(ConfigError, match=re.escape("phases[2] (decay): masking.mlm.rate has no effect under")):
+        phased(embedded_prepared, tmp_path / "run", SCHEDULE)
+
+
 def stop_at(monkeypatch, step: int):
     """SIGTERM to this process right after training step ``step``: the run saves there and returns."""
     from spanlm.train.loop import Trainer

@@ -118,15 +118,16 @@ class BlockLengths:
 
 class ScheduledRate:
     """The masking rate of a training batch from its key: the key's batch number (:meth:`BatchKeySampler.number`)
-    → its optimiser step (``grad_accum`` micro-batches a step) → ``schedule.rate_at(step)``."""
+    → its optimiser step in the run (``grad_accum`` micro-batches a step, after the ``first_step`` a phase starts at)
+    → ``schedule.rate_at(step)``."""
 
-    def __init__(self, schedule, sampler: BatchKeySampler, grad_accum: int):
-        self.schedule, self.sampler, self.grad_accum = schedule, sampler, grad_accum
+    def __init__(self, schedule, sampler: BatchKeySampler, grad_accum: int, first_step: int = 0):
+        self.schedule, self.sampler, self.grad_accum, self.first_step = schedule, sampler, grad_accum, first_step
 
     def __call__(self, epoch: int, batch: int) -> float:
         if epoch == EVAL_EPOCH:
             return self.schedule.final_rate
-        return self.schedule.rate_at(self.sampler.number(epoch, batch) // self.grad_accum)
+        return self.schedule.rate_at(self.first_step + self.sampler.number(epoch, batch) // self.grad_accum)
 
 
 class MaskedBatches(torch.utils.data.Dataset):
@@ -184,7 +185,8 @@ def build_train_loader(
     sampler = BatchKeySampler(
         train_blocks, config.batch_size, seed, rank, world_size, lengths=BlockLengths(blocks), tokens_per_batch=tokens
     )
-    rate = ScheduledRate(rate_schedule, sampler, config.grad_accum) if rate_schedule and rate_schedule.active else None
+    active = rate_schedule is not None and rate_schedule.active
+    rate = ScheduledRate(rate_schedule, sampler, config.grad_accum, config.first_step) if active else None
     dataset = MaskedBatches(blocks, masker, blocks.corpus.special_ids["pad"], seed, rank, packs(data), fields, rate)
     return KeyedLoader(dataset, sampler, config.num_workers, seed, pin_memory=uses_cuda(config.device))
 

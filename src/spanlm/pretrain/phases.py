@@ -14,7 +14,9 @@ the phase before::
 A phase may change what leaves the weights' shapes alone (:data:`PHASE_KEYS`): the block length (the prepared corpus
 is re-blocked, not prepared again), the batch, the masking (its rate or its schedule), the RoPE bases, the window of
 ModernBERT's local layers. The learning-rate schedule is one over the whole run (``train.schedule_steps``); a
-``decay: true`` phase is the decay of a ``wsd`` schedule. The run's length is the phases' steps.
+``decay: true`` phase is the decay of a ``wsd`` schedule. A masking-rate schedule counts the run's steps too, in
+whichever phase it is set (``train.first_step``: where a phase's own batches start). The run's length is the phases'
+steps.
 
 Each phase is one engine run (:func:`spanlm.train.loop.train`) to the step its phase ends at, on its own resolved
 recipe (``phase`` names it; every record carries it): the first starts the run, each next continues from the
@@ -133,8 +135,18 @@ def check_planned(recipe) -> None:
     from spanlm.data.shards import resolve_shards
     from spanlm.errors import InputError
 
-    for phase in plan(recipe)[1:]:
+    for phase in plan(recipe):
         where = f"phases[{phase.index}] ({phase.config.name})"
+        schedule = phase.recipe.masking.rate_schedule
+        ignored = [key for key in phase.config.set if key.startswith("masking.") and key.endswith(".rate")]
+        if ignored and schedule.active:
+            raise ConfigError(
+                f"{where}: {ignored[0]} has no effect under masking.rate_schedule (kind {schedule.kind}), which "
+                "sets the rate by the run's step; change the schedule instead, or end it in this phase "
+                "(masking.rate_schedule: {kind: constant})"
+            )
+        if phase.index == 0:  # the first phase's start is the run's: it finds the rest at once
+            continue
         limit = position_limit(recipe, phase)
         if limit is not None and phase.recipe.data.max_len > limit:
             raise ConfigError(
@@ -185,7 +197,7 @@ def plan(recipe) -> list[Phase]:
         end = start + phase.steps
         resolved = copy.deepcopy(data)
         train = resolved.setdefault("train", {})
-        train.update({"max_steps": end, "schedule_steps": total})
+        train.update({"max_steps": end, "schedule_steps": total, "first_step": start})
         if decay is not None:
             train["decay_share"] = decay / total
         resolved.setdefault("data", {})["order_seed"] = phase_order_seed(recipe, index)

@@ -40,6 +40,9 @@ class TrainConfig:
     # The steps the schedule spans when they are more than this run trains: a phased run's whole length, each
     # phase training to its own max_steps on one schedule (spanlm.pretrain.phases). None: max_steps.
     schedule_steps: int | None = None
+    # The run's step this run's first batch trains: a phase's start in its run (spanlm.pretrain.phases), so that a
+    # masking-rate schedule, which counts the run's steps, goes on across phases where each has its own batches.
+    first_step: int = 0
     decay_shape: Literal["linear", "cosine", "1-sqrt"] = "1-sqrt"
     max_grad_norm: float = 1.0  # 0 disables clipping
     # bf16 = autocast (weights and optimiser stay fp32); auto = bf16 where the device computes it natively (a
