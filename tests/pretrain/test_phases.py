@@ -8,6 +8,7 @@ import os
 import re
 import signal
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -104,14 +105,39 @@ def test_each_phase_draws_its_own_block_order_and_no_two_seeds_share_one(embedde
     assert kept[0].recipe.data.order_seed == 7 and kept[1].recipe.data.order_seed not in later
 
 
+def test_every_phase_holds_out_the_same_text_whatever_its_block_length(embedded_prepared, tmp_path):
+    """The held-out blocks of the 32-token phase and of the 48-token ones cover text that no phase trains on (a
+    split by block index held out other text at each length, which the other phases trained on), and each phase
+    holds out a share of it in its own blocks."""
+    from spanlm.data.block_index import share_block_index
+    from spanlm.data.blocks import BlockDataset
+    from spanlm.data.shards import PreparedCorpus
+    from spanlm.pretrain.run import held_out_split
+
+    phases = plan(phased(embedded_prepared, tmp_path / "run", "train.eval_blocks=64"))
+    corpus = PreparedCorpus(phases[0].recipe.data.prepared_dir)
+    held, trained = [], []
+    for phase in phases:
+        for length in (32, 48):
+            share_block_index(corpus, length, log=lambda *_: None)
+        blocks = BlockDataset(corpus, phase.recipe.data.max_len)
+        training, held_out = held_out_split(phase.recipe, corpus, blocks)
+        assert len(held_out) >= 32  # the held-out text, in this phase's blocks
+        covered = lambda ids: {t for i in ids for t in range(*map(int, blocks.index[int(i)]))}  # noqa: E731
+        held.append(covered(held_out))
+        trained.append(covered(training[np.arange(len(training))]))
+    every_held, every_trained = set().union(*held), set().union(*trained)
+    assert not every_held & every_trained
+    # the 48-token phases hold out the same blocks; the 32-token phase the shorter blocks inside them
+    assert held[1] == held[2] and held[0] <= held[1] and len(held[0]) > 0.5 * len(held[1])
+
+
 SCHEDULE = "masking.rate_schedule={kind: piecewise, steps: [0, 5], rates: [0.3, 0.1]}"
 
 
 def test_a_masking_schedule_counts_the_runs_steps_in_every_phase(embedded_prepared, tmp_path):
     """A schedule of the run's steps (0.3 until step 5, then 0.1) masks the extension's batches by their step in the
     run, not from 0 again; a phase's own masking rate, which such a schedule overrides, is refused at load."""
-    import numpy as np
-
     from spanlm.pretrain.batches import ScheduledRate
     from spanlm.train.loader import BatchKeySampler
 

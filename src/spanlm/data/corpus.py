@@ -69,6 +69,12 @@ class DataConfig:
     # The seed of the training blocks' order (None: the recipe's seed); each phase of a phased run has its own, so
     # that a phase does not replay the order of the one before.
     order_seed: int | None = None
+    # The held-out text of a phased run, set by its phases (spanlm.pretrain.phases): the blocks of held_out_max_len
+    # tokens (its longest phase's) that a run would hold out from the shards of held_out_shards (its first phase's
+    # data.prepared_shards), so that every phase holds out, and is scored on, the same text whatever its block length.
+    # None / empty: data.max_len and the run's own corpus.
+    held_out_max_len: int | None = None
+    held_out_shards: list[str] = dataclasses.field(default_factory=list)
     # MacBERT similar-word table (similar_words.npz, see spanlm.data.similar_words): "word2vec" trains
     # gensim Word2Vec on the corpus; "synonyms" reads a TSV of word<TAB>synonym...; "vectors" reads a
     # word2vec-format vector file. similar_words_file is the TSV / vector file.

@@ -59,7 +59,7 @@ def input_fingerprint(recipe, inputs: list[Input], by_content: bool = False) -> 
 
     data = dataclasses.asdict(recipe.data)
     # data.split decides only which split a dataset input reads, and that split is in its identity.
-    # packing / tokens_per_batch decide batching, not content.
+    # packing / tokens_per_batch decide batching, the held_out_* keys which blocks are scored: not content.
     for irrelevant in (
         "prepared_dir",
         "prepared_shards",
@@ -72,6 +72,8 @@ def input_fingerprint(recipe, inputs: list[Input], by_content: bool = False) -> 
         "order_seed",
         "shard_weights",
         "input_weights",
+        "held_out_max_len",
+        "held_out_shards",
     ):
         data.pop(irrelevant)
     tokenizer = dataclasses.asdict(recipe.tokenizer)

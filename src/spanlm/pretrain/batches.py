@@ -32,6 +32,28 @@ def split_blocks(n_blocks: int, eval_blocks: int, seed: int) -> tuple[TrainingBl
     return TrainingBlocks(n_blocks, held_out), held_out
 
 
+def split_held_out_text(
+    blocks: BlockDataset, reference: BlockDataset, reference_blocks: int, eval_blocks: int, seed: int
+) -> tuple[TrainingBlocks, np.ndarray]:
+    """:func:`split_blocks` of ``blocks`` by the text it holds out: the blocks :func:`split_blocks` holds out of the
+    first ``reference_blocks`` of ``reference`` (the same corpus in blocks of another length, or fewer shards), as
+    token spans. The blocks of ``blocks`` inside a span are held out (scored); those that overlap one are neither
+    trained on nor scored. So every phase of a curriculum, whatever its block length, holds out the same text and
+    never trains on it (a split by block index would name other text at each length)."""
+    if reference.max_len == blocks.max_len and reference_blocks == len(blocks):
+        return split_blocks(len(blocks), eval_blocks, seed)
+    _, chosen = split_blocks(reference_blocks, eval_blocks, seed)
+    spans = np.array([reference.index[int(i)] for i in chosen], dtype=np.int64).reshape(-1, 2)  # (E, 2) [start, end)
+    index = blocks.index if isinstance(blocks.index, np.ndarray) else np.asarray(blocks.index)  # a memmap stays one
+    starts, ends = index[:, 0], index[:, 1]  # both increasing: blocks follow the corpus
+    first = np.searchsorted(ends, spans[:, 0], side="right")  # the first block that ends after the span starts
+    after = np.searchsorted(starts, spans[:, 1], side="left")  # the first block that starts at or after its end
+    overlapping = np.unique(np.concatenate([np.arange(f, a) for f, a in zip(first, after)] + [np.zeros(0, np.int64)]))
+    span = np.searchsorted(spans[:, 0], starts[overlapping], side="right") - 1  # the span a block could lie in
+    inside = (span >= 0) & (ends[overlapping] <= spans[np.maximum(span, 0), 1])
+    return TrainingBlocks(len(blocks), overlapping), overlapping[inside]
+
+
 class TrainingBlocks:
     """The blocks [0, n_blocks) less a few sorted ``held_out`` ones, indexed by position without listing them.
 

@@ -160,6 +160,13 @@ def check_planned(recipe) -> None:
                 raise ConfigError(f"{where}: {error}") from None
             if missing := [str(shard) for shard in shards if not shard.is_dir()]:
                 raise ConfigError(f"{where}: data.prepared_shards: {missing[0]} is not a prepared directory")
+            first = resolve_shards(phase.recipe.data.held_out_shards) if phase.recipe.data.held_out_shards else []
+            if not first or shards[: len(first)] != first:
+                raise ConfigError(
+                    f"{where}: data.prepared_shards must begin with the first phase's shards "
+                    f"({', '.join(map(str, first)) or 'none: its corpus is data.prepared_dir'}) and may add others "
+                    "after them (every phase holds out the same text, drawn from the first phase's corpus)"
+                )
 
 
 def position_limit(recipe, phase: Phase) -> int | None:
@@ -186,7 +193,7 @@ def plan(recipe) -> list[Phase]:
     decay = next((phase.steps for phase in recipe.phases if phase.decay), None)
     data = to_dict(recipe)
     data["phases"] = []
-    phases, start = [], 0
+    resolved_phases, start = [], 0
     for index, phase in enumerate(recipe.phases):
         for key, value in phase.set.items():  # on top of the phases before
             *sections, last = key.split(".")
@@ -202,12 +209,19 @@ def plan(recipe) -> list[Phase]:
             train["decay_share"] = decay / total
         resolved.setdefault("data", {})["order_seed"] = phase_order_seed(recipe, index)
         resolved["phase"] = phase.name
+        resolved_phases.append((index, phase, start, end, resolved))
+        start = end
+    # every phase holds out the same text: blocks of the longest phase's length from the first phase's shards
+    longest = max(r.get("data", {}).get("max_len", recipe.data.max_len) for *_, r in resolved_phases)
+    first_shards = resolved_phases[0][-1].get("data", {}).get("prepared_shards", [])
+    phases = []
+    for index, phase, start, end, resolved in resolved_phases:
+        resolved["data"].update(held_out_max_len=longest, held_out_shards=list(first_shards))
         try:
             phase_recipe = from_dict(type(recipe), resolved)
         except (ConfigError, ValueError) as error:
             raise ConfigError(f"phases[{index}] ({phase.name}): {error}") from None
         phases.append(Phase(index, phase, start, end, phase_recipe))
-        start = end
     return phases
 
 
@@ -264,7 +278,7 @@ def pretrain_phases(recipe, resume: str | None, log, weights_from: str | None, t
                 done = ckpt.step_of(start) if start is not None else 0
                 if done < phase.end or stop.received is not None:  # stopped: saved, to be resumed
                     return output
-            if not (phase.export_dir / "config.json").is_file():
+            if is_main_process() and not (phase.export_dir / "config.json").is_file():  # one writer under torchrun
                 export(checkpoint_at(phase.end), phase.export_dir)
                 log(f"phase {phase.config.name}: exported step {phase.end} to {phase.export_dir}")
     return output

@@ -19,7 +19,7 @@ from spanlm.models.flops import training_flops
 from spanlm.models.packed import resolve_packing
 from spanlm.objectives import build_objective
 from spanlm.objectives.pretrained_heads import describe_heads
-from spanlm.pretrain.batches import MixedBlocks, build_train_loader, eval_batches, split_blocks
+from spanlm.pretrain.batches import MixedBlocks, build_train_loader, eval_batches, split_held_out_text
 from spanlm.pretrain.kept_tokenizer import check_same_tokenizer, checkpoint_tokenizer_dir, keep_tokenizer
 from spanlm.pretrain.phases import pretrain_phases
 from spanlm.train.dist import DistEnv, barrier
@@ -87,7 +87,8 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
         ]
         for directory in directories:
             on_start.append(functools.partial(record_run, directory, recipe.train.output_dir, log=log))
-            share_block_index(PreparedCorpus(directory), recipe.data.max_len, log=log)
+            for length in {recipe.data.max_len, held_out_length(recipe)}:
+                share_block_index(PreparedCorpus(directory), length, log=log)
     barrier(env)
     corpus = ShardedCorpus(shards) if shards else PreparedCorpus(recipe.data.prepared_dir)
     if env.is_main:
@@ -95,7 +96,7 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
     if start.checkpoint is not None:
         check_same_tokenizer(start.checkpoint, start.trainer_state, corpus.meta["tokenizer_fingerprint"], recipe)
     blocks = BlockDataset(corpus, recipe.data.max_len)
-    train_blocks, held_out = split_blocks(len(blocks), recipe.train.eval_blocks, recipe.seed)
+    train_blocks, held_out = held_out_split(recipe, corpus, blocks)
     if recipe.data.shard_weights or recipe.data.input_weights:  # a mixture: each source its weight's share
         weights, token_starts = mixture_sources(recipe.data, corpus)
         # the first block of each source: blocks never cross a document, so each source's blocks are contiguous
@@ -151,6 +152,23 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
         learning_hint=PRETRAINING_HINT,
         record_fields={"phase": recipe.phase} if recipe.phase else {},
     )
+
+
+def held_out_length(recipe) -> int:
+    """The block length the held-out text is drawn at: a phased run's longest (data.held_out_max_len), else its own."""
+    return recipe.data.held_out_max_len or recipe.data.max_len
+
+
+def held_out_split(recipe, corpus, blocks: BlockDataset):
+    """The training blocks and the held-out ones of ``blocks``: the same text in every phase of a curriculum (drawn
+    in its longest blocks from its first phase's shards: spanlm.pretrain.batches.split_held_out_text)."""
+    length = held_out_length(recipe)
+    reference = blocks if length == blocks.max_len else BlockDataset(corpus, length)
+    drawn_from = len(reference)
+    starts = getattr(reference.index, "block_starts", None)  # a sharded corpus's: where each shard's blocks start
+    if recipe.data.held_out_shards and starts is not None:  # the first phase's shards, which this one's begin with
+        drawn_from = int(starts[len(resolve_shards(recipe.data.held_out_shards))])
+    return split_held_out_text(blocks, reference, drawn_from, recipe.train.eval_blocks, recipe.seed)
 
 
 def check_max_len(objective: torch.nn.Module, max_len: int, noise_max_len: int | None = None) -> None:
