@@ -63,7 +63,13 @@ def phased(prepared, out, *overrides):
         ("[{name: a, steps: 2}, {name: b, steps: 2, set: {masking.mlm.rate: 1.5}}]", "phases[1] (b): config section"),
         ("[{name: a, steps: 2}, {name: b, steps: 2, set: {masking.span.max_targets: 20}}]", "max_targets cannot"),
         ("[{name: a, steps: 2}, {name: b, steps: 2, set: {data.max_len: 1024}}]", "phases[1] (b): data.max_len 1024"),
-        ("[{name: a, steps: 2}, {name: b, steps: 2, set: {data.prepared_shards: [nowhere]}}]", "(b): data.prepared_shards: nowhere is not"),
+        (
+        (
+            "[{name: a, steps: 2}, {name: b, steps: 2, set: {data.prepared_shards: [nowhere]}}]",
+            "(b): data.prepared_shards: nowhere is not",
+        ),
+            "(b): data.prepared_shards: nowhere is not",
+        ),
     ],
 )
 def test_a_phase_that_cannot_run_is_refused_at_load_naming_it(embedded_prepared, tmp_path, phases, message):
