@@ -64,10 +64,7 @@ def phased(prepared, out, *overrides):
         ("[{name: a, steps: 2}, {name: b, steps: 2, set: {masking.span.max_targets: 20}}]", "max_targets cannot"),
         ("[{name: a, steps: 2}, {name: b, steps: 2, set: {data.max_len: 1024}}]", "phases[1] (b): data.max_len 1024"),
         (
-        (
             "[{name: a, steps: 2}, {name: b, steps: 2, set: {data.prepared_shards: [nowhere]}}]",
-            "(b): data.prepared_shards: nowhere is not",
-        ),
             "(b): data.prepared_shards: nowhere is not",
         ),
     ],
