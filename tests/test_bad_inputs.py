@@ -1416,6 +1416,14 @@ def _(ctx):
     return ["demo", "--quick", "--out", out], [str(out)]
 
 
+@case("preview_step_past_the_phases")
+def _(ctx):
+    recipe = ctx.pretrain_recipe(max_steps=3)
+    return ["preview", recipe, "phases=[{name: a, steps: 2}, {name: b, steps: 1}]", "--step", "4"], [
+        "--step 4: the phases train steps 1–3"
+    ]
+
+
 @case("preview_recipe_missing")
 def _(ctx):
     return ["preview", ctx.tmp / "nope.yaml"], [str(ctx.tmp / "nope.yaml"), "does not exist"]
@@ -1993,6 +2001,7 @@ NUMERIC_OPTIONS = [
     (["cls", "predict", "MODEL", "--text", "x", "--batch-size", "0"], "--batch-size: 0 must be at least 1"),
     (["preview", "recipe.yaml", "--n", "-1"], "--n: -1 must be at least 0"),
     (["preview", "recipe.yaml", "--stats-blocks", "-1"], "--stats-blocks: -1 must be at least 1"),
+    (["preview", "recipe.yaml", "--step", "0"], "--step: 0 must be at least 1"),
     (["demo", "--seeds", "0", "-2"], "--seeds: -2 must be at least 0"),
 ]
 

@@ -91,15 +91,19 @@ def _preview(args: argparse.Namespace) -> int:
 
     recipe = load_recipe(args.recipe, args.overrides)
     guard_outputs({"--jsonl": args.jsonl}, {"the recipe": args.recipe, **recipe.input_paths()})
-    step = args.step
+    step, start = args.step, 0  # step N: the N-th optimiser step, as metrics.jsonl and the log number them (from 1)
     if recipe.phases:  # the phase that trains step N, with its settings (its masking schedule counts from its start)
+        from spanlm.errors import ConfigError
         from spanlm.pretrain.phases import phase_at
 
-        phase = phase_at(recipe, step)
+        last = sum(phase.steps for phase in recipe.phases)
+        if not 1 <= step <= last:
+            raise ConfigError(f"--step {step}: the phases train steps 1–{last}")
+        phase = phase_at(recipe, step - 1)  # phase_at counts the steps done before, from 0
         changed = ", ".join(f"{k}={v}" for k, v in phase.config.set.items()) or "the recipe's own settings"
         log(f"step {step}: phase {phase.config.name} (steps {phase.start + 1}–{phase.end}): {changed}")
-        recipe, step = phase.recipe, step - phase.start
-    preview(recipe, n=args.n, stats_blocks=args.stats_blocks, jsonl=args.jsonl, log=log, step=step)
+        recipe, start = phase.recipe, phase.start
+    preview(recipe, n=args.n, stats_blocks=args.stats_blocks, jsonl=args.jsonl, log=log, step=step, start=start)
     return 0
 
 
@@ -207,9 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     preview.add_argument(
         "--step",
-        type=number(int, minimum=0),
-        default=0,
-        help="mask at the rate masking.rate_schedule gives this optimiser step (default 0)",
+        type=number(int, minimum=1),
+        default=1,
+        metavar="N",
+        help="mask as the N-th optimiser step does, numbered from 1 as in metrics.jsonl (default 1): at the rate "
+        "masking.rate_schedule gives after N-1 steps, and with a phased recipe in the phase that trains step N",
     )
     preview.set_defaults(run=_preview)
 

@@ -87,6 +87,9 @@ def test_preview_errors_are_one_line(recipe_file, capsys):
     with pytest.raises(SystemExit) as error:  # the argument parser's check, the same bound as preview()'s
         main(["preview", str(recipe_file), "--n", "-1"])
     assert error.value.code == 2 and "argument --n: -1 must be at least 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as error:  # steps are numbered from 1, as in metrics.jsonl
+        main(["preview", str(recipe_file), "--step", "0"])
+    assert error.value.code == 2 and "argument --step: 0 must be at least 1" in capsys.readouterr().err
 
 
 def test_masking_recipes_load():
@@ -101,7 +104,8 @@ def test_masking_recipes_load():
 
 
 def test_preview_follows_the_masking_rate_schedule_at_the_step_asked(recipe_file, capsys):
-    """A 0.30 → 0.15 linear schedule over 100 steps: the budget is 0.30 at step 0, 0.225 at 50, 0.15 from 100."""
+    """A 0.30 → 0.15 linear schedule over 100 steps: the budget is 0.30 at step 1 (no step done yet), 0.225 at 51,
+    0.15 from 101 — steps numbered as metrics.jsonl numbers them, the schedule counting the steps done before."""
     schedule = [
         "masking.scheme=mlm",
         "masking.rate_schedule.kind=linear",
@@ -109,15 +113,15 @@ def test_preview_follows_the_masking_rate_schedule_at_the_step_asked(recipe_file
         "masking.rate_schedule.rates=[0.30,0.15]",
     ]
     ratios = {}
-    for step in (0, 50, 100):
+    for step in (1, 51, 101):
         args = ["preview", str(recipe_file), *schedule, "--n", "0", "--stats-blocks", "64", "--step", str(step)]
         assert main(args) == 0
         stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-        assert stats["scheduled_rate"] == {"step": step, "rate": pytest.approx(0.30 - 0.15 * min(step, 100) / 100)}
+        assert stats["scheduled_rate"] == {"step": step, "rate": pytest.approx(0.30 - 0.15 * (step - 1) / 100)}
         ratios[step] = stats["mask_ratio"]
-    assert ratios[0] == pytest.approx(0.30, abs=0.02)
-    assert ratios[50] == pytest.approx(0.225, abs=0.02)
-    assert ratios[100] == pytest.approx(0.15, abs=0.02)
+    assert ratios[1] == pytest.approx(0.30, abs=0.02)
+    assert ratios[51] == pytest.approx(0.225, abs=0.02)
+    assert ratios[101] == pytest.approx(0.15, abs=0.02)
     # Without a schedule the statistics say nothing of one, whatever --step is.
     assert (
         main(["preview", str(recipe_file), "masking.scheme=mlm", "--n", "0", "--stats-blocks", "32", "--step", "7"])

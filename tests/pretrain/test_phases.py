@@ -304,10 +304,29 @@ def test_preview_at_a_step_shows_its_phase_and_masks_with_its_settings(embedded_
     path = tmp_path / "phased.yaml"
     path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
     ratios = {}
-    for step in (0, 8):
+    for step in (1, 8):
         assert main(["preview", str(path), "--n", "0", "--stats-blocks", "64", "--step", str(step)]) == 0
         captured = capsys.readouterr()
         ratios[step] = json.loads(captured.out.strip().splitlines()[-1])["mask_ratio"]
         if step == 8:
             assert "step 8: phase decay (steps 8–10): masking.mlm.rate=0.1" in captured.err
-    assert ratios[0] == pytest.approx(0.15, abs=0.02) and ratios[8] == pytest.approx(0.1, abs=0.02)
+    assert ratios[1] == pytest.approx(0.15, abs=0.02) and ratios[8] == pytest.approx(0.1, abs=0.02)
+
+
+def test_preview_numbers_steps_as_metrics_jsonl_and_refuses_one_outside_the_run(embedded_prepared, tmp_path, capsys):
+    """--step N is the N-th optimiser step, as the records and the log number it: a phase's last step is its own, the
+    next one the next phase's first; a step the phases do not train is one line, exit 2."""
+    import yaml
+
+    from spanlm.cli import main
+    from spanlm.config import to_dict
+
+    path = tmp_path / "phased.yaml"
+    path.write_text(yaml.safe_dump(to_dict(phased(embedded_prepared, tmp_path / "run"))), encoding="utf-8")
+    preview = ["preview", str(path), "--n", "0", "--stats-blocks", "8", "--step"]
+    for step, shown in [(4, "phase pretrain (steps 1–4)"), (5, "phase extend (steps 5–7)"), (10, "phase decay")]:
+        assert main([*preview, str(step)]) == 0
+        assert f"step {step}: {shown}" in capsys.readouterr().err
+    assert main([*preview, "11"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "spanlm preview: error: --step 11: the phases train steps 1–10", err

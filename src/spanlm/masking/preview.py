@@ -2,8 +2,9 @@
 
 The blocks come from the recipe's prepared corpus (prepared first when needed), in the seeded block
 order, and are masked with ``np.random.default_rng(recipe.seed)`` — so a preview shows exactly the
-kind of batch pretraining with that recipe produces. Under a masking-rate schedule the budget is the schedule's
-rate at optimiser step ``step`` (0 unless given), as a training batch of that step has it.
+kind of batch pretraining with that recipe produces. Under a masking-rate schedule the budget is the one a
+training batch of optimiser step ``step`` has (numbered from 1, as metrics.jsonl numbers them; 1 unless given): the
+schedule's rate after the steps before it (``step - 1``; in a phase, those after the phase's ``start``).
 """
 
 from __future__ import annotations
@@ -99,19 +100,21 @@ def preview(
     jsonl: str | None = None,
     out=None,
     log=None,
-    step: int = 0,
+    step: int = 1,
+    start: int = 0,
 ) -> dict:
-    """Prepare (if needed), mask ``max(n, stats_blocks)`` blocks as at optimiser ``step``, print ``n`` of them and
-    the statistics."""
+    """Prepare (if needed), mask ``max(n, stats_blocks)`` blocks as at optimiser ``step`` (from 1) of a run whose
+    masking schedule counts from step ``start`` (a phase's: the steps before it), print ``n`` of them and the
+    statistics."""
 
-    if n < 0 or stats_blocks < 1 or batch_size < 1 or step < 0:
-        raise ConfigError("preview needs --n >= 0, --stats-blocks >= 1 and --step >= 0")
+    if n < 0 or stats_blocks < 1 or batch_size < 1 or step <= start:
+        raise ConfigError(f"preview needs --n >= 0, --stats-blocks >= 1 and --step >= {start + 1}")
     out = out or sys.stdout
     log = log or (lambda message: print(message, file=sys.stderr))
     corpus = PreparedCorpus(prepare(recipe, log=log))
     masker = build_masker(recipe.masking, corpus)
     schedule = recipe.masking.rate_schedule
-    rate = schedule.rate_at(step) if schedule.active else None
+    rate = schedule.rate_at(step - 1 - start) if schedule.active else None  # the schedule counts steps done
     if rate is not None:
         masker = with_rate(masker, rate)
     dataset = BlockDataset(corpus, recipe.data.max_len)
