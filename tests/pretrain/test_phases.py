@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from helpers import embedded_recipe
 from spanlm.config import read_yaml
-from spanlm.errors import ConfigError
+from spanlm.errors import ConfigError, SpanlmError
 from spanlm.pretrain.phases import plan
 from spanlm.pretrain.run import pretrain
 from spanlm.train import checkpoint as ckpt
@@ -218,6 +218,17 @@ def test_a_stopped_curriculum_resumes_bit_for_bit(embedded_prepared, uninterrupt
             pretrain(recipe, **QUIET)
             assert ckpt.step_of(ckpt.latest_checkpoint(out)) == step and max(losses(out)) == step
             assert not (out / "phase-extend").exists()
+            # the curriculum is kept from its phases' starts on; a refused resume (another block length for the
+            # phase it is in) leaves it as it was
+            kept = (out / "curriculum.yaml").read_bytes()
+            assert [p["name"] for p in read_yaml(out / "curriculum.yaml")["phases"]] == ["pretrain", "extend", "decay"]
+            if where == "inside a phase":
+                changed = phased(
+                    embedded_prepared, out, f"phases={PHASES.replace('data.max_len: 48', 'data.max_len: 40')}"
+                )
+                with pytest.raises(SpanlmError, match="data.max_len"):
+                    pretrain(changed, resume="auto", **QUIET)
+                assert (out / "curriculum.yaml").read_bytes() == kept
         elif where == "during an export":
             from spanlm.pretrain import export as export_module
 

@@ -193,10 +193,11 @@ def pretrain(recipe, resume: str | None = None, log=print, weights_from: str | N
     """Train ``recipe``'s pretraining objective (its phases in turn, each exported: spanlm.pretrain.phases);
     returns the run directory."""
     if recipe.phases:
+        from spanlm.pretrain.curriculum import keeping_curriculum
         from spanlm.pretrain.export import export_checkpoint
 
-        def train_phase(phase, **start) -> Path:
-            return train(phase, pretraining_setup, log=log, **start)
+        def train_phase(phase, **start) -> Path:  # each phase's config.yaml is its own: the run keeps the whole recipe
+            return train(phase, keeping_curriculum(recipe, pretraining_setup), log=log, **start)
 
         return pretrain_phases(recipe, resume, log, weights_from, train_phase, export_checkpoint)
     return train(recipe, pretraining_setup, resume, log, weights_from)
