@@ -1391,6 +1391,13 @@ def _(ctx):
     return ["report", run], [f"{run / 'metrics.jsonl'}:", "not valid JSON"]
 
 
+@case("report_curriculum_broken")
+def _(ctx):
+    run, _ = run_copy(ctx)
+    (run / "curriculum.yaml").write_text("phases: [{name: a, steps: 2}\n", encoding="utf-8")
+    return ["report", run], [str(run / "curriculum.yaml"), "not valid YAML"]
+
+
 @case("compare_second_run_missing")
 def _(ctx):
     run, _ = run_copy(ctx)

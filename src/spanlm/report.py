@@ -1,4 +1,5 @@
-"""`spanlm report RUN_DIR`: PNG plots of a run's metrics.jsonl and an HTML summary page."""
+"""`spanlm report RUN_DIR`: PNG plots of a run's metrics.jsonl and an HTML summary page (a phased run's phases
+listed from its curriculum.yaml, their boundaries marked on the plots)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from spanlm.errors import InputError
 from spanlm.files import full_disk_is_an_input_error, read_metadata, require_file_to_write, write_text_atomically
+from spanlm.pretrain.curriculum import CURRICULUM, read_curriculum
 from spanlm.train.metrics import NOT_METRICS, read_metrics
 
 # Which columns go on which figure; a figure is drawn when the run logged any of its columns.
@@ -81,6 +83,7 @@ def write_report(run_dir: str | Path) -> Path:
     if not records:
         raise InputError(f"{run_dir}: no metrics.jsonl records (is this a spanlm run directory?)")
     baseline = unigram_accuracy(run_dir)
+    phases = read_curriculum(run_dir)  # a phased run's (config.yaml holds only its last phase's recipe)
     plots = []
     for filename, (title, wanted, kind) in PLOTS.items():
         rows = [r for r in records if r.get("kind", "train") == kind]
@@ -100,6 +103,8 @@ def write_report(run_dir: str | Path) -> Path:
             if baseline is not None and any(key.endswith("mlm_accuracy") for key in panel_keys):
                 axis.axhline(baseline, color="grey", linestyle="--", linewidth=1, label="unigram baseline")
                 axis.legend(fontsize=8)
+            if phases:
+                mark_phases(axis, phases, max(r["step"] for r in rows))
             axis.set_title(panel_title, fontsize=10)
             axis.set_xlabel("step")
             axis.grid(alpha=0.3)
@@ -121,11 +126,8 @@ def write_report(run_dir: str | Path) -> Path:
             **final["eval"],
             "unigram_accuracy": baseline,
         }  # beside mlm_accuracy in the table and summary.json
-    config = (
-        (run_dir / "config.yaml").read_text(encoding="utf-8")
-        if (run_dir / "config.yaml").is_file()
-        else "(no config.yaml)"
-    )
+    recipe_file = run_dir / (CURRICULUM if phases else "config.yaml")
+    config = recipe_file.read_text(encoding="utf-8") if recipe_file.is_file() else "(no config.yaml)"
     page = [
         "<!doctype html><html><head><meta charset='utf-8'><title>spanlm run report</title>",
         "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}table{border-collapse:collapse}"
@@ -137,6 +139,17 @@ def write_report(run_dir: str | Path) -> Path:
     if health:
         items = "".join(f"<li>step {r['step']}: {html.escape(str(r.get('message', '')))}</li>" for r in health)
         page.append(f"<h2>Learning health</h2><ul>{items}</ul>")
+    listed = [phase_summary(run_dir, phase) for phase in phases or []]
+    if listed:
+        cells = "".join(
+            f"<tr><td>{html.escape(p['name'])}</td><td>{p['steps'][0]}–{p['steps'][1]}</td>"
+            f"<td>{html.escape(sets_of(p))}</td><td>{html.escape(p['export'] or '—')}</td></tr>"
+            for p in listed
+        )
+        page.append(
+            "<h2>Phases</h2><table><tr><th>phase</th><th>steps</th><th>sets</th><th>export</th></tr>"
+            f"{cells}</table><p>Dotted lines on the plots mark where each next phase starts.</p>"
+        )
     page.append("<h2>Final metrics</h2>")
     for kind, record in final.items():
         if record:
@@ -148,12 +161,56 @@ def write_report(run_dir: str | Path) -> Path:
     page += [
         f"<h3>{html.escape(title)}</h3><img src='{filename}' alt='{html.escape(title)}'>" for title, filename in plots
     ]
-    page.append(f"<h2>Configuration</h2><pre>{html.escape(config)}</pre></body></html>")
+    about = (
+        f"<p>The recipe as given, with its phases ({CURRICULUM}); each phase ran it resolved on top of the phases "
+        "before (the last phase's in config.yaml).</p>"
+        if phases
+        else ""
+    )
+    page.append(f"<h2>Configuration</h2>{about}<pre>{html.escape(config)}</pre></body></html>")
     out = run_dir / "report.html"
     write_text_atomically(out, "\n".join(page))
     summary = {**final, "health": [{"step": r["step"], "message": r.get("message")} for r in health]}
+    if listed:
+        summary["phases"] = listed
     write_text_atomically(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     return out
+
+
+def phase_summary(run_dir: Path, phase) -> dict:
+    """A phase as the report lists it: its name, first and last step (numbered as the records are, from 1), the
+    recipe keys it sets, whether it is the learning rate's decay, and its export (None until the phase has ended)."""
+    export = run_dir / f"phase-{phase.config.name}"  # the run directory's, wherever it has been moved since
+    return {
+        "name": phase.config.name,
+        "steps": [phase.start + 1, phase.end],
+        "set": dict(phase.config.set),
+        "decay": phase.config.decay,
+        "export": str(export) if (export / "config.json").is_file() else None,
+    }
+
+
+def sets_of(phase: dict) -> str:
+    settings = [f"{key}={value}" for key, value in phase["set"].items()]
+    settings += ["the learning rate's decay"] if phase["decay"] else []
+    return ", ".join(settings) or "the recipe's own settings"
+
+
+def mark_phases(axis, phases, last_step: int) -> None:
+    """A dotted line where each next phase starts (between the last step of the one before and its first), named by
+    it; only within the steps drawn, so that a run stopped early keeps its scale."""
+    for phase in phases[1:]:
+        if phase.start < last_step:
+            axis.axvline(phase.start + 0.5, color="grey", linestyle=":", linewidth=1)
+            axis.text(
+                phase.start + 0.5,
+                0.98,
+                f" {phase.config.name}",
+                transform=axis.get_xaxis_transform(),
+                fontsize=7,
+                color="grey",
+                va="top",
+            )
 
 
 def save_figure(figure, path: Path, kept: str) -> None:

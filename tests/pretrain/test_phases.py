@@ -203,6 +203,33 @@ def test_the_phases_run_in_one_directory_on_one_schedule_each_exported(uninterru
     assert not torch.equal(exported_words[0], exported_words[1])  # each phase's own weights
 
 
+def test_the_run_keeps_its_curriculum_and_its_report_lists_the_phases(uninterrupted, tmp_path):
+    """Each phase's config.yaml is its own resolved recipe (the last one's stays); curriculum.yaml keeps the recipe
+    with its phases, and `spanlm report` lists them — steps as the records number them, what each sets, its
+    export in the run directory, even one moved since."""
+    import shutil
+
+    from spanlm.report import write_report
+
+    assert read_yaml(uninterrupted / "config.yaml")["phases"] == []
+    curriculum = read_yaml(uninterrupted / "curriculum.yaml")
+    assert [(p["name"], p["steps"]) for p in curriculum["phases"]] == [("pretrain", 4), ("extend", 3), ("decay", 3)]
+    assert curriculum["phase"] is None and curriculum["phases"][1]["set"] == {"data.max_len": 48}
+    run = tmp_path / "moved"
+    shutil.copytree(uninterrupted, run, ignore=shutil.ignore_patterns("checkpoints"))
+    write_report(run)
+    phases = json.loads((run / "summary.json").read_text(encoding="utf-8"))["phases"]
+    assert [(p["name"], p["steps"], p["set"], p["decay"]) for p in phases] == [
+        ("pretrain", [1, 4], {}, False),
+        ("extend", [5, 7], {"data.max_len": 48}, False),
+        ("decay", [8, 10], {"masking.mlm.rate": 0.1}, True),
+    ]
+    assert [p["export"] for p in phases] == [str(run / f"phase-{name}") for name in ("pretrain", "extend", "decay")]
+    page = (run / "report.html").read_text(encoding="utf-8")
+    assert "<h2>Phases</h2>" in page and "<td>extend</td><td>5–7</td><td>data.max_len=48</td>" in page
+    assert "curriculum.yaml" in page
+
+
 @pytest.mark.parametrize("where", ["inside a phase", "at a phase's last step", "during an export", "at a boundary"])
 @pytest.mark.slow
 def test_a_stopped_curriculum_resumes_bit_for_bit(embedded_prepared, uninterrupted, tmp_path, monkeypatch, where):

@@ -50,3 +50,27 @@ def test_the_unigram_baseline_comes_from_the_runs_kept_corpus_counts_without_spe
     assert json.loads((tmp_path / "summary.json").read_text())["eval"]["unigram_accuracy"] == 0.5
     assert "unigram_accuracy" in (tmp_path / "report.html").read_text()
     assert unigram_accuracy(tmp_path / "elsewhere") is None  # a run without a kept tokenizer: no baseline
+
+
+def test_a_phased_runs_boundaries_are_marked_between_two_phases_within_the_steps_drawn(tmp_path):
+    """A dotted line between the last step of a phase and the first of the next (4.5: step 4 is the first phase's),
+    only where the records reach, so that a run stopped in its first phases keeps its scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from spanlm.pretrain.phases import plan
+    from spanlm.pretrain.recipe import load_recipe
+    from spanlm.report import mark_phases
+
+    recipe = load_recipe(
+        None, ["train.schedule=wsd", "phases=[{name: a, steps: 4}, {name: b, steps: 3}, {name: c, steps: 3}]"]
+    )
+    figure, (whole, stopped) = plt.subplots(1, 2)
+    mark_phases(whole, plan(recipe), last_step=10)
+    mark_phases(stopped, plan(recipe), last_step=5)
+    assert [line.get_xdata()[0] for line in whole.lines] == [4.5, 7.5]
+    assert [text.get_text().strip() for text in whole.texts] == ["b", "c"]
+    assert [line.get_xdata()[0] for line in stopped.lines] == [4.5]
+    plt.close(figure)
