@@ -91,8 +91,8 @@ def _preview(args: argparse.Namespace) -> int:
 
     recipe = load_recipe(args.recipe, args.overrides)
     guard_outputs({"--jsonl": args.jsonl}, {"the recipe": args.recipe, **recipe.input_paths()})
-    step, start = args.step, 0  # step N: the N-th optimiser step, as metrics.jsonl and the log number them (from 1)
-    if recipe.phases:  # the phase that trains step N, with its settings (its masking schedule counts from its start)
+    step = args.step  # step N: the N-th optimiser step, as metrics.jsonl and the log number them (from 1)
+    if recipe.phases:  # the phase that trains step N, with its settings (a masking schedule counts the run's steps)
         from spanlm.errors import ConfigError
         from spanlm.pretrain.phases import phase_at
 
@@ -102,8 +102,8 @@ def _preview(args: argparse.Namespace) -> int:
         phase = phase_at(recipe, step - 1)  # phase_at counts the steps done before, from 0
         changed = ", ".join(f"{k}={v}" for k, v in phase.config.set.items()) or "the recipe's own settings"
         log(f"step {step}: phase {phase.config.name} (steps {phase.start + 1}–{phase.end}): {changed}")
-        recipe, start = phase.recipe, phase.start
-    preview(recipe, n=args.n, stats_blocks=args.stats_blocks, jsonl=args.jsonl, log=log, step=step, start=start)
+        recipe = phase.recipe
+    preview(recipe, n=args.n, stats_blocks=args.stats_blocks, jsonl=args.jsonl, log=log, step=step)
     return 0
 
 

@@ -4,7 +4,7 @@ The blocks come from the recipe's prepared corpus (prepared first when needed), 
 order, and are masked with ``np.random.default_rng(recipe.seed)`` — so a preview shows exactly the
 kind of batch pretraining with that recipe produces. Under a masking-rate schedule the budget is the one a
 training batch of optimiser step ``step`` has (numbered from 1, as metrics.jsonl numbers them; 1 unless given): the
-schedule's rate after the steps before it (``step - 1``; in a phase, those after the phase's ``start``).
+schedule's rate after the steps before it (``step - 1``, the run's steps also in a phase).
 """
 
 from __future__ import annotations
@@ -101,20 +101,18 @@ def preview(
     out=None,
     log=None,
     step: int = 1,
-    start: int = 0,
 ) -> dict:
-    """Prepare (if needed), mask ``max(n, stats_blocks)`` blocks as at optimiser ``step`` (from 1) of a run whose
-    masking schedule counts from step ``start`` (a phase's: the steps before it), print ``n`` of them and the
-    statistics."""
+    """Prepare (if needed), mask ``max(n, stats_blocks)`` blocks as at optimiser ``step`` (from 1) of the run, print
+    ``n`` of them and the statistics."""
 
-    if n < 0 or stats_blocks < 1 or batch_size < 1 or step <= start:
-        raise ConfigError(f"preview needs --n >= 0, --stats-blocks >= 1 and --step >= {start + 1}")
+    if n < 0 or stats_blocks < 1 or batch_size < 1 or step < 1:
+        raise ConfigError("preview needs --n >= 0, --stats-blocks >= 1 and --step >= 1")
     out = out or sys.stdout
     log = log or (lambda message: print(message, file=sys.stderr))
     corpus = PreparedCorpus(prepare(recipe, log=log))
     masker = build_masker(recipe.masking, corpus)
     schedule = recipe.masking.rate_schedule
-    rate = schedule.rate_at(step - 1 - start) if schedule.active else None  # the schedule counts steps done
+    rate = schedule.rate_at(step - 1) if schedule.active else None  # the schedule counts the run's steps done
     if rate is not None:
         masker = with_rate(masker, rate)
     dataset = BlockDataset(corpus, recipe.data.max_len)
