@@ -44,7 +44,7 @@ def run_demo(
     (a shipped ``pretrain/…`` recipe) the encoder pretrained, a tiny CharBERT by default.
     """
     from spanlm.errors import ConfigError
-    from spanlm.train.loop import StopSignal
+    from spanlm.train.stop import StopSignal
 
     plan = plan or (QUICK if quick else DemoPlan())
     if pretrain_recipe is not None:

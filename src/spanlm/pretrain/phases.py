@@ -249,7 +249,7 @@ def pretrain_phases(recipe, resume: str | None, log, weights_from: str | None, t
     ``--resume auto`` continues from there."""
     from spanlm.train import checkpoint as ckpt
     from spanlm.train.dist import is_main_process
-    from spanlm.train.loop import StopSignal
+    from spanlm.train.stop import StopSignal
 
     phases = plan(recipe)
     output = Path(recipe.train.output_dir)

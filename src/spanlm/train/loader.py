@@ -209,7 +209,7 @@ def _single(batch):
     return batch
 
 
-# The signals that stop a run (spanlm.train.loop.StopSignal). A job scheduler (Slurm's scancel, `timeout`,
+# The signals that stop a run (spanlm.train.stop.StopSignal). A job scheduler (Slurm's scancel, `timeout`,
 # `docker stop`) and a terminal's Ctrl-C send them to the whole process group, DataLoader workers included.
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 

@@ -1,0 +1,39 @@
+"""Stopping on a signal: SIGTERM (a job scheduler's stop) and SIGINT (^C) become a flag the loop reads after each
+step, so a run saves where it is and exits cleanly instead of dying mid-step."""
+
+from __future__ import annotations
+
+import signal
+
+
+class StopSignal:
+    """SIGTERM / SIGINT set a flag; the loop finishes the step, saves and exits cleanly.
+
+    Nested, an inner one (a run's) tells the outer ones (a curriculum's, between its runs) what it received and
+    starts with what they received before it: a stop is a stop of everything that runs, wherever it lands."""
+
+    def __init__(self):
+        self.received = None
+        self.previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.previous[sig] = signal.signal(sig, self._handle)
+            outer = getattr(self.previous[sig], "__self__", None)
+            if isinstance(outer, StopSignal) and outer.received is not None:
+                self.received = outer.received
+        return self
+
+    def note(self, name: str) -> None:
+        """Record a stop (a signal, or another rank's) here and in every outer StopSignal."""
+        self.received = name
+        outer = getattr(self.previous.get(signal.SIGTERM), "__self__", None)
+        if isinstance(outer, StopSignal):
+            outer.note(name)
+
+    def _handle(self, signum, frame):
+        self.note(signal.Signals(signum).name)
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
