@@ -62,6 +62,7 @@ def phased(prepared, out, *overrides):
         ("[{name: a, steps: 2}, {name: b, steps: 2, set: {masking.mlm.ratee: 0.2}}]", "phases[1] (b): unknown config"),
         ("[{name: a, steps: 2}, {name: b, steps: 2, set: {masking.mlm.rate: 1.5}}]", "phases[1] (b): config section"),
         ("[{name: a, steps: 2}, {name: b, steps: 2, set: {masking.span.max_targets: 20}}]", "max_targets cannot"),
+        ("[{name: a, steps: 2}, {name: b, steps: 2, set: {model.rope_theta: 1.6e5}}]", "(b): config section 'model'"),
         ("[{name: a, steps: 2}, {name: b, steps: 2, set: {data.max_len: 1024}}]", "phases[1] (b): data.max_len 1024"),
         (
             "[{name: a, steps: 2}, {name: b, steps: 2, set: {data.prepared_shards: [nowhere]}}]",
