@@ -21,6 +21,7 @@ from spanlm.evaluate.suite import TASK_KINDS, load_suite
 from spanlm.pretrain.recipe import load_recipe
 
 FIXTURES = REPO / "tests" / "fixtures" / "ner"
+QA_FIXTURES = REPO / "tests" / "fixtures" / "qa"
 
 
 def test_the_interval_is_scipys_paired_t_interval():
@@ -426,3 +427,49 @@ def test_a_test_split_is_scored_by_each_cells_final_model_and_reported_beside_de
     assert rows["tiny"]["seeds"]["0"] == next(c["test_score"] for c in results["cells"] if c["encoder"] == "tiny")
     assert rows["tiny"]["difference"]["interval"] is None  # one seed, no per-example test scores
     assert "## wnut-mini (test) (ner, f1), fine-tuned" in (out / "report.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    "kind, recipe, metric, data",
+    [
+        ("cls", "cls/sst2", "accuracy", {"data.train": str(REPO / "data/cls/sst2/dev.tsv"), "data.max_length": 32}),
+        (
+            "ner",
+            "ner/wnut17",
+            "f1",
+            {"data.train": str(FIXTURES / "wnut_train_mini.conll"), "data.max_len": 32, "data.stride": 8},
+        ),
+        (
+            "qa",
+            "qa/squad",
+            "f1",
+            {
+                "data.train": str(QA_FIXTURES / "squad_v2_sample.json"),
+                "data.max_length": 64,
+                "data.max_query_length": 16,
+                "data.doc_stride": 32,
+            },
+        ),
+    ],
+)
+def test_a_pretrained_encoder_and_its_random_twin_start_with_the_same_head(
+    kind, recipe, metric, data, tiny_encoder_dir, tmp_path
+):
+    """The paired comparison's promise: two encoders with the same seed draw the same initial head, though building
+    the random encoder draws from torch's generator first."""
+    import importlib
+
+    from spanlm.evaluate.cells import Cell, Encoder
+    from spanlm.train.dist import DistEnv
+
+    suite = {"tasks": [{"name": kind, "kind": kind, "recipe": recipe, "metric": metric, "settings": data}]}
+    suite["tasks"][0]["settings"] |= {"data.dev": data["data.train"], "train.device": "cpu", "train.batch_size": 4}
+    (path := tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite), encoding="utf-8")
+    (task,) = load_suite(str(path)).tasks
+    setup = getattr(importlib.import_module(f"spanlm.{kind}.task"), f"{kind}_setup")
+    heads = []
+    for random in (False, True):
+        cell = Cell(task, Encoder("e", tiny_encoder_dir, random), "fine-tuned", 3, tmp_path / str(random))
+        heads.append(setup(cell.recipe(), DistEnv(), log=lambda *_: None).objective.head.state_dict())
+    pretrained, fresh = heads
+    assert pretrained.keys() == fresh.keys() and all(torch.equal(pretrained[k], fresh[k]) for k in pretrained)
