@@ -248,6 +248,7 @@ def test_a_rerun_keeps_finished_cells_and_runs_only_what_changed(evaluated, tmp_
         ("out-is-an-encoder", "--out is the input"),
         ("encoder-in-the-cells", "--out holds the input"),
         ("windows-beyond-positions", "exceeds the"),
+        ("metric-not-scored", "metric cluener_macro_f1: its runs do not score it on"),
     ],
 )
 def test_bad_input_stops_before_any_cell_runs(case, expected, tiny_encoder_dir, tmp_path, capsys):
@@ -283,12 +284,37 @@ def test_bad_input_stops_before_any_cell_runs(case, expected, tiny_encoder_dir, 
         )
         raw["tasks"][0]["settings"]["data.max_len"] = positions + 1
         expected = f"data.max_len {positions + 1} exceeds the {positions} positions of encoder tiny"
+    elif case == "metric-not-scored":  # CLUENER's macro F1 of data in another format
+        raw["tasks"][0]["metric"] = "cluener_macro_f1"
     suite.write_text(yaml.safe_dump(raw), encoding="utf-8")
     code, out, err = run_eval([str(suite), "--encoders", *encoders, "--out", str(tmp_path / "out"), *extra], capsys)
     assert code == 2 and out is None
     assert len(err.strip().splitlines()) == 1 and expected in err and "Traceback" not in err
     assert not (tmp_path / "out").exists() or case == "encoder-in-the-cells"
     assert not list(tiny_encoder_dir.glob("results.json")) and not (tiny_encoder_dir / "cells").exists()
+
+
+def test_a_cls_metric_its_recipe_does_not_score_is_refused_before_any_cell_runs(tmp_path):
+    """A cls task scores its recipe's cls.metrics, else its benchmark's (SST-2: accuracy alone), else by its problem;
+    a metric beyond them would be found missing only once every cell had run."""
+
+    def load(metric: str, **settings):
+        task = {"name": "sst2", "kind": "cls", "recipe": "cls/sst2", "metric": metric, "settings": settings}
+        task["settings"] |= {
+            "data.train": str(REPO / "data/cls/sst2/dev.tsv"),
+            "data.dev": str(REPO / "data/cls/sst2/dev.tsv"),
+        }
+        (path := tmp_path / "suite.yaml").write_text(yaml.safe_dump({"tasks": [task]}), encoding="utf-8")
+        return load_suite(str(path))
+
+    for metric in ("f1", "matthews", "pearson"):
+        with pytest.raises(ConfigError, match=f"task sst2: metric {metric}: its runs do not score it on .* accuracy"):
+            load(metric)
+    (task,) = load("f1", **{"cls.metrics": ["accuracy", "f1"], "cls.positive_label": "1"}).tasks
+    assert task.score({"accuracy": 50.0, "f1": 40.0}) == 40.0
+    # Scores without the metric (a run of another recipe): the task and metric named, not a KeyError
+    with pytest.raises(ConfigError, match=r"task sst2: its runs' scores hold no f1 \(they hold \['accuracy'\]\)"):
+        task.score({"accuracy": 50.0})
 
 
 @pytest.mark.parametrize("name", sorted(path.stem for path in (REPO / "configs/eval").glob("*.yaml")))

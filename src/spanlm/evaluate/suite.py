@@ -90,6 +90,12 @@ class Task:
         """The task's metric in a run's final dev scores."""
         value = eval_json
         for key in TASK_KINDS[self.kind][2][self.metric][0]:
+            if not isinstance(value, dict) or key not in value:
+                # the suite's check should have refused such a metric; the finished cells stay for a rerun
+                raise ConfigError(
+                    f"task {self.name}: its runs' scores hold no {self.metric} (they hold {sorted(eval_json)}); "
+                    "name one of theirs as the task's metric and run the suite again"
+                )
             value = value[key]
         return float(value)
 
@@ -220,6 +226,16 @@ def _task(path: Path, index: int, entry: Any) -> Task:
         raise ConfigError(f"{where}: test is a data file (or hf:NAME), got {test!r}")
     if test and not test.startswith("hf:") and not Path(test).exists():
         raise InputError(f"{where}: test {test}: no such file or directory")
+    for split in [recipe.data.dev, *([test] if test else [])]:
+        try:
+            scored = _scored_metrics(kind, recipe, split)
+        except ConfigError as error:
+            raise ConfigError(f"{where}: {error}") from None
+        if entry["metric"] not in scored:
+            raise ConfigError(
+                f"{where}: metric {entry['metric']}: its runs do not score it on {split} (they score "
+                f"{', '.join(sorted(scored))})"
+            )
     check = importlib.import_module(DATA_CHECKS[kind]).check_data
     # every split read as its cells will read it (a dataset: at its cell): a missing column or a wrong format
     # stops the suite here; the test split as the dev set is read
@@ -231,3 +247,18 @@ def _task(path: Path, index: int, entry: Any) -> Task:
         except (InputError, ConfigError) as error:
             raise type(error)(f"{where}: {error}") from None
     return Task(name, kind, entry["metric"], tuple(arms), recipe, source, test or None)
+
+
+def _scored_metrics(kind: str, recipe, data: str) -> set[str]:
+    """The metrics a run of ``recipe`` reports on ``data`` (its dev set, or a test split that `spanlm KIND eval`
+    scores): the keys of its eval.json (``TASK_KINDS``' names)."""
+    if kind == "cls":  # the recipe's cls.metrics, else its benchmark's, else by the problem
+        from spanlm.cls.task import is_regression, resolve_metrics
+
+        return set(resolve_metrics(recipe, is_regression(recipe)))
+    if kind == "ner":  # CLUENER's macro F1 only for data in its format
+        from spanlm.ner.data import input_format
+
+        cluener = input_format(data, recipe.data) == "cluener"
+        return {"precision", "recall", "f1", *(["cluener_macro_f1"] if cluener else [])}
+    return set(TASK_KINDS[kind][2])
