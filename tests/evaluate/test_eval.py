@@ -249,6 +249,8 @@ def test_a_rerun_keeps_finished_cells_and_runs_only_what_changed(evaluated, tmp_
         ("encoder-in-the-cells", "--out holds the input"),
         ("windows-beyond-positions", "exceeds the"),
         ("metric-not-scored", "metric cluener_macro_f1: its runs do not score it on"),
+        ("recipe-not-yaml", "recipe.yaml:2: not valid YAML (mapping values are not allowed here)"),
+        ("recipe-not-a-mapping", "recipe.yaml: a recipe is a mapping of sections, got list"),
     ],
 )
 def test_bad_input_stops_before_any_cell_runs(case, expected, tiny_encoder_dir, tmp_path, capsys):
@@ -284,6 +286,10 @@ def test_bad_input_stops_before_any_cell_runs(case, expected, tiny_encoder_dir, 
         )
         raw["tasks"][0]["settings"]["data.max_len"] = positions + 1
         expected = f"data.max_len {positions + 1} exceeds the {positions} positions of encoder tiny"
+    elif case in ("recipe-not-yaml", "recipe-not-a-mapping"):
+        recipe = tmp_path / "recipe.yaml"
+        recipe.write_text("data:\n  train: a: b\n" if case == "recipe-not-yaml" else "- data\n", encoding="utf-8")
+        raw["tasks"][0]["recipe"] = str(recipe)
     elif case == "metric-not-scored":  # CLUENER's macro F1 of data in another format
         raw["tasks"][0]["metric"] = "cluener_macro_f1"
     suite.write_text(yaml.safe_dump(raw), encoding="utf-8")

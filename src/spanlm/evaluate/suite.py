@@ -129,7 +129,7 @@ def load_suite(name_or_path: str, settings: dict | None = None) -> Suite:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as error:
-        raise InputError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+        raise InputError(f"{path}{_yaml_error(error)}") from None
     if not isinstance(raw, dict):
         raise InputError(f"{path}: a suite is a mapping with 'tasks' (and 'seeds', 'baseline')")
     unknown = sorted(set(raw) - SUITE_KEYS)
@@ -159,6 +159,13 @@ def load_suite(name_or_path: str, settings: dict | None = None) -> Suite:
     if baseline is not None and not isinstance(baseline, str):
         raise ConfigError(f"{path}: baseline must be an encoder name, got {baseline!r}")
     return Suite(path, describe(path), tuple(seeds), baseline, parsed)
+
+
+def _yaml_error(error: yaml.YAMLError) -> str:
+    """``:LINE: not valid YAML (what)``, to follow a file's name."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    return f"{f':{mark.line + 1}' if mark else ''}: not valid YAML ({problem})"
 
 
 def _task(path: Path, index: int, entry: Any) -> Task:
@@ -200,8 +207,16 @@ def _task(path: Path, index: int, entry: Any) -> Task:
         except InputError as error:
             raise InputError(f"{where}: recipe {error}") from None
     else:
-        text = with_embedded_data_paths(find_recipe(source).path.read_text(encoding="utf-8"), shipped_root())
-    data = yaml.safe_load(text) or {}
+        recipe_path = find_recipe(source).path
+        text = with_embedded_data_paths(recipe_path.read_text(encoding="utf-8"), shipped_root())
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise InputError(f"{where}: recipe {recipe_path}{_yaml_error(error)}") from None
+    if data is None:  # an empty recipe: the defaults
+        data = {}
+    if not isinstance(data, dict):
+        raise InputError(f"{where}: recipe {recipe_path}: a recipe is a mapping of sections, got {type(data).__name__}")
     for key, value in settings.items():
         *sections, last = str(key).split(".")
         node = data
