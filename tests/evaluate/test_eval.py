@@ -251,6 +251,9 @@ def test_a_rerun_keeps_finished_cells_and_runs_only_what_changed(evaluated, tmp_
         ("metric-not-scored", "metric cluener_macro_f1: its runs do not score it on"),
         ("recipe-not-yaml", "recipe.yaml:2: not valid YAML (mapping values are not allowed here)"),
         ("recipe-not-a-mapping", "recipe.yaml: a recipe is a mapping of sections, got list"),
+        ("kind-a-list", "unknown kind ['ner']"),
+        ("metric-a-list", "metric is one of ['cluener_macro_f1', 'f1', 'precision', 'recall'], got ['f1']"),
+        ("arms-of-lists", "arms must list one or both of ['fine-tuned', 'frozen'], got [['fine-tuned']]"),
     ],
 )
 def test_bad_input_stops_before_any_cell_runs(case, expected, tiny_encoder_dir, tmp_path, capsys):
@@ -290,6 +293,9 @@ def test_bad_input_stops_before_any_cell_runs(case, expected, tiny_encoder_dir, 
         recipe = tmp_path / "recipe.yaml"
         recipe.write_text("data:\n  train: a: b\n" if case == "recipe-not-yaml" else "- data\n", encoding="utf-8")
         raw["tasks"][0]["recipe"] = str(recipe)
+    elif case in ("kind-a-list", "metric-a-list", "arms-of-lists"):
+        key = case.split("-")[0]
+        raw["tasks"][0][key] = [raw["tasks"][0][key]]
     elif case == "metric-not-scored":  # CLUENER's macro F1 of data in another format
         raw["tasks"][0]["metric"] = "cluener_macro_f1"
     suite.write_text(yaml.safe_dump(raw), encoding="utf-8")

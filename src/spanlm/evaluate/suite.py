@@ -187,13 +187,19 @@ def _task(path: Path, index: int, entry: Any) -> Task:
     where = f"{path}: task {name}"
     if not name.replace("-", "").replace("_", "").isalnum():
         raise ConfigError(f"{where}: a task name is letters, digits, '-' and '_' (it names folders)")
-    if kind not in TASK_KINDS:
+    if not isinstance(kind, str) or kind not in TASK_KINDS:
         raise ConfigError(f"{where}: unknown kind {kind!r}; one of {sorted(TASK_KINDS)}")
     module, class_name, metrics = TASK_KINDS[kind]
-    if entry["metric"] not in metrics:
+    if not isinstance(entry["metric"], str) or entry["metric"] not in metrics:
         raise ConfigError(f"{where}: a {kind} task's metric is one of {sorted(metrics)}, got {entry['metric']!r}")
     arms = entry.get("arms", ["fine-tuned"])
-    if not (isinstance(arms, list) and arms and set(arms) <= set(ARMS) and len(set(arms)) == len(arms)):
+    if not (
+        isinstance(arms, list)
+        and arms
+        and all(isinstance(arm, str) for arm in arms)
+        and set(arms) <= set(ARMS)
+        and len(set(arms)) == len(arms)
+    ):
         raise ConfigError(f"{where}: arms must list one or both of {list(ARMS)}, got {arms!r}")
     settings = entry.get("settings") or {}
     if not isinstance(settings, dict):
