@@ -225,7 +225,8 @@ def test_a_rerun_keeps_finished_cells_and_runs_only_what_changed(evaluated, tmp_
     # A failing cell is reported, and the others go on (here: kept).
     broken = tmp_path / "broken"
     broken.mkdir()
-    (broken / "config.json").write_text("{}", encoding="utf-8")  # passes the check; training fails on it
+    # a model config, so it passes the check; training fails on it (no weights)
+    (broken / "config.json").write_text('{"model_type": "bert"}', encoding="utf-8")
     code, printed, err = run_eval([*changed, "--encoders", *arguments[2:4], f"broken={broken}"], capsys)
     assert code == 1 and printed["failed"] == 1 and "2 of 3 cells already finished" in err and "FAILED" in err
     results = json.loads((out / "results.json").read_text(encoding="utf-8"))
@@ -249,6 +250,9 @@ def test_a_rerun_keeps_finished_cells_and_runs_only_what_changed(evaluated, tmp_
         ("encoder-in-the-cells", "--out holds the input"),
         ("windows-beyond-positions", "exceeds the"),
         ("metric-not-scored", "metric cluener_macro_f1: its runs do not score it on"),
+        ("encoder-config-not-json", "config.json:1:2: not valid JSON"),
+        ("encoder-config-a-list", "config.json: not a Hugging Face model config (a JSON object with a 'model_type')"),
+        ("encoder-config-no-model-type", "config.json: not a Hugging Face model config"),
         ("recipe-not-yaml", "recipe.yaml:2: not valid YAML (mapping values are not allowed here)"),
         ("recipe-not-a-mapping", "recipe.yaml: a recipe is a mapping of sections, got list"),
         ("kind-a-list", "unknown kind ['ner']"),
@@ -280,7 +284,7 @@ def test_bad_input_stops_before_any_cell_runs(case, expected, tiny_encoder_dir, 
     elif case == "encoder-in-the-cells":
         inside = tmp_path / "out" / "cells" / "encoder"
         inside.mkdir(parents=True)
-        (inside / "config.json").write_text("{}", encoding="utf-8")
+        (inside / "config.json").write_text('{"model_type": "bert"}', encoding="utf-8")
         encoders[1] = f"random=random:{inside}"
     elif case == "windows-beyond-positions":
         positions = json.loads((tiny_encoder_dir / "config.json").read_text(encoding="utf-8"))
@@ -296,6 +300,13 @@ def test_bad_input_stops_before_any_cell_runs(case, expected, tiny_encoder_dir, 
     elif case in ("kind-a-list", "metric-a-list", "arms-of-lists"):
         key = case.split("-")[0]
         raw["tasks"][0][key] = [raw["tasks"][0][key]]
+    elif case.startswith("encoder-config-"):
+        broken = tmp_path / "broken"
+        broken.mkdir()
+        config = {"not-json": "{oops", "a-list": "[]", "no-model-type": '{"hidden_size": 32}'}[case[15:]]
+        (broken / "config.json").write_text(config, encoding="utf-8")
+        encoders[1] = f"random=random:{broken}"
+        expected = f"--encoders random=random:{broken}: {broken / 'config.json'}" + expected[len("config.json") :]
     elif case == "metric-not-scored":  # CLUENER's macro F1 of data in another format
         raw["tasks"][0]["metric"] = "cluener_macro_f1"
     suite.write_text(yaml.safe_dump(raw), encoding="utf-8")

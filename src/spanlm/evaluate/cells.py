@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from spanlm.config import save_config, to_dict
-from spanlm.errors import ConfigError, InputError, require_directory
+from spanlm.errors import ConfigError, InputError, read_text, require_directory
 from spanlm.evaluate import launch
 from spanlm.evaluate.suite import WINDOW_KEYS, Suite, Task
 
@@ -57,6 +57,7 @@ def parse_encoders(specs: list[str]) -> list[Encoder]:
         require_directory(path, f"--encoders {spec}")
         if not (path / "config.json").is_file():
             raise InputError(f"--encoders {spec}: {path}: not a Hugging Face model directory (no config.json)")
+        read_model_config(path, f"--encoders {spec}")
         encoders.append(Encoder(name, path, random))
     names = [encoder.name for encoder in encoders]
     repeated = sorted({name for name in names if names.count(name) > 1})
@@ -67,6 +68,21 @@ def parse_encoders(specs: list[str]) -> list[Encoder]:
     return encoders
 
 
+def read_model_config(directory: Path, given: str) -> dict:
+    """``directory``'s config.json, a JSON object naming its ``model_type`` (what every cell's encoder is built
+    from: refused here rather than in each cell); ``given``: the option that named the directory."""
+    path = directory / "config.json"
+    try:
+        config = json.loads(read_text(path))
+    except InputError as error:  # not UTF-8 text
+        raise InputError(f"{given}: {error}") from None
+    except json.JSONDecodeError as error:
+        raise InputError(f"{given}: {path}:{error.lineno}:{error.colno}: not valid JSON: {error.msg}") from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise InputError(f"{given}: {path}: not a Hugging Face model config (a JSON object with a 'model_type')")
+    return config
+
+
 def check_windows(suite: Suite, encoders: list[Encoder]) -> None:
     """Refuse, before any cell runs, a task whose windows are longer than an encoder can number: each of its
     cells would fail once started (a CharBERT export has 64 positions, the shipped NER recipes 128-token
@@ -74,7 +90,7 @@ def check_windows(suite: Suite, encoders: list[Encoder]) -> None:
     from spanlm.models.backbone import config_max_sequence_length
 
     for encoder in encoders:
-        config = json.loads((encoder.path / "config.json").read_text(encoding="utf-8"))
+        config = read_model_config(encoder.path, f"--encoders {encoder.name}")
         positions = config_max_sequence_length(config)
         if positions is None:
             continue
