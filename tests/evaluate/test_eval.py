@@ -227,7 +227,7 @@ def test_a_rerun_keeps_finished_cells_and_runs_only_what_changed(evaluated, tmp_
     broken.mkdir()
     # a model config, so it passes the check; training fails on it (no weights)
     (broken / "config.json").write_text('{"model_type": "bert"}', encoding="utf-8")
-    code, printed, err = run_eval([*changed, "--encoders", *arguments[2:4], f"broken={broken}"], capsys)
+    code, printed, err = run_eval([*changed, "--encoders", f"broken={broken}"], capsys)  # added to the two
     assert code == 1 and printed["failed"] == 1 and "2 of 3 cells already finished" in err and "FAILED" in err
     results = json.loads((out / "results.json").read_text(encoding="utf-8"))
     statuses = {cell["encoder"]: cell.get("status", "scored") for cell in results["cells"]}
@@ -250,6 +250,10 @@ def test_a_rerun_keeps_finished_cells_and_runs_only_what_changed(evaluated, tmp_
         ("encoder-in-the-cells", "--out holds the input"),
         ("windows-beyond-positions", "exceeds the"),
         ("metric-not-scored", "metric cluener_macro_f1: its runs do not score it on"),
+        ("same-name-in-two-options", "each encoder needs its own name, ['tiny'] repeat"),
+        ("seeds-in-two-options", "--seeds must name different non-negative seeds, got [0, 1, 0]"),
+        ("baselines-in-two-options", "name one baseline for all encoders, got ['tiny', 'random']"),
+        ("seeds-true", "seeds must be a list of one or more non-negative integers, got [True]"),
         ("encoder-config-not-json", "config.json:1:2: not valid JSON"),
         ("encoder-config-a-list", "config.json: not a Hugging Face model config (a JSON object with a 'model_type')"),
         ("encoder-config-no-model-type", "config.json: not a Hugging Face model config"),
@@ -307,6 +311,14 @@ def test_bad_input_stops_before_any_cell_runs(case, expected, tiny_encoder_dir, 
         (broken / "config.json").write_text(config, encoding="utf-8")
         encoders[1] = f"random=random:{broken}"
         expected = f"--encoders random=random:{broken}: {broken / 'config.json'}" + expected[len("config.json") :]
+    elif case == "same-name-in-two-options":  # --encoders given twice: both lists
+        encoders[1:] = ["--encoders", f"tiny=random:{tiny_encoder_dir}"]
+    elif case == "seeds-in-two-options":
+        extra = ["--seeds", "0", "1", "--seeds", "0"]
+    elif case == "baselines-in-two-options":
+        extra = ["--baseline", "tiny", "--baseline", "random"]
+    elif case == "seeds-true":  # YAML's true, which Python counts as the integer 1
+        raw["seeds"] = [True]
     elif case == "metric-not-scored":  # CLUENER's macro F1 of data in another format
         raw["tasks"][0]["metric"] = "cluener_macro_f1"
     suite.write_text(yaml.safe_dump(raw), encoding="utf-8")

@@ -49,6 +49,7 @@ def add_eval_command(commands) -> None:
     command.add_argument(
         "--encoders",
         nargs="+",
+        action="extend",  # given twice, both lists: the duplicate checks see every name
         required=True,
         metavar="NAME=DIR",
         help="the encoders to compare: NAME=DIR (a Hugging Face encoder directory: a spanlm export, a hub "
@@ -58,6 +59,7 @@ def add_eval_command(commands) -> None:
         "--seeds",
         type=number(int, minimum=0, setting="seed"),
         nargs="+",
+        action="extend",
         default=None,
         metavar="SEED",
         help="default: the suite's",
@@ -65,6 +67,7 @@ def add_eval_command(commands) -> None:
     command.add_argument(
         "--baseline",
         nargs="+",
+        action="extend",
         default=None,
         metavar="NAME",
         help="the encoder compared against (default: the suite's, else the first random:); ENCODER=NAME gives "

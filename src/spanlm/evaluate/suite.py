@@ -136,7 +136,8 @@ def load_suite(name_or_path: str, settings: dict | None = None) -> Suite:
     if unknown:
         raise ConfigError(f"{path}: unknown suite key(s) {unknown}; a suite has {sorted(SUITE_KEYS)}")
     seeds = raw.get("seeds", [0])
-    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) and s >= 0 for s in seeds)):
+    # type(s) is int: YAML's true is a bool, which Python counts as an int
+    if not (isinstance(seeds, list) and seeds and all(type(s) is int and s >= 0 for s in seeds)):
         raise ConfigError(f"{path}: seeds must be a list of one or more non-negative integers, got {seeds!r}")
     if len(set(seeds)) < len(seeds):
         raise ConfigError(f"{path}: seeds must be different, got {seeds}")
