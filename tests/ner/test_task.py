@@ -179,3 +179,17 @@ def test_setup_errors(tiny_encoder_dir, sentences_file, tmp_path):
         train_ner(
             recipe(tiny_encoder_dir, sentences_file, tmp_path / "r4", "data.labels=[LOC, ORG]"), log=lambda *_: None
         )
+
+
+def test_the_data_check_takes_the_labels_of_the_documents_trained_on(sentences_file, tmp_path):
+    """`spanlm eval`'s check of a task reads the label set as its runs do: from the first data.train_docs only."""
+    from spanlm.ner.task import check_data
+
+    check_data(recipe("unused", sentences_file, tmp_path / "r1"))
+    with pytest.raises(InputError, match="unknown label 'ORG'"):  # the first two sentences: LOC and PER only
+        check_data(recipe("unused", sentences_file, tmp_path / "r2", "data.train_docs=2"))
+    quiet = tmp_path / "quiet_first.jsonl"
+    lines = sentences_file.read_text(encoding="utf-8").splitlines()
+    quiet.write_text("\n".join([lines[4], *lines]) + "\n", encoding="utf-8")  # "Nothing happened today ." first
+    with pytest.raises(InputError, match=r"no entity in the training file \(data.train_docs: its first 1\)"):
+        check_data(recipe("unused", quiet, tmp_path / "r3", "data.train_docs=1"))

@@ -78,12 +78,24 @@ def read_split(path: str, recipe: NerRecipe, name: str, labels: list[str] | None
     return documents
 
 
-def check_data(recipe: NerRecipe) -> None:
-    """Read ``data.train`` and ``data.dev`` as :func:`ner_setup` reads them (the label set from the training
-    documents where the recipe names none): what `spanlm eval` checks of every task before any cell runs."""
-    quiet = lambda *_: None  # noqa: E731
-    train_docs = read_split(recipe.data.train, recipe, "train", recipe.data.labels, quiet)
+def read_training(recipe: NerRecipe, log) -> tuple[list[NerDocument], list[str]]:
+    """The documents a run trains on (the first ``data.train_docs``) and its label set: the recipe's, else theirs."""
+    train_docs = read_split(recipe.data.train, recipe, "train", recipe.data.labels, log)
+    train_docs = train_docs[: recipe.data.train_docs or None]
     labels = recipe.data.labels if recipe.data.labels is not None else label_set(train_docs)
+    if not labels:
+        first = f" (data.train_docs: its first {recipe.data.train_docs})" if recipe.data.train_docs else ""
+        raise InputError(
+            f"{recipe.data.train}: no entity in the training file{first}, so no label set; list them in data.labels"
+        )
+    return train_docs, labels
+
+
+def check_data(recipe: NerRecipe) -> None:
+    """Read ``data.train`` and ``data.dev`` as :func:`ner_setup` reads them (the label set from the documents
+    trained on where the recipe names none): what `spanlm eval` checks of every task before any cell runs."""
+    quiet = lambda *_: None  # noqa: E731
+    _, labels = read_training(recipe, quiet)
     read_split(recipe.data.dev, recipe, "dev", labels, quiet)
 
 
@@ -98,13 +110,7 @@ def ner_setup(
     "dev". ``start`` changes nothing here: the windows are read the same however the run starts.
     """
 
-    train_docs = read_split(recipe.data.train, recipe, "train", recipe.data.labels, log)  # data errors first
-    train_docs = train_docs[: recipe.data.train_docs or None]
-    labels = recipe.data.labels if recipe.data.labels is not None else label_set(train_docs)
-    if not labels:
-        raise InputError(
-            f"{recipe.data.train}: no entity in the training file, so no label set; list them in data.labels"
-        )
+    train_docs, labels = read_training(recipe, log)  # data errors first
     torch.manual_seed(recipe.seed)  # the same seed on every rank gives identical head weights
     encoder = load_encoder(recipe.model)
     log(describe_start(recipe.model))
