@@ -488,6 +488,14 @@ def test_a_test_split_is_scored_by_each_cells_final_model_and_reported_beside_de
     assert rows["tiny"]["seeds"]["0"] == next(c["test_score"] for c in results["cells"] if c["encoder"] == "tiny")
     assert rows["tiny"]["difference"]["interval"] is None  # one seed, no per-example test scores
     assert "## wnut-mini (test) (ner, f1), fine-tuned" in (out / "report.md").read_text(encoding="utf-8")
+    # Another test split: the kept cells' models scored on it, not the earlier split's scores reported under it
+    raw["tasks"][0]["test"] = str(FIXTURES / "wnut_dev_mini.conll")
+    suite.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    code, _, err = run_eval(arguments, capsys)
+    assert code == 0 and "2 of 2 cells already finished" in err
+    for cell in json.loads((out / "results.json").read_text(encoding="utf-8"))["cells"]:
+        test = json.loads((Path(cell["directory"]) / "test.json").read_text(encoding="utf-8"))
+        assert test["data"] == raw["tasks"][0]["test"] and cell["test_score"] == test["micro"]["f1"]
 
 
 @pytest.mark.parametrize(

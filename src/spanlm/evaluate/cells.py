@@ -291,7 +291,7 @@ class CellRunner:
         if outcome.scores is None or self.stopped:
             return outcome
         test = cell.directory / TEST_FILE
-        if cell.task.test and not test.is_file():
+        if cell.task.test and _scored_data(test) != cell.task.test:  # none yet, or of a split the task no longer names
             qa = cell.task.kind == "qa"  # qa eval prints its scores; the others write them to --output
             error = self._evaluate(cell, cell.task.test, [] if qa else ["--output", str(test)], test if qa else None)
             if error:
@@ -343,6 +343,14 @@ def cell_environment(threads: int | None) -> dict[str, str]:
     if threads is not None and not environment.get("OMP_NUM_THREADS", "").strip():
         environment["OMP_NUM_THREADS"] = str(threads)
     return environment
+
+
+def _scored_data(scores: Path) -> str | None:
+    """The data a scores file of `spanlm KIND eval` was scored on (its "data"), None where there is none."""
+    try:
+        return json.loads(scores.read_text(encoding="utf-8"))["data"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _last_line(log: Path) -> str:
