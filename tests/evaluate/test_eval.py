@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -234,6 +235,28 @@ def test_a_rerun_keeps_finished_cells_and_runs_only_what_changed(evaluated, tmp_
     assert statuses == {"tiny": "scored", "random": "scored", "broken": "failed"}
     failed = next(cell for cell in results["cells"] if cell["encoder"] == "broken")
     assert (Path(failed["directory"]) / "log.txt").is_file() and failed["error"].startswith("exit ")
+
+
+def test_a_cell_is_the_same_under_another_spelling_of_out_or_of_its_encoders_path(
+    tiny_encoder_dir, tmp_path, monkeypatch
+):
+    """A relative or absolute --out, or encoder path, names the same cells (kept on a rerun); another encoder
+    directory, even a copy with the same files and times, is another cell."""
+    from spanlm.evaluate.cells import parse_encoders, plan_cells
+
+    suite = load_suite(str(quick_suite(tmp_path)))
+    monkeypatch.chdir(tiny_encoder_dir.parent)
+
+    def fingerprint(encoder: Path, out: Path) -> str:
+        (cell,) = plan_cells(suite, parse_encoders([f"tiny={encoder}"]), (0,), out)
+        return cell.fingerprint()
+
+    relative = Path(tiny_encoder_dir.name)
+    assert fingerprint(tiny_encoder_dir, tmp_path / "out") == fingerprint(
+        relative, Path(os.path.relpath(tmp_path / "out"))
+    )
+    copy = shutil.copytree(tiny_encoder_dir, tmp_path / "copy")  # the same names, sizes and modification times
+    assert fingerprint(copy, tmp_path / "out") != fingerprint(tiny_encoder_dir, tmp_path / "out")
 
 
 @pytest.mark.parametrize(
