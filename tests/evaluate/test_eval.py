@@ -259,6 +259,38 @@ def test_a_cell_is_the_same_under_another_spelling_of_out_or_of_its_encoders_pat
     assert fingerprint(copy, tmp_path / "out") != fingerprint(tiny_encoder_dir, tmp_path / "out")
 
 
+@pytest.mark.parametrize("stopping", [True, False])
+def test_a_cell_ended_by_the_suites_stop_as_it_starts_is_not_run_not_failed(stopping, tiny_encoder_dir, tmp_path):
+    """A stop that reaches a cell before its run handles signals kills it (exit -15): not run, as a cell the stop
+    kept from starting; the same exit without a stop is a failure."""
+    import signal
+
+    from spanlm.evaluate.cells import CellRunner, parse_encoders, plan_cells
+    from spanlm.evaluate.verdict import verdict
+
+    suite = load_suite(str(quick_suite(tmp_path)))
+    encoders = parse_encoders([f"tiny={tiny_encoder_dir}"])
+    (cell,) = plan_cells(suite, encoders, (0,), tmp_path / "out")
+    runner = CellRunner(1, 1, log=lambda *_: None)
+
+    class Killed:  # a cell's process the SIGTERM ends while it starts
+        pid = 1
+
+        def wait(self):
+            runner.stopped = "SIGTERM" if stopping else None
+            return -signal.SIGTERM
+
+    def start(cell, command, stdout=None):
+        (cell.directory / "log.txt").write_text("Terminated\n", encoding="utf-8")
+        return Killed()
+
+    runner._start = start
+    outcome = runner._run_one(cell, force=False)
+    (record,) = verdict(suite, encoders, {"tiny": "tiny"}, (0,), [outcome])["cells"]
+    assert record["status"] == ("not run" if stopping else "failed")
+    assert (outcome.error is None) == stopping
+
+
 @pytest.mark.parametrize(
     "case, expected",
     [

@@ -278,6 +278,8 @@ class CellRunner:
         with self.lock:
             del self.running[process.pid]
         seconds = time.monotonic() - clock
+        if returncode in STOPPED_EXITS and self.stopped:
+            return Outcome(cell, None, seconds)  # the suite's stop reached it before its run could save: not run
         if returncode != 0:
             return Outcome(cell, None, seconds, error=f"exit {returncode}: {_last_line(cell.directory / LOG_FILE)}")
         scores = finished_scores(cell)
@@ -334,6 +336,9 @@ class CellRunner:
 
 
 LOG_FILE = "log.txt"  # each of a cell's commands, then its output
+# How a cell ends when a stop reaches it before its run handles signals (while it starts): killed by the SIGTERM
+# the suite passes on, or spanlm's exit code for a ^C (sent to the whole process group)
+STOPPED_EXITS = (-signal.SIGTERM, -signal.SIGINT, 130)
 # Written by a scored cell where asked: its final model's scores on the task's test split; its dev predictions
 TEST_FILE = "test.json"
 PREDICTIONS_FILE = "predictions.jsonl"
