@@ -291,6 +291,14 @@ def test_a_cell_ended_by_the_suites_stop_as_it_starts_is_not_run_not_failed(stop
     assert (outcome.error is None) == stopping
 
 
+def test_the_html_report_keeps_every_row_but_the_tables_header_rule():
+    from spanlm.evaluate.verdict import _page
+
+    page = _page("# Suite\n\n| encoder | f1 |\n|---|:---:|\n| my---enc | 1.00 |\n| --- | 2.00 |", "", {})
+    assert "<th>encoder</th>" in page and "<td>my---enc</td><td>1.00</td>" in page and "<td>---</td>" in page
+    assert page.count("<tr>") == 3
+
+
 @pytest.mark.parametrize(
     "case, expected",
     [

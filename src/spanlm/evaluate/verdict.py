@@ -222,7 +222,7 @@ def _page(table: str, image: str, results: dict) -> str:
     for block in table.strip().split("\n\n"):
         rows = block.splitlines()
         if rows[0].startswith("|"):
-            cells = [[html.escape(c.strip()) for c in row.strip("|").split("|")] for row in rows if "---" not in row]
+            cells = [[html.escape(c.strip()) for c in row.strip("|").split("|")] for row in rows if not _rule(row)]
             head = "".join(f"<th>{c}</th>" for c in cells[0])
             rest = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in cells[1:])
             body.append(f"<table><tr>{head}</tr>{rest}</table>")
@@ -239,6 +239,11 @@ def _page(table: str, image: str, results: dict) -> str:
         + "\n".join(body[:1] + [image] + body[1:])
         + "\n"
     )
+
+
+def _rule(row: str) -> bool:
+    """Whether a pipe table's row is the line under its header (``|---|---|``), not a row of cells."""
+    return all(cell.strip() and set(cell.strip()) <= set("-:") for cell in row.strip().strip("|").split("|"))
 
 
 def _plot(results: dict, path: Path) -> Path | None:
