@@ -605,3 +605,22 @@ def test_a_pretrained_encoder_and_its_random_twin_start_with_the_same_head(
         heads.append(setup(cell.recipe(), DistEnv(), log=lambda *_: None).objective.head.state_dict())
     pretrained, fresh = heads
     assert pretrained.keys() == fresh.keys() and all(torch.equal(pretrained[k], fresh[k]) for k in pretrained)
+
+
+@pytest.mark.slow
+def test_a_qa_cells_predictions_are_json_lines(tiny_encoder_dir, tmp_path, capsys):
+    """--keep-predictions for QA: predictions.jsonl holds one {"id", "answer"} line per dev question (qa eval's
+    --predictions is one JSON object, the official scripts' input)."""
+    squad = QA_FIXTURES / "squad_v2_sample.json"
+    settings = {"data.train": str(squad), "data.dev": str(squad), "data.max_length": 64, "data.max_query_length": 16}
+    settings |= {"data.doc_stride": 32, "train.max_steps": 2, "train.batch_size": 4, "train.warmup_steps": 0}
+    settings |= {"train.eval_every": 0, "train.save_every": 2, "train.num_workers": 0, "train.device": "cpu"}
+    task = {"name": "squad-mini", "kind": "qa", "recipe": "qa/squad", "metric": "f1", "settings": settings}
+    (suite := tmp_path / "suite.yaml").write_text(yaml.safe_dump({"seeds": [0], "tasks": [task]}), encoding="utf-8")
+    arguments = [str(suite), "--encoders", f"tiny={tiny_encoder_dir}", "--out", str(tmp_path / "out")]
+    code, _, err = run_eval([*arguments, "--keep-predictions"], capsys)
+    assert code == 0, err
+    (cell,) = json.loads((tmp_path / "out" / "results.json").read_text(encoding="utf-8"))["cells"]
+    lines = [json.loads(line) for line in (Path(cell["directory"]) / "predictions.jsonl").read_text().splitlines()]
+    questions = [q["id"] for a in json.loads(squad.read_text())["data"] for p in a["paragraphs"] for q in p["qas"]]
+    assert [line["id"] for line in lines] == questions and all(isinstance(line["answer"], str) for line in lines)

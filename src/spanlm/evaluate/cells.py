@@ -28,6 +28,7 @@ from spanlm.config import save_config, to_dict
 from spanlm.errors import ConfigError, InputError, read_text, require_directory
 from spanlm.evaluate import launch
 from spanlm.evaluate.suite import WINDOW_KEYS, Suite, Task
+from spanlm.files import write_text_atomically
 
 RANDOM_PREFIX = "random:"  # NAME=random:DIR: DIR's architecture and tokenizer, freshly initialised
 
@@ -306,10 +307,20 @@ class CellRunner:
             outcome = dataclasses.replace(outcome, test_scores=json.loads(test.read_text(encoding="utf-8")))
         predictions = cell.directory / PREDICTIONS_FILE
         if self.keep_predictions and not predictions.is_file():
-            scores = ["--output", str(cell.directory / "predictions-scores.json")] if cell.task.kind != "qa" else []
-            error = self._evaluate(cell, cell.task.recipe.data.dev, ["--predictions", str(predictions), *scores], None)
+            qa = cell.task.kind == "qa"  # qa eval writes {question id: answer}, one JSON object: made lines below
+            written = cell.directory / "predictions-answers.json" if qa else predictions
+            scores = [] if qa else ["--output", str(cell.directory / "predictions-scores.json")]
+            error = self._evaluate(cell, cell.task.recipe.data.dev, ["--predictions", str(written), *scores], None)
             if error:
                 return dataclasses.replace(outcome, error=f"its predictions: {error}")
+            if qa:
+                answers = json.loads(written.read_text(encoding="utf-8"))
+                lines = [
+                    json.dumps({"id": question, "answer": answer}, ensure_ascii=False)
+                    for question, answer in answers.items()
+                ]
+                write_text_atomically(predictions, "".join(line + "\n" for line in lines))
+                written.unlink()
         return outcome
 
     def _evaluate(self, cell: Cell, data: str, options: list[str], stdout_to: Path | None) -> str | None:
