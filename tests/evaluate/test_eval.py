@@ -321,6 +321,7 @@ def test_the_html_report_keeps_every_row_but_the_tables_header_rule():
         ("encoder-config-a-list", "config.json: not a Hugging Face model config (a JSON object with a 'model_type')"),
         ("encoder-config-no-model-type", "config.json: not a Hugging Face model config"),
         ("recipe-not-yaml", "recipe.yaml:2: not valid YAML (mapping values are not allowed here)"),
+        ("recipe-not-shipped", "suite.yaml: task wnut-mini: no recipe named 'ner/wnut71'"),
         ("recipe-not-a-mapping", "recipe.yaml: a recipe is a mapping of sections, got list"),
         ("kind-a-list", "unknown kind ['ner']"),
         ("metric-a-list", "metric is one of ['cluener_macro_f1', 'f1', 'precision', 'recall'], got ['f1']"),
@@ -360,6 +361,8 @@ def test_bad_input_stops_before_any_cell_runs(case, expected, tiny_encoder_dir, 
         )
         raw["tasks"][0]["settings"]["data.max_len"] = positions + 1
         expected = f"data.max_len {positions + 1} exceeds the {positions} positions of encoder tiny"
+    elif case == "recipe-not-shipped":
+        raw["tasks"][0]["recipe"] = "ner/wnut71"
     elif case in ("recipe-not-yaml", "recipe-not-a-mapping"):
         recipe = tmp_path / "recipe.yaml"
         recipe.write_text("data:\n  train: a: b\n" if case == "recipe-not-yaml" else "- data\n", encoding="utf-8")

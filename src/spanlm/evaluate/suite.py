@@ -214,7 +214,10 @@ def _task(path: Path, index: int, entry: Any) -> Task:
         except InputError as error:
             raise InputError(f"{where}: recipe {error}") from None
     else:
-        recipe_path = find_recipe(source).path
+        try:
+            recipe_path = find_recipe(source).path
+        except InputError as error:
+            raise InputError(f"{where}: {error}") from None
         text = with_embedded_data_paths(recipe_path.read_text(encoding="utf-8"), shipped_root())
     try:
         data = yaml.safe_load(text)
