@@ -36,14 +36,24 @@ def keeping_curriculum(recipe, build_setup):
 
 
 def read_curriculum(run_dir: str | Path) -> list | None:
-    """The phases of the run in ``run_dir`` (:class:`spanlm.pretrain.phases.Phase`: name, steps, settings) from its
-    ``curriculum.yaml``; None for a run without one (not phased, or from before runs kept it). A damaged file is
-    one line naming it (a ConfigError)."""
-    from spanlm.pretrain.phases import plan
-    from spanlm.pretrain.recipe import load_recipe
+    """The phases of the run in ``run_dir`` (:class:`spanlm.pretrain.phases.Phase`: name, steps, settings; no resolved
+    recipe) from its ``curriculum.yaml``; None for a run without one (not phased, or from before runs kept it). Read
+    as written, without the load-time checks of a recipe about to run (its shards or checkpoint may be gone since);
+    a damaged file is one line naming it (a ConfigError)."""
+    from spanlm.config import from_dict, read_yaml
+    from spanlm.errors import ConfigError
+    from spanlm.pretrain.phases import Phase, PhaseConfig
 
     path = Path(run_dir) / CURRICULUM
     if not path.is_file():
         return None
-    recipe = load_recipe(path)
-    return plan(recipe) if recipe.phases else None
+    entries = read_yaml(path).get("phases") or []
+    try:
+        configs = [from_dict(PhaseConfig, entry) for entry in entries]
+    except (ConfigError, ValueError, TypeError, AttributeError) as error:
+        raise ConfigError(f"{path}: phases: {error}") from None
+    phases, start = [], 0
+    for index, config in enumerate(configs):
+        phases.append(Phase(index, config, start, start + config.steps, None))
+        start += config.steps
+    return phases or None
