@@ -166,19 +166,20 @@ def test_the_index_is_written_at_prepare_time_and_memory_mapped(embedded_prepare
     reference = build_block_index(np.asarray(corpus.sentence_offsets), np.asarray(corpus.document_offsets), 126)
     index = BlockDataset(corpus, max_len=128).index  # data.max_len's default: written by prepare
     assert isinstance(index, np.memmap) and np.array_equal(index, reference)
-    # another max_len: built in memory in document runs (small runs here) until shared, then mapped
+    # another max_len: built in memory in document runs (small runs here) until shared, then mapped; in a copy of
+    # the session's corpus without the indexes other tests' runs shared into it
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in embedded_prepared.iterdir():
+        if name.is_file() and (not name.name.startswith("block_index-") or name.name == block_index_file(128)):
+            (copy / name.name).symlink_to(name)
+    corpus_copy = PreparedCorpus(copy)
     monkeypatch.setattr(blocks_module, "INDEX_CHUNK_SENTENCES", 7)
-    in_memory = load_block_index(corpus, 40)
+    in_memory = load_block_index(corpus_copy, 40)
     assert not isinstance(in_memory, np.memmap)
     assert np.array_equal(
         in_memory, build_block_index(np.asarray(corpus.sentence_offsets), np.asarray(corpus.document_offsets), 38)
     )
-    copy = tmp_path / "copy"
-    copy.mkdir()
-    for name in embedded_prepared.iterdir():
-        if name.is_file():
-            (copy / name.name).symlink_to(name)
-    corpus_copy = PreparedCorpus(copy)
     share_block_index(corpus_copy, 40, log=print)
     assert np.array_equal(np.load(copy / block_index_file(40), mmap_mode="r"), in_memory)
     assert [p.name for p in copy.iterdir() if p.name.startswith(".")] == []
