@@ -259,6 +259,29 @@ def test_a_cell_is_the_same_under_another_spelling_of_out_or_of_its_encoders_pat
     assert fingerprint(copy, tmp_path / "out") != fingerprint(tiny_encoder_dir, tmp_path / "out")
 
 
+def test_an_edited_training_or_dev_file_makes_another_cell(tiny_encoder_dir, tmp_path):
+    """A task's data file changed in place (its size or modification time) is another cell, run again on a rerun,
+    not a finished one kept with scores of the old data."""
+    from spanlm.evaluate.cells import parse_encoders, plan_cells
+
+    train, dev = tmp_path / "train.conll", tmp_path / "dev.conll"
+    shutil.copy(FIXTURES / "wnut_train_mini.conll", train)
+    shutil.copy(FIXTURES / "wnut_dev_mini.conll", dev)
+    suite = load_suite(str(quick_suite(tmp_path, **{"data.train": str(train), "data.dev": str(dev)})))
+
+    def fingerprint() -> str:
+        (cell,) = plan_cells(suite, parse_encoders([f"tiny={tiny_encoder_dir}"]), (0,), tmp_path / "out")
+        return cell.fingerprint()
+
+    before = fingerprint()
+    assert fingerprint() == before
+    for edited in (train, dev):
+        stat = edited.stat()
+        os.utime(edited, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+        assert fingerprint() != before
+        before = fingerprint()
+
+
 @pytest.mark.parametrize("stopping", [True, False])
 def test_a_cell_ended_by_the_suites_stop_as_it_starts_is_not_run_not_failed(stopping, tiny_encoder_dir, tmp_path):
     """A stop that reaches a cell before its run handles signals kills it (exit -15): not run, as a cell the stop

@@ -135,15 +135,18 @@ class Cell:
         return recipe
 
     def fingerprint(self) -> str:
-        """What decides the cell's result: its whole recipe and the encoder directory's files (name, size and
+        """What decides the cell's result: its whole recipe, the encoder directory's files (name, size and
         modification time; random init reads the architecture and tokenizer only, but a changed directory may
-        have changed them). The recipe with the encoder's path resolved and without its output directory: another
+        have changed them) and its training and dev files' (an edited file is another cell, not a kept one scored on
+        the old data). The recipe with the encoder's path resolved and without its output directory: another
         spelling of ``--out`` or of the encoder's path is the same cell."""
         recipe = to_dict(self.recipe())
         del recipe["train"]["output_dir"]
         recipe["model"]["path"] = str(self.encoder.path.resolve())
         digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode())
-        for file in sorted(p for p in self.encoder.path.iterdir() if p.is_file()):
+        data = [Path(recipe["data"][key]) for key in ("train", "dev") if isinstance(recipe["data"].get(key), str)]
+        files = sorted(p for p in self.encoder.path.iterdir() if p.is_file()) + [p for p in data if p.is_file()]
+        for file in files:
             stat = file.stat()
             digest.update(f"{file.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
         return digest.hexdigest()[:16]
