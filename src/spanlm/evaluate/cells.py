@@ -14,6 +14,7 @@ encoders on a CPU use one thread best, side by side. On a GPU they run one after
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -137,19 +138,32 @@ class Cell:
     def fingerprint(self) -> str:
         """What decides the cell's result: its whole recipe, the encoder directory's files (name, size and
         modification time; random init reads the architecture and tokenizer only, but a changed directory may
-        have changed them) and its training and dev files' (an edited file is another cell, not a kept one scored on
-        the old data). The recipe with the encoder's path resolved and without its output directory: another
+        have changed them) and its training and dev files' contents (an edited file is another cell, not a kept one
+        scored on the old data). The recipe with the encoder's path resolved and without its output directory: another
         spelling of ``--out`` or of the encoder's path is the same cell."""
         recipe = to_dict(self.recipe())
         del recipe["train"]["output_dir"]
         recipe["model"]["path"] = str(self.encoder.path.resolve())
         digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode())
-        data = [Path(recipe["data"][key]) for key in ("train", "dev") if isinstance(recipe["data"].get(key), str)]
-        files = sorted(p for p in self.encoder.path.iterdir() if p.is_file()) + [p for p in data if p.is_file()]
-        for file in files:
+        for file in sorted(p for p in self.encoder.path.iterdir() if p.is_file()):
             stat = file.stat()
             digest.update(f"{file.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+        for key in ("train", "dev"):  # by content: a script that writes the same data again keeps its cells
+            path = recipe["data"].get(key)
+            if isinstance(path, str) and Path(path).is_file():
+                stat = Path(path).stat()
+                digest.update(f"{key}\0{content_digest(path, stat.st_size, stat.st_mtime_ns)}\0".encode())
         return digest.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=None)
+def content_digest(path: str, size: int, modified_ns: int) -> str:
+    """A file's SHA-256, read once per (path, size, modification time) in a process: every cell of a task shares it."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def plan_cells(suite: Suite, encoders: list[Encoder], seeds: tuple[int, ...], out: Path) -> list[Cell]:
