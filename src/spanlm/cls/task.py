@@ -142,9 +142,6 @@ def cls_setup(
     log(describe_start(recipe.model))
     check_max_length(encoder, data.max_length, "data.max_length", recipe.model.path)
     featurizer = encoder_featurizer(encoder)
-    # Again: a random encoder drew from the generator; seeded here, the head is the same for a pretrained encoder
-    # and its random init (spanlm eval's paired comparison)
-    torch.manual_seed(recipe.seed)
     objective = ClsObjective(encoder, task.labels, recipe.cls.pooling)
     packed = resolve_packing(data.packing, objective, env.packs_by_default, recipe.train.compile, log)
     # What the setup resolved goes into a copy (the run's config.yaml and the export record it), not into the recipe.

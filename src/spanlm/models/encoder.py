@@ -112,7 +112,16 @@ def reinitialise_top_layers(encoder: nn.Module, count: int) -> None:
 
 
 def load_encoder(config: EncoderConfig) -> nn.Module:
-    """The encoder (with ``.tokenizer``, ``.hidden_size``, ``forward(batch)``) in ``config.path``."""
+    """The encoder (with ``.tokenizer``, ``.hidden_size``, ``forward(batch)``) in ``config.path``.
+
+    Loading draws from a copy of torch's generator and leaves the generator as it found it: a random init (or
+    re-initialised layers) draws its weights and a pretrained load draws nothing that a task's head would then miss,
+    so for a seed a pretrained encoder and its random init get the same head (`spanlm eval`'s paired comparison)."""
+    with torch.random.fork_rng(devices=[]):
+        return _load_encoder(config)
+
+
+def _load_encoder(config: EncoderConfig) -> nn.Module:
     if not config.path:
         raise ConfigError("model.path is required: a Hugging Face checkpoint directory or a spanlm export")
     directory = Path(config.path)

@@ -116,9 +116,6 @@ def ner_setup(
     log(describe_start(recipe.model))
     check_max_length(encoder, recipe.data.max_len, "data.max_len", recipe.model.path)
     featurizer = encoder_featurizer(encoder)
-    # Again: a random encoder drew from the generator; seeded here, the head is the same for a pretrained encoder
-    # and its random init (spanlm eval's paired comparison)
-    torch.manual_seed(recipe.seed)
     objective = NerObjective(encoder, len(labels), recipe.ner)
     packing = resolve_packing(recipe.data.packing, objective, env.packs_by_default, recipe.train.compile, log)
     recipe = dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, labels=list(labels), packing=packing))

@@ -82,9 +82,6 @@ def qa_setup(
     encoder = load_encoder(recipe.model)
     log(describe_start(recipe.model))
     check_max_length(encoder, data.max_length, "data.max_length", recipe.model.path)
-    # Again: a random encoder drew from the generator; seeded here, the head is the same for a pretrained encoder
-    # and its random init (spanlm eval's paired comparison)
-    torch.manual_seed(recipe.seed)
     objective = QAObjective(encoder)
     tokenizer = encoder.tokenizer
     train_examples = read_split(data.train, recipe, "train", log)
