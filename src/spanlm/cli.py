@@ -96,7 +96,7 @@ def _preview(args: argparse.Namespace) -> int:
         from spanlm.errors import ConfigError
         from spanlm.pretrain.phases import phase_at
 
-        last = sum(phase.steps for phase in recipe.phases)
+        last = recipe.train.max_steps  # the phases' steps
         if not 1 <= step <= last:
             raise ConfigError(f"--step {step}: the phases train steps 1–{last}")
         phase = phase_at(recipe, step - 1)  # phase_at counts the steps done before, from 0

@@ -75,6 +75,15 @@ def test_a_phase_that_cannot_run_is_refused_at_load_naming_it(embedded_prepared,
         embedded_recipe("mlm", embedded_prepared, tmp_path / "run", "train.schedule=wsd", f"phases={phases}")
 
 
+def test_a_model_path_whose_config_is_not_json_is_left_to_the_runs_own_load(embedded_prepared, tmp_path):
+    """The load-time check of a later phase's block length reads model.path's config.json; one that is not JSON is
+    not that check's to report (it used to refuse the recipe with the JSON parser's words as if the recipe's)."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("not json", encoding="utf-8")
+    recipe = phased(embedded_prepared, tmp_path / "run", f"model.path={tmp_path / 'model'}")
+    assert [p.recipe.data.max_len for p in plan(recipe)] == [32, 48, 48]
+
+
 def test_a_stated_max_steps_must_be_the_phases(embedded_prepared, tmp_path):
     with pytest.raises(ConfigError, match="a phased run's length is its phases' steps \\(10\\)"):
         phased(embedded_prepared, tmp_path / "run", "train.max_steps=7")

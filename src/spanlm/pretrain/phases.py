@@ -180,8 +180,11 @@ def position_limit(recipe, phase: Phase) -> int | None:
     set_here = any("model.max_position_embeddings" in p.set for p in recipe.phases[: phase.index + 1])
     if model.path is None or set_here:
         return model.max_position_embeddings
-    config = Path(model.path) / "config.json"
-    return config_max_sequence_length(json.loads(config.read_text(encoding="utf-8"))) if config.is_file() else None
+    try:
+        config = json.loads((Path(model.path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # no readable config: the run's own load of model.path says what is wrong
+        return None
+    return config_max_sequence_length(config) if isinstance(config, dict) else None
 
 
 def plan(recipe) -> list[Phase]:

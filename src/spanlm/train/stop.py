@@ -15,21 +15,21 @@ class StopSignal:
     def __init__(self):
         self.received = None
         self.previous = {}
+        self.outer: StopSignal | None = None  # the one whose handlers this one's replaced
 
     def __enter__(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.previous[sig] = signal.signal(sig, self._handle)
-            outer = getattr(self.previous[sig], "__self__", None)
-            if isinstance(outer, StopSignal) and outer.received is not None:
-                self.received = outer.received
+        outer = getattr(self.previous[signal.SIGTERM], "__self__", None)
+        if isinstance(outer, StopSignal):
+            self.outer, self.received = outer, outer.received
         return self
 
     def note(self, name: str) -> None:
         """Record a stop (a signal, or another rank's) here and in every outer StopSignal."""
         self.received = name
-        outer = getattr(self.previous.get(signal.SIGTERM), "__self__", None)
-        if isinstance(outer, StopSignal):
-            outer.note(name)
+        if self.outer is not None:
+            self.outer.note(name)
 
     def _handle(self, signum, frame):
         self.note(signal.Signals(signum).name)
