@@ -1,7 +1,9 @@
 """Benchmark: packed against padded batches (spanlm.data.packing), pretraining and NER fine-tuning, in one process.
 
 Pretraining: the three English books of the embedded corpus (data/corpus) prepared with a WordPiece
-tokenizer of 8,000 entries, blocks of ``max_len`` = each of ``--seqs``; a BERT MLM (hidden 256, 4 layers,
+tokenizer of 8,000 entries, blocks of ``max_len`` = each of ``--seqs``; a BERT MLM (``--family deberta-v2``: a
+DeBERTa-V3, whose packed stream runs every layer on its tokens and the attention on its blocks laid out in rows,
+spanlm.models.packed_deberta) (hidden 256, 4 layers,
 4 heads, intermediate 1024, dropout 0.1; ``--small``: hidden 32, 2 layers) trained with spanlm's own
 objective, fused AdamW, with the CPU backend as the trainer applies it (``--accel``, ``train.accel``). Both
 sides get the SAME blocks and masks: the batches of ``--batch`` blocks that
@@ -77,6 +79,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=["auto", "off"],
         default="auto",
         help="spanlm's CPU backend on both sides (train.accel; auto: as the trainer runs on a CPU)",
+    )
+    parser.add_argument(
+        "--family",
+        choices=["bert", "deberta-v2"],
+        default="bert",
+        help="the pretraining model's family (deberta-v2: DeBERTa-V3's layout, its attention laid out per segment)",
     )
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--small", action="store_true", help="a tiny model and a few steps (a smoke run)")
@@ -180,7 +188,7 @@ def pretraining(corpus, seq: int, args) -> dict:
         Recipe,
         {
             "data": {"prepared_dir": str(corpus.directory), "max_len": seq},
-            "model": {**model_sizes(args.small), "max_position_embeddings": seq},
+            "model": {**model_sizes(args.small), "max_position_embeddings": seq, "family": args.family},
             "objective": {"name": "mlm"},
             "masking": {"scheme": "mlm"},
         },
@@ -321,6 +329,7 @@ def main(argv=None) -> None:
             "threads": torch.get_num_threads(),
             "clock": args.clock,
             "accel": args.accel,
+            "family": args.family,
             "batch": args.batch,
             "pretraining": {str(seq): pretraining(corpus, seq, args) for seq in seqs},
         }

@@ -127,3 +127,29 @@ def test_the_trainer_puts_it_in_on_cuda_only(device, mode, fused):
     model, _ = models(V3)
     accel.apply(model, torch.device(device), mode)
     assert isinstance(model.encoder.layer[0].attention.self, FusedDisentangledSelfAttention) == fused
+
+
+@pytest.mark.parametrize("layout", [V3, V2_BOTH], ids=["v3", "v2-both"])
+def test_a_packed_stream_projects_once_and_attends_as_transformers_per_segment(layout):
+    """A packed stream (spanlm.models.packed_deberta): the fused class lays out only the queries, keys and values,
+    and gives the outputs and gradients of transformers' attention run on the segments' rows."""
+    from spanlm.models.packed import encoder_states
+
+    theirs, ours = models(layout)
+    ids = torch.randint(5, 100, (1, 30), generator=torch.Generator().manual_seed(4))
+    ids[0, 12:14] = 0  # padding after the first block: a segment of its own
+    real = (ids != 0).long()
+    positions = torch.tensor([[*range(12), 1, 1, *range(9), *range(7)]])
+    bounds = torch.tensor([0, 12, 14, 23, 30], dtype=torch.int32)
+    weights = torch.randn(1, 30, 32, generator=torch.Generator().manual_seed(3)) * real[..., None]
+    outputs = []
+    for model in (theirs, ours):
+        model.train()
+        hidden = encoder_states(model, ids, real, positions, cu_seq_lens=bounds, max_seq_len=12)
+        (hidden * weights).sum().backward()
+        outputs.append(hidden[real.bool()])
+    assert isinstance(ours.encoder.layer[0].attention.self, FusedDisentangledSelfAttention)  # not switched back
+    torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=1e-5)
+    for (name, a), (_, b) in zip(theirs.named_parameters(), ours.named_parameters()):
+        if a.grad is not None:
+            torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=name)

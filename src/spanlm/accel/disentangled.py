@@ -34,6 +34,7 @@ from torch import Tensor
 from transformers.models.deberta_v2.modeling_deberta_v2 import DisentangledSelfAttention, make_log_bucket_position
 
 from spanlm.accel.subclasses import use_subclasses
+from spanlm.models.packed_deberta import PackedDisentangledSelfAttention, SegmentLayout
 
 
 def _relative_buckets(length: int, span: int, buckets: int, max_position: int, device: torch.device) -> Tensor:
@@ -51,8 +52,9 @@ def _pair_index(offsets: Tensor, length: int) -> Tensor:
     return offsets[positions[:, None] - positions[None, :] + length - 1]
 
 
-class FusedDisentangledSelfAttention(DisentangledSelfAttention):
-    """transformers' ``DisentangledSelfAttention`` computed by one fused attention call (module docstring)."""
+class FusedDisentangledSelfAttention(PackedDisentangledSelfAttention):
+    """transformers' ``DisentangledSelfAttention`` computed by one fused attention call (module docstring); given a
+    packed stream's :class:`SegmentLayout`, it projects the stream and lays out only the queries, keys and values."""
 
     def forward(
         self,
@@ -63,26 +65,31 @@ class FusedDisentangledSelfAttention(DisentangledSelfAttention):
         relative_pos=None,
         rel_embeddings=None,
     ):
-        length = hidden_states.shape[1]
-        if output_attentions or (query_states is not None and query_states.shape[1] != length):
+        layout = attention_mask if isinstance(attention_mask, SegmentLayout) else None
+        if layout is None and (
+            output_attentions or (query_states is not None and query_states.shape[1] != hidden_states.shape[1])
+        ):
             return super().forward(
                 hidden_states, attention_mask, output_attentions, query_states, relative_pos, rel_embeddings
             )
         if query_states is None:
             query_states = hidden_states
         heads = self.num_attention_heads
-        # (B, L, H·d) → (B, H, L, d)
-        query = self.query_proj(query_states).unflatten(-1, (heads, -1)).transpose(1, 2)
-        key = self.key_proj(hidden_states).unflatten(-1, (heads, -1)).transpose(1, 2)
-        value = self.value_proj(hidden_states).unflatten(-1, (heads, -1)).transpose(1, 2)
+        # (B, L, H·d) → (B, L, H, d)
+        query = self.query_proj(query_states).unflatten(-1, (heads, -1))
+        key = self.key_proj(hidden_states).unflatten(-1, (heads, -1))
+        value = self.value_proj(hidden_states).unflatten(-1, (heads, -1))
+        if layout is not None:  # the stream (1, T, H, d) → its segments one per row (S, W, H, d)
+            query, key, value = (layout.pad(x[0]) for x in (query, key, value))
+            attention_mask = layout.attention_mask()
+        query, key, value = (x.transpose(1, 2) for x in (query, key, value))  # (B, H, L, d)
+        length = query.shape[2]
         factor = 1 + ("c2p" in self.pos_att_type) + ("p2c" in self.pos_att_type)
         scale = 1.0 / (query.shape[-1] * factor) ** 0.5
         c2p = p2c = offsets = None
         if self.relative_attention:
             span = self.pos_ebd_size
-            offsets = _relative_buckets(
-                length, span, self.position_buckets, self.max_relative_positions, hidden_states.device
-            )
+            offsets = _relative_buckets(length, span, self.position_buckets, self.max_relative_positions, query.device)
             rel = self.pos_dropout(rel_embeddings)[: 2 * span]  # (2k, hidden)
             if "c2p" in self.pos_att_type:
                 projection = self.key_proj if self.share_att_key else self.pos_key_proj
@@ -98,7 +105,8 @@ class FusedDisentangledSelfAttention(DisentangledSelfAttention):
             context = _flex(query, key, value, mask, c2p, p2c, offsets, scale)
         else:
             context = _sdpa(query, key, value, mask, c2p, p2c, offsets, scale, dropout)
-        return context.transpose(1, 2).flatten(2), None  # (B, L, H·d)
+        context = context.transpose(1, 2).flatten(2)  # (B, L, H·d)
+        return (context, None) if layout is None else (layout.unpad(context)[None], None)
 
 
 def _sdpa(query, key, value, mask, c2p, p2c, offsets, scale: float, dropout: float) -> Tensor:
@@ -155,7 +163,10 @@ def _flex(query, key, value, mask, c2p, p2c, offsets, scale: float) -> Tensor:
     )
 
 
-FUSED = {DisentangledSelfAttention: FusedDisentangledSelfAttention}
+FUSED = {
+    DisentangledSelfAttention: FusedDisentangledSelfAttention,
+    PackedDisentangledSelfAttention: FusedDisentangledSelfAttention,
+}
 
 
 def use_fused_disentangled_attention(model) -> None:

@@ -46,6 +46,7 @@ from spanlm.models.packed import (
     per_block_attention,
     varlen_attention,
 )
+from spanlm.models.packed_deberta import use_packed_disentangled_attention
 
 # (query, key, value (T, heads, d), bounds (S + 1,) int32, longest: int, dropout: float, scale, window) →
 # (T, heads, d); window: a query sees the keys of its segment at distance ≤ window (None: all of them)
@@ -242,9 +243,11 @@ def register_packed_attention() -> None:
 def use_packed_attention(model: nn.Module) -> None:
     """Set every encoder of ``model`` that takes packed streams (:data:`spanlm.models.packed.ATTENTION_FAMILIES`) to
     ``"spanlm_varlen"`` unless it has a varlen implementation of its own (``flash_attention_2`` / ``_3``), in
-    place: parameters, state-dict keys and the saved config are unchanged."""
+    place: parameters, state-dict keys and the saved config are unchanged. DeBERTa-V2's attention modules are
+    switched to take the packed layout in place of their mask (spanlm.models.packed_deberta)."""
     from transformers import PreTrainedModel
 
+    use_packed_disentangled_attention(model)
     register_packed_attention()
     for module in model.modules():
         if (

@@ -29,9 +29,9 @@ Padded batches take SDPA either way.
 Padding inside a stream (CharBERT's one pad between blocks) forms segments of its own, so no block sees it.
 
 DeBERTa-V2 / V3 computes disentangled relative-position scores over a whole row and transformers has no
-variable-length path for it, so its packed batch is run padded: cut back into one segment per row for the
-encoder, its states gathered back into the stream (exact and sync-free, but no faster: ``data.packing: auto``
-pads it).
+variable-length path for it: its stream runs through spanlm's loop over the model's own modules
+(:mod:`spanlm.models.packed_deberta`), every layer on the stream's tokens and the attention alone on the segments
+laid out one per row (exact and sync-free; ``data.packing: auto`` pads it, ``true`` packs it).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from spanlm.errors import ConfigError
 
 # One copy of the bounds' derivation: the CharBERT modeling file, which imports nothing of spanlm, holds it.
 from spanlm.models.modeling_charbert import varlen_arguments
+from spanlm.models.packed_deberta import packed_deberta_states
 
 VARLEN_ATTENTION = "spanlm_varlen"
 # transformers' implementations that take cu_seq_lens_q / k themselves.
@@ -56,7 +57,7 @@ VARLEN_FAMILIES = ("bert", "roberta", "electra")  # their models pass the varlen
 # their sliding window, which every packed path keeps inside its block.
 MODERN_FAMILIES = ("modernbert", "eurobert")
 ATTENTION_FAMILIES = (*VARLEN_FAMILIES, *MODERN_FAMILIES)  # their attention function gets the varlen arguments
-PACKABLE_FAMILIES = (*ATTENTION_FAMILIES, "deberta-v2")  # DeBERTa-V2: run padded inside the encoder
+PACKABLE_FAMILIES = (*ATTENTION_FAMILIES, "deberta-v2")  # DeBERTa-V2: its attention laid out per segment
 
 
 def expand_key_heads(x: Tensor, heads: int) -> Tensor:
@@ -206,51 +207,25 @@ def encoder_states(
     if position_ids is None or position_ids.numel() == 0:
         return model(input_ids=input_ids, attention_mask=attention_mask.long(), **extra).last_hidden_state
     if model.config.model_type not in ATTENTION_FAMILIES:
-        return repadded_states(model, input_ids, attention_mask, position_ids, token_type_ids, cu_seq_lens, max_seq_len)
+        return packed_deberta_states(
+            model, input_ids, attention_mask, position_ids, token_type_ids, cu_seq_lens, max_seq_len
+        )
     use_varlen_attention(model)
     if model.config.model_type == "eurobert":  # no token types
         extra = {}
     elif model.config.model_type == "modernbert":  # no token types; it builds a (T, T) mask per layer type unless
         extra = {"attention_mask": {"full_attention": None, "sliding_attention": None}}  # handed the mapping
+    elif model.config._attn_implementation == VARLEN_ATTENTION:
+        # Given positions and no mask, transformers' mask builder looks for packed sequences in the positions (a
+        # host read) and builds a (T, T) mask of them; a 4-D mask it passes on as it is, and the varlen attention
+        # reads the bounds, not a mask.
+        extra["attention_mask"] = input_ids.new_ones((1, 1, 1, 1), dtype=torch.bool)
     return model(
         input_ids=input_ids,
         position_ids=encoder_positions(model, position_ids),
         **extra,
         **varlen_arguments(position_ids, attention_mask, cu_seq_lens, max_seq_len),
     ).last_hidden_state
-
-
-def repadded_states(
-    model,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    position_ids: Tensor,
-    token_type_ids: Tensor | None = None,
-    cu_seq_lens: Tensor | None = None,
-    max_seq_len: int | None = None,
-) -> Tensor:
-    """A packed stream's states (R, W, H) computed one segment per row: for encoders without a varlen path.
-
-    The rows are the segments of ``cu_seq_lens`` (S + 1,), ``max_seq_len`` wide (the batch's, else derived from
-    the positions): S and the width are host values the batch carries, so the layout is device operations only,
-    no host read. A padding segment is a row of padding (its states are never read)."""
-    bounds = varlen_arguments(position_ids, attention_mask, cu_seq_lens, max_seq_len)
-    segments, length = bounds["cu_seq_lens_q"].long(), bounds["max_length_q"]
-    rows = segments.shape[0] - 1
-    position = torch.arange(input_ids.numel(), device=input_ids.device)  # (T,)
-    segment = torch.searchsorted(segments[1:], position, right=True)  # (T,) each token's segment
-    padded = segment * length + position - segments[segment]  # (T,) its flat position in the (S, length) layout
-
-    def one_segment_per_row(values: Tensor, fill: int) -> Tensor:
-        return values.new_full((rows * length,), fill).index_copy(0, padded, values.flatten()).view(rows, length)
-
-    extra = {} if token_type_ids is None else {"token_type_ids": one_segment_per_row(token_type_ids, 0)}
-    hidden = model(
-        input_ids=one_segment_per_row(input_ids, model.config.pad_token_id or 0),
-        attention_mask=one_segment_per_row(attention_mask.long(), 0),
-        **extra,
-    ).last_hidden_state  # (S, length, H)
-    return hidden.flatten(0, 1)[padded].view(*input_ids.shape, -1)  # indexing: see unpack_rows
 
 
 def unpack_rows(hidden: Tensor, unpack_index: Tensor) -> Tensor:
@@ -271,9 +246,9 @@ def resolve_packing(
     """``data.packing`` as a run uses it. "auto" is ``packs_by_default`` — the device's choice, which its speed
     backend makes (spanlm.accel.varlen.packs_by_default, handed to the setups by the trainer) — where every
     encoder has a varlen path, and false for an objective or encoder that cannot be packed; true for one is
-    refused. Under ``compiled`` (train.compile), true is false where an encoder would be padded again inside the
-    step (DeBERTa-V2): torch.compile's inductor fails on that layout on CUDA, and packing such an encoder gains
-    nothing; ``log`` gets one line saying so."""
+    refused. Under ``compiled`` (train.compile), true is false where an encoder's attention is laid out per segment
+    inside the step (DeBERTa-V2): torch.compile's inductor failed on CUDA on the layout of a stream padded again,
+    and this one has not been compiled on CUDA yet; ``log`` gets one line saying so."""
     if setting is False:
         return False
     encoders = [module for module in objective.modules() if isinstance(module, PreTrainedModel)]
@@ -290,12 +265,12 @@ def resolve_packing(
             raise
         return False
     if setting is True:
-        repadded = sorted({e.config.model_type for e in encoders if e.config.model_type not in ATTENTION_FAMILIES})
-        if compiled and repadded:
+        per_segment = sorted({e.config.model_type for e in encoders if e.config.model_type not in ATTENTION_FAMILIES})
+        if compiled and per_segment:
             if log is not None:
                 log(
-                    f"data.packing: true runs padded under train.compile: {', '.join(repadded)} has no varlen path "
-                    "(its packed stream is padded again inside the step, which torch.compile fails to compile on CUDA)"
+                    f"data.packing: true runs padded under train.compile: {', '.join(per_segment)} has no varlen path "
+                    "(its attention is laid out per segment inside the step, not yet compiled on CUDA)"
                 )
             return False
         return True
