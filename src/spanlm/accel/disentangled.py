@@ -81,7 +81,7 @@ class FusedDisentangledSelfAttention(PackedDisentangledSelfAttention):
         value = self.value_proj(hidden_states).unflatten(-1, (heads, -1))
         if layout is not None:  # the stream (1, T, H, d) → its segments one per row (S, W, H, d)
             query, key, value = (layout.pad(x[0]) for x in (query, key, value))
-            attention_mask = layout.attention_mask()
+            attention_mask = layout.attention_mask
         query, key, value = (x.transpose(1, 2) for x in (query, key, value))  # (B, H, L, d)
         length = query.shape[2]
         factor = 1 + ("c2p" in self.pos_att_type) + ("p2c" in self.pos_att_type)

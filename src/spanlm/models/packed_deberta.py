@@ -32,6 +32,8 @@ class SegmentLayout(NamedTuple):
     slots: Tensor  # (S·W,) the stream position each place of the layout holds; T (a zero row appended) past its end
     places: Tensor  # (T,) each stream token's flat place in the layout
     tokens: Tensor  # (S, W) bool: the places that hold a token (not padding of the stream, not past a segment)
+    # (S, 1, W, W): query and key both tokens, as DebertaV2Encoder.get_attention_mask builds it for padded rows
+    attention_mask: Tensor
     rows: int
     width: int
 
@@ -43,10 +45,6 @@ class SegmentLayout(NamedTuple):
     def unpad(self, values: Tensor) -> Tensor:
         """(S, W, ...) → (T, ...): each stream token's row back."""
         return values.flatten(0, 1)[self.places]
-
-    def attention_mask(self) -> Tensor:
-        """(S, 1, W, W): query and key both tokens, as ``DebertaV2Encoder.get_attention_mask`` builds it for rows."""
-        return (self.tokens[:, None, :, None] & self.tokens[:, None, None, :]).to(torch.uint8)
 
 
 def segment_layout(
@@ -64,7 +62,9 @@ def segment_layout(
     inside = slot < starts[1:, None]
     slots = torch.where(inside, slot, total).flatten()
     real = torch.cat([attention_mask.flatten().bool(), attention_mask.new_zeros(1, dtype=torch.bool)])
-    return SegmentLayout(slots, places, real[slots].view(rows, width), rows, width)
+    tokens = real[slots].view(rows, width)
+    pairs = (tokens[:, None, :, None] & tokens[:, None, None, :]).to(torch.uint8)
+    return SegmentLayout(slots, places, tokens, pairs, rows, width)
 
 
 class PackedDisentangledSelfAttention(DisentangledSelfAttention):
@@ -86,7 +86,7 @@ class PackedDisentangledSelfAttention(DisentangledSelfAttention):
             )
         layout = attention_mask
         rows = layout.pad(hidden_states[0])  # (S, W, H)
-        context, _ = super().forward(rows, layout.attention_mask(), rel_embeddings=rel_embeddings)
+        context, _ = super().forward(rows, layout.attention_mask, rel_embeddings=rel_embeddings)
         return layout.unpad(context)[None], None  # (1, T, H)
 
 
