@@ -49,7 +49,8 @@ def deberta(layout: dict) -> DebertaV2Model:
 def stream(blocks=BLOCKS, pad_after_first: int = 2):
     """A packed stream (1, T) of ``blocks`` with a run of padding after the first (a segment of its own)."""
     ids = [*blocks[0], *[0] * pad_after_first, *[t for block in blocks[1:] for t in block]]
-    positions = [*range(len(blocks[0])), *[1] * pad_after_first, *[p for block in blocks[1:] for p in range(len(block))]]
+    later = [p for block in blocks[1:] for p in range(len(block))]
+    positions = [*range(len(blocks[0])), *[1] * pad_after_first, *later]
     lengths = [len(blocks[0]), pad_after_first, *map(len, blocks[1:])]
     bounds = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     ids = torch.tensor([ids])
@@ -65,11 +66,7 @@ def test_each_block_gets_its_states_and_gradients_alone(layout):
     packed = encoder_states(ours, ids, real, positions, cu_seq_lens=bounds, max_seq_len=longest)
     (packed * weights).sum().backward()
     tokens = real[0].bool()
-    alone, start = [], 0
-    for block in BLOCKS:
-        hidden = theirs(input_ids=torch.tensor([block])).last_hidden_state[0]
-        alone.append(hidden)
-    expected = torch.cat(alone)
+    expected = torch.cat([theirs(input_ids=torch.tensor([block])).last_hidden_state[0] for block in BLOCKS])
     (expected * weights[0][tokens]).sum().backward()
     torch.testing.assert_close(packed[0][tokens], expected, atol=1e-5, rtol=1e-5)
     for (name, a), (_, b) in zip(theirs.named_parameters(), ours.named_parameters()):
