@@ -18,6 +18,18 @@ def cells_environment() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
+@pytest.fixture(autouse=True)
+def own_server(monkeypatch):
+    """Each test starts this process's fork server itself: a test file run earlier in the same worker (a `spanlm
+    eval` or demo run in-process) may have started it with another environment, which these commands cannot be
+    forked from; that one is put back afterwards, this one let go (its stdin closed: it ends)."""
+    monkeypatch.setattr(launch, "_running", None)
+    yield
+    if launch._running is not None:
+        launch._running.process.stdin.close()
+        launch._running.process.wait(timeout=60)
+
+
 def test_a_command_runs_forked_from_the_preloaded_server_with_its_exit_code_and_output(tmp_path):
     log, printed = tmp_path / "log.txt", tmp_path / "stdout.txt"
     listing = launch.start(["recipes", "list"], cells_environment(), log, printed)
