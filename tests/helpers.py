@@ -337,3 +337,54 @@ def forbid_deriving_segment_bounds(monkeypatch) -> None:
         raise AssertionError("a packed batch's segment bounds were derived from its positions, not carried with it")
 
     monkeypatch.setattr(modeling_charbert, "segment_bounds", derived)
+
+
+# DeBERTa-V3's layout (spanlm.models.backbone.DEBERTA_V3_DEFAULTS) with few buckets, so that a 40-token row reaches
+# the log buckets (|i − j| ≥ 4) and the clamp at the largest distance
+DEBERTA_V3 = {
+    "relative_attention": True,
+    "position_buckets": 8,
+    "max_relative_positions": 32,
+    "pos_att_type": ["p2c", "c2p"],
+    "position_biased_input": False,
+    "norm_rel_ebd": "layer_norm",
+    "share_att_key": True,
+}
+# DeBERTa-V2's: absolute positions in the input too, separate position projections, no buckets (distance clamped
+# at 16); one relative term, or both
+DEBERTA_V2_C2P = {
+    "relative_attention": True,
+    "max_relative_positions": 16,
+    "pos_att_type": ["c2p"],
+    "share_att_key": False,
+}
+DEBERTA_V2 = {**DEBERTA_V2_C2P, "pos_att_type": ["c2p", "p2c"]}
+
+
+def tiny_deberta(layout: dict):
+    """A transformers ``DebertaV2Model``: hidden 32, 2 layers, 4 heads, no dropout, ``layout``'s relative terms."""
+    import torch
+    from transformers import DebertaV2Config, DebertaV2Model
+
+    config = DebertaV2Config(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        **layout,
+    )
+    torch.manual_seed(0)
+    return DebertaV2Model(config)
+
+
+def assert_same_gradients(theirs, ours, rtol: float = 1e-4, atol: float = 1e-5) -> None:
+    """Every parameter gradient of ``theirs`` equals ``ours``' (the same module tree, name by name)."""
+    import torch
+
+    for (name, a), (_, b) in zip(theirs.named_parameters(), ours.named_parameters()):
+        if a.grad is not None:
+            torch.testing.assert_close(b.grad, a.grad, atol=atol, rtol=rtol, msg=name)

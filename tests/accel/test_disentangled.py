@@ -8,8 +8,8 @@ import copy
 
 import pytest
 import torch
-from transformers import DebertaV2Config, DebertaV2Model
 
+from helpers import DEBERTA_V2, DEBERTA_V2_C2P, DEBERTA_V3, assert_same_gradients, tiny_deberta
 from spanlm.accel.disentangled import (
     FusedDisentangledSelfAttention,
     _flex,
@@ -17,36 +17,9 @@ from spanlm.accel.disentangled import (
     use_fused_disentangled_attention,
 )
 
-# DeBERTa-V3's layout (spanlm.models.backbone.DEBERTA_V3_DEFAULTS) with few buckets, so that a 40-token row
-# reaches the log buckets (|i − j| ≥ 4) and the clamp at the largest distance
-V3 = {
-    "relative_attention": True,
-    "position_buckets": 8,
-    "max_relative_positions": 32,
-    "pos_att_type": ["p2c", "c2p"],
-    "position_biased_input": False,
-    "norm_rel_ebd": "layer_norm",
-    "share_att_key": True,
-}
-# DeBERTa-V2's: separate position projections, no buckets (distance clamped at 16), one term only
-V2_C2P = {"relative_attention": True, "max_relative_positions": 16, "pos_att_type": ["c2p"], "share_att_key": False}
-V2_BOTH = {**V2_C2P, "pos_att_type": ["c2p", "p2c"]}
-
 
 def models(layout: dict):
-    config = DebertaV2Config(
-        vocab_size=100,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        **layout,
-    )
-    torch.manual_seed(0)
-    theirs = DebertaV2Model(config)
+    theirs = tiny_deberta(layout)
     ours = copy.deepcopy(theirs)
     use_fused_disentangled_attention(ours)
     assert isinstance(ours.encoder.layer[0].attention.self, FusedDisentangledSelfAttention)
@@ -62,7 +35,7 @@ def batch(length: int = 40):
     return ids, mask
 
 
-@pytest.mark.parametrize("layout", [V3, V2_C2P, V2_BOTH], ids=["v3", "v2-c2p", "v2-both"])
+@pytest.mark.parametrize("layout", [DEBERTA_V3, DEBERTA_V2_C2P, DEBERTA_V2], ids=["v3", "v2-c2p", "v2-both"])
 def test_outputs_and_gradients_are_transformers(layout):
     theirs, ours = models(layout)
     ids, mask = batch()
@@ -76,13 +49,11 @@ def test_outputs_and_gradients_are_transformers(layout):
         outputs.append(hidden)
     # every row, padding too (its queries spread evenly over the row, as transformers' masked softmax does)
     torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=1e-5)
-    for (name, a), (_, b) in zip(theirs.named_parameters(), ours.named_parameters()):
-        if a.grad is not None:
-            torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert_same_gradients(theirs, ours)
 
 
 def test_attention_dropout_drops_in_training_only():
-    theirs, ours = models(V3)
+    theirs, ours = models(DEBERTA_V3)
     for model in (theirs, ours):
         for module in model.modules():
             if isinstance(module, torch.nn.Dropout):
@@ -124,12 +95,12 @@ def test_the_trainer_puts_it_in_on_cuda_only(device, mode, fused):
     it measured no faster than transformers' own (BENCHMARKS.md), so it stays out."""
     from spanlm import accel
 
-    model, _ = models(V3)
+    model, _ = models(DEBERTA_V3)
     accel.apply(model, torch.device(device), mode)
     assert isinstance(model.encoder.layer[0].attention.self, FusedDisentangledSelfAttention) == fused
 
 
-@pytest.mark.parametrize("layout", [V3, V2_BOTH], ids=["v3", "v2-both"])
+@pytest.mark.parametrize("layout", [DEBERTA_V3, DEBERTA_V2], ids=["v3", "v2-both"])
 def test_a_packed_stream_projects_once_and_attends_as_transformers_per_segment(layout):
     """A packed stream (spanlm.models.packed_deberta): the fused class lays out only the queries, keys and values,
     and gives the outputs and gradients of transformers' attention run on the segments' rows."""
@@ -150,6 +121,4 @@ def test_a_packed_stream_projects_once_and_attends_as_transformers_per_segment(l
         outputs.append(hidden[real.bool()])
     assert isinstance(ours.encoder.layer[0].attention.self, FusedDisentangledSelfAttention)  # not switched back
     torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=1e-5)
-    for (name, a), (_, b) in zip(theirs.named_parameters(), ours.named_parameters()):
-        if a.grad is not None:
-            torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert_same_gradients(theirs, ours)

@@ -8,42 +8,15 @@ import copy
 
 import pytest
 import torch
-from transformers import DebertaV2Config, DebertaV2Model
 
+from helpers import DEBERTA_V2, DEBERTA_V3, assert_same_gradients, tiny_deberta
 from spanlm.models.packed import encoder_states
 from spanlm.models.packed_deberta import PackedDisentangledSelfAttention, segment_layout
 
-V3 = {
-    "relative_attention": True,
-    "position_buckets": 8,
-    "max_relative_positions": 32,
-    "pos_att_type": ["p2c", "c2p"],
-    "position_biased_input": False,
-    "norm_rel_ebd": "layer_norm",
-    "share_att_key": True,
-}
-# DeBERTa-V2: absolute positions in the input too, separate position projections, no buckets
-V2 = {"relative_attention": True, "max_relative_positions": 16, "pos_att_type": ["c2p", "p2c"], "share_att_key": False}
 # DeBERTa-V2 xlarge's convolution beside the first layer
-V2_CONV = {**V2, "conv_kernel_size": 3, "conv_act": "gelu"}
+V2_CONV = {**DEBERTA_V2, "conv_kernel_size": 3, "conv_act": "gelu"}
 
 BLOCKS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22], [30, 31, 32], [40, 41, 42, 43, 44, 45]]
-
-
-def deberta(layout: dict) -> DebertaV2Model:
-    config = DebertaV2Config(
-        vocab_size=100,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        **layout,
-    )
-    torch.manual_seed(0)
-    return DebertaV2Model(config)
 
 
 def stream(blocks=BLOCKS, pad_after_first: int = 2):
@@ -57,9 +30,9 @@ def stream(blocks=BLOCKS, pad_after_first: int = 2):
     return ids, (ids != 0).long(), torch.tensor([positions]), bounds, max(lengths)
 
 
-@pytest.mark.parametrize("layout", [V3, V2, V2_CONV], ids=["v3", "v2", "v2-conv"])
+@pytest.mark.parametrize("layout", [DEBERTA_V3, DEBERTA_V2, V2_CONV], ids=["v3", "v2", "v2-conv"])
 def test_each_block_gets_its_states_and_gradients_alone(layout):
-    ours = deberta(layout).train()
+    ours = tiny_deberta(layout).train()
     theirs = copy.deepcopy(ours)
     ids, real, positions, bounds, longest = stream()
     weights = torch.randn(1, ids.shape[1], 32, generator=torch.Generator().manual_seed(3)) * real[..., None]
@@ -69,15 +42,13 @@ def test_each_block_gets_its_states_and_gradients_alone(layout):
     expected = torch.cat([theirs(input_ids=torch.tensor([block])).last_hidden_state[0] for block in BLOCKS])
     (expected * weights[0][tokens]).sum().backward()
     torch.testing.assert_close(packed[0][tokens], expected, atol=1e-5, rtol=1e-5)
-    for (name, a), (_, b) in zip(theirs.named_parameters(), ours.named_parameters()):
-        if a.grad is not None:
-            torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert_same_gradients(theirs, ours)
     assert isinstance(ours.encoder.layer[0].attention.self, PackedDisentangledSelfAttention)
 
 
 def test_only_the_attention_is_laid_out_in_rows():
     """The feed-forward layers see the stream's T positions, not S rows of the longest segment."""
-    model = deberta(V3).eval()
+    model = tiny_deberta(DEBERTA_V3).eval()
     ids, real, positions, bounds, longest = stream()
     seen = []
     model.encoder.layer[0].intermediate.register_forward_hook(lambda module, args, out: seen.append(args[0].shape))
