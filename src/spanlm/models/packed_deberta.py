@@ -32,7 +32,8 @@ class SegmentLayout(NamedTuple):
     slots: Tensor  # (S·W,) the stream position each place of the layout holds; T (a zero row appended) past its end
     places: Tensor  # (T,) each stream token's flat place in the layout
     tokens: Tensor  # (S, W) bool: the places that hold a token (not padding of the stream, not past a segment)
-    # (S, 1, W, W): query and key both tokens, as DebertaV2Encoder.get_attention_mask builds it for padded rows
+    # (S, 1, W, W) bool: query and key both tokens, as DebertaV2Encoder.get_attention_mask builds it for padded rows
+    # (bool already: each layer's attention reads it as bool, so no layer converts it again)
     attention_mask: Tensor
     rows: int
     width: int
@@ -63,7 +64,7 @@ def segment_layout(
     slots = torch.where(inside, slot, total).flatten()
     real = torch.cat([attention_mask.flatten().bool(), attention_mask.new_zeros(1, dtype=torch.bool)])
     tokens = real[slots].view(rows, width)
-    pairs = (tokens[:, None, :, None] & tokens[:, None, None, :]).to(torch.uint8)
+    pairs = tokens[:, None, :, None] & tokens[:, None, None, :]
     return SegmentLayout(slots, places, tokens, pairs, rows, width)
 
 
