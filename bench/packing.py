@@ -1,10 +1,10 @@
 """Benchmark: packed against padded batches (spanlm.data.packing), pretraining and NER fine-tuning, in one process.
 
 Pretraining: the three English books of the embedded corpus (data/corpus) prepared with a WordPiece
-tokenizer of 8,000 entries, blocks of ``max_len`` = each of ``--seqs``; a BERT MLM (``--family deberta-v2``: a
-DeBERTa-V3, whose packed stream runs every layer on its tokens and the attention on its blocks laid out in rows,
-spanlm.models.packed_deberta) (hidden 256, 4 layers,
-4 heads, intermediate 1024, dropout 0.1; ``--small``: hidden 32, 2 layers) trained with spanlm's own
+tokenizer of 8,000 entries, blocks of ``max_len`` = each of ``--seqs``; a BERT MLM (hidden 256, 4 layers,
+4 heads, intermediate 1024, dropout 0.1; ``--small``: hidden 32, 2 layers; ``--family deberta-v2``: a DeBERTa-V3 of
+that size, whose packed stream runs every layer on its tokens and the attention on its blocks laid out in rows,
+spanlm.models.packed_deberta) trained with spanlm's own
 objective, fused AdamW, with the CPU backend as the trainer applies it (``--accel``, ``train.accel``). Both
 sides get the SAME blocks and masks: the batches of ``--batch`` blocks that
 ``spanlm.pretrain.batches.MaskedBatches`` builds for the first batch keys of the run, once with one block per
