@@ -46,7 +46,7 @@ from spanlm.models.packed import (
     per_block_attention,
     varlen_attention,
 )
-from spanlm.models.packed_deberta import use_packed_disentangled_attention
+from spanlm.models.packed_deberta import padded_places, use_packed_disentangled_attention
 
 # (query, key, value (T, heads, d), bounds (S + 1,) int32, longest: int, dropout: float, scale, window) →
 # (T, heads, d); window: a query sees the keys of its segment at distance ≤ window (None: all of them)
@@ -68,9 +68,7 @@ def repadded_attention(
     read. Returns (T, heads, d)."""
     tokens, heads, head_dim = query.shape
     bounds = bounds.long()
-    position = torch.arange(tokens, device=query.device)
-    segment = torch.searchsorted(bounds[1:], position, right=True)  # (T,) each token's segment
-    padded = segment * longest + position - bounds[segment]  # (T,) its place in the (S, longest) layout
+    padded = padded_places(bounds, longest, tokens)  # (T,) each token's place in the (S, longest) layout
     segments = bounds.shape[0] - 1
 
     def by_segment(x: Tensor) -> Tensor:  # (T, heads, d) → (S, heads, longest, d)

@@ -48,6 +48,13 @@ class SegmentLayout(NamedTuple):
         return values.flatten(0, 1)[self.places]
 
 
+def padded_places(bounds: Tensor, width: int, tokens: int) -> Tensor:
+    """Each token's place (T,) in the segments of ``bounds`` (S + 1,) padded to ``width``: (S, width) flattened."""
+    position = torch.arange(tokens, device=bounds.device)  # (T,)
+    segment = torch.searchsorted(bounds[1:], position, right=True)  # (T,) each token's segment
+    return segment * width + position - bounds[segment]
+
+
 def segment_layout(
     position_ids: Tensor, attention_mask: Tensor, cu_seq_lens: Tensor | None = None, max_seq_len: int | None = None
 ) -> SegmentLayout:
@@ -56,9 +63,7 @@ def segment_layout(
     bounds = varlen_arguments(position_ids, attention_mask, cu_seq_lens, max_seq_len)
     starts, width = bounds["cu_seq_lens_q"].long(), int(bounds["max_length_q"])
     rows, total = starts.shape[0] - 1, attention_mask.numel()
-    position = torch.arange(total, device=starts.device)  # (T,)
-    segment = torch.searchsorted(starts[1:], position, right=True)  # (T,) each token's segment
-    places = segment * width + position - starts[segment]
+    places = padded_places(starts, width, total)
     slot = starts[:-1, None] + torch.arange(width, device=starts.device)  # (S, W) the stream position of each place
     inside = slot < starts[1:, None]
     slots = torch.where(inside, slot, total).flatten()
