@@ -1,6 +1,6 @@
 """examples/english_small_levers/: the suites behind RESULTS.md's SST-2 rows after pretraining on SST-2's own text
-read with the embedded data: sst2.yaml is english-small's SST-2 task but for the settings it had before the LP-FT
-lever, which sst2-lpft.yaml applies (the lever chinese-small's TNEWS runs)."""
+read with the embedded data: sst2.yaml is english-small's SST-2 task as shipped, sst2-lpft.yaml the same with the
+LP-FT lever (the lever chinese-small's TNEWS runs)."""
 
 from __future__ import annotations
 
@@ -39,3 +39,21 @@ def test_english_small_sst2_is_the_suite_the_study_started_from():
     (before,) = load_suite(str(FOLDER / "sst2.yaml")).tasks
     shipped = {task.kind: task for task in load_suite("english-small").tasks}["cls"]
     assert settings(shipped) == settings(before) and shipped.arms == before.arms
+
+
+def test_each_lever_of_sst2_levers_changes_the_shipped_task_by_its_keys_alone():
+    (shipped,) = load_suite(str(FOLDER / "sst2.yaml")).tasks
+    expected = {
+        "sst2-encoder-1e-4": {"train.encoder_lr": 1e-4},
+        "sst2-layer-decay": {"train.layer_decay": 0.8},
+        "sst2-reinit-1": {"model.reinit_layers": 1},
+        "sst2-longer": {"train.max_steps": 900, "train.save_every": 900, "train.warmup_steps": 90},
+        "sst2-cls-pooling": {"cls.pooling": "cls"},
+    }
+    suite = load_suite(str(FOLDER / "sst2-levers.yaml"))
+    assert suite.seeds == (0, 1, 2) and [task.name for task in suite.tasks] == list(expected)
+    old = settings(shipped)
+    for task in suite.tasks:
+        new = settings(task)
+        assert {k: new[k] for k in new if new[k] != old[k]} == expected[task.name], task.name
+        assert task.arms == ("fine-tuned",) and task.recipe.data.dev == shipped.recipe.data.dev

@@ -63,11 +63,11 @@ def test_sst2_train_eval_predict_and_the_pipeline(cls_encoder_dir, tmp_path, cap
     assert ("spanlm's layout" in err) == (pooling == "mean")  # the run says which export it wrote
     trained = json.loads(out)
     model_dir = tmp_path / "run" / "model"
-    assert trained["model_dir"] == str(model_dir) and trained["examples"] == 200 and 0 <= trained["accuracy"] <= 100
+    assert trained["model_dir"] == str(model_dir) and trained["examples"] == 872 and 0 <= trained["accuracy"] <= 100
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "eval" and "accuracy" in r] == [2, 4]
     per_example = json.loads((tmp_path / "run" / "per_example.json").read_text())
-    assert 100 * sum(per_example["correct"]) / 200 == pytest.approx(trained["accuracy"])
+    assert 100 * sum(per_example["correct"]) / 872 == pytest.approx(trained["accuracy"])
 
     # The exported model, loaded back, scores what the run reported.
     scores, predictions = tmp_path / "scores.json", tmp_path / "predictions.jsonl"
