@@ -277,6 +277,26 @@ def test_records_say_the_runs_speed_mfu_and_time_waiting_for_data(embedded_prepa
     assert all(r["data_wait"] > 0.5 and r["data_wait"] > q["data_wait"] for r, q in zip(slow, quick))
 
 
+def test_a_peak_measured_on_a_busy_device_is_measured_again_when_the_model_outruns_it(
+    embedded_prepared, tmp_path, monkeypatch
+):
+    """Another process held the device when the run measured its peak (here: 1 FLOP/s): the first window's model
+    rate exceeds it, so the run measures it again, says so once, and no record reports an mfu over 1."""
+    from helpers import embedded_recipe
+    from spanlm.train import speed
+
+    peaks = iter([1.0, 1e18])
+    calls = []
+    monkeypatch.setattr(speed, "measure_peak_flops", lambda device, dtype: calls.append(dtype) or next(peaks))
+    lines = []
+    recipe = embedded_recipe("spanbert", embedded_prepared, tmp_path / "run", "train.log_every=2")
+    records = [r for r in read_metrics(pretrain(recipe, log=lines.append)) if r["kind"] == "train"]
+    assert len(calls) == 2 and len(records) == 2
+    assert all(0 < r["mfu"] < 1 for r in records)
+    (said,) = [line for line in lines if "measured again" in line]
+    assert "over the 1e-12 measured at the start" in said and "a peak of 1e+06 TFLOP/s" in said
+
+
 @pytest.mark.slow
 def test_torch_compile_option(prepared, tmp_path):
     run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=2, compile=True), **QUIET)

@@ -3,7 +3,8 @@
 MFU (model FLOPs utilisation; Chowdhery et al. 2022, PaLM, appendix B) is the model's FLOPs per second — counted
 from its dimensions and the real tokens by the task (``TrainingSetup.flops``), never from what the kernels happened
 to compute — over what the device can do. That peak is measured, not read from a datasheet: the best of a few
-square matrix products in the dtype the run computes in (bf16 under autocast), once at the start, or given by
+square matrix products in the dtype the run computes in (bf16 under autocast), once at the start (and once
+more if the model outruns it: the device was shared then), or given by
 ``train.peak_tflops`` (a cluster's agreed figure, or a datasheet's, to compare runs across machines).
 """
 
