@@ -66,6 +66,7 @@ def _export(args: argparse.Namespace) -> int:
     from spanlm.pretrain.export import export_checkpoint
 
     guard_outputs({"--out": args.out}, {"the checkpoint": args.checkpoint})
+    set_library_progress_bars(sys.stderr.isatty())  # transformers' shard-writing bar: lines in a redirected log
     print(json.dumps({"exported": str(export_checkpoint(args.checkpoint, args.out))}))
     return 0
 
