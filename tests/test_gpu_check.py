@@ -141,3 +141,11 @@ def test_the_check_installs_from_the_wheels_alone_and_runs_the_gpu_tests_and_ben
     report = json.loads((tmp_path / "cuda" / "gpu_check.json").read_text())
     assert result.returncode == 1 and not report["ok"] and report["error"].startswith("no CUDA device")
     assert "tests" not in report
+
+
+def test_rehearsing_the_check_leaves_the_spanlm_this_python_has_installed(tmp_path):
+    """spanlm goes into the check's prefix without pip uninstalling this Python's own: without
+    ``--ignore-installed`` a rehearsal on a development machine took the developer's editable install away (running
+    that pip here to show it would do the same to this test session's spanlm)."""
+    command = load_script().install_into(tmp_path / "prefix", str(REPO))
+    assert "--ignore-installed" in command and command[command.index("--prefix") + 1] == str(tmp_path / "prefix")

@@ -104,6 +104,13 @@ def pip(*args: str) -> list[str]:
     return [sys.executable, "-m", "pip", "--disable-pip-version-check", *args]
 
 
+def install_into(prefix: Path, source: str) -> list[str]:
+    """pip installing spanlm from ``source`` into ``prefix`` alone: ``--ignore-installed``, or pip would first
+    uninstall the spanlm this Python already has (a developer's editable install, when the check is rehearsed)."""
+    flags = ["--no-deps", "--no-build-isolation", "--no-index", "--ignore-installed", "--prefix", str(prefix)]
+    return pip("install", "--no-warn-script-location", *flags, source)
+
+
 def spanlm_requirements() -> list[str]:
     """pyproject's [project] dependencies (torch left out: the machine's own is used)."""
     try:
@@ -288,13 +295,12 @@ def run_check(args) -> int:
         # 1. spanlm from this checkout, into the prefix, torch untouched.
         started = time.monotonic()
         log.say(f"installing spanlm from {REPO} into {prefix} (pip --no-deps --no-build-isolation --no-index)")
-        install = ["--no-deps", "--no-build-isolation", "--no-index", "--prefix", str(prefix)]
-        code, _, _ = log.run(pip("install", "--no-warn-script-location", *install, str(REPO)), env=env)
+        code, _, _ = log.run(install_into(prefix, str(REPO)), env=env)
         report["spanlm_from"] = "checkout"
         built = sorted(Path(args.wheels).glob("spanlm-*.whl")) if args.wheels else []
         if code != 0 and built:  # no setuptools >= 68 in this Python to build with: the folder's wheel
             log.say(f"building from the checkout failed; installing {built[-1].name} (built from its checkout)")
-            code, _, _ = log.run(pip("install", "--no-warn-script-location", *install, str(built[-1])), env=env)
+            code, _, _ = log.run(install_into(prefix, str(built[-1])), env=env)
             report["spanlm_from"] = built[-1].name
         if code != 0:
             report["error"] = f"pip could not install spanlm from the checkout (exit {code}): see gpu_check.log"
