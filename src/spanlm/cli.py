@@ -66,7 +66,6 @@ def _export(args: argparse.Namespace) -> int:
     from spanlm.pretrain.export import export_checkpoint
 
     guard_outputs({"--out": args.out}, {"the checkpoint": args.checkpoint})
-    set_library_progress_bars(sys.stderr.isatty())  # transformers' shard-writing bar: lines in a redirected log
     print(json.dumps({"exported": str(export_checkpoint(args.checkpoint, args.out))}))
     return 0
 
@@ -233,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser("export", help="checkpoint → Hugging Face directory (+ heads) that AutoModel loads")
     export.add_argument("checkpoint", help="a checkpoint directory, or a run directory (its latest checkpoint)")
     export.add_argument("--out", required=True, help="the directory to write")
-    export.set_defaults(run=_export)
+    export.set_defaults(run=_export, loads_a_model=True)
 
     report = commands.add_parser("report", help="plots and an HTML summary of a run directory")
     report.add_argument("run_dir")
@@ -319,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     from spanlm.errors import SpanlmError
 
     args = build_parser().parse_args(argv)
+    if getattr(args, "loads_a_model", False):  # transformers' loading and writing bars, only on a terminal: in a
+        set_library_progress_bars(sys.stderr.isatty())  # redirected log every redraw would be a line
     try:
         return args.run(args)
     except SpanlmError as error:

@@ -92,7 +92,7 @@ def add_model_command(actions, name: str, help: str, task: str, run: Callable):
         help="windows per forward pass (default 32)",
     )
     command.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    command.set_defaults(run=run)
+    command.set_defaults(run=run, loads_a_model=True)
     return command
 
 

@@ -69,13 +69,22 @@ def test_sst2_train_eval_predict_and_the_pipeline(cls_encoder_dir, tmp_path, cap
     per_example = json.loads((tmp_path / "run" / "per_example.json").read_text())
     assert 100 * sum(per_example["correct"]) / 872 == pytest.approx(trained["accuracy"])
 
-    # The exported model, loaded back, scores what the run reported.
+    # The exported model, loaded back, scores what the run reported; its stderr, not a terminal, holds no bar
+    # (transformers' "Loading weights"), as in a fresh process, where the training run had not turned them off.
+    from transformers.utils import logging as transformers_logging
+
     scores, predictions = tmp_path / "scores.json", tmp_path / "predictions.jsonl"
-    code, out, err = run(
-        capsys, "cls", "eval", model_dir, "--data", DATA / "sst2/dev.tsv", "--device", "cpu",
-        "--output", scores, "--predictions", predictions,
-    )  # fmt: skip
+    was_enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.enable_progress_bar()
+    try:
+        code, out, err = run(
+            capsys, "cls", "eval", model_dir, "--data", DATA / "sst2/dev.tsv", "--device", "cpu",
+            "--output", scores, "--predictions", predictions,
+        )  # fmt: skip
+    finally:
+        (transformers_logging.enable_progress_bar if was_enabled else transformers_logging.disable_progress_bar)()
     assert code == 0, err
+    assert "Loading weights" not in err and "\r" not in err
     assert (
         json.loads(out)["accuracy"] == pytest.approx(trained["accuracy"]) == json.loads(scores.read_text())["accuracy"]
     )
