@@ -88,6 +88,9 @@ def test_a_stated_max_steps_must_be_the_phases(embedded_prepared, tmp_path):
     with pytest.raises(ConfigError, match="a phased run's length is its phases' steps \\(10\\)"):
         phased(embedded_prepared, tmp_path / "run", "train.max_steps=7")
     assert phased(embedded_prepared, tmp_path / "run", "train.max_steps=10").train.max_steps == 10
+    # the value TrainConfig defaults to, stated, is stated too
+    with pytest.raises(ConfigError, match="train.max_steps 200: a phased run's length is its phases' steps \\(10\\)"):
+        phased(embedded_prepared, tmp_path / "run", "train.max_steps=200")
 
 
 def test_each_phase_is_resolved_on_top_of_the_one_before(embedded_prepared, tmp_path):

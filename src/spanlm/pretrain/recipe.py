@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from spanlm.config import check_seed, load_config
+from spanlm.config import apply_overrides, check_seed, from_dict, read_yaml
 from spanlm.data.corpus import TOKENIZER_KEY, DataConfig
 from spanlm.data.tokenizer import TokenizerConfig, settings_key
+from spanlm.errors import ConfigError
 from spanlm.masking.base import MaskingConfig
 from spanlm.models.backbone import BackboneConfig
 from spanlm.objectives.config import ObjectiveConfig
@@ -59,4 +60,15 @@ class Recipe:
 
 def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> Recipe:
     """Read a YAML pretraining recipe (or start from defaults when ``path`` is None) and apply dotted overrides."""
-    return load_config(path, overrides, cls=Recipe)
+    data = apply_overrides(read_yaml(path) if path is not None else {}, list(overrides))
+    recipe = from_dict(Recipe, data)
+    # A phased run's length is its phases': a stated train.max_steps must be that (the check in check_phases cannot
+    # tell a stated 200 from TrainConfig's default)
+    train = data.get("train")
+    stated = train.get("max_steps") if isinstance(train, dict) else None
+    if recipe.phases and stated is not None and stated != recipe.train.max_steps:
+        raise ConfigError(
+            f"train.max_steps {stated}: a phased run's length is its phases' steps ({recipe.train.max_steps}); "
+            "leave train.max_steps out"
+        )
+    return recipe
