@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from helpers import REPO
 from spanlm.cli import main
-from spanlm.errors import ConfigError
+from spanlm.errors import ConfigError, InputError
 from spanlm.evaluate.stats import paired_bootstrap, paired_difference, t_interval
 from spanlm.evaluate.suite import TASK_KINDS, load_suite
 from spanlm.pretrain.recipe import load_recipe
@@ -652,3 +652,14 @@ def test_a_qa_cells_predictions_are_json_lines(tiny_encoder_dir, tmp_path, capsy
     lines = [json.loads(line) for line in (Path(cell["directory"]) / "predictions.jsonl").read_text().splitlines()]
     questions = [q["id"] for a in json.loads(squad.read_text())["data"] for p in a["paragraphs"] for q in p["qas"]]
     assert [line["id"] for line in lines] == questions and all(isinstance(line["answer"], str) for line in lines)
+
+
+def test_a_directory_named_like_a_shipped_suite_does_not_hide_it(tmp_path, monkeypatch):
+    """`spanlm eval english-small --out english-small`, run again from the same directory: the name is the shipped
+    suite's, not the earlier run's output folder."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "english-small").mkdir()
+    assert [task.name for task in load_suite("english-small").tasks] == ["wnut17", "sst2"]
+    (tmp_path / "mine").mkdir()  # a directory that names no shipped suite is still read as the path given
+    with pytest.raises(InputError, match="mine"):
+        load_suite("mine")

@@ -120,11 +120,18 @@ def load_suite(name_or_path: str, settings: dict | None = None) -> Suite:
     from spanlm.recipes import describe, find_recipe, shipped_root, with_embedded_data_paths
 
     path = Path(name_or_path)
-    if path.exists() or path.suffix in (".yaml", ".yml"):  # a file given (or meant): it must be one, of UTF-8 text
-        text = read_text(path)
-    else:
+    shipped = None
+    if not path.is_file() and path.suffix not in (".yaml", ".yml"):  # a name, unless a file is given (or meant)
         name = name_or_path if name_or_path.startswith("eval/") else f"eval/{name_or_path}"
-        path = find_recipe(name).path
+        try:
+            shipped = find_recipe(name).path
+        except InputError:
+            if not path.exists():
+                raise
+    if shipped is None:  # a file: it must be one, of UTF-8 text
+        text = read_text(path)
+    else:  # a shipped suite's name, though a directory of that name (an earlier --out) may sit here
+        path = shipped
         text = with_embedded_data_paths(path.read_text(encoding="utf-8"), shipped_root())
     try:
         raw = yaml.safe_load(text)
