@@ -120,10 +120,15 @@ def check_phases(recipe) -> None:
             raise ConfigError(
                 f"{where}: decay: true is the decay of a wsd schedule (train.schedule: wsd), the last phase"
             )
-    total = sum(phase.steps for phase in phases)
-    if recipe.train.max_steps not in (DEFAULT_MAX_STEPS, total):
+    if recipe.train.max_steps != DEFAULT_MAX_STEPS:  # a default stated is told apart from none by load_recipe
+        check_run_length(recipe.train.max_steps, sum(phase.steps for phase in phases))
+
+
+def check_run_length(stated_max_steps: int, total: int) -> None:
+    """A phased run's length is its phases' steps (``total``): a stated ``train.max_steps`` must be that."""
+    if stated_max_steps != total:
         raise ConfigError(
-            f"train.max_steps {recipe.train.max_steps}: a phased run's length is its phases' steps ({total}); "
+            f"train.max_steps {stated_max_steps}: a phased run's length is its phases' steps ({total}); "
             "leave train.max_steps out"
         )
 

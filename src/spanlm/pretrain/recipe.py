@@ -8,11 +8,10 @@ from pathlib import Path
 from spanlm.config import apply_overrides, check_seed, from_dict, read_yaml
 from spanlm.data.corpus import TOKENIZER_KEY, DataConfig
 from spanlm.data.tokenizer import TokenizerConfig, settings_key
-from spanlm.errors import ConfigError
 from spanlm.masking.base import MaskingConfig
 from spanlm.models.backbone import BackboneConfig
 from spanlm.objectives.config import ObjectiveConfig
-from spanlm.pretrain.phases import PhaseConfig, check_phases, check_planned
+from spanlm.pretrain.phases import PhaseConfig, check_phases, check_planned, check_run_length
 from spanlm.train.config import LoggingConfig, TrainConfig
 
 
@@ -62,13 +61,9 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> Recipe:
     """Read a YAML pretraining recipe (or start from defaults when ``path`` is None) and apply dotted overrides."""
     data = apply_overrides(read_yaml(path) if path is not None else {}, list(overrides))
     recipe = from_dict(Recipe, data)
-    # A phased run's length is its phases': a stated train.max_steps must be that (the check in check_phases cannot
-    # tell a stated 200 from TrainConfig's default)
+    # check_phases cannot tell a stated 200 from TrainConfig's default: what the recipe and overrides state can
     train = data.get("train")
     stated = train.get("max_steps") if isinstance(train, dict) else None
-    if recipe.phases and stated is not None and stated != recipe.train.max_steps:
-        raise ConfigError(
-            f"train.max_steps {stated}: a phased run's length is its phases' steps ({recipe.train.max_steps}); "
-            "leave train.max_steps out"
-        )
+    if recipe.phases and stated is not None:
+        check_run_length(stated, recipe.train.max_steps)
     return recipe
