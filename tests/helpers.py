@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -388,3 +389,17 @@ def assert_same_gradients(theirs, ours, rtol: float = 1e-4, atol: float = 1e-5) 
     for (name, a), (_, b) in zip(theirs.named_parameters(), ours.named_parameters()):
         if a.grad is not None:
             torch.testing.assert_close(b.grad, a.grad, atol=atol, rtol=rtol, msg=name)
+
+
+@contextlib.contextmanager
+def transformers_bars_on():
+    """transformers' progress bars on, as in a fresh process (an earlier in-process run of this test session turned
+    them off), and back as they were after."""
+    from transformers.utils import logging as transformers_logging
+
+    was_enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.enable_progress_bar()
+    try:
+        yield
+    finally:
+        (transformers_logging.enable_progress_bar if was_enabled else transformers_logging.disable_progress_bar)()

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from helpers import REPO
+from helpers import REPO, transformers_bars_on
 from spanlm.cli import main
 
 DATA = REPO / "data" / "cls"
@@ -71,18 +71,12 @@ def test_sst2_train_eval_predict_and_the_pipeline(cls_encoder_dir, tmp_path, cap
 
     # The exported model, loaded back, scores what the run reported; its stderr, not a terminal, holds no bar
     # (transformers' "Loading weights"), as in a fresh process, where the training run had not turned them off.
-    from transformers.utils import logging as transformers_logging
-
     scores, predictions = tmp_path / "scores.json", tmp_path / "predictions.jsonl"
-    was_enabled = transformers_logging.is_progress_bar_enabled()
-    transformers_logging.enable_progress_bar()
-    try:
+    with transformers_bars_on():
         code, out, err = run(
             capsys, "cls", "eval", model_dir, "--data", DATA / "sst2/dev.tsv", "--device", "cpu",
             "--output", scores, "--predictions", predictions,
         )  # fmt: skip
-    finally:
-        (transformers_logging.enable_progress_bar if was_enabled else transformers_logging.disable_progress_bar)()
     assert code == 0, err
     assert "Loading weights" not in err and "\r" not in err
     assert (
