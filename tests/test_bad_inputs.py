@@ -578,7 +578,48 @@ def _(ctx):
     run, _ = run_copy(ctx)
     folder = ctx.tmp / "documents"
     ctx.file("documents/thesis.tex", "keep me")
-    return ["export", run, "--out", folder], [str(folder), "not an earlier export"]
+    return ["export", run, "--out", folder], [str(folder), "not an earlier spanlm export"]
+
+
+@case("export_out_is_another_training_run")
+def _(ctx):
+    run, _ = run_copy(ctx)
+    other = ctx.copy("pretrain_run", "other-run")  # config.yaml, checkpoints/, metrics.jsonl: all would go
+    return ["export", run, "--out", other], [str(other), "not an earlier spanlm export"]
+
+
+@case("export_out_is_a_transformers_checkpoint")
+def _(ctx):
+    run, _ = run_copy(ctx)
+    ctx.file("bert-base/config.json", "{}")
+    ctx.file("bert-base/model.safetensors", b"weights")
+    return ["export", run, "--out", ctx.tmp / "bert-base"], [str(ctx.tmp / "bert-base"), "not an earlier spanlm export"]
+
+
+@case("export_out_is_a_project_with_a_recipe")
+def _(ctx):
+    run, _ = run_copy(ctx)
+    ctx.file("project/config.yaml", "seed: 0\n")
+    ctx.file("project/thesis.tex", "keep me")
+    return ["export", run, "--out", ctx.tmp / "project"], [str(ctx.tmp / "project"), "not an earlier spanlm export"]
+
+
+@case("export_out_is_an_export_with_notes")
+def _(ctx):
+    run, _ = run_copy(ctx)
+    for name in ("spanlm_objective.json", "config.json", "config.yaml", "model.safetensors"):
+        ctx.file(f"exported/{name}", "{}")
+    ctx.file("exported/NOTES.txt", "keep me")
+    return ["export", run, "--out", ctx.tmp / "exported"], [str(ctx.tmp / "exported"), "also holds NOTES.txt"]
+
+
+@case("export_of_a_fine_tuning_run")
+def _(ctx):
+    run, checkpoint = run_copy(ctx)
+    recipe = yaml.safe_load((checkpoint / "config.yaml").read_text(encoding="utf-8"))
+    (checkpoint / "config.yaml").write_text(yaml.safe_dump({**recipe, "ner": {"threshold": 0.0}}), encoding="utf-8")
+    as_saved(checkpoint)
+    return ["export", run, "--out", ctx.tmp / "out"], ["a `spanlm ner train` run", str(run / "model")]
 
 
 @case("export_over_an_earlier_export_fails_cleanly")
@@ -586,7 +627,8 @@ def _(ctx):
     run, checkpoint = run_copy(ctx)
     earlier = ctx.tmp / "exported"
     earlier.mkdir()
-    (earlier / "config.json").write_text("{}")  # an earlier export: must survive the failed one
+    for name in ("spanlm_objective.json", "config.json"):  # an earlier export: must survive the failed one
+        (earlier / name).write_text("{}")
     poison(checkpoint / "model.safetensors")
     as_saved(checkpoint)
     return ["export", run, "--out", earlier], [str(checkpoint / "model.safetensors"), "non-finite"]
@@ -1277,7 +1319,7 @@ def _(ctx):
 @case("export_out_holds_the_run")
 def _(ctx):
     run, _ = run_copy(ctx)
-    (run.parent / "config.json").write_text("{}")  # looks like an earlier export: only the input check refuses
+    (run.parent / "spanlm_objective.json").write_text("{}")  # looks like an earlier export: only the input check refuses
     return ["export", run, "--out", run.parent], ["--out holds the input"]
 
 

@@ -151,7 +151,8 @@ def test_sigterm_in_the_ner_stage_reports_the_steps_that_ran(tmp_path):
     assert stages["ner_random"]["ran"] < planned and stages["ner_random"]["complete"] is False  # ran beside it
     for frozen in ("ner_pretrained-frozen", "ner_random-frozen"):
         assert stages[frozen] == {"planned": planned, "ran": 0, "complete": False}
-    assert summary["ner_f1_random_frozen"] is None and math.isfinite(summary["ner_f1_pretrained"])
+    # a run cut short is not scored: its model would pass for the plan's
+    assert summary["ner_f1_random_frozen"] is None and summary["ner_f1_pretrained"] is None
     assert json.loads((out / "summary.json").read_text(encoding="utf-8"))["stages"] == stages
     page = (out / "report.html").read_text(encoding="utf-8")
     assert "Interrupted run" in page and f"ner_pretrained: {ran} of {planned} steps" in page

@@ -30,12 +30,12 @@ from spanlm.errors import ConfigError, InputError
 from spanlm.files import write_text_atomically
 from spanlm.finetune.batches import build_window_loader, held_out_batches
 from spanlm.finetune.model import PER_EXAMPLE_FILE, export_task_model
-from spanlm.finetune.task import FINE_TUNING_HINT, check_max_length, encoder_featurizer
+from spanlm.finetune.task import FINE_TUNING_HINT, check_max_length, encoder_featurizer, train_to_the_end
 from spanlm.models.encoder import describe_start, load_encoder
 from spanlm.models.flops import training_flops
 from spanlm.models.packed import resolve_packing
 from spanlm.train.dist import is_main_process
-from spanlm.train.loop import StartingPoint, TrainingSetup, train
+from spanlm.train.loop import StartingPoint, TrainingSetup
 
 # The sequence length and batch layout: another value changes every batch, so a resume must keep them.
 RESUME_KEEPS = ("data.max_length", "data.packing", "data.tokens_per_batch", "data.labels", "data.task")
@@ -234,7 +234,7 @@ def train_cls(
 ) -> tuple[Path, dict | None]:
     """Fine-tune, export ``<run>/model/`` and score it on the dev set; returns (run dir, dev scores)."""
     resolved: dict = {}
-    run_dir = train(recipe, functools.partial(cls_setup, resolved=resolved), resume, log, weights_from)
+    run_dir = train_to_the_end(recipe, functools.partial(cls_setup, resolved=resolved), resume, log, weights_from)
     if not is_main_process():
         return run_dir, None
     task, recipe = resolved["task"], resolved["recipe"]  # the labels and packing the run used; dev read once

@@ -146,7 +146,7 @@ def _run_seed(out: Path, plan: DemoPlan, seed: int, stop, log) -> dict:
         stages[f"ner_{arm}"] = _stage(run_dir, plan.ner_steps)
         if arm in failed:  # the run's own error, not a stop: the report must not say "interrupted"
             stages[f"ner_{arm}"]["failed"] = failed[arm]
-        if (run_dir / "eval.json").is_file():  # scored, if stopped early with what it had
+        if (run_dir / "eval.json").is_file():  # scored: a run stopped by a signal is not
             write_report(run_dir)
             ran.append(arm)
 

@@ -75,15 +75,53 @@ def load_task_model(
 FINE_TUNING_HINT = "train.lr / train.encoder_lr and train.warmup_steps, train.max_steps, model.dropout"
 
 
+class RunStopped(Exception):
+    """A fine-tuning run stopped by a signal before its last step: saved, neither exported nor scored."""
+
+    def __init__(self, run_dir: Path, signal: str, step: int):
+        super().__init__(f"stopped by {signal} at step {step}")
+        self.run_dir, self.signal, self.step = run_dir, signal, step
+
+
+def train_to_the_end(recipe, build_setup: Callable, resume, log, weights_from) -> Path:
+    """Train ``recipe`` (spanlm.train.loop.train); returns the run directory once its last step is trained.
+
+    A stop signal (a scheduler's SIGTERM, a ^C) raises :class:`RunStopped` after the run saved: what a stop asks
+    for is an exit within the scheduler's grace period, and a model of a cut-short run would pass for the
+    recipe's. Exporting and scoring are for ``--resume auto``, which finishes the run."""
+    from spanlm.train import checkpoint as ckpt
+    from spanlm.train.loop import train
+    from spanlm.train.stop import StopSignal
+
+    with StopSignal() as stop:
+        run_dir = train(recipe, build_setup, resume, log, weights_from)
+    if stop.received is not None:
+        latest = ckpt.latest_checkpoint(run_dir)
+        step = ckpt.step_of(latest) if latest is not None else 0
+        if step < recipe.train.max_steps:
+            raise RunStopped(run_dir, stop.received, step)
+    return run_dir
+
+
 def run_training(args, recipe_class: type, train_task: Callable, summary: Callable[[dict], dict], log) -> int:
     """The ``TASK train RECIPE [OVERRIDES] [--resume …] [--resume-weights-only …]`` verb: load the recipe, train
     (``train_task(recipe, resume=, log=, weights_from=)`` → (run dir, dev scores or None)), and on the main
-    process print one JSON line: the run and model directories and ``summary(scores)``."""
+    process print one JSON line: the run and model directories and ``summary(scores)``; for a run stopped by a
+    signal, its directory, the signal and the step it saved."""
     from spanlm.train.dist import is_main_process
 
     recipe = load_config(args.recipe, args.overrides, cls=recipe_class)
     guard_training_outputs(args.recipe, recipe, args.resume, args.weights_from)
-    run_dir, scores = train_task(recipe, resume=args.resume, log=log, weights_from=args.weights_from)
+    try:
+        run_dir, scores = train_task(recipe, resume=args.resume, log=log, weights_from=args.weights_from)
+    except RunStopped as stopped:
+        if is_main_process():
+            log(
+                f"stopped at step {stopped.step} of {recipe.train.max_steps}: not exported or scored; the same "
+                "command with --resume auto finishes the run"
+            )
+            print(json.dumps({"run_dir": str(stopped.run_dir), "stopped": stopped.signal, "step": stopped.step}))
+        return 0
     if is_main_process():  # the main process reports; the others only trained
         result = {"run_dir": str(run_dir), "model_dir": str(run_dir / "model")}
         if scores is not None:

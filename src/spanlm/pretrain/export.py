@@ -7,6 +7,7 @@ continue, and the recipe (config.yaml).
 
 from __future__ import annotations
 
+from fnmatch import fnmatch
 from pathlib import Path
 
 from spanlm.config import save_config
@@ -16,6 +17,7 @@ from spanlm.errors import InputError
 from spanlm.files import refuse_to_overwrite_inputs, write_directory
 from spanlm.models.backbone import shortest_position_table
 from spanlm.objectives import build_objective
+from spanlm.objectives.pretrained_heads import OBJECTIVE_FILE
 from spanlm.pretrain.kept_tokenizer import KeptTokenizer, check_same_tokenizer, checkpoint_tokenizer_dir
 from spanlm.pretrain.recipe import load_recipe
 from spanlm.train.checkpoint import (
@@ -27,21 +29,65 @@ from spanlm.train.checkpoint import (
     step_of,
 )
 
+# What a spanlm export may hold (any objective's, any model size's): a directory holding anything else is not one.
+EXPORT_ENTRIES = (
+    OBJECTIVE_FILE,
+    "config.json",
+    "config.yaml",
+    "model*.safetensors",
+    "model.safetensors.index.json",
+    "heads.safetensors",
+    "generator",
+    "tokenizer*.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "*.py",
+    "nlm_terms.json",
+)
+
 
 def check_replaceable(out: Path) -> None:
     """``out`` may become an export: absent, empty, or an earlier export (which the new one replaces whole).
-    Anything else — a file, a directory of other things — would be lost with the swap."""
+    Anything else — a file, a run directory, a checkpoint of transformers', a directory of other things, an
+    export that gained other files — would be lost with the swap."""
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: exists and is not a directory; --out names the directory to write")
-    if (
-        out.is_dir()
-        and any(out.iterdir())
-        and not any((out / name).is_file() for name in ("config.json", "config.yaml"))
-    ):
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not (out / OBJECTIVE_FILE).is_file():
         raise InputError(
-            f"{out}: a directory that is not an earlier export (no config.json or config.yaml) would be "
-            "replaced with everything in it; choose a new --out"
+            f"{out}: a directory that is not an earlier spanlm export (no {OBJECTIVE_FILE}) would be replaced "
+            "with everything in it; choose a new --out"
         )
+    foreign = sorted(
+        entry.name for entry in out.iterdir() if not any(fnmatch(entry.name, pattern) for pattern in EXPORT_ENTRIES)
+    )
+    if foreign:
+        raise InputError(
+            f"{out}: an earlier export that also holds {foreign[0]}"
+            f"{f' (and {len(foreign) - 1} more)' if len(foreign) > 1 else ''}, which the new export would delete; "
+            "choose a new --out or move it away"
+        )
+
+
+def check_pretraining_run(checkpoint: Path) -> None:
+    """A fine-tuning run's checkpoint has nothing to export: its run wrote its transformers directory already."""
+    from spanlm.config import read_yaml
+
+    recipe = read_yaml(checkpoint / "config.yaml")
+    task = next((key for key in FINE_TUNING_SECTIONS if isinstance(recipe, dict) and key in recipe), None)
+    if task is not None:
+        run = checkpoint.parent.parent
+        raise InputError(
+            f"{checkpoint / 'config.yaml'}: a `spanlm {task} train` run, not a pretraining one; its transformers "
+            f"directory is {run / 'model'} (written when the run finished; `--resume auto` finishes a stopped one)"
+        )
+
+
+FINE_TUNING_SECTIONS = ("ner", "qa", "cls")  # the recipe section that names each fine-tuning command's task
 
 
 def _corpus_of(checkpoint: Path, prepared: Path, fingerprint: str | None):
@@ -78,6 +124,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
         ]
         hint = f"; an earlier checkpoint is whole: spanlm export {earlier[-1]}" if earlier else ""
         raise InputError(f"{checkpoint}/{problem}: the checkpoint is damaged{hint}")
+    check_pretraining_run(checkpoint)
     recipe = load_recipe(checkpoint / "config.yaml")
     prepared = Path(recipe.data.prepared_dir)
     trainer_state = load_file(checkpoint / "trainer_state.pt")

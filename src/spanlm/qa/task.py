@@ -21,7 +21,7 @@ from spanlm.errors import ConfigError, InputError
 from spanlm.files import write_text_atomically
 from spanlm.finetune.batches import build_window_loader, held_out_batches
 from spanlm.finetune.model import PER_EXAMPLE_FILE, export_task_model
-from spanlm.finetune.task import FINE_TUNING_HINT, check_max_length, encoder_featurizer
+from spanlm.finetune.task import FINE_TUNING_HINT, check_max_length, encoder_featurizer, train_to_the_end
 from spanlm.models.encoder import describe_start, load_encoder
 from spanlm.models.flops import training_flops
 from spanlm.models.packed import resolve_packing
@@ -32,7 +32,7 @@ from spanlm.qa.model import RECIPE_FILE, SETTINGS_FILE, QAObjective
 from spanlm.qa.predict import QAModel, evaluate_predictions, final_answer, predict
 from spanlm.qa.windows import make_windows
 from spanlm.train.dist import is_main_process
-from spanlm.train.loop import StartingPoint, TrainingSetup, train
+from spanlm.train.loop import StartingPoint, TrainingSetup
 
 # The window settings and batch layout: another value changes every batch, so a resume must keep them.
 # data.repair_window moves the answers it repairs: the training targets themselves
@@ -149,7 +149,7 @@ def train_qa(
 ) -> tuple[Path, dict | None]:
     """Fine-tune, export ``<run>/model/`` and score it on the dev set; returns (run dir, dev metrics)."""
     resolved: dict = {}
-    run_dir = train(recipe, functools.partial(qa_setup, resolved=resolved), resume, log, weights_from)
+    run_dir = train_to_the_end(recipe, functools.partial(qa_setup, resolved=resolved), resume, log, weights_from)
     if not is_main_process():
         return run_dir, None
     recipe, dev = resolved["recipe"], resolved["dev"]  # the packing the run used; the dev set read once
