@@ -1319,7 +1319,8 @@ def _(ctx):
 @case("export_out_holds_the_run")
 def _(ctx):
     run, _ = run_copy(ctx)
-    (run.parent / "spanlm_objective.json").write_text("{}")  # looks like an earlier export: only the input check refuses
+    # looks like an earlier export: only the input check refuses
+    (run.parent / "spanlm_objective.json").write_text("{}")
     return ["export", run, "--out", run.parent], ["--out holds the input"]
 
 

@@ -106,3 +106,58 @@ def test_float_in_exponent_notation_without_a_dot():
     assert recipe.train.lr == 1e-4 and recipe.train.eps == 2e-8
     with pytest.raises(ConfigError, match="train.lr"):
         load_config(None, ["train.lr=fast"], cls=Recipe)
+
+
+def float_keys(cls: type, prefix: str = "") -> list[str]:
+    """Every float-valued key of recipe class ``cls`` (optional floats too), dotted."""
+    import types
+    import typing
+
+    keys = []
+    for name, tp in typing.get_type_hints(cls).items():
+        args = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+        if float in args:
+            keys.append(prefix + name)
+        for arg in args:
+            if dataclasses.is_dataclass(arg):
+                keys += float_keys(arg, f"{prefix}{name}.")
+    return keys
+
+
+def recipe_classes():
+    from spanlm.cls.config import ClsRecipe
+    from spanlm.ner.config import NerRecipe
+    from spanlm.qa.config import QARecipe
+
+    return [Recipe, NerRecipe, QARecipe, ClsRecipe]
+
+
+@pytest.mark.parametrize("cls", recipe_classes(), ids=lambda cls: cls.__name__)
+def test_no_float_key_takes_nan(cls):
+    """NaN passes every range check (it compares false with any bound), so it is refused by type, for every key."""
+    from spanlm.config import load_config
+
+    keys = float_keys(cls)
+    assert len(keys) > 5
+    for key in keys:
+        with pytest.raises(ConfigError, match=f"'{key}' must be a number, got nan"):
+            load_config(None, [f"{key}=nan"], cls=cls)
+
+
+@pytest.mark.parametrize("task", ["ner", "cls"])
+def test_a_label_set_naming_a_label_twice_is_refused_at_load(task):
+    """Before training, not after it: the exported model's labels.json would be unreadable."""
+    from spanlm.config import load_config
+
+    cls = {recipe.__name__: recipe for recipe in recipe_classes()}[f"{task.capitalize()}Recipe"]
+    with pytest.raises(ConfigError, match="labels names a label twice"):
+        load_config(None, ["data.labels=[person, person, location]"], cls=cls)
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf"])
+def test_the_ner_threshold_is_finite(value):
+    from spanlm.config import load_config
+    from spanlm.ner.config import NerRecipe
+
+    with pytest.raises(ConfigError, match="threshold must be a finite number"):
+        load_config(None, [f"ner.threshold={value}"], cls=NerRecipe)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -64,9 +65,12 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     if tp is float and isinstance(value, str):
         # YAML 1.1 (PyYAML) reads `1e-4` — exponent without a dot — as a string; it is a float here.
         try:
-            return float(value)
+            value = float(value)
         except ValueError:
             pass
+    if tp is float and isinstance(value, float) and math.isnan(value):
+        # NaN compares false with every bound, so a field's own range check would let it through
+        raise ConfigError(f"config key '{key}' must be a number, got nan")
     if tp is Any:
         return value
     # bool is a subclass of int: reject True for an int field and 1 for a bool field alike.

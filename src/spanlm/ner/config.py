@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Literal
 
 from spanlm.config import check_seed
@@ -55,6 +56,8 @@ class NerDataConfig(ReadOptions):
             )
         if not self.tag_columns:
             raise ValueError("tag_columns must name at least one column")
+        if self.labels is not None and len(set(self.labels)) != len(self.labels):
+            raise ValueError("labels names a label twice")
 
 
 @dataclasses.dataclass
@@ -65,6 +68,10 @@ class NerConfig:
     loss: ZlprConfig = dataclasses.field(default_factory=ZlprConfig)
     threshold: float = 0.0  # a (type, start, end) cell is an entity when its logit exceeds this (ZLPR's 0)
     flat: bool = False  # non-overlapping decoding (highest score first) instead of nested
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.threshold):
+            raise ValueError(f"threshold must be a finite number, got {self.threshold}")
 
 
 @dataclasses.dataclass
