@@ -1670,6 +1670,25 @@ cls_train_case("unknown_cls_key", {}, {}, ["cls.poolingg", "unknown"], cls={"poo
 cls_train_case("regression_metric_on_classes", {}, {}, ["cls.metrics", "spearman"], cls={"metrics": ["spearman"]})
 
 
+@case("cls_train_an_encoder_without_tokenizer_files")
+def _(ctx):
+    encoder = ctx.tmp / "encoder"
+    encoder.mkdir()
+    for name in ("config.json", "model.safetensors"):  # the weights copied, the tokenizer forgotten
+        shutil.copy(ctx.fixture("encoder") / name, encoder / name)
+    recipe = ctx.recipe(cls_recipe(encoder, ctx.tmp / "run"))
+    return ["cls", "train", recipe], [str(encoder), "no tokenizer files"]
+
+
+@case("ner_eval_a_model_without_tokenizer_files")
+def _(ctx):
+    model = ctx.copy("ner_model", "model")
+    for path in model.glob("tokenizer*.json"):
+        path.unlink()
+    (model / "vocab.txt").unlink(missing_ok=True)
+    return ner_eval(model), [str(model), "no tokenizer files"]
+
+
 @case("cls_train_a_directory_of_no_dataset")
 def _(ctx):
     folder = ctx.folder_("folder")

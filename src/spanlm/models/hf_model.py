@@ -90,11 +90,21 @@ def check_weights(directory: Path) -> None:
         check_safetensors(path)
 
 
+# The files that hold a tokenizer's vocabulary, in the forms transformers reads (fast, WordPiece, BPE, SentencePiece)
+VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "*.model")
+
+
 def load_fast_tokenizer(directory: Path):
     """The directory's tokenizer; it must be a fast one (character offsets come from it)."""
     from transformers import AutoTokenizer
 
     check_tokenizer_files(Path(directory))
+    if not any(any(Path(directory).glob(pattern)) for pattern in VOCABULARY_FILES):
+        # transformers builds an empty tokenizer from a config alone, which reads every word as [UNK]
+        raise InputError(
+            f"{directory}: no tokenizer files (tokenizer.json, vocab.txt, vocab.json or a SentencePiece model); "
+            "save the checkpoint's tokenizer beside it (tokenizer.save_pretrained)"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError, json.JSONDecodeError) as error:
