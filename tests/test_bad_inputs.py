@@ -1265,6 +1265,14 @@ def _(ctx):
     return ["ner", "eval", ctx.copy("ner_model", "model"), "--data", data, "--output", data], ["--output is the input"]
 
 
+@case("ner_eval_output_and_predictions_one_file")
+def _(ctx):
+    same = ctx.tmp / "scores.json"
+    argv = ner_eval(ctx.copy("ner_model", "model"), CONLL_DEV, "--predictions", same)
+    argv[argv.index("--output") + 1] = same
+    return argv, [str(same), "--output is --predictions"]
+
+
 @case("ner_eval_output_onto_the_labels")
 def _(ctx):
     model = ctx.copy("ner_model", "model")

@@ -252,6 +252,13 @@ def guard_outputs(outputs: Mapping[str, str | Path | None], inputs: Mapping[str,
     and the only copy of the input would be changed or gone. Every command calls this (tests/test_output_guard.py
     enumerates them).
     """
+    written = [(option, output) for option, output in outputs.items() if output]
+    for index, (option, output) in enumerate(written):  # two outputs of one command: one would clobber the other
+        for other_option, other in written[index + 1 :]:
+            first, second = Path(output).resolve(), Path(other).resolve()
+            if first == second or first.is_relative_to(second) or second.is_relative_to(first):
+                relation = "is" if first == second else "is inside" if first.is_relative_to(second) else "holds"
+                raise InputError(f"{output}: {option} {relation} {other_option} {other}; give each output its own path")
     given = [(name, path) for name, value in inputs.items() for path in _paths(value)]
     for option, output in outputs.items():
         if not output:
