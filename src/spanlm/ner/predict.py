@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from spanlm.finetune.batches import to_device
+from spanlm.finetune.char_spans import whole_spans
 from spanlm.finetune.task import encoder_featurizer, load_task_model
 from spanlm.models.encoder import load_encoder
 from spanlm.models.hf_model import EncoderConfig
@@ -101,24 +102,18 @@ def by_length(windows: Windows, indices: np.ndarray) -> np.ndarray:
     return indices[np.argsort(windows.attention_mask[indices].sum(1), kind="stable")]
 
 
-def snap_to_graphemes(spans: Spans, documents: list[NerDocument]) -> Spans:
-    """Spans widened to whole grapheme clusters (a base character with its combining marks, an emoji
-    sequence, CRLF). Token offsets can end inside one — BERT's normaliser strips a combining accent, so
-    it belongs to no token — and an entity must never cut a character as its reader sees it."""
-    import regex
-
+def whole(spans: Spans, documents: list[NerDocument]) -> Spans:
+    """Spans widened to whole grapheme clusters and trimmed of edge whitespace; those left empty dropped
+    (spanlm.finetune.char_spans: token offsets can cut a character or hold only spaces)."""
     start, end = spans.start.copy(), spans.end.copy()
     order = np.argsort(spans.document, kind="stable")
     ranges = np.searchsorted(spans.document[order], np.arange(len(documents) + 1))
     for d, document in enumerate(documents):
         rows = order[ranges[d] : ranges[d + 1]]
-        text = document.text
-        if len(rows) == 0 or (text.isascii() and "\r" not in text):  # every character its own cluster
-            continue
-        bounds = np.array([match.start() for match in regex.finditer(r"\X", text)] + [len(text)], dtype=np.int64)
-        start[rows] = bounds[np.searchsorted(bounds, start[rows], "right") - 1]
-        end[rows] = bounds[np.searchsorted(bounds, end[rows], "left")]
-    return Spans(spans.document, spans.type, start, end, spans.score)
+        if len(rows):
+            start[rows], end[rows] = whole_spans(document.text, start[rows], end[rows])
+    kept = np.flatnonzero(start < end)
+    return Spans(spans.document, spans.type, start, end, spans.score).take(kept)
 
 
 def merge(spans: Spans) -> Spans:
@@ -174,7 +169,7 @@ def predict_documents(
     model.eval()
     try:
         spans = window_spans(model, windows, by_length(windows, np.arange(len(windows))), threshold, batch_size, device)
-        spans = merge(snap_to_graphemes(spans, documents))
+        spans = merge(whole(spans, documents))
     finally:
         model.train(was_training)
     return spans_to_documents(flat_select(spans) if flat else spans, documents, labels)

@@ -42,8 +42,8 @@ from spanlm.ner.predict import (
     flat_select,
     merge,
     score_documents,
-    snap_to_graphemes,
     spans_to_documents,
+    whole,
     window_spans,
 )
 from spanlm.ner.windows import make_windows
@@ -162,7 +162,7 @@ def ner_setup(
             every = [None] * env.world_size
             dist.all_gather_object(every, spans)
             spans = Spans.concat(every)
-        spans = merge(snap_to_graphemes(spans, dev_docs))
+        spans = merge(whole(spans, dev_docs))
         predicted = spans_to_documents(flat_select(spans) if recipe.ner.flat else spans, dev_docs, labels)
         scores = score_documents(dev_docs, [d for d, _ in predicted], labels, cluener=dev_format == "cluener")
         metrics = {

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from spanlm.finetune.batches import to_device
+from spanlm.finetune.char_spans import whole_spans
 from spanlm.finetune.task import encoder_featurizer, load_task_model
 from spanlm.models.encoder import load_encoder
 from spanlm.models.hf_model import EncoderConfig
@@ -88,7 +89,9 @@ def collect(examples: list[QAExample], windows: Windows, score, start, end, null
     chars_end = windows.offsets[best, end[best], 1]
     out = []
     for e, example in enumerate(examples):
-        s, t = int(chars_start[e]), int(chars_end[e])
+        # whole characters, no edge whitespace (spanlm.finetune.char_spans); a span of spaces is the empty answer
+        (s,), (t,) = whole_spans(example.context, chars_start[e : e + 1], chars_end[e : e + 1])
+        s, t = int(s), int(t)
         out.append(
             Prediction(
                 example.id, example.context[s:t], s, t, float(score[best[e]]), float(min_null[e] - score[best[e]])
