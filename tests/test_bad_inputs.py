@@ -1051,6 +1051,19 @@ def _(ctx):
     return ["qa", "predict", ctx.copy("qa_model", "model"), "--input", path], [f"{path}:1", "question"]
 
 
+@case("qa_predict_empty_question")
+def _(ctx):
+    lines = '{"question": "Who?", "context": "Holmes."}\n{"question": " ", "context": "x"}\n'
+    path = ctx.file("questions.jsonl", lines)
+    return ["qa", "predict", ctx.copy("qa_model", "model"), "--input", path], [f"{path}:2", "empty question"]
+
+
+@case("qa_predict_id_of_a_list")
+def _(ctx):
+    path = ctx.file("questions.jsonl", '{"id": [1], "question": "Who?", "context": "Holmes."}\n')
+    return ["qa", "predict", ctx.copy("qa_model", "model"), "--input", path], [f"{path}:1", "'id' must be str or int"]
+
+
 @case("qa_predict_input_is_directory")
 def _(ctx):
     folder = ctx.tmp / "questions.jsonl"

@@ -207,3 +207,15 @@ def test_a_squad_file_that_is_not_utf8_is_named_with_its_line(tmp_path):
     path.write_bytes(b'\xef\xbb\xbf{"data": [\n  {"title": "x"},\n  {"title": "\xff"}\n]}')
     with pytest.raises(InputError, match=r"bad.json:3: not UTF-8 text \(invalid start byte at byte 45\)"):
         read_squad(path)
+
+
+def test_a_question_without_an_id_or_with_a_null_one_is_numbered_by_its_line(tmp_path):
+    from spanlm.qa.data import read_questions_jsonl
+
+    path = tmp_path / "q.jsonl"
+    path.write_text(
+        '{"question": "Who?", "context": "Holmes."}\n{"id": null, "question": "Who?", "context": "x"}\n'
+        '{"id": 7, "question": "Who?", "context": "x"}\n',
+        encoding="utf-8",
+    )
+    assert [example.id for example in read_questions_jsonl(path)] == ["1", "2", "7"]

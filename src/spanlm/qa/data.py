@@ -248,7 +248,10 @@ def read_questions_jsonl(path: str | Path) -> list[QAExample]:
         try:
             question = _field(record, "question", str, "")
             context = _field(record, "context", str, "")
+            qid = number if record.get("id") is None else _field(record, "id", (str, int), "")
         except _Malformed as error:
             raise InputError(f"{path}:{number}: {error.reason}") from None
-        examples.append(QAExample(str(record.get("id", number)), question, context, [], []))
+        if not question.strip():  # as `qa eval` refuses one: a model asked nothing answers at random
+            raise InputError(f"{path}:{number}: empty question")
+        examples.append(QAExample(str(qid), question, context, [], []))
     return examples
