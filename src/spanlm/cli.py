@@ -317,7 +317,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from spanlm.errors import SpanlmError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "overrides") and all("=" in item and not item.startswith("-") for item in extra):
+        args.overrides += extra  # overrides after an option (`--resume auto train.max_steps=600`) are overrides too
+    elif extra:
+        parser.parse_args(argv)  # argparse's own message and exit 2 for what no command takes
     if getattr(args, "loads_a_model", False):  # transformers' loading and writing bars, only on a terminal: in a
         set_library_progress_bars(sys.stderr.isatty())  # redirected log every redraw would be a line
     try:
