@@ -187,8 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--shard",
         metavar="I/N",
         default=None,
-        help="prepare only shard I (from 0) of N consecutive parts of the inputs, into PREPARED_DIR/shard-I-of-N "
-        "(needs tokenizer.path; a run reads the shards with data.prepared_shards)",
+        help="prepare only shard I (from 0) of N consecutive parts of the inputs, into "
+        "PREPARED_DIR/shard-IIIII-of-NNNNN, five digits each (needs tokenizer.path; a run reads the shards with "
+        "data.prepared_shards)",
     )
     prepare.set_defaults(run=_prepare)
 

@@ -140,7 +140,7 @@ def test_an_unknown_label_is_named_with_its_line(tmp_path):
     path = tmp_path / "dev.jsonl"
     path.write_text('{"text": "a", "label": "pos"}\n{"text": "b", "label": "meh"}\n')
     examples = read_examples(str(path), ClsDataConfig(), False, "train", "s")
-    with pytest.raises(InputError, match=r"dev.jsonl:2: label 'meh' is not one the model was trained on \(neg, pos\)"):
+    with pytest.raises(InputError, match=r"dev.jsonl:2: label 'meh' is not one of the run's labels \(neg, pos: "):
         check_labels(examples, ["neg", "pos"])
 
 

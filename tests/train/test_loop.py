@@ -89,6 +89,31 @@ def test_resume_auto_continues_the_same_run(prepared, tmp_path):
     assert sorted(after) == [1, 2, 3, 4, 5, 6] and {s: after[s] for s in reference} == reference
 
 
+@pytest.mark.parametrize("schedule", ["linear", "constant"])
+def test_a_longer_resume_says_how_it_moves_the_learning_rate(prepared, tmp_path, schedule):
+    """Resuming with a larger train.max_steps stretches a decaying schedule from the resumed step on: the run says
+    so in one line with the rate it now trains at; a schedule that the length does not change says nothing."""
+    from spanlm.train.optim import lr_factor
+
+    pretrain(
+        toy_recipe(prepared, tmp_path / "run", max_steps=4, save_every=2, schedule=schedule, warmup_steps=0), **QUIET
+    )
+    lines = []
+    longer = toy_recipe(prepared, tmp_path / "run", max_steps=8, save_every=2, schedule=schedule, warmup_steps=0)
+    pretrain(longer, resume=str(ckpt.step_dir(tmp_path / "run", 2)), log=lines.append)
+    said = [line for line in lines if line.startswith("train.max_steps 4 → 8")]
+    if schedule == "constant":
+        assert said == []
+        return
+    short = toy_recipe(prepared, tmp_path / "run", max_steps=4, schedule=schedule, warmup_steps=0).train
+    now, before = (longer.train.lr * lr_factor(2, config) for config in (longer.train, short))
+    assert now > before and said == [
+        f"train.max_steps 4 → 8: the linear schedule now spans 8 steps, so the learning rate from step 3 is {now:.3g} "
+        f"(it would have been {before:.3g}); for a schedule that a longer run does not change, use train.schedule: "
+        "wsd and resume before its decay, or constant"
+    ]
+
+
 @pytest.mark.parametrize("workers, fresh_workers", [(0, 0), (2, 2), (2, 0), (0, 1)])
 def test_a_restored_loader_yields_the_same_next_batches(prepared, workers, fresh_workers):
     # Any number of workers on either side: the state is the position of the next batch, and a batch

@@ -83,7 +83,8 @@ def add_cls_commands(commands) -> None:
         help="sentence (pair) classification and regression, GLUE / CLUE style: train, eval, predict",
         description="Fine-tune an encoder to classify sentences or sentence pairs (or score them: regression), "
         "score it as GLUE / CLUE do (accuracy, F1, Matthews, Pearson / Spearman) and label new text. The "
-        "exported model is a transformers *ForSequenceClassification directory.",
+        "exported model is a transformers *ForSequenceClassification directory where the pooling is the family's own "
+        "(cls.pooling: cls for BERT-style families), else spanlm's layout, which cls eval / predict load.",
     )
     actions = cls.add_subparsers(dest="cls_command", metavar="ACTION", required=True)
     add_training_command(

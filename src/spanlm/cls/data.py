@@ -221,8 +221,8 @@ def check_labels(examples: list[Example], labels: list[str]) -> None:
     for example in examples:
         if example.label not in known:
             raise InputError(
-                f"{example.where}: label {example.label!r} is not one the model was trained on "
-                f"({', '.join(labels)}); list it in data.labels to train on it"
+                f"{example.where}: label {example.label!r} is not one of the run's labels "
+                f"({', '.join(labels)}: data.labels, or the training data's); list it in data.labels to train on it"
             )
 
 

@@ -39,7 +39,7 @@ class DataConfig:
     # Output of `spanlm prepare`, input of pretraining. "{tokenizer}" is replaced by the tokenizer
     # settings' short name (spanlm.data.tokenizer.settings_key): one directory per tokenizer.
     prepared_dir: str = f"runs/prepared/{TOKENIZER_KEY}"
-    # A corpus prepared in shards (`spanlm prepare RECIPE --shard i/n` writes prepared_dir/shard-i-of-n, one
+    # A corpus prepared in shards (`spanlm prepare RECIPE --shard i/n` writes prepared_dir/shard-0000i-of-0000n, one
     # job per shard, all with one tokenizer.path): prepared directories or glob patterns of them, read as
     # one corpus in this order. When set, pretraining reads these and prepares nothing.
     prepared_shards: list[str] = dataclasses.field(default_factory=list)

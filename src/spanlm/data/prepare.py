@@ -138,7 +138,7 @@ def prepare(
     by the run that starts, never by one that is refused or fails (a pretraining run passes it).
 
     ``shard=(i, n)``: prepare only the i-th of n consecutive parts of the inputs, into
-    ``prepared_dir/shard-i-of-n`` (see :func:`shard_inputs`); the tokenizer must be given (tokenizer.path).
+    ``prepared_dir/shard-0000i-of-0000n`` (see :func:`shard_inputs`); the tokenizer must be given (tokenizer.path).
 
     A directory whose tokenizer would change is replaced only with ``force`` (see _replacing_tokenizer).
     ``keep_tokenizer``: the tokenizer fingerprint a checkpoint about to be resumed was trained with;

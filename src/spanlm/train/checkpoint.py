@@ -383,6 +383,32 @@ def check_same_settings(
         )
 
 
+def stretched_schedule(path: Path, recipe, step: int) -> str | None:
+    """What a resume with another ``train.max_steps`` does to the learning rate, in one line; None when it does
+    nothing (the same length, a constant schedule, a phased run's fixed ``schedule_steps``).
+
+    Why say it: the schedule spans the new length from the step the run resumes at, so a decaying rate steps up
+    (or down) there, and the run is neither the shorter one it continues nor the longer one it will look like."""
+    import dataclasses
+
+    from spanlm.train.optim import lr_factor, schedule_length
+
+    saved = (read_metadata(path / "config.yaml", "the checkpoint is damaged") or {}).get("train") or {}
+    train, old_steps = recipe.train, saved.get("max_steps")
+    if not isinstance(old_steps, int) or old_steps == train.max_steps or train.schedule_steps is not None:
+        return None
+    old = dataclasses.replace(train, max_steps=old_steps)
+    before, after = train.lr * lr_factor(step, old), train.lr * lr_factor(step, train)
+    if before == after:
+        return None
+    return (
+        f"train.max_steps {old_steps} → {train.max_steps}: the {train.schedule} schedule now spans "
+        f"{schedule_length(train)} steps, so the learning rate from step {step + 1} is {after:.3g} (it would have "
+        f"been {before:.3g}); for a schedule that a longer run does not change, use train.schedule: wsd and resume "
+        "before its decay, or constant"
+    )
+
+
 def _flatten(tree: dict, prefix: str = "") -> dict:
     flat = {}
     for key, value in tree.items():

@@ -231,6 +231,8 @@ class Trainer:
             self.log(f"continued from {start.checkpoint} at step {self.step} (the last phase's end; its own data)")
         elif start.checkpoint is not None:
             self.log(f"resumed from {start.checkpoint} at step {self.step}")
+            if env.is_main and (note := ckpt.stretched_schedule(start.checkpoint, self.recipe, self.step)):
+                self.log(note)
             if env.is_main and (aside := ckpt.set_aside_later(self.output_dir, self.step)) is not None:
                 self.log(f"this run now continues from step {self.step}: its later checkpoints were moved to {aside}")
         resumed = start.checkpoint is not None and not start.weights_only  # a new run's metrics start afresh
