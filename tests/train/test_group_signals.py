@@ -181,6 +181,30 @@ def test_a_signal_during_the_first_evaluation_saves_after_one_step(
     assert ckpt.step_of(ckpt.latest_checkpoint(run)) == 1 and "received SIGTERM: saved step 1, exiting" in lines
 
 
+def test_a_stop_between_records_logs_the_steps_since_the_last_one(
+    prepared, tmp_path, monkeypatch, a_signal_outside_the_loop_raises
+):
+    """A stop mid-window writes that window's record at the step it saves: the resumed run's records then cover
+    every step once (no loss or gradient norm of the steps before the stop goes unlogged)."""
+    from spanlm.pretrain.run import pretrain
+    from spanlm.train.loop import Trainer
+
+    reference = pretrain(toy_recipe(prepared, tmp_path / "reference", max_steps=3, log_every=1), log=lambda *_: None)
+    losses = [r["loss"] for r in read_metrics(reference) if r["kind"] == "train"]
+    step = Trainer._step
+
+    def signalled_step(self, *args):
+        if self.step == 2:  # during step 3
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step(self, *args)
+
+    monkeypatch.setattr(Trainer, "_step", signalled_step)
+    run = pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=1000, log_every=5), log=lambda *_: None)
+    assert ckpt.step_of(ckpt.latest_checkpoint(run)) == 3
+    (record,) = [r for r in read_metrics(run) if r["kind"] == "train"]
+    assert record["step"] == 3 and record["loss"] == pytest.approx(sum(losses) / 3, rel=1e-5)
+
+
 def test_a_signal_during_the_last_save_lets_it_complete(
     prepared, tmp_path, monkeypatch, a_signal_outside_the_loop_raises
 ):

@@ -320,6 +320,10 @@ class Trainer:
                     received = any_rank(stop.received is not None, env)  # host-side: no device sync
                     if received:
                         self._check_finite(window)
+                        if self.step % config.log_every:  # the steps since the last record: kept (every rank reduces)
+                            record = self._log_record(window, started, skipped)
+                            if logger:
+                                logger.log(record)
                         stop.note(stop.received or "a stop signal on another rank")
                         self.log(f"received {stop.received}: saved step {self.step}, exiting")
                         self.save()
