@@ -75,6 +75,12 @@ def test_a_phase_that_cannot_run_is_refused_at_load_naming_it(embedded_prepared,
         embedded_recipe("mlm", embedded_prepared, tmp_path / "run", "train.schedule=wsd", f"phases={phases}")
 
 
+def test_a_phase_may_keep_more_checkpoints(embedded_prepared, tmp_path):
+    phases = PHASES.replace("set: {data.max_len: 48}", "set: {data.max_len: 48, train.keep_last: 7}")
+    recipe = phased(embedded_prepared, tmp_path / "run", f"phases={phases}")
+    assert [p.recipe.train.keep_last for p in plan(recipe)][1:] == [7, 7]
+
+
 def test_a_model_path_whose_config_is_not_json_is_left_to_the_runs_own_load(embedded_prepared, tmp_path):
     """The load-time check of a later phase's block length reads model.path's config.json; one that is not JSON is
     not that check's to report (it used to refuse the recipe with the JSON parser's words as if the recipe's)."""

@@ -51,6 +51,7 @@ PHASE_KEYS = (
     "train.log_every",
     "train.eval_every",
     "train.save_every",
+    "train.keep_last",
     "model.rope_theta",
     "model.local_rope_theta",
     "model.local_attention",
