@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 import toy_objective
-from helpers import REPO
+from helpers import REPO, embedded_recipe
 from spanlm.config import from_dict
 from spanlm.data.blocks import BlockDataset
 from spanlm.data.shards import PreparedCorpus
@@ -87,6 +87,23 @@ def test_resume_auto_continues_the_same_run(prepared, tmp_path):
     pretrain(toy_recipe(prepared, tmp_path / "run", max_steps=6, save_every=2), resume="auto", **QUIET)
     after = losses(tmp_path / "run")
     assert sorted(after) == [1, 2, 3, 4, 5, 6] and {s: after[s] for s in reference} == reference
+
+
+def test_a_refused_resume_measures_nothing_first(embedded_prepared, tmp_path, monkeypatch):
+    """The device's peak is measured once the run is known to train: a resume refused for changed settings says so
+    at once, not after a second of matmuls."""
+    from spanlm.errors import InputError
+    from spanlm.train import speed
+
+    pretrain(embedded_recipe("mlm", embedded_prepared, tmp_path / "run", "train.max_steps=2"), **QUIET)
+    measured = []
+    monkeypatch.setattr(speed, "measure_peak_flops", lambda *args: measured.append(args) or 1e12)
+    changed = embedded_recipe("mlm", embedded_prepared, tmp_path / "run", "train.max_steps=4", "seed=5")
+    with pytest.raises(InputError, match="seed: 0 → 5"):
+        pretrain(changed, resume="auto", **QUIET)
+    assert measured == []
+    pretrain(embedded_recipe("mlm", embedded_prepared, tmp_path / "run", "train.max_steps=4"), resume="auto", **QUIET)
+    assert len(measured) == 1
 
 
 @pytest.mark.parametrize("schedule", ["linear", "constant"])
@@ -270,7 +287,7 @@ def test_records_say_the_runs_speed_mfu_and_time_waiting_for_data(embedded_prepa
     6·N + 12·width·max_len per token) per second over the peak; ``data_wait`` the share of the window the loop
     waited for its batches: most of it behind a loader that takes 200 ms a batch (long beside a step even on a
     busy machine, where the quick run's own loader may keep it waiting a while)."""
-    from helpers import EMBEDDED_MAX_LEN, embedded_recipe
+    from helpers import EMBEDDED_MAX_LEN
     from spanlm.data.shards import PreparedCorpus
     from spanlm.models.flops import training_flops
     from spanlm.objectives import build_objective
@@ -307,7 +324,6 @@ def test_a_peak_measured_on_a_busy_device_is_measured_again_when_the_model_outru
 ):
     """Another process held the device when the run measured its peak (here: 1 FLOP/s): the first window's model
     rate exceeds it, so the run measures it again, says so once, and no record reports an mfu over 1."""
-    from helpers import embedded_recipe
     from spanlm.train import speed
 
     peaks = iter([1.0, 1e18])

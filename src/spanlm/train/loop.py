@@ -147,16 +147,9 @@ class Trainer:
         self.recipe = recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, precision=precision))
         self.config = recipe.train
         self.log(f"precision: {speed.PRECISION_WORDS[precision]} on {env.device.type}")
-        self.peak_flops = None  # FLOP/s of the device that mfu divides by
+        self.peak_flops = None  # FLOP/s of the device that mfu divides by: set once the run is known to train
         self.peak_measured_again = False  # once, if the model outruns a peak measured on a busy device
-        if self.setup.flops is not None:
-            if self.config.peak_tflops is not None:
-                self.peak_flops, how = self.config.peak_tflops * 1e12, "train.peak_tflops"
-            else:
-                self.peak_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-                self.peak_flops = speed.measure_peak_flops(env.device, self.peak_dtype)
-                how = f"measured: the best {str(self.peak_dtype).removeprefix('torch.')} matmul"
-            self.log(f"mfu: the model's FLOPs per second over a peak of {self.peak_flops / 1e12:.3g} TFLOP/s ({how})")
+        self.peak_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         self.objective = self.setup.objective.to(env.device)
         # The device's speed backend, in place (spanlm.accel; on CPU its kernels are built now, not under the
         # progress bar), with a packed run's attention path
@@ -237,6 +230,8 @@ class Trainer:
                 self.log(f"this run now continues from step {self.step}: its later checkpoints were moved to {aside}")
         resumed = start.checkpoint is not None and not start.weights_only  # a new run's metrics start afresh
         nothing_to_train = self.step >= config.max_steps
+        if self.setup.flops is not None and not nothing_to_train:  # after the resume checks: a refusal is at once
+            self._set_peak()
         logger = None if nothing_to_train else self._open_logger(self.step if resumed else None)
         with logger or contextlib.nullcontext():
             if env.is_main:  # only now: a refused or failed start (a tracker too) leaves the run's recipe as it was
@@ -441,6 +436,14 @@ class Trainer:
             record["first_step_s"], self.first_step_seconds = self.first_step_seconds, None
         record["skipped_steps"] = skipped + int(window.skipped)
         return record
+
+    def _set_peak(self) -> None:
+        if self.config.peak_tflops is not None:
+            self.peak_flops, how = self.config.peak_tflops * 1e12, "train.peak_tflops"
+        else:
+            self.peak_flops = speed.measure_peak_flops(self.env.device, self.peak_dtype)
+            how = f"measured: the best {str(self.peak_dtype).removeprefix('torch.')} matmul"
+        self.log(f"mfu: the model's FLOPs per second over a peak of {self.peak_flops / 1e12:.3g} TFLOP/s ({how})")
 
     def _measure_peak_again(self, reached: float) -> None:
         """The model computed faster than the peak measured at the start, which another process sharing the device
