@@ -7,6 +7,7 @@ continue, and the recipe (config.yaml).
 
 from __future__ import annotations
 
+import json
 from fnmatch import fnmatch
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from spanlm.config import save_config
 from spanlm.data.shards import PreparedCorpus, read_meta
 from spanlm.data.tokenizer import save_tokenizer
 from spanlm.errors import InputError
-from spanlm.files import refuse_to_overwrite_inputs, write_directory
+from spanlm.files import read_metadata, refuse_to_overwrite_inputs, write_directory
 from spanlm.models.backbone import shortest_position_table
 from spanlm.objectives import build_objective
 from spanlm.objectives.pretrained_heads import OBJECTIVE_FILE
@@ -29,8 +30,8 @@ from spanlm.train.checkpoint import (
     step_of,
 )
 
-# What a spanlm export may hold (any objective's, any model size's): a directory holding anything else is not one.
-EXPORT_ENTRIES = (
+# What an export written before exports listed their files may hold: anything else in it is not the export's.
+EARLIER_EXPORT_ENTRIES = (
     OBJECTIVE_FILE,
     "config.json",
     "config.yaml",
@@ -40,7 +41,6 @@ EXPORT_ENTRIES = (
     "generator",
     "tokenizer*.json",
     "special_tokens_map.json",
-    "added_tokens.json",
     "vocab.txt",
     "vocab.json",
     "merges.txt",
@@ -57,20 +57,30 @@ def check_replaceable(out: Path) -> None:
         raise InputError(f"{out}: exists and is not a directory; --out names the directory to write")
     if not out.is_dir() or not any(out.iterdir()):
         return
-    if not (out / OBJECTIVE_FILE).is_file():
+    record = read_metadata(out / OBJECTIVE_FILE, "choose a new --out")
+    if record is None:
         raise InputError(
             f"{out}: a directory that is not an earlier spanlm export (no {OBJECTIVE_FILE}) would be replaced "
             "with everything in it; choose a new --out"
         )
-    foreign = sorted(
-        entry.name for entry in out.iterdir() if not any(fnmatch(entry.name, pattern) for pattern in EXPORT_ENTRIES)
-    )
+    listed = record.get("files")
+    patterns = [OBJECTIVE_FILE, *listed] if isinstance(listed, list) else EARLIER_EXPORT_ENTRIES
+    foreign = sorted(entry.name for entry in out.iterdir() if not any(fnmatch(entry.name, p) for p in patterns))
     if foreign:
         raise InputError(
             f"{out}: an earlier export that also holds {foreign[0]}"
             f"{f' (and {len(foreign) - 1} more)' if len(foreign) > 1 else ''}, which the new export would delete; "
             "choose a new --out or move it away"
         )
+
+
+def record_files(directory: Path, objective_name: str) -> None:
+    """The export's own record (``spanlm_objective.json``, which an objective may have begun) lists every entry the
+    export wrote: what a later export into the same directory may replace (:func:`check_replaceable`)."""
+    path = directory / OBJECTIVE_FILE
+    record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"objective": objective_name}
+    record["files"] = sorted(entry.name for entry in directory.iterdir() if entry.name != OBJECTIVE_FILE)
+    path.write_text(json.dumps(record) + "\n", encoding="utf-8")
 
 
 def check_pretraining_run(checkpoint: Path) -> None:
@@ -152,5 +162,6 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
         objective.export(directory, tokenizer)
         save_tokenizer(tokenizer, directory)
         save_config(recipe, directory / "config.yaml")
+        record_files(directory, recipe.objective.name)
 
     return write_directory(out, fill)
