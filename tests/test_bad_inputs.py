@@ -482,6 +482,30 @@ def _(ctx):
     return ["prepare", prepare_recipe(ctx, path)], [f"{path}:2", "text"]
 
 
+@case("prepare_jsonl_lone_surrogate")
+def _(ctx):
+    path = ctx.file("docs.jsonl", '{"text": "fine"}\n{"text": "hello \\ud800 world"}\n')
+    return ["prepare", prepare_recipe(ctx, path)], [f"{path}:2", "lone surrogate"]
+
+
+@case("prepare_into_a_training_run")
+def _(ctx):
+    good = ctx.file("good.txt", "Some words here.\n" * 20)
+    run, _ = run_copy(ctx)
+    recipe = ctx.recipe({"data": {"inputs": [str(good)], "prepared_dir": str(run)}, "tokenizer": {"vocab_size": 300}})
+    return ["prepare", recipe], [str(run), "not a prepared corpus"]
+
+
+@case("prepare_into_a_folder_of_shards")
+def _(ctx):
+    good = ctx.file("good.txt", "Some words here.\n" * 20)
+    shutil.copytree(ctx.fixture("prepared"), ctx.tmp / "corpus" / "shard-00000-of-00001")
+    recipe = ctx.recipe(
+        {"data": {"inputs": [str(good)], "prepared_dir": str(ctx.tmp / "corpus")}, "tokenizer": {"vocab_size": 300}}
+    )
+    return ["prepare", recipe, "--force"], [str(ctx.tmp / "corpus"), "not a prepared corpus"]
+
+
 @case("prepare_jsonl_wrong_type")
 def _(ctx):
     path = ctx.file("docs.jsonl", '{"text": "fine"}\n{"text": 42}\n')

@@ -216,6 +216,9 @@ def split_long_line(line: str, limit: int) -> list[str]:
     return pieces
 
 
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # half a UTF-16 pair, which JSON can escape but no UTF-8 holds
+
+
 class CorpusReader:
     """Yields ``(document_index, sentence)`` for every sentence of every input, in order.
 
@@ -310,6 +313,9 @@ class CorpusReader:
                 self._bad(
                     f"{path}:{lineno}", f"record has no string field '{field}' (has: {keys}); set data.text_field"
                 )
+                continue
+            if LONE_SURROGATE.search(record[field]):  # a JSON \ud800 escape: no UTF-8 text, no tokenizer takes it
+                self._bad(f"{path}:{lineno}", f"field '{field}' holds a lone surrogate (\\ud800-\\udfff), not text")
                 continue
             yield from _record_lines(record[field])
 

@@ -262,6 +262,12 @@ def _existing_meta(final: Path, force: bool, log) -> dict | None:
         return None
     if existing is None and not force and (final / "tokenizer").exists():
         raise InputError(f"{final}: holds a tokenizer but no meta.json; {REBUILD}")
+    if existing is None and final.is_dir() and any(final.iterdir()) and not (final / "tokenizer").exists():
+        # a run's directory, shards, someone's files: preparing swaps the directory whole, and they would go with it
+        raise InputError(
+            f"{final}: not a prepared corpus (no meta.json) and not empty; preparing would replace it with "
+            "everything in it: choose another data.prepared_dir"
+        )
     return existing
 
 
