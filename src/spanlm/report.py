@@ -232,8 +232,23 @@ def _format(value) -> str:
     return html.escape(str(value))
 
 
+def run_labels(runs: list[Path]) -> list[str]:
+    """Each run's shortest trailing path that no other run ends with (``seed0/mlm`` beside ``seed1/mlm``): one
+    curve per run, however many share a directory name."""
+    parts = [run.resolve().parts for run in runs]
+    labels = []
+    for index, own in enumerate(parts):
+        for length in range(1, len(own) + 1):
+            label = own[-length:]
+            if all(other[-length:] != label for j, other in enumerate(parts) if j != index):
+                break
+        labels.append(str(Path(*label)))
+    return labels
+
+
 def compare_runs(run_dirs: list[str | Path], metrics: list[str], out: str | Path, kind: str = "eval") -> Path:
-    """One PNG with a panel per metric, one curve per run (labelled by its directory name)."""
+    """One PNG with a panel per metric, one curve per run (labelled by its directory name, or as much of its path
+    as tells it from the others)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -244,9 +259,13 @@ def compare_runs(run_dirs: list[str | Path], metrics: list[str], out: str | Path
             raise InputError(f"{run}: no such run directory" if not run.exists() else f"{run}: not a run directory")
         if not (run / "metrics.jsonl").is_file():
             raise InputError(f"{run}: not a run directory (no metrics.jsonl)")
-    runs = {Path(d).name: [r for r in read_metrics(Path(d)) if r.get("kind", "train") == kind] for d in run_dirs}
-    for run in map(Path, run_dirs):
-        if not runs[run.name]:
+    labels = run_labels([Path(d) for d in run_dirs])
+    runs = {
+        label: [r for r in read_metrics(Path(d)) if r.get("kind", "train") == kind]
+        for d, label in zip(run_dirs, labels)
+    }
+    for run, label in zip(map(Path, run_dirs), labels):
+        if not runs[label]:
             raise InputError(f"{run}: no '{kind}' records in its metrics.jsonl")
     figure, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 3.6), dpi=100, squeeze=False)
     for axis, metric in zip(axes[0], metrics):

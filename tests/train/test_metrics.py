@@ -312,3 +312,29 @@ def test_documented_loggers_commands_run(tmp_path, monkeypatch):
     assert [m.step for m in client.get_metric_history(found.info.run_id, "eval/loss")] == [
         2
     ]  # train.log_every is 10: step 2 is the last
+
+
+@pytest.mark.parametrize("line", ["[1, 2]", "5", '{"kind": "train", "loss": 1.0}', '{"kind": "train", "step": true}'])
+def test_a_line_that_is_json_but_no_record_is_named(tmp_path, line):
+    """A line that parses but is not a record (a list, a number, no step) is one line naming it, as a broken line is
+    — not an AttributeError in `spanlm report` or a resume."""
+    from spanlm.errors import InputError
+    from spanlm.train.metrics import read_metrics
+
+    (tmp_path / "metrics.jsonl").write_text(f'{line}\n{{"kind": "train", "step": 1, "loss": 1.0}}\n', encoding="utf-8")
+    with pytest.raises(InputError, match=r"metrics.jsonl:1: not a metrics record"):
+        read_metrics(tmp_path)
+
+
+def test_compare_draws_one_curve_per_run_when_runs_share_a_name(tmp_path):
+    from spanlm.report import run_labels
+
+    for seed, losses in ((0, [5.0, 4.0]), (1, [1.0, 0.5])):
+        run = tmp_path / f"seed{seed}" / "run"
+        run.mkdir(parents=True)
+        records = [{"kind": "eval", "step": step, "loss": loss} for step, loss in enumerate(losses, 1)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    runs = [tmp_path / "seed0" / "run", tmp_path / "seed1" / "run", tmp_path / "seed1"]
+    assert run_labels(runs) == ["seed0/run", "seed1/run", "seed1"]
+    figure = compare_runs(runs[:2], ["loss"], tmp_path / "compare.png")
+    assert figure.stat().st_size > 1000

@@ -340,6 +340,10 @@ def _lines_and_records(path: Path) -> list[tuple[str, dict]]:
             if index == len(numbered) - 1:
                 break
             raise InputError(f"{path}:{number}: not valid JSON ({error.msg}); remove or repair that line") from None
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int) or isinstance(record["step"], bool):
+            raise InputError(
+                f"{path}:{number}: not a metrics record (an object with an integer step); remove that line"
+            )
         out.append((line, record))
     return out
 
