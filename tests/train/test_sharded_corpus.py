@@ -64,6 +64,20 @@ def test_resuming_with_a_shard_missing_names_it(tmp_path, capsys):
     assert [p.name for p in (run / "checkpoints").iterdir()] == [ckpt.step_dir(run, 2).name]
 
 
+def test_preview_reads_the_shards_as_pretraining_does(tmp_path, capsys):
+    """`spanlm preview` of a recipe with data.prepared_shards shows the shards' blocks: it prepares nothing (it
+    trained a tokenizer and prepared data.prepared_dir instead)."""
+    from spanlm.masking.preview import preview
+
+    whole, recipe = sharded_recipe(tmp_path, tmp_path / "run")
+    recipe.data.prepared_dir = str(tmp_path / "never")
+    recipe.data.inputs = []
+    lines = []
+    sharded = preview(recipe, n=1, stats_blocks=8, log=lines.append)
+    assert not (tmp_path / "never").exists() and not any("tokenizer" in line for line in lines)
+    assert sharded == preview(whole, n=1, stats_blocks=8, log=lines.append)  # the same blocks as one directory
+
+
 def test_mixed_blocks_give_each_shard_its_weights_share_and_reach_every_block_over_epochs():
     """Two shards of 49 training blocks each (blocks 5 and 60 held out) weighted 3 : 1: an epoch of 98 positions holds
     74 of the first and 24 of the second; the second's window moves on each epoch, so every one of its blocks is

@@ -17,7 +17,7 @@ import numpy as np
 
 from spanlm.data.blocks import BlockDataset, BlockSampler, collate_blocks
 from spanlm.data.prepare import prepare
-from spanlm.data.shards import PreparedCorpus
+from spanlm.data.shards import PreparedCorpus, ShardedCorpus, resolve_shards
 from spanlm.errors import ConfigError, InputError
 from spanlm.masking.base import KIND_NAMES, MASK, RANDOM, SIMILAR, MaskedBatch, build_masker, with_rate
 
@@ -109,7 +109,10 @@ def preview(
         raise ConfigError("preview needs --n >= 0, --stats-blocks >= 1 and --step >= 1")
     out = out or sys.stdout
     log = log or (lambda message: print(message, file=sys.stderr))
-    corpus = PreparedCorpus(prepare(recipe, log=log))
+    if recipe.data.prepared_shards:  # what pretraining reads: the shards as one corpus, nothing prepared
+        corpus = ShardedCorpus(resolve_shards(recipe.data.prepared_shards))
+    else:
+        corpus = PreparedCorpus(prepare(recipe, log=log))
     masker = build_masker(recipe.masking, corpus)
     schedule = recipe.masking.rate_schedule
     rate = schedule.rate_at(step - 1) if schedule.active else None  # the schedule counts the run's steps done
