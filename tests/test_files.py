@@ -87,3 +87,24 @@ def test_metadata_damage_is_named_and_never_read_as_absent(tmp_path):
         read_metadata(tmp_path / "dir.json", "fix it")
     (tmp_path / "ok.yaml").write_text("a: 1\n", encoding="utf-8")
     assert read_metadata(tmp_path / "ok.yaml", "fix it") == {"a": 1}
+
+
+def test_a_new_write_removes_what_a_killed_writer_left_and_nothing_of_a_live_one(tmp_path):
+    """A writer killed mid-way (SIGTERM's default, SIGKILL) leaves its temporary directory; the next write beside it
+    removes it, and leaves alone one whose process still runs (another writer at work)."""
+    import os
+    import subprocess
+    import sys
+
+    from spanlm.files import write_directory
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = tmp_path / f".corpus.tmp-{int(dead.stdout)}-abc123"
+    running = tmp_path / f".corpus.tmp-{os.getpid()}-def456"
+    other = tmp_path / f".corpus-2.tmp-{int(dead.stdout)}-ghi789"  # another output's: not this write's to judge
+    for directory in (left, running, other):
+        directory.mkdir()
+        (directory / "ids.npy").write_bytes(b"partial")
+    write_directory(tmp_path / "corpus", lambda tmp: (tmp / "meta.json").write_text("{}"))
+    assert not left.exists() and running.is_dir() and other.is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([running.name, other.name, "corpus"])

@@ -12,8 +12,8 @@ PACKAGE = Path(spanlm.__file__).parent
 
 # Lowest first. A folder (or top-level module) may import from its own folder and from lower layers only.
 LAYERS = [
-    ["spanlm", "spanlm.errors"],
-    ["spanlm.files", "spanlm.processes", "spanlm.config", "spanlm.recipes"],
+    ["spanlm", "spanlm.errors", "spanlm.processes"],
+    ["spanlm.files", "spanlm.config", "spanlm.recipes"],
     ["spanlm.cli_support"],
     ["spanlm.data"],
     ["spanlm.heads"],

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from spanlm.errors import InputError
+from spanlm.processes import process_alive
 
 
 def fsync_tree(directory: Path) -> None:
@@ -131,15 +132,25 @@ def _usual_modes(root: Path) -> None:
             os.chmod(os.path.join(directory, name), 0o666 & ~umask)
 
 
+def temporary_sibling(out: Path) -> Path:
+    """A new temporary directory beside ``out`` (``.NAME.tmp-PID-…``), after removing those that processes no longer
+    running left there: a writer killed (SIGTERM's default, SIGKILL, a node lost) never ran its clean-up."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    left = re.compile(rf"^\.{re.escape(out.name)}\.tmp-(\d+)-")
+    for sibling in out.parent.iterdir():
+        if (match := left.match(sibling.name)) and sibling.is_dir() and not process_alive(int(match.group(1))):
+            shutil.rmtree(sibling, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
+
+
 def write_directory(out: Path, fill: Callable[[Path], None]) -> Path:
     """Write ``out`` through ``fill(tmp)`` into a temporary sibling, fsync it and swap it into place.
 
     A crash or error midway leaves the previous ``out`` (if any) as it was and no partial directory; a
     full disk is a one-line InputError saying so.
     """
-    out.parent.mkdir(parents=True, exist_ok=True)
     kept = f"the previous {out} is intact" if out.exists() else "nothing was written"
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = temporary_sibling(out)
     try:
         with full_disk_is_an_input_error(out, kept):
             fill(tmp)

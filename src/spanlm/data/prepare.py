@@ -38,7 +38,13 @@ from spanlm.data.similar_words import build_similar_words
 from spanlm.data.tokenizer import load_tokenizer, save_tokenizer, tokenizer_fingerprint, train_tokenizer
 from spanlm.data.words import encode_sentences
 from spanlm.errors import ConfigError, InputError
-from spanlm.files import out_of_space, read_metadata, refuse_to_overwrite_inputs, replace_directory
+from spanlm.files import (
+    out_of_space,
+    read_metadata,
+    refuse_to_overwrite_inputs,
+    replace_directory,
+    temporary_sibling,
+)
 
 
 def input_fingerprint(recipe, inputs: list[Input], by_content: bool = False) -> str:
@@ -115,8 +121,7 @@ def shard_inputs(inputs: list[Input], index: int, count: int, tokenizer_given: b
 
 def _make_tmp_dir(final: Path) -> Path:
     try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+        return temporary_sibling(final)
     except OSError as error:
         raise InputError(f"{final}: cannot write the output directory: {error.strerror or error}") from None
 
