@@ -148,6 +148,12 @@ def test_prepare_replaces_a_tokenizer_only_with_force_and_names_the_runs_trained
     )
     assert f"tokenizer.path={prepared / 'tokenizer'}" in error and "--force" in error
     assert read_meta(prepared) == before  # nothing touched
+    # the advice as given works: another directory with the kept tokenizer (here, it would hold its own input)
+    keep = ["data.max_line_chars=50", f"tokenizer.path={prepared / 'tokenizer'}"]
+    assert main(["prepare", str(recipe), *keep]) == 2
+    assert main(["prepare", str(recipe), *keep, f"data.prepared_dir={tmp_path / 'other'}"]) == 0
+    assert read_meta(tmp_path / "other")["tokenizer_fingerprint"] == before["tokenizer_fingerprint"]
+    capsys.readouterr()
 
     assert main(["prepare", str(recipe), "tokenizer.vocab_size=300", "--force"]) == 0
     replaced = capsys.readouterr().err

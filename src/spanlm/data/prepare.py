@@ -323,8 +323,9 @@ def _replacing_tokenizer(final: Path, old: str, new: str, force: bool, log, resu
     if not force:
         raise InputError(
             f"{final}: holds tokenizer {old} ({trained}); preparing it with these inputs and settings would "
-            f"replace it by tokenizer {new}. Keep its tokenizer with tokenizer.path={final / 'tokenizer'}, "
-            "prepare into another data.prepared_dir, or replace it with `spanlm prepare RECIPE --force`"
+            f"replace it by tokenizer {new}. Prepare into another data.prepared_dir (with tokenizer.path="
+            f"{final / 'tokenizer'} to keep its tokenizer: a corpus never holds its own input), or replace it with "
+            "`spanlm prepare RECIPE --force`"
         )
     log(
         f"{final}: replacing tokenizer {old} by {new} (--force); {trained}"
