@@ -46,6 +46,9 @@ def test_long_lines_are_split_at_whitespace_and_counted(tmp_path):
     assert all(len(p) <= 100 for p in pieces) and " ".join(pieces) == line
     assert stats["lines_split"] == 1 and units[-1] == (0, "short")
     assert split_long_line("x" * 250, 100) == ["x" * 100, "x" * 100, "x" * 50]  # no whitespace: hard cut
+    # any whitespace, not only a space: a tab-separated or ideographic-space line is cut between words
+    assert split_long_line("alpha\tbravo\tcharlie\tdelta", 12) == ["alpha\tbravo", "charlie", "delta"]
+    assert split_long_line("一二三四五\u3000六七八九十\u3000甲乙丙丁", 8) == ["一二三四五", "六七八九十", "甲乙丙丁"]
 
 
 def test_invalid_utf8_names_file_and_line(tmp_path):

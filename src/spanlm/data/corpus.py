@@ -204,14 +204,17 @@ def longest_word_run(line: str) -> int:
     return max((match.end() - match.start() for match in _WORD_RUN.finditer(line)), default=0)
 
 
+UP_TO_LAST_WHITESPACE = re.compile(r".*\s", re.DOTALL)
+
+
 def split_long_line(line: str, limit: int) -> list[str]:
     """Split ``line`` into pieces of at most ``limit`` characters, at the last whitespace where there is one."""
     pieces = []
     while len(line) > limit:
-        cut = line.rfind(" ", limit // 2, limit + 1)
-        cut = limit if cut <= 0 else cut
+        last = UP_TO_LAST_WHITESPACE.match(line, limit // 2, limit + 1)  # a space, a tab, an ideographic space …
+        cut = last.end() - 1 if last is not None and last.end() > 1 else limit
         pieces.append(line[:cut])
-        line = line[cut:].lstrip(" ")
+        line = line[cut:].lstrip()
     pieces.append(line)
     return pieces
 
