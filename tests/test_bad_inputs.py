@@ -1468,7 +1468,7 @@ def _(ctx):
 
 @case("report_run_missing")
 def _(ctx):
-    return ["report", ctx.tmp / "nothing"], [str(ctx.tmp / "nothing")]
+    return ["report", ctx.tmp / "nothing"], [str(ctx.tmp / "nothing"), "no such run directory"]
 
 
 @case("report_metrics_broken")

@@ -79,6 +79,10 @@ def write_report(run_dir: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     run_dir = Path(run_dir)
+    if not run_dir.is_dir():  # the same words as compare's
+        raise InputError(
+            f"{run_dir}: no such run directory" if not run_dir.exists() else f"{run_dir}: not a run directory"
+        )
     records = read_metrics(run_dir)
     if not records:
         raise InputError(f"{run_dir}: no metrics.jsonl records (is this a spanlm run directory?)")
