@@ -128,7 +128,7 @@ def test_electra_export_is_electra_for_pretraining_with_the_rtd_head(prepared, t
     assert torch.allclose(hf_logits_at_targets(generator, batch), rows, atol=1e-5)
 
 
-def save_stock_masked_lm(family: str, corpus: PreparedCorpus, directory: Path) -> torch.nn.Module:
+def save_stock_masked_lm(family: str, corpus: PreparedCorpus, directory: Path, tied: bool = True) -> torch.nn.Module:
     """A transformers *ForMaskedLM of ``family`` made and saved by transformers alone, with the corpus's tokenizer."""
     from transformers import AutoConfig, AutoModelForMaskedLM
 
@@ -146,6 +146,7 @@ def save_stock_masked_lm(family: str, corpus: PreparedCorpus, directory: Path) -
         pad_token_id=special["pad"],
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
+        tie_word_embeddings=tied,
         **extra,
     )
     torch.manual_seed(7)
@@ -180,6 +181,26 @@ def test_continuing_a_stock_masked_lm_gives_transformers_own_loss(prepared, tmp_
         ).loss
         got = objective(batch)["loss"]
     assert torch.allclose(got, expected, atol=1e-5), (float(got), float(expected))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_an_untied_decoder_is_continued_and_exported_as_the_checkpoints_own(prepared, tmp_path, family):
+    """A stock *ForMaskedLM whose decoder is its own (tie_word_embeddings: false): spanlm's head keeps that decoder
+    (its logits are the stock model's), and the export holds it (transformers' logits again)."""
+    from transformers import AutoModelForMaskedLM
+
+    corpus = PreparedCorpus(prepared)
+    stock = save_stock_masked_lm(family, corpus, tmp_path / "stock", tied=False)
+    assert stock.get_output_embeddings().weight.data_ptr() != stock.get_input_embeddings().weight.data_ptr()
+    objective = build_objective(
+        tiny_recipe(prepared, "mlm", tmp_path, family=family, path=str(tmp_path / "stock")), corpus
+    ).eval()
+    batch = fixed_batch(objective, prepared)
+    expected = hf_logits_at_targets(stock, batch)
+    assert torch.allclose(spanlm_mlm_logits(objective, batch), expected, atol=1e-5)
+    objective.export(tmp_path / "export", corpus.tokenizer)
+    exported = AutoModelForMaskedLM.from_pretrained(str(tmp_path / "export")).eval()
+    assert torch.allclose(hf_logits_at_targets(exported, batch), expected, atol=1e-5)
 
 
 def test_continued_pretraining_reports_its_heads(prepared, tmp_path, capsys):

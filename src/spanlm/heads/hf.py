@@ -46,7 +46,7 @@ def head_state(name: str, module: nn.Module) -> dict[str, torch.Tensor]:
     return {f"{name}.{key}": tensor.detach().contiguous() for key, tensor in module.state_dict().items()}
 
 
-def _mlm(task_class: str, transform: str, norm: str, bias: str) -> TaskHead:
+def _mlm(task_class: str, transform: str, norm: str, bias: str, decoder: str) -> TaskHead:
     return TaskHead(
         task_class,
         {
@@ -54,6 +54,7 @@ def _mlm(task_class: str, transform: str, norm: str, bias: str) -> TaskHead:
             "dense.bias": f"{transform}.bias",
             "layer_norm.weight": f"{norm}.weight",
             "layer_norm.bias": f"{norm}.bias",
+            "decoder.weight": decoder,  # only a decoder untied from the input embedding has its own
             "decoder.bias": bias,
         },
     )
@@ -67,10 +68,17 @@ MLM_HEADS = {
         "cls.predictions.transform.dense",
         "cls.predictions.transform.LayerNorm",
         "cls.predictions.bias",
+        "cls.predictions.decoder.weight",
     ),
-    "roberta": _mlm("RobertaForMaskedLM", "lm_head.dense", "lm_head.layer_norm", "lm_head.bias"),
+    "roberta": _mlm(
+        "RobertaForMaskedLM", "lm_head.dense", "lm_head.layer_norm", "lm_head.bias", "lm_head.decoder.weight"
+    ),
     "electra": _mlm(
-        "ElectraForMaskedLM", "generator_predictions.dense", "generator_predictions.LayerNorm", "generator_lm_head.bias"
+        "ElectraForMaskedLM",
+        "generator_predictions.dense",
+        "generator_predictions.LayerNorm",
+        "generator_lm_head.bias",
+        "generator_lm_head.weight",
     ),
     # DeBERTa-V2/V3's "legacy" head (DebertaV2Config.legacy, true by default and in microsoft's checkpoints)
     # is BERT's, under BERT's names.
@@ -79,6 +87,7 @@ MLM_HEADS = {
         "cls.predictions.transform.dense",
         "cls.predictions.transform.LayerNorm",
         "cls.predictions.bias",
+        "cls.predictions.decoder.weight",
     ),
     # ModernBertPredictionHead (dense, GeLU, LayerNorm; biases only where its config has them) and the decoder;
     # EuroBERT's lm_head alone (its weight only when untied from the input embedding, a bias only with mlp_bias).
@@ -89,6 +98,7 @@ MLM_HEADS = {
             "dense.bias": "head.dense.bias",
             "layer_norm.weight": "head.norm.weight",
             "layer_norm.bias": "head.norm.bias",
+            "decoder.weight": "decoder.weight",
             "decoder.bias": "decoder.bias",
         },
     ),
@@ -99,6 +109,7 @@ _DEBERTA_NON_LEGACY = _mlm(
     "lm_predictions.lm_head.dense",
     "lm_predictions.lm_head.LayerNorm",
     "lm_predictions.lm_head.bias",
+    "lm_predictions.lm_head.decoder.weight",  # unused: this head's decoder is the input embedding, always
 )
 
 # kind → (the spanlm head class, its names in each family's transformers task model): the heads that objectives
@@ -169,6 +180,9 @@ def save_task_model(
     prefix = task.base_model_prefix
     full = {f"{prefix}.{name}": tensor for name, tensor in state.items()}
     full.update(spec.to_checkpoint({name: tensor.detach() for name, tensor in head.state_dict().items()}))
+    for bias, decoder_bias in _BIAS_ALIASES.items():  # the decoder's own copy, which an untied config does not fill
+        if bias in full and decoder_bias not in full:
+            full[decoder_bias] = full[bias]
     # Loading into the task model checks every name and shape against transformers' own class.
     missing, unexpected = task.load_state_dict(full, strict=False)
     tied = {name for name in missing if _is_tied(task, name)}
@@ -182,9 +196,10 @@ def save_task_model(
 
 
 def _is_tied(task, name: str) -> bool:
-    """Whether ``name`` is a tied copy (the decoder weight / bias) that transformers fills from another key."""
+    """Whether ``name`` is a tied copy (the decoder weight / bias) that transformers fills from another key: never
+    under ``tie_word_embeddings: false``, where a missing decoder would be saved as initialised."""
     tied = getattr(task, "_tied_weights_keys", None) or {}
-    return name in tied
+    return name in tied and bool(getattr(task.config, "tie_word_embeddings", True))
 
 
 def _untrained_pooler(config, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -214,8 +229,8 @@ def read_task_head(directory: Path, spec: TaskHead) -> dict[str, torch.Tensor] |
             if theirs.endswith(suffix)
             for alias in aliases
         ]
-        if theirs in _BIAS_ALIASES:
-            candidates.append(_BIAS_ALIASES[theirs])
+        if theirs in _BIAS_ALIASES:  # the bias the decoder adds first: untied from the head's, it is the one used
+            candidates.insert(0, _BIAS_ALIASES[theirs])
         wanted[ours] = candidates
     found = checkpoint_tensors(directory, [name for names in wanted.values() for name in names])
     state = {

@@ -423,7 +423,9 @@ def mlm_head(backbone, initializer_range: float | None = None) -> MLMHead:
                 "neither and GeLU"
             )
     elif config.model_type == "eurobert":
-        options = {"transform": False, "tied": bool(config.tie_word_embeddings), "decoder_bias": bool(config.mlp_bias)}
+        options = {"transform": False, "decoder_bias": bool(config.mlp_bias)}
+    # a checkpoint whose decoder is untied from its input embedding (tie_word_embeddings: false) keeps its own
+    options["tied"] = bool(getattr(config, "tie_word_embeddings", True))
     return MLMHead(
         hidden_size(backbone),
         input_embeddings(backbone),
