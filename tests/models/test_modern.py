@@ -385,3 +385,19 @@ def test_a_released_modernbert_runs_only_the_extension_and_decay_phases(prepared
         model = AutoModel.from_pretrained(str(export))
         assert torch.allclose(model.rotary_emb.full_attention_inv_freq, inverse_frequencies(160000.0, 16))
     assert [r["phase"] for r in read_metrics(run) if r["kind"] == "train"] == ["extend"] * 3 + ["decay"] * 2
+
+
+def test_a_continued_modernbert_says_which_of_its_settings_the_recipe_replaces(prepared, tmp_path):
+    """A shipped ModernBERT recipe states a window; continuing a checkpoint with another, the run says it replaces
+    the checkpoint's (it changed the model's outputs without a word)."""
+    corpus = PreparedCorpus(prepared)
+    stock = stock_masked_lm("modernbert", corpus, tmp_path / "stock")  # a window of 8
+    lines = []
+    for window, name in ((16, "other"), (8, "same")):
+        recipe = recipe_for(prepared, tmp_path / name, "modernbert", path=str(stock), max_steps=1)
+        recipe.model.local_attention = window
+        recipe.tokenizer.path = str(stock)
+        recipe.data.prepared_dir = str(tmp_path / "prepared")
+        pretrain(recipe, log=lines.append)
+    said = [line for line in lines if "the recipe's settings replace the checkpoint's" in line]
+    assert said == [f"{stock}: the recipe's settings replace the checkpoint's: local_attention 8 → 16"]

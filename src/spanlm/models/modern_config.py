@@ -48,6 +48,21 @@ def modern_values(config, values: dict[str, Any], special: dict[str, int]) -> di
     return out
 
 
+# What :func:`with_settings_of_no_weight` may change of a checkpoint's config
+SETTINGS_OF_NO_WEIGHT = ("local_attention", "rope_parameters", "max_position_embeddings")
+
+
+def replaced_settings(checkpoint_config: dict, config) -> list[str]:
+    """``old → new`` for each setting of no weight that ``config`` (the model built) holds otherwise than the
+    checkpoint's ``config.json`` (``checkpoint_config``): what a run continuing it should say it changed."""
+    now = config.to_dict()
+    return [
+        f"{key} {checkpoint_config[key]} → {now[key]}"
+        for key in SETTINGS_OF_NO_WEIGHT
+        if key in checkpoint_config and key in now and checkpoint_config[key] != now[key]
+    ]
+
+
 def with_settings_of_no_weight(checkpoint_config, config):
     """A checkpoint's config with the recipe's settings that change no weight where the recipe states them: the RoPE
     bases (ModernBERT's global and local, EuroBERT's), ModernBERT's window and the positions a RoPE model numbers.

@@ -14,8 +14,10 @@ from spanlm.data.blocks import BlockDataset
 from spanlm.data.prepare import prepare, record_run
 from spanlm.data.shards import PreparedCorpus, ShardedCorpus, resolve_shards
 from spanlm.errors import ConfigError, InputError
+from spanlm.files import read_metadata
 from spanlm.models.backbone import shortest_position_table
 from spanlm.models.flops import training_flops
+from spanlm.models.modern_config import MODERN_FAMILIES, replaced_settings
 from spanlm.models.packed import resolve_packing
 from spanlm.objectives import build_objective
 from spanlm.objectives.pretrained_heads import describe_heads
@@ -105,6 +107,11 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
     objective = build_objective(recipe, corpus).to(env.device)
     if objective.head_report and env.is_main:
         log(f"heads from {recipe.model.path}: {describe_heads(objective.head_report)}")
+    backbone = getattr(objective, "backbone", None)
+    if recipe.model.path and backbone is not None and recipe.model.family in MODERN_FAMILIES and env.is_main:
+        stock = read_metadata(Path(recipe.model.path) / "config.json", "the checkpoint is damaged") or {}
+        if changed := replaced_settings(stock, backbone.config):  # the recipe's settings, said
+            log(f"{recipe.model.path}: the recipe's settings replace the checkpoint's: {'; '.join(changed)}")
     check_max_len(
         objective, recipe.data.max_len, recipe.masking.noise.max_len if recipe.masking.scheme == "noise" else None
     )
