@@ -89,6 +89,20 @@ def test_resume_auto_continues_the_same_run(prepared, tmp_path):
     assert sorted(after) == [1, 2, 3, 4, 5, 6] and {s: after[s] for s in reference} == reference
 
 
+def test_a_corpus_too_small_to_hold_out_says_it_evaluates_nothing(tmp_path):
+    """Fewer than ten blocks hold none out: a run asked to evaluate says once that it will not (it was silent)."""
+    text = tmp_path / "short.txt"
+    text.write_text("Alice was beginning to get very tired of sitting by her sister on the bank.\n" * 12)
+    data = {"inputs": [str(text)], "max_len": 64}
+    recipe = toy_recipe(tmp_path / "prepared", tmp_path / "run", data=data, max_steps=2, eval_every=1, batch_size=2)
+    recipe.tokenizer.vocab_size = 120
+    lines = []
+    pretrain(recipe, log=lines.append)
+    said = [line for line in lines if "train.eval_every evaluates nothing" in line]
+    assert len(said) == 1 and "hold out none" in said[0]
+    assert not [r for r in read_metrics(tmp_path / "run") if r["kind"] == "eval"]
+
+
 def test_a_refused_resume_measures_nothing_first(embedded_prepared, tmp_path, monkeypatch):
     """The device's peak is measured once the run is known to train: a resume refused for changed settings says so
     at once, not after a second of matmuls."""

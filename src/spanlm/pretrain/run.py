@@ -99,6 +99,12 @@ def pretraining_setup(recipe, env: DistEnv, log=print, start: StartingPoint = St
         check_same_tokenizer(start.checkpoint, start.trainer_state, corpus.meta["tokenizer_fingerprint"], recipe)
     blocks = BlockDataset(corpus, recipe.data.max_len)
     train_blocks, held_out = held_out_split(recipe, corpus, blocks)
+    if recipe.train.eval_every and recipe.train.eval_blocks and len(held_out) == 0 and env.is_main:
+        log(
+            f"{corpus.directory}: {len(blocks)} blocks of {recipe.data.max_len} tokens hold out none (a tenth at most, "
+            "so that training keeps most): train.eval_every evaluates nothing; more text or a shorter data.max_len "
+            "gives held-out blocks"
+        )
     if recipe.data.shard_weights or recipe.data.input_weights:  # a mixture: each source its weight's share
         weights, token_starts = mixture_sources(recipe.data, corpus)
         # the first block of each source: blocks never cross a document, so each source's blocks are contiguous
