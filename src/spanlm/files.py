@@ -266,29 +266,28 @@ def guard_outputs(outputs: Mapping[str, str | Path | None], inputs: Mapping[str,
     written = [(option, output) for option, output in outputs.items() if output]
     for index, (option, output) in enumerate(written):  # two outputs of one command: one would clobber the other
         for other_option, other in written[index + 1 :]:
-            first, second = Path(output).resolve(), Path(other).resolve()
-            if first == second or first.is_relative_to(second) or second.is_relative_to(first):
-                relation = "is" if first == second else "is inside" if first.is_relative_to(second) else "holds"
+            if relation := _relation(output, other):
                 raise InputError(f"{output}: {option} {relation} {other_option} {other}; give each output its own path")
     given = [(name, path) for name, value in inputs.items() for path in _paths(value)]
-    for option, output in outputs.items():
-        if not output:
-            continue
-        out = Path(output).resolve()
+    for option, output in written:
         for name, source_path in given:
-            source = Path(source_path).resolve()
-            if out == source or (out.exists() and source.exists() and os.path.samefile(out, source)):
-                relation = "is"
-            elif out.is_relative_to(source):
-                relation = "is inside"
-            elif source.is_relative_to(out):
-                relation = "holds"
-            else:
-                continue
-            raise InputError(
-                f"{output}: {option} {relation} the input {source_path} ({name}); write it elsewhere (the input is "
-                "untouched)"
-            )
+            if relation := _relation(output, source_path):
+                raise InputError(
+                    f"{output}: {option} {relation} the input {source_path} ({name}); write it elsewhere (the input "
+                    "is untouched)"
+                )
+
+
+def _relation(path: str | Path, other: str | Path) -> str | None:
+    """How ``path`` stands to ``other``: "is" it (a link to it too), "is inside" it, "holds" it, or None."""
+    first, second = Path(path).resolve(), Path(other).resolve()
+    if first == second or (first.exists() and second.exists() and os.path.samefile(first, second)):
+        return "is"
+    if first.is_relative_to(second):
+        return "is inside"
+    if second.is_relative_to(first):
+        return "holds"
+    return None
 
 
 def _paths(value) -> list[str | Path]:
