@@ -79,10 +79,7 @@ def write_report(run_dir: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     run_dir = Path(run_dir)
-    if not run_dir.is_dir():  # the same words as compare's
-        raise InputError(
-            f"{run_dir}: no such run directory" if not run_dir.exists() else f"{run_dir}: not a run directory"
-        )
+    check_run_directory(run_dir)
     records = read_metrics(run_dir)
     if not records:
         raise InputError(f"{run_dir}: no metrics.jsonl records (is this a spanlm run directory?)")
@@ -236,6 +233,12 @@ def _format(value) -> str:
     return html.escape(str(value))
 
 
+def check_run_directory(run: Path) -> None:
+    """A run directory given to report or compare is one, else one line saying what it is."""
+    if not run.is_dir():
+        raise InputError(f"{run}: no such run directory" if not run.exists() else f"{run}: not a run directory")
+
+
 def run_labels(runs: list[Path]) -> list[str]:
     """Each run's shortest trailing path that no other run ends with (``seed0/mlm`` beside ``seed1/mlm``): one
     curve per run, however many share a directory name."""
@@ -259,8 +262,7 @@ def compare_runs(run_dirs: list[str | Path], metrics: list[str], out: str | Path
     import matplotlib.pyplot as plt
 
     for run in map(Path, run_dirs):  # each run named, the first one missing or empty too
-        if not run.is_dir():
-            raise InputError(f"{run}: no such run directory" if not run.exists() else f"{run}: not a run directory")
+        check_run_directory(run)
         if not (run / "metrics.jsonl").is_file():
             raise InputError(f"{run}: not a run directory (no metrics.jsonl)")
     labels = run_labels([Path(d) for d in run_dirs])
