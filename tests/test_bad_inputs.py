@@ -488,22 +488,27 @@ def _(ctx):
     return ["prepare", prepare_recipe(ctx, path)], [f"{path}:2", "lone surrogate"]
 
 
+def prepare_into(ctx: Ctx, prepared_dir: Path) -> Path:
+    """A recipe preparing a few good lines into ``prepared_dir`` (which must survive a refusal)."""
+    good = ctx.file("good.txt", "Some words here.\n" * 20)
+    return ctx.recipe(
+        {"data": {"inputs": [str(good)], "prepared_dir": str(prepared_dir)}, "tokenizer": {"vocab_size": 300}}
+    )
+
+
 @case("prepare_into_a_training_run")
 def _(ctx):
-    good = ctx.file("good.txt", "Some words here.\n" * 20)
     run, _ = run_copy(ctx)
-    recipe = ctx.recipe({"data": {"inputs": [str(good)], "prepared_dir": str(run)}, "tokenizer": {"vocab_size": 300}})
-    return ["prepare", recipe], [str(run), "not a prepared corpus"]
+    return ["prepare", prepare_into(ctx, run)], [str(run), "not a prepared corpus"]
 
 
 @case("prepare_into_a_folder_of_shards")
 def _(ctx):
-    good = ctx.file("good.txt", "Some words here.\n" * 20)
     shutil.copytree(ctx.fixture("prepared"), ctx.tmp / "corpus" / "shard-00000-of-00001")
-    recipe = ctx.recipe(
-        {"data": {"inputs": [str(good)], "prepared_dir": str(ctx.tmp / "corpus")}, "tokenizer": {"vocab_size": 300}}
-    )
-    return ["prepare", recipe, "--force"], [str(ctx.tmp / "corpus"), "not a prepared corpus"]
+    return ["prepare", prepare_into(ctx, ctx.tmp / "corpus"), "--force"], [
+        str(ctx.tmp / "corpus"),
+        "not a prepared corpus",
+    ]
 
 
 @case("prepare_jsonl_wrong_type")
@@ -514,12 +519,8 @@ def _(ctx):
 
 @case("prepare_prepared_dir_is_a_file")
 def _(ctx):
-    good = ctx.file("good.txt", "Some words here.\n" * 20)
     blocker = ctx.file("blocker", "keep me")
-    recipe = ctx.recipe(
-        {"data": {"inputs": [str(good)], "prepared_dir": str(blocker)}, "tokenizer": {"vocab_size": 300}}
-    )
-    return ["prepare", recipe], [str(blocker)]
+    return ["prepare", prepare_into(ctx, blocker)], [str(blocker)]
 
 
 @case("prepare_no_inputs")
